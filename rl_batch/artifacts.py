@@ -1,0 +1,132 @@
+"""Run and sweep directories: the contract between runs, sweeps and analysis.
+
+A run directory::
+
+    <run>/config.json      resolved config (every hyperparameter, LR rule, seed, versions)
+    <run>/metrics.jsonl    one JSON object per optimizer update and per evaluation
+    <run>/checkpoints/     orbax checkpoints
+    <run>/summary.json     N*, q, T (or "not reached"), time split, status
+
+Each metrics line has ``"kind": "update"`` or ``"kind": "eval"``.
+
+Update lines carry at least: ``step``, ``responses_cum`` (retained responses used in
+updates so far), ``responses_generated_cum``, ``prompts``, ``group_size``,
+``batch_responses`` (retained in this update), ``lr``, ``reward_mean``,
+``time_generate_s``, ``time_score_s``, ``time_update_s``, ``time_train_cum_s``,
+``gen_tokens``, ``grad_norm`` (actor), ``loss``, ``clip_frac``, ``kl``; PPO adds
+``critic_grad_norm`` and ``phase`` (``"critic_warmup"`` or ``"train"``).
+
+Eval lines carry: ``step``, ``responses_cum``, ``time_train_cum_s``, ``eval_accuracy``
+(mean@k), ``eval_k``, ``eval_greedy_accuracy`` (optional), ``time_eval_s``.
+
+``summary.json`` holds: ``status`` (``"running"``, ``"finished"``, ``"failed"``),
+``target`` (validation accuracy target), ``reached`` (bool), ``n_star`` (retained
+responses at the interpolated first crossing, ``null`` when not reached),
+``updates_to_target`` (``null`` when not reached), ``q`` (retained responses per
+second of training time up to the target, or over the whole run when not reached),
+``time_to_target_s`` (``null`` when not reached), ``time_train_s``,
+``time_generate_s``, ``time_score_s``, ``time_update_s``, ``time_idle_s``,
+``time_eval_s``, ``time_compile_s``, ``responses_cum``, ``responses_generated_cum``,
+``steps``, ``final_eval_accuracy``, ``error`` (when failed).
+
+A sweep directory::
+
+    <sweep>/sweep.json        the grid and each run's status
+    <sweep>/runs/<run-name>/  one run directory per grid point
+    <sweep>/figures/*.png     figures (and PDF)
+    <sweep>/report.md         tables
+
+``sweep.json`` holds ``name``, ``algo``, ``target``, ``reference`` (run name of the
+reference configuration), ``budget_responses``, ``eval_every_responses`` and ``runs``: a
+list of ``{"name", "prompts", "group_size", "batch_responses", "lr_rule", "lr", "seed",
+"status", "error"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CHECKPOINT_DIR = "checkpoints"
+SWEEP_FILE = "sweep.json"
+RUNS_DIR = "runs"
+FIGURES_DIR = "figures"
+REPORT_FILE = "report.md"
+
+NOT_REACHED = "not reached"
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Writes JSON so that a reader (or a crash) never sees a half-written file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=_json_default)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def read_json(path: str) -> Any:
+    """Reads a JSON file, naming the file in the error when it is malformed."""
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: malformed JSON: {e}") from e
+
+
+def append_jsonl(path: str, record: dict[str, Any]) -> None:
+    """Appends one JSON line and flushes it to disk."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True, default=_json_default) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def iter_jsonl(path: str) -> Iterator[dict[str, Any]]:
+    """Yields the records of a JSONL file.
+
+    A truncated last line (a crash mid-write) is ignored; any other malformed line is an
+    error that names the file and the line number.
+    """
+    with open(path) as f:
+        lines = f.readlines()
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) and not line.endswith("\n"):
+                return  # Torn final write: the record never completed.
+            raise ValueError(f"{path}:{i}: malformed JSON line: {e}") from e
+
+
+def read_metrics(run_dir: str, kind: str | None = None) -> list[dict[str, Any]]:
+    """Returns the metrics records of a run, optionally only one ``kind``."""
+    path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        return []
+    return [r for r in iter_jsonl(path) if kind is None or r.get("kind") == kind]
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy / jax scalars and arrays.
+    if hasattr(obj, "item") and getattr(obj, "size", 2) == 1:
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")

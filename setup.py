@@ -1,0 +1,49 @@
+"""rl_batch: which batch size reaches a target model quality in the least wall time?"""
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "jax>=0.6",
+    "flax>=0.11",
+    "optax",
+    "orbax-checkpoint",
+    "numpy",
+    "absl-py",
+    "ml-collections",
+    "tensorflow-datasets",
+    "array_record",
+    "math-verify",
+    "safetensors",
+    "tokenizers",
+    "matplotlib",
+    "tqdm",
+]
+
+TEST = [
+    "pytest",
+    "pytest-xdist",
+    "chex",
+    "ruff",
+    "nbformat",
+    "nbclient",
+    "ipykernel",
+    # Parity checks against the Hugging Face implementation only. The pin keeps pip
+    # on the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
+    "torch==2.13.0",
+    "transformers",
+]
+
+setup(
+    name="rl_batch",
+    version="0.1.0",
+    description="Batch-size scaling for LLM reinforcement learning (GRPO/PPO) in JAX.",
+    python_requires=">=3.10",
+    packages=find_packages(include=["rl_batch", "rl_batch.*", "experiments", "experiments.*"]),
+    package_data={"rl_batch": ["data/*", "data/**/*"]},
+    install_requires=CORE,
+    extras_require={
+        "test": TEST,
+        "cuda": ["jax[cuda12]"],
+        "tpu": ["jax[tpu]"],
+    },
+)
