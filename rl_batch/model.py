@@ -1,0 +1,604 @@
+"""Decoder-only transformer of the Qwen3 / Qwen2 / Llama family in Flax NNX.
+
+One module covers the family through config switches: RMSNorm, rotary position
+embeddings (configurable theta), grouped-query attention, optional QK-norm (Qwen3),
+optional QKV bias (Qwen2), SwiGLU MLP, tied or untied embeddings, and an optional
+scalar value head (PPO critics).
+
+Parameters are exchanged as a *pure* nested dict of arrays (``params``): the learner,
+the optimizer, the sampler, checkpoints and the Hugging Face importer all use that one
+tree. ``forward(config, params, ...)`` is the pure functional entry point; the NNX
+module is rebuilt from ``params`` at trace time, so there is no copy of the weights.
+
+Every parameter carries logical axis names (metadata ``logical_axes``) that
+``rl_batch.sharding`` maps to mesh axes; ``logical_axes(config)`` returns them as a tree
+shaped like ``params``.
+
+Shape letters: B batch, T query length, S key/cache length, D model width, N query
+heads, K key/value heads, G = N // K query heads per KV head, H head dim, F MLP width,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Params = dict[str, Any]
+# Per-layer KV cache: {"k": [B, S, K, H], "v": [B, S, K, H]}.
+LayerCache = dict[str, jax.Array]
+Cache = list[LayerCache]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_HEADS = ("lm", "value")
+# Finite instead of -inf so that fully masked rows (left padding) stay NaN-free.
+_MASK_VALUE = -1e30
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape and numerics of a decoder-only transformer.
+
+    Attributes:
+      vocab_size: V.
+      hidden_size: model width D.
+      num_layers: number of decoder blocks.
+      num_heads: query heads N.
+      num_kv_heads: key/value heads K (N must be a multiple of K; K < N is GQA).
+      head_dim: per-head width H.
+      intermediate_size: SwiGLU width F.
+      rope_theta: rotary embedding base.
+      rms_norm_eps: RMSNorm epsilon.
+      qk_norm: RMSNorm on each query/key head before RoPE (Qwen3).
+      qkv_bias: bias on the q/k/v projections (Qwen2).
+      tie_embeddings: the LM head reuses the embedding matrix.
+      max_seq_len: longest sequence (prompt + response) the model supports.
+      param_dtype: storage dtype of parameters.
+      dtype: compute dtype of activations and matmuls (logits are float32).
+      head: "lm" for next-token logits, "value" for a scalar value per position.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float = 10_000.0
+    rms_norm_eps: float = 1e-6
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    tie_embeddings: bool = True
+    max_seq_len: int = 2048
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    head: str = "lm"
+
+    def __post_init__(self):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_seq_len",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads={self.num_heads} must be a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        for name in ("param_dtype", "dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(
+                    f"ModelConfig.{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}"
+                )
+        if self.head not in _HEADS:
+            raise ValueError(f"ModelConfig.head={self.head!r}; expected one of {_HEADS}")
+
+    def replace(self, **changes) -> ModelConfig:
+        """Returns a copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def num_params(self) -> int:
+        """Exact parameter count of the module built from this config."""
+        d, n, k, h, f = (
+            self.hidden_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.intermediate_size,
+        )
+        attn = d * n * h + 2 * d * k * h + n * h * d
+        if self.qkv_bias:
+            attn += n * h + 2 * k * h
+        if self.qk_norm:
+            attn += 2 * h
+        layer = attn + 3 * d * f + 2 * d
+        total = self.vocab_size * d + self.num_layers * layer + d
+        if self.head == "value":
+            total += d + 1
+        elif not self.tie_embeddings:
+            total += d * self.vocab_size
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# Tiny CPU models and the shapes (no weights) of real checkpoints.
+PRESETS: dict[str, ModelConfig] = {
+    # ~1.0M parameters: 4 layers, d=128. Vocab fits the character tokenizer.
+    "tiny-1m": ModelConfig(
+        vocab_size=64,
+        hidden_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=512,
+        qk_norm=True,
+        max_seq_len=256,
+    ),
+    # ~4.8M parameters: 6 layers, d=256.
+    "tiny-5m": ModelConfig(
+        vocab_size=64,
+        hidden_size=256,
+        num_layers=6,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        intermediate_size=768,
+        qk_norm=True,
+        max_seq_len=256,
+    ),
+    "qwen3-0.6b": ModelConfig(
+        vocab_size=151_936,
+        hidden_size=1024,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        rope_theta=1_000_000.0,
+        qk_norm=True,
+        tie_embeddings=True,
+        max_seq_len=40_960,
+        param_dtype="bfloat16",
+        dtype="bfloat16",
+    ),
+    "qwen3-1.7b": ModelConfig(
+        vocab_size=151_936,
+        hidden_size=2048,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=6144,
+        rope_theta=1_000_000.0,
+        qk_norm=True,
+        tie_embeddings=True,
+        max_seq_len=40_960,
+        param_dtype="bfloat16",
+        dtype="bfloat16",
+    ),
+    "qwen3-4b": ModelConfig(
+        vocab_size=151_936,
+        hidden_size=2560,
+        num_layers=36,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=9728,
+        rope_theta=1_000_000.0,
+        qk_norm=True,
+        tie_embeddings=True,
+        max_seq_len=40_960,
+        param_dtype="bfloat16",
+        dtype="bfloat16",
+    ),
+    "qwen3-8b": ModelConfig(
+        vocab_size=151_936,
+        hidden_size=4096,
+        num_layers=36,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=12288,
+        rope_theta=1_000_000.0,
+        qk_norm=True,
+        tie_embeddings=False,
+        max_seq_len=40_960,
+        param_dtype="bfloat16",
+        dtype="bfloat16",
+    ),
+    "qwen2.5-0.5b": ModelConfig(
+        vocab_size=151_936,
+        hidden_size=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        intermediate_size=4864,
+        rope_theta=1_000_000.0,
+        qkv_bias=True,
+        tie_embeddings=True,
+        max_seq_len=32_768,
+        param_dtype="bfloat16",
+        dtype="bfloat16",
+    ),
+    "qwen2.5-1.5b": ModelConfig(
+        vocab_size=151_936,
+        hidden_size=1536,
+        num_layers=28,
+        num_heads=12,
+        num_kv_heads=2,
+        head_dim=128,
+        intermediate_size=8960,
+        rope_theta=1_000_000.0,
+        qkv_bias=True,
+        tie_embeddings=True,
+        max_seq_len=32_768,
+        param_dtype="bfloat16",
+        dtype="bfloat16",
+    ),
+}
+
+
+def get_preset(name: str, **overrides) -> ModelConfig:
+    """Returns a named preset, optionally with fields overridden.
+
+    Raises:
+      ValueError: for an unknown preset name (the message lists the known ones).
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known presets: {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def _param(rngs: nnx.Rngs, shape, axes, config: ModelConfig, init: str = "normal") -> nnx.Param:
+    dtype = _DTYPES[config.param_dtype]
+    if init == "normal":
+        value = 0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)
+    elif init == "ones":
+        value = jnp.ones(shape, jnp.float32)
+    else:
+        value = jnp.zeros(shape, jnp.float32)
+    return nnx.Param(value.astype(dtype), logical_axes=axes)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm in float32, cast back to the input dtype before the scale (as in HF)."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * x32.astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, axis_name: str, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.scale = _param(rngs, (dim,), (axis_name,), config, init="ones")
+        self.eps = config.rms_norm_eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return rms_norm(x, self.scale[...], self.eps)
+
+
+def rope(x_btnh: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, "rotate half" convention (Llama/Qwen in HF)."""
+    h = x_btnh.shape[-1]
+    inv_freq_h2 = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    angles_bth2 = positions_bt[..., None].astype(jnp.float32) * inv_freq_h2
+    angles_bth = jnp.concatenate([angles_bth2, angles_bth2], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles_bth), jnp.sin(angles_bth)
+    x32 = x_btnh.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x_btnh.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with an optional KV cache."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c = config
+        d, n, k, h = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        self.config = c
+        self.q_dnh = _param(rngs, (d, n, h), ("embed", "q_heads", "head_dim"), c)
+        self.k_dkh = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), c)
+        self.v_dkh = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), c)
+        self.o_nhd = _param(rngs, (n, h, d), ("q_heads", "head_dim", "embed"), c)
+        if c.qkv_bias:
+            self.q_bias_nh = _param(rngs, (n, h), ("q_heads", "head_dim"), c, init="zeros")
+            self.k_bias_kh = _param(rngs, (k, h), ("kv_heads", "head_dim"), c, init="zeros")
+            self.v_bias_kh = _param(rngs, (k, h), ("kv_heads", "head_dim"), c, init="zeros")
+        if c.qk_norm:
+            self.q_norm = RMSNorm(h, "head_dim", c, rngs=rngs)
+            self.k_norm = RMSNorm(h, "head_dim", c, rngs=rngs)
+
+    def __call__(
+        self,
+        x_btd: jax.Array,
+        positions_bt: jax.Array,
+        mask_bts: jax.Array,
+        cache: LayerCache | None = None,
+        cache_index: jax.Array | int | None = None,
+    ) -> tuple[jax.Array, LayerCache | None]:
+        c = self.config
+        dt = _DTYPES[c.dtype]
+        q_btnh = jnp.einsum("btd,dnh->btnh", x_btd, self.q_dnh[...].astype(dt))
+        k_btkh = jnp.einsum("btd,dkh->btkh", x_btd, self.k_dkh[...].astype(dt))
+        v_btkh = jnp.einsum("btd,dkh->btkh", x_btd, self.v_dkh[...].astype(dt))
+        if c.qkv_bias:
+            q_btnh = q_btnh + self.q_bias_nh[...].astype(dt)
+            k_btkh = k_btkh + self.k_bias_kh[...].astype(dt)
+            v_btkh = v_btkh + self.v_bias_kh[...].astype(dt)
+        if c.qk_norm:
+            q_btnh = self.q_norm(q_btnh)
+            k_btkh = self.k_norm(k_btkh)
+        q_btnh = rope(q_btnh, positions_bt, c.rope_theta)
+        k_btkh = rope(k_btkh, positions_bt, c.rope_theta)
+
+        if cache is not None:
+            # Write the T new keys/values at slots [cache_index, cache_index + T).
+            zero = jnp.zeros((), jnp.int32)
+            start = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+            k_bskh = jax.lax.dynamic_update_slice(
+                cache["k"], k_btkh.astype(cache["k"].dtype), start
+            )
+            v_bskh = jax.lax.dynamic_update_slice(
+                cache["v"], v_btkh.astype(cache["v"].dtype), start
+            )
+            cache = {"k": k_bskh, "v": v_bskh}
+        else:
+            k_bskh, v_bskh = k_btkh, v_btkh
+
+        b, t, n, h = q_btnh.shape
+        kv = c.num_kv_heads
+        q_btkgh = q_btnh.reshape(b, t, kv, n // kv, h)
+        logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh.astype(dt))
+        logits_bkgts = logits_bkgts.astype(jnp.float32) * (h**-0.5)
+        logits_bkgts = jnp.where(mask_bts[:, None, None, :, :], logits_bkgts, _MASK_VALUE)
+        probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(dt)
+        out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_bskh.astype(dt))
+        out_btd = jnp.einsum(
+            "btnh,nhd->btd", out_btkgh.reshape(b, t, n, h), self.o_nhd[...].astype(dt)
+        )
+        return out_btd, cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        d, f = config.hidden_size, config.intermediate_size
+        self.dtype = _DTYPES[config.dtype]
+        self.gate_df = _param(rngs, (d, f), ("embed", "mlp"), config)
+        self.up_df = _param(rngs, (d, f), ("embed", "mlp"), config)
+        self.down_fd = _param(rngs, (f, d), ("mlp", "embed"), config)
+
+    def __call__(self, x_btd: jax.Array) -> jax.Array:
+        dt = self.dtype
+        gate_btf = x_btd @ self.gate_df[...].astype(dt)
+        up_btf = x_btd @ self.up_df[...].astype(dt)
+        return (jax.nn.silu(gate_btf) * up_btf) @ self.down_fd[...].astype(dt)
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(config.hidden_size, "embed", config, rngs=rngs)
+        self.attn = Attention(config, rngs=rngs)
+        self.post_attn_norm = RMSNorm(config.hidden_size, "embed", config, rngs=rngs)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x_btd, positions_bt, mask_bts, cache=None, cache_index=None):
+        attn_btd, cache = self.attn(
+            self.input_norm(x_btd), positions_bt, mask_bts, cache, cache_index
+        )
+        x_btd = x_btd + attn_btd
+        x_btd = x_btd + self.mlp(self.post_attn_norm(x_btd))
+        return x_btd, cache
+
+
+class Transformer(nnx.Module):
+    """The decoder. ``__call__`` returns (logits [B,T,V] or values [B,T], new cache)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        self.embed_vd = _param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), c)
+        self.layers = nnx.List([Block(c, rngs=rngs) for _ in range(c.num_layers)])
+        self.final_norm = RMSNorm(c.hidden_size, "embed", c, rngs=rngs)
+        if c.head == "value":
+            self.value_d = _param(rngs, (c.hidden_size,), ("embed",), c)
+            self.value_bias = _param(rngs, (), (), c, init="zeros")
+        elif not c.tie_embeddings:
+            self.lm_head_dv = _param(rngs, (c.hidden_size, c.vocab_size), ("embed", "vocab"), c)
+
+    def __call__(
+        self,
+        tokens_bt: jax.Array,
+        positions_bt: jax.Array,
+        mask_bts: jax.Array,
+        cache: Cache | None = None,
+        cache_index: jax.Array | int | None = None,
+    ) -> tuple[jax.Array, Cache | None]:
+        c = self.config
+        dt = _DTYPES[c.dtype]
+        x_btd = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(dt)
+        new_cache = [] if cache is not None else None
+        for i, layer in enumerate(self.layers):
+            layer_cache = cache[i] if cache is not None else None
+            x_btd, layer_cache = layer(x_btd, positions_bt, mask_bts, layer_cache, cache_index)
+            if new_cache is not None:
+                new_cache.append(layer_cache)
+        x_btd = self.final_norm(x_btd)
+        if c.head == "value":
+            values_bt = x_btd.astype(jnp.float32) @ self.value_d[...].astype(jnp.float32)
+            return values_bt + self.value_bias[...].astype(jnp.float32), new_cache
+        head_dv = self.embed_vd[...].T if c.tie_embeddings else self.lm_head_dv[...]
+        logits_btv = (x_btd @ head_dv.astype(dt)).astype(jnp.float32)
+        return logits_btv, new_cache
+
+
+# ------------------------------------------------------------------ functional interface
+
+
+@functools.lru_cache(maxsize=64)
+def _graphdef(config: ModelConfig):
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    graphdef, abstract_state = nnx.split(abstract)
+    return graphdef, abstract_state
+
+
+def init_params(config: ModelConfig, rng: jax.Array | int) -> Params:
+    """Initializes parameters (normal(0.02) weights, unit norms, zero biases).
+
+    Args:
+      config: the model shape.
+      rng: a PRNG key or an int seed.
+
+    Returns:
+      The pure nested-dict parameter tree.
+    """
+    model = Transformer(config, rngs=nnx.Rngs(params=rng))
+    return nnx.state(model, nnx.Param).to_pure_dict()
+
+
+def abstract_params(config: ModelConfig) -> Params:
+    """The parameter tree as ``jax.ShapeDtypeStruct`` leaves (no memory allocated)."""
+    return _graphdef(config)[1].to_pure_dict()
+
+
+def logical_axes(config: ModelConfig) -> Params:
+    """Logical axis names of every parameter, as a tree shaped like ``params``."""
+    state = _graphdef(config)[1]
+    axes = jax.tree.map(
+        lambda v: tuple(v.get_metadata().get("logical_axes", ())),
+        state,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    return axes.to_pure_dict() if hasattr(axes, "to_pure_dict") else axes
+
+
+def bind(config: ModelConfig, params: Params) -> Transformer:
+    """Rebuilds the NNX module around ``params`` (no copy; use inside jit)."""
+    return nnx.merge(_graphdef(config)[0], nnx.State(params))
+
+
+def causal_mask(input_mask_bt: jax.Array) -> jax.Array:
+    """[B, T, T] mask: query t sees key s iff s <= t and key s is a real token."""
+    t = input_mask_bt.shape[1]
+    causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
+    return causal_tt[None] & input_mask_bt[:, None, :].astype(bool)
+
+
+def cache_mask(kv_mask_bs: jax.Array, cache_index: jax.Array | int, t: int) -> jax.Array:
+    """[B, T, S] mask for T queries written at slots [cache_index, cache_index + T).
+
+    Query t (at slot cache_index + t) sees slot s iff s <= cache_index + t and slot s
+    holds a real token (``kv_mask_bs``).
+    """
+    s = kv_mask_bs.shape[1]
+    query_slot_t = jnp.asarray(cache_index, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
+    causal_ts = jnp.arange(s, dtype=jnp.int32)[None, :] <= query_slot_t[:, None]
+    return causal_ts[None] & kv_mask_bs[:, None, :].astype(bool)
+
+
+def positions_from_mask(input_mask_bt: jax.Array) -> jax.Array:
+    """Positions that skip padding: cumsum(mask) - 1, clipped at 0 (as in HF generate)."""
+    return jnp.maximum(jnp.cumsum(input_mask_bt.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def forward(
+    config: ModelConfig,
+    params: Params,
+    tokens_bt: jax.Array,
+    *,
+    input_mask_bt: jax.Array | None = None,
+    positions_bt: jax.Array | None = None,
+) -> jax.Array:
+    """Full (teacher-forced) forward pass without a cache.
+
+    Args:
+      config: the model shape.
+      params: the parameter tree.
+      tokens_bt: [B, T] int token ids.
+      input_mask_bt: [B, T] bool, True for real tokens (default: all real). Padding may
+        sit anywhere; padded positions produce unused outputs.
+      positions_bt: [B, T] RoPE positions (default: ``positions_from_mask``).
+
+    Returns:
+      logits [B, T, V] float32 (or values [B, T] for ``head="value"``).
+    """
+    if input_mask_bt is None:
+        input_mask_bt = jnp.ones(tokens_bt.shape, bool)
+    if positions_bt is None:
+        positions_bt = positions_from_mask(input_mask_bt)
+    out, _ = bind(config, params)(tokens_bt, positions_bt, causal_mask(input_mask_bt))
+    return out
+
+
+def forward_with_cache(
+    config: ModelConfig,
+    params: Params,
+    tokens_bt: jax.Array,
+    positions_bt: jax.Array,
+    kv_mask_bs: jax.Array,
+    cache: Cache,
+    cache_index: jax.Array | int,
+) -> tuple[jax.Array, Cache]:
+    """Forward pass that appends T tokens to a KV cache at ``cache_index``.
+
+    Args:
+      config: the model shape.
+      params: the parameter tree.
+      tokens_bt: [B, T] new tokens (T = prompt length at prefill, 1 when decoding).
+      positions_bt: [B, T] their RoPE positions.
+      kv_mask_bs: [B, S] True where a cache slot holds a real token (including the
+        slots being written now).
+      cache: per-layer caches from ``init_cache``.
+      cache_index: first slot to write.
+
+    Returns:
+      (logits [B, T, V] float32 or values [B, T], updated cache).
+    """
+    mask_bts = cache_mask(kv_mask_bs, cache_index, tokens_bt.shape[1])
+    return bind(config, params)(tokens_bt, positions_bt, mask_bts, cache, cache_index)
+
+
+def init_cache(config: ModelConfig, batch: int, length: int, dtype: str | None = None) -> Cache:
+    """Allocates a zero KV cache: per layer {"k", "v"} of shape [B, S, K, H]."""
+    dt = _DTYPES[dtype or config.dtype]
+    shape = (batch, length, config.num_kv_heads, config.head_dim)
+    return [
+        {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)} for _ in range(config.num_layers)
+    ]
+
+
+def kv_cache_bytes(config: ModelConfig, batch: int, length: int, dtype: str | None = None) -> int:
+    """Bytes of a KV cache for ``batch`` sequences of ``length`` slots."""
+    itemsize = jnp.dtype(_DTYPES[dtype or config.dtype]).itemsize
+    return 2 * config.num_layers * batch * length * config.num_kv_heads * config.head_dim * itemsize
+
+
+def token_logprobs(logits_btv: jax.Array, targets_bt: jax.Array) -> jax.Array:
+    """log p(target) per position, [B, T], computed in float32."""
+    logp_btv = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp_btv, targets_bt[..., None], axis=-1)[..., 0]
