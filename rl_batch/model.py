@@ -478,12 +478,12 @@ def init_params(config: ModelConfig, rng: jax.Array | int) -> Params:
       The pure nested-dict parameter tree.
     """
     model = Transformer(config, rngs=nnx.Rngs(params=rng))
-    return nnx.state(model, nnx.Param).to_pure_dict()
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 def abstract_params(config: ModelConfig) -> Params:
     """The parameter tree as ``jax.ShapeDtypeStruct`` leaves (no memory allocated)."""
-    return _graphdef(config)[1].to_pure_dict()
+    return nnx.to_pure_dict(_graphdef(config)[1])
 
 
 def logical_axes(config: ModelConfig) -> Params:
@@ -494,12 +494,12 @@ def logical_axes(config: ModelConfig) -> Params:
         state,
         is_leaf=lambda x: isinstance(x, nnx.Variable),
     )
-    return axes.to_pure_dict() if hasattr(axes, "to_pure_dict") else axes
+    return nnx.to_pure_dict(axes)
 
 
 def bind(config: ModelConfig, params: Params) -> Transformer:
     """Rebuilds the NNX module around ``params`` (no copy; use inside jit)."""
-    return nnx.merge(_graphdef(config)[0], nnx.State(params))
+    return nnx.merge(_graphdef(config)[0], params)
 
 
 def causal_mask(input_mask_bt: jax.Array) -> jax.Array:

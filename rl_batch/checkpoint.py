@@ -1,0 +1,126 @@
+"""Orbax checkpoints of a run: arrays (params, optimizer state, rng) plus JSON metadata.
+
+Orbax writes each step into a temporary directory and renames it when complete, so a
+process killed mid-save leaves no checkpoint that ``latest_step`` would return. Saves
+here are synchronous: when ``save`` returns, the step is on disk.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint does not fit the tree it is restored into."""
+
+
+def _path_name(path) -> str:
+    """A path name that is the same for a live tree and orbax's stored metadata tree.
+
+    Orbax stores dict keys as strings and named tuples as dicts, so only the sequence
+    of key names is compared.
+    """
+    parts = []
+    for entry in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(entry, attr):
+                parts.append(str(getattr(entry, attr)))
+                break
+        else:
+            parts.append(str(entry))
+    return "/".join(parts)
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    return {
+        _path_name(path): tuple(np.shape(x))
+        for path, x in jax.tree_util.tree_leaves_with_path(tree)
+        if hasattr(x, "shape")
+    }
+
+
+class Checkpointer:
+    """Saves and restores ``(tree, meta)`` pairs under ``directory``.
+
+    Args:
+      directory: where step subdirectories live (``<run>/checkpoints``).
+      max_to_keep: how many most recent steps to keep.
+    """
+
+    def __init__(self, directory: str, max_to_keep: int = 2):
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or None when there is none."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """All complete steps on disk, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def save(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
+        """Writes ``tree`` (arrays) and ``meta`` (JSON) as ``step`` and waits for it."""
+        args = ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta))
+        self._manager.save(step, args=args, force=True)
+        self._manager.wait_until_finished()
+
+    def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """Restores the tree at ``step`` (default: latest) into the structure of ``like``.
+
+        Args:
+          like: a tree of arrays or ``jax.ShapeDtypeStruct`` (shardings are kept) with
+            the structure, shapes and dtypes expected.
+          step: which step; the latest when None.
+
+        Returns:
+          (tree, meta).
+
+        Raises:
+          FileNotFoundError: no checkpoint in the directory.
+          CheckpointMismatchError: the checkpoint holds different names or shapes
+            (the message lists the first differences).
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        self._check_compatible(like, step)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+        )
+        restored = self._manager.restore(step, args=args)
+        return restored.state, dict(restored.meta)
+
+    def _check_compatible(self, like: Any, step: int) -> None:
+        metadata = self._manager.item_metadata(step)
+        stored_tree = metadata["state"] if metadata is not None else None
+        if stored_tree is None:
+            return
+        stored_tree = getattr(stored_tree, "tree", stored_tree)
+        stored = _shapes(stored_tree)
+        expected = _shapes(like)
+        problems = []
+        for name in sorted(expected.keys() - stored.keys())[:5]:
+            problems.append(f"missing {name} (expected shape {expected[name]})")
+        for name in sorted(stored.keys() - expected.keys())[:5]:
+            problems.append(f"unexpected {name} (shape {stored[name]})")
+        for name in sorted(expected.keys() & stored.keys()):
+            if expected[name] != stored[name] and len(problems) < 10:
+                problems.append(
+                    f"{name}: checkpoint shape {stored[name]}, expected {expected[name]}"
+                )
+        if problems:
+            raise CheckpointMismatchError(
+                f"checkpoint {self.directory}/{step} does not match the model/optimizer "
+                "being restored:\n  " + "\n  ".join(problems)
+            )
+
+    def close(self) -> None:
+        self._manager.close()
