@@ -1,0 +1,73 @@
+"""Hand-checked LR scaling rules."""
+
+import math
+
+import pytest
+
+from rl_batch import lr_rules
+
+# Reference: P=128, G=8 -> B_ref = 1024 responses, lr_ref = 1e-6.
+REF = dict(ref_batch=1024, ref_lr=1e-6)
+
+
+def test_sqrt_rule():
+    # B = 512 * 8 = 4096 -> k = 4, lr = 1e-6 * sqrt(4) = 2e-6; betas/eps untouched.
+    h = lr_rules.scale_hparams(rule="sqrt", batch=4096, **REF)
+    assert h.k == 4.0
+    assert h.lr == pytest.approx(2e-6, rel=1e-12)
+    assert (h.b1, h.b2, h.eps) == (0.9, 0.999, 1e-8)
+    assert h.describe() == (
+        "rule=sqrt: k = B / B_ref = 4096 / 1024 = 4; lr = lr_ref * sqrt(k) = 1e-06 * 2 = 2e-06"
+    )
+    # Default rule is sqrt; B = 256 * 8 = 2048 -> k = 2, lr = 1e-6 * 1.4142136.
+    h = lr_rules.scale_hparams(batch=2048, **REF)
+    assert h.rule == "sqrt"
+    assert h.lr == pytest.approx(1.41421356e-6, rel=1e-8)
+
+
+def test_linear_and_fixed():
+    # k = 2048 / 1024 = 2: linear -> 2e-6; fixed -> 1e-6.
+    assert lr_rules.scale_hparams(rule="linear", batch=2048, **REF).lr == pytest.approx(2e-6)
+    h = lr_rules.scale_hparams(rule="fixed", batch=2048, **REF)
+    assert h.lr == 1e-6 and h.k == 2.0
+    assert h.describe() == "rule=fixed: k = B / B_ref = 2048 / 1024 = 2; lr = lr_ref = 1e-06"
+    # Smaller batch: k = 512 / 1024 = 0.5, linear -> 5e-7.
+    assert lr_rules.scale_hparams(rule="linear", batch=512, **REF).lr == pytest.approx(5e-7)
+
+
+def test_malladi_rule():
+    # k = 4: lr = 1e-6 * 2 = 2e-6; b1 = 1 - 4 * 0.1 = 0.6; b2 = 1 - 4 * 0.001 = 0.996;
+    # eps = 1e-8 / 2 = 5e-9.
+    h = lr_rules.scale_hparams(rule="malladi", batch=4096, **REF)
+    assert h.lr == pytest.approx(2e-6)
+    assert h.b1 == pytest.approx(0.6)
+    assert h.b2 == pytest.approx(0.996)
+    assert h.eps == pytest.approx(5e-9)
+    assert h.clamped == ()
+    text = h.describe()
+    assert "b1 = 1 - k * (1 - 0.9) = 1 - 4 * 0.1 = 0.6" in text
+    assert "eps = eps_ref / sqrt(k) = 1e-08 / 2 = 5e-09" in text
+    # k = 0.5: b1 = 1 - 0.5 * 0.1 = 0.95, b2 = 0.9995, eps = 1e-8 / 0.7071068 = 1.4142e-8.
+    h = lr_rules.scale_hparams(rule="malladi", batch=512, **REF)
+    assert (h.b1, h.b2) == (pytest.approx(0.95), pytest.approx(0.9995))
+    assert h.eps == pytest.approx(1e-8 * math.sqrt(2))
+
+
+def test_malladi_clamp():
+    # k = 16: b1 -> 1 - 16 * 0.1 = -0.6 is clamped to 0 (1 - b capped at 1); b2 = 0.984.
+    h = lr_rules.scale_hparams(rule="malladi", batch=16 * 1024, **REF)
+    assert h.b1 == 0.0
+    assert h.b2 == pytest.approx(0.984)
+    assert h.clamped == ("b1",)
+    assert "(clamped" in h.describe()
+    d = h.to_dict()
+    assert d["clamped"] == ["b1"] and d["describe"] == h.describe() and d["lr"] == h.lr
+
+
+def test_errors():
+    with pytest.raises(ValueError, match=r"unknown LR rule 'cubic'.*'sqrt', 'linear', 'fixed'"):
+        lr_rules.scale_hparams(rule="cubic", batch=8, **REF)
+    with pytest.raises(ValueError, match="batch must be a positive int"):
+        lr_rules.scale_hparams(batch=0, **REF)
+    with pytest.raises(ValueError, match="b2 must be in"):
+        lr_rules.scale_hparams(batch=8, b2=1.0, **REF)
