@@ -1,0 +1,644 @@
+"""Jitted KV-cache sampler: prefill, then a ``lax.while_loop`` decode until every row is done.
+
+Layout of one sampling batch (B rows, prompt bucket P, response bucket R, S = P + R)::
+
+    slot:   0 ........ P-1 | P ............ P+R-1
+            pad pad p0 p1 p2 | r0 r1 r2 EOS pad pad
+            <- left padded ->  <- right padded ->
+
+Every prompt ends at slot P-1, so the first response token is sampled from the logits
+of slot P-1 for all rows at once and response token r always sits at slot P + r. RoPE
+positions skip padding (``model.positions_from_mask`` semantics: a token's position is
+the number of real tokens before it), so a padded row produces the same logits as the
+same prompt run alone.
+
+Shapes are bucketed (prompt length, response length and batch rounded up) so that a
+new batch size or prompt length within a bucket reuses the compiled program; the
+response length limit ``max_new_tokens`` is a traced scalar and never recompiles.
+
+Public API:
+  * ``SamplingConfig``: temperature / top-k / top-p / greedy, built from a config dict
+    with ``SamplingConfig.from_dict``; ``.method()`` returns the sampling method.
+  * ``Greedy``, ``Temperature``, ``TopK``, ``TopP``: frozen ``(logits, rng) -> tokens``.
+  * ``sample_batch(...)``: pure, jittable; prefill + decode + outputs, for callers that
+    run it under their own ``jit`` / mesh.
+  * ``prefill``, ``decode``: the two halves of ``sample_batch`` (``SamplingState`` in
+    between), which ``Sampler`` jits separately so the decode state can be donated.
+  * ``Sampler``: host-side wrapper: pads and buckets Python prompt lists, caches
+    compiled programs, optionally shards the batch on a mesh, returns numpy arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl_batch import model as model_lib
+
+ModelConfig = model_lib.ModelConfig
+Params = model_lib.Params
+
+# ----------------------------------------------------------------------- sampling methods
+
+
+class SamplingMethod(Protocol):
+    """Maps next-token logits [B, V] (float32) and a PRNG key to tokens [B] (int32)."""
+
+    def __call__(self, logits_bv: jax.Array, rng: jax.Array) -> jax.Array: ...
+
+
+def top_k_filter(logits_bv: jax.Array, k: int) -> jax.Array:
+    """Keeps the ``k`` largest logits per row (ties at the k-th value are kept too).
+
+    Args:
+      logits_bv: [B, V] logits.
+      k: number of tokens to keep (>= 1); k >= V keeps everything.
+
+    Returns:
+      [B, V] logits with the rest set to -inf.
+    """
+    if k >= logits_bv.shape[-1]:
+        return logits_bv
+    kth_b1 = jax.lax.top_k(logits_bv, k)[0][:, -1:]
+    return jnp.where(logits_bv >= kth_b1, logits_bv, -jnp.inf)
+
+
+def top_p_filter(logits_bv: jax.Array, p: float) -> jax.Array:
+    """Nucleus filter: keeps the smallest set of top tokens whose probability reaches ``p``.
+
+    A token is kept when the probability mass of the tokens ranked above it is < p, so
+    the most likely token is always kept and ``p -> 0`` reduces to greedy.
+
+    Args:
+      logits_bv: [B, V] logits (already temperature-scaled and top-k filtered).
+      p: nucleus mass in (0, 1]; 1 keeps everything.
+
+    Returns:
+      [B, V] logits with the rest set to -inf.
+    """
+    if p >= 1.0:
+        return logits_bv
+    sorted_bv = jnp.sort(logits_bv, axis=-1)[:, ::-1]  # descending
+    probs_bv = jax.nn.softmax(sorted_bv, axis=-1)
+    mass_before_bv = jnp.cumsum(probs_bv, axis=-1) - probs_bv
+    keep_bv = mass_before_bv < p
+    threshold_b1 = jnp.min(jnp.where(keep_bv, sorted_bv, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits_bv >= threshold_b1, logits_bv, -jnp.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class Greedy:
+    """Argmax decoding."""
+
+    def __call__(self, logits_bv: jax.Array, rng: jax.Array) -> jax.Array:
+        del rng
+        return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Temperature:
+    """Samples from softmax(logits / temperature)."""
+
+    temperature: float = 1.0
+
+    def __call__(self, logits_bv: jax.Array, rng: jax.Array) -> jax.Array:
+        return jax.random.categorical(rng, logits_bv / self.temperature).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class TopK:
+    """Temperature, then sampling among the ``k`` most likely tokens."""
+
+    k: int
+    temperature: float = 1.0
+
+    def __call__(self, logits_bv: jax.Array, rng: jax.Array) -> jax.Array:
+        logits_bv = top_k_filter(logits_bv / self.temperature, self.k)
+        return jax.random.categorical(rng, logits_bv).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class TopP:
+    """Temperature, then optional top-k, then nucleus (top-p) sampling."""
+
+    p: float
+    temperature: float = 1.0
+    top_k: int = 0
+
+    def __call__(self, logits_bv: jax.Array, rng: jax.Array) -> jax.Array:
+        logits_bv = logits_bv / self.temperature
+        if self.top_k:
+            logits_bv = top_k_filter(logits_bv, self.top_k)
+        logits_bv = top_p_filter(logits_bv, self.p)
+        return jax.random.categorical(rng, logits_bv).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """How next tokens are drawn. Filters apply in order: temperature, top-k, top-p.
+
+    Attributes:
+      temperature: softmax temperature (> 0); ignored when ``greedy``.
+      top_k: keep the k most likely tokens; 0 turns the filter off.
+      top_p: nucleus mass in (0, 1]; 1.0 turns the filter off.
+      greedy: argmax decoding; the other fields are then ignored and log-probs are
+        reported at temperature 1.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+            raise ValueError(f"SamplingConfig.temperature must be > 0, got {self.temperature!r}")
+        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+            raise ValueError(f"SamplingConfig.top_k must be an int >= 0, got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> SamplingConfig:
+        """Builds a config from a dict / ``ConfigDict`` (unknown keys raise ``ValueError``)."""
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown SamplingConfig keys {unknown}; known keys: {sorted(known)}")
+        return cls(**d)
+
+    @property
+    def logprob_temperature(self) -> float:
+        """Temperature of the distribution whose log-probs the sampler reports."""
+        return 1.0 if self.greedy else float(self.temperature)
+
+    def method(self) -> SamplingMethod:
+        """The ``(logits, rng) -> tokens`` method for this config."""
+        if self.greedy:
+            return Greedy()
+        if self.top_p < 1.0:
+            return TopP(p=self.top_p, temperature=self.temperature, top_k=self.top_k)
+        if self.top_k:
+            return TopK(k=self.top_k, temperature=self.temperature)
+        return Temperature(temperature=self.temperature)
+
+
+# ---------------------------------------------------------------------------- state/output
+
+
+@flax.struct.dataclass
+class SamplingState:
+    """Decode-loop carry. B rows, P prompt slots, R response slots, S = P + R."""
+
+    step: jax.Array  # [] int32: response tokens sampled so far (next response slot)
+    max_new_tokens: jax.Array  # [] int32: stop after this many tokens (<= R); traced
+    prompt_tokens_bp: jax.Array  # [B, P] int32, left-padded
+    prompt_len_b: jax.Array  # [B] int32 real prompt tokens (first response position)
+    tokens_br: jax.Array  # [B, R] int32 response buffer, pad where not generated
+    logprobs_br: jax.Array  # [B, R] float32, 0 where not generated
+    mask_br: jax.Array  # [B, R] bool, True for generated tokens (EOS included)
+    kv_mask_bs: jax.Array  # [B, S] bool, True where a cache slot holds a real token
+    cache: model_lib.Cache  # per layer {"k", "v"}: [B, S, K, H]
+    done_b: jax.Array  # [B] bool: emitted EOS, reached max_new_tokens, or a pad row
+    rng: jax.Array  # PRNG key; step i uses fold_in(rng, i)
+    eos_id: int = flax.struct.field(pytree_node=False)
+    pad_id: int = flax.struct.field(pytree_node=False)
+    sampling: SamplingConfig = flax.struct.field(pytree_node=False)
+
+
+@flax.struct.dataclass
+class SampleOutput:
+    """Sampled responses. Device arrays from ``sample_batch``; numpy from ``Sampler``."""
+
+    prompt_tokens: Any  # [B, P] int32, left-padded with pad_id
+    prompt_mask: Any  # [B, P] bool
+    response_tokens: Any  # [B, R] int32, right-padded with pad_id, EOS included
+    response_mask: Any  # [B, R] bool, True for generated tokens (EOS included)
+    response_logprobs: Any  # [B, R] float32 log p(token) at logprob_temperature, 0 if masked
+    lengths: Any  # [B] int32 generated tokens (EOS included)
+
+
+# ---------------------------------------------------------------------------- pure functions
+
+
+def _sample_and_score(
+    logits_bv: jax.Array, rng: jax.Array, sampling: SamplingConfig
+) -> tuple[jax.Array, jax.Array]:
+    """Draws tokens [B] and their log-probs [B] under softmax(logits / T), before filters."""
+    tokens_b = sampling.method()(logits_bv, rng)
+    scaled_bv = logits_bv / sampling.logprob_temperature
+    chosen_b = jnp.take_along_axis(scaled_bv, tokens_b[:, None], axis=-1)[:, 0]
+    return tokens_b, chosen_b - jax.nn.logsumexp(scaled_bv, axis=-1)
+
+
+def _record(state: SamplingState, logits_bv: jax.Array) -> SamplingState:
+    """Samples response token ``state.step`` from ``logits_bv`` and advances the state."""
+    step = state.step
+    tokens_b, logprobs_b = _sample_and_score(
+        logits_bv, jax.random.fold_in(state.rng, step), state.sampling
+    )
+    live_b = ~state.done_b
+    tokens_b = jnp.where(live_b, tokens_b, state.pad_id)
+    logprobs_b = jnp.where(live_b, logprobs_b, 0.0)
+    zero = jnp.zeros((), jnp.int32)
+    at = (zero, step)
+    done_b = state.done_b | (tokens_b == state.eos_id) | (step + 1 >= state.max_new_tokens)
+    return state.replace(
+        step=step + 1,
+        tokens_br=jax.lax.dynamic_update_slice(state.tokens_br, tokens_b[:, None], at),
+        logprobs_br=jax.lax.dynamic_update_slice(state.logprobs_br, logprobs_b[:, None], at),
+        mask_br=jax.lax.dynamic_update_slice(state.mask_br, live_b[:, None], at),
+        done_b=done_b,
+    )
+
+
+def prefill(
+    config: ModelConfig,
+    params: Params,
+    prompt_tokens_bp: jax.Array,
+    prompt_mask_bp: jax.Array,
+    rng: jax.Array,
+    max_new_tokens: jax.Array | int,
+    *,
+    response_len: int,
+    eos_id: int,
+    pad_id: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    cache_dtype: str | None = None,
+) -> SamplingState:
+    """Runs the prompts through the model, fills the cache and samples response token 0.
+
+    Args:
+      config: model shape.
+      params: the parameter tree (the learner's, as is).
+      prompt_tokens_bp: [B, P] int prompt ids, LEFT-padded (every prompt ends at P-1).
+      prompt_mask_bp: [B, P] bool, True for real prompt tokens. A row with no real token
+        is a padding row: it is done from the start and generates nothing.
+      rng: PRNG key.
+      max_new_tokens: per-call token limit, traced; clipped to ``response_len``.
+      response_len: R, the static size of the response buffer.
+      eos_id: end-of-sequence id (an id outside [0, V) never stops a row early).
+      pad_id: id written to unused response slots.
+      sampling: how tokens are drawn.
+      cache_dtype: KV-cache dtype name (default: the model's compute dtype).
+
+    Returns:
+      The decode state after one sampled token (``step == 1``).
+    """
+    b, p = prompt_tokens_bp.shape
+    r = response_len
+    prompt_mask_bp = prompt_mask_bp.astype(bool)
+    positions_bp = model_lib.positions_from_mask(prompt_mask_bp)
+    kv_mask_bs = jnp.concatenate([prompt_mask_bp, jnp.zeros((b, r), bool)], axis=1)
+    cache = model_lib.init_cache(config, b, p + r, cache_dtype)
+    logits_bpv, cache = model_lib.forward_with_cache(
+        config, params, prompt_tokens_bp.astype(jnp.int32), positions_bp, kv_mask_bs, cache, 0
+    )
+    prompt_len_b = jnp.sum(prompt_mask_bp, axis=1, dtype=jnp.int32)
+    state = SamplingState(
+        step=jnp.zeros((), jnp.int32),
+        max_new_tokens=jnp.minimum(jnp.asarray(max_new_tokens, jnp.int32), r),
+        prompt_tokens_bp=prompt_tokens_bp.astype(jnp.int32),
+        prompt_len_b=prompt_len_b,
+        tokens_br=jnp.full((b, r), pad_id, jnp.int32),
+        logprobs_br=jnp.zeros((b, r), jnp.float32),
+        mask_br=jnp.zeros((b, r), bool),
+        kv_mask_bs=kv_mask_bs,
+        cache=cache,
+        done_b=prompt_len_b == 0,
+        rng=rng,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        sampling=sampling,
+    )
+    return _record(state, logits_bpv[:, -1])
+
+
+def _decode_step(config: ModelConfig, params: Params, state: SamplingState) -> SamplingState:
+    """Feeds response token ``step - 1`` at slot P + step - 1 and samples token ``step``."""
+    p = state.prompt_tokens_bp.shape[1]
+    prev = state.step - 1
+    zero = jnp.zeros((), jnp.int32)
+    token_b1 = jax.lax.dynamic_slice_in_dim(state.tokens_br, prev, 1, axis=1)
+    real_b1 = jax.lax.dynamic_slice_in_dim(state.mask_br, prev, 1, axis=1)
+    slot = p + prev
+    kv_mask_bs = jax.lax.dynamic_update_slice(state.kv_mask_bs, real_b1, (zero, slot))
+    positions_b1 = (state.prompt_len_b + prev)[:, None]
+    logits_b1v, cache = model_lib.forward_with_cache(
+        config, params, token_b1, positions_b1, kv_mask_bs, state.cache, slot
+    )
+    state = state.replace(kv_mask_bs=kv_mask_bs, cache=cache)
+    return _record(state, logits_b1v[:, 0])
+
+
+def decode(config: ModelConfig, params: Params, state: SamplingState) -> SamplingState:
+    """Decodes with ``lax.while_loop`` until every row is done or ``max_new_tokens``.
+
+    Args:
+      config: model shape.
+      params: the parameter tree.
+      state: the state from ``prefill`` (or a partially decoded one).
+
+    Returns:
+      The final state.
+    """
+
+    def cond(s: SamplingState) -> jax.Array:
+        return (s.step < s.max_new_tokens) & ~jnp.all(s.done_b)
+
+    return jax.lax.while_loop(cond, lambda s: _decode_step(config, params, s), state)
+
+
+def outputs(state: SamplingState) -> SampleOutput:
+    """The ``SampleOutput`` of a finished state (device arrays)."""
+    p = state.prompt_tokens_bp.shape[1]
+    return SampleOutput(
+        prompt_tokens=state.prompt_tokens_bp,
+        prompt_mask=state.kv_mask_bs[:, :p],
+        response_tokens=state.tokens_br,
+        response_mask=state.mask_br,
+        response_logprobs=state.logprobs_br,
+        lengths=jnp.sum(state.mask_br, axis=1, dtype=jnp.int32),
+    )
+
+
+def sample_batch(
+    config: ModelConfig,
+    params: Params,
+    prompt_tokens_bp: jax.Array,
+    prompt_mask_bp: jax.Array,
+    rng: jax.Array,
+    *,
+    max_new_tokens: int | jax.Array,
+    eos_id: int,
+    pad_id: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    response_len: int | None = None,
+    cache_dtype: str | None = None,
+) -> SampleOutput:
+    """Samples responses for a left-padded prompt batch; pure and jittable.
+
+    Args:
+      config: model shape (static under jit).
+      params: the parameter tree.
+      prompt_tokens_bp: [B, P] int prompt ids, LEFT-padded so every prompt ends at P-1.
+      prompt_mask_bp: [B, P] bool, True for real prompt tokens; an all-False row is a
+        padding row and generates nothing.
+      rng: PRNG key.
+      max_new_tokens: maximum tokens per row (an int, or a traced scalar when
+        ``response_len`` is given).
+      eos_id: end-of-sequence id; a row stops after emitting it.
+      pad_id: id written after the end of each response.
+      sampling: how tokens are drawn (static).
+      response_len: R, size of the response buffer (default: ``max_new_tokens``).
+      cache_dtype: KV-cache dtype name (default: the model's compute dtype).
+
+    Returns:
+      ``SampleOutput`` of device arrays with B rows and R response slots.
+    """
+    if response_len is None:
+        response_len = int(max_new_tokens)
+    state = prefill(
+        config,
+        params,
+        prompt_tokens_bp,
+        prompt_mask_bp,
+        rng,
+        max_new_tokens,
+        response_len=response_len,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        sampling=sampling,
+        cache_dtype=cache_dtype,
+    )
+    return outputs(decode(config, params, state))
+
+
+# ---------------------------------------------------------------------------------- buckets
+
+
+def bucket(n: int, *, minimum: int = 1, granule: int | None = None, cap: int | None = None) -> int:
+    """Rounds ``n`` up to a bucket size.
+
+    Args:
+      n: the size to cover (>= 1).
+      minimum: smallest bucket.
+      granule: round up to a multiple of this; None rounds up to a power of two.
+      cap: largest bucket (used when the rounded size would exceed it; must be >= n).
+
+    Returns:
+      The bucket size, >= n.
+    """
+    n = max(n, minimum)
+    size = -(-n // granule) * granule if granule else 1 << (n - 1).bit_length()
+    return min(size, cap) if cap is not None else size
+
+
+# ---------------------------------------------------------------------------------- Sampler
+
+
+class Sampler:
+    """Samples from Python token lists with bucketed shapes and cached compiled programs.
+
+    ``__call__`` returns a ``SampleOutput`` of **numpy** arrays on the host whose first
+    dimension is the number of prompts (bucket rows dropped); P and R are the bucket
+    sizes. ``last_stats`` holds the wall time of the last call split into prefill and
+    decode (seconds) and the number of decode-loop iterations.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        eos_id: int,
+        pad_id: int,
+        max_prompt_len: int,
+        max_new_tokens: int,
+        prompt_bucket_min: int = 8,
+        response_bucket_min: int = 8,
+        batch_bucket_min: int = 1,
+        batch_granule: int | None = None,
+        mesh: jax.sharding.Mesh | None = None,
+        cache_dtype: str | None = None,
+    ):
+        """Creates a sampler.
+
+        Args:
+          config: model shape.
+          eos_id: end-of-sequence id (an id outside [0, V) never stops a row early).
+          pad_id: padding id, in [0, V).
+          max_prompt_len: longest prompt accepted; the largest prompt bucket.
+          max_new_tokens: default and largest response length; the largest response
+            bucket.
+          prompt_bucket_min: smallest prompt bucket; prompts round up to powers of two.
+          response_bucket_min: smallest response bucket (powers of two).
+          batch_bucket_min: smallest batch bucket.
+          batch_granule: batch buckets are multiples of this; None: powers of two.
+          mesh: if given, the batch is sharded over its ``data`` axis (batch buckets
+            are rounded to a multiple of its size); params are used as given.
+          cache_dtype: KV-cache dtype name (default: the model's compute dtype).
+        """
+        if not 0 <= pad_id < config.vocab_size:
+            raise ValueError(f"pad_id={pad_id} is outside the vocabulary [0, {config.vocab_size})")
+        if max_prompt_len < 1 or max_new_tokens < 1:
+            raise ValueError(
+                f"max_prompt_len={max_prompt_len} and max_new_tokens={max_new_tokens} must be >= 1"
+            )
+        if max_prompt_len + max_new_tokens > config.max_seq_len:
+            raise ValueError(
+                f"max_prompt_len + max_new_tokens = {max_prompt_len + max_new_tokens} exceeds "
+                f"ModelConfig.max_seq_len={config.max_seq_len}"
+            )
+        if mesh is not None and "data" not in mesh.axis_names:
+            raise ValueError(f"mesh axes {mesh.axis_names} have no 'data' axis")
+        self.config = config
+        self.eos_id = int(eos_id)
+        self.pad_id = int(pad_id)
+        self.max_prompt_len = max_prompt_len
+        self.max_new_tokens = max_new_tokens
+        self.prompt_bucket_min = prompt_bucket_min
+        self.response_bucket_min = response_bucket_min
+        self.batch_bucket_min = batch_bucket_min
+        self.batch_granule = batch_granule
+        self.mesh = mesh
+        self.cache_dtype = cache_dtype
+        self.last_stats: dict[str, float] = {}
+        self._num_traces = 0
+
+        def counted_prefill(*args, **kwargs):
+            self._num_traces += 1  # runs once per trace, i.e. per compiled shape
+            return prefill(*args, **kwargs)
+
+        def counted_decode(*args):
+            self._num_traces += 1
+            return decode(*args)
+
+        self._prefill = jax.jit(
+            counted_prefill,
+            static_argnums=0,
+            static_argnames=("response_len", "eos_id", "pad_id", "sampling", "cache_dtype"),
+        )
+        # The state (cache included) is donated so the loop updates it in place.
+        self._decode = jax.jit(counted_decode, static_argnums=0, donate_argnums=2)
+
+    @property
+    def num_compilations(self) -> int:
+        """Jit traces so far: two (prefill + decode) per new (B, P, R, sampling) bucket."""
+        return self._num_traces
+
+    def buckets(self, num_prompts: int, prompt_len: int, max_new_tokens: int) -> tuple[int, ...]:
+        """(B, P, R) bucket sizes for a call."""
+        b = bucket(num_prompts, minimum=self.batch_bucket_min, granule=self.batch_granule)
+        if self.mesh is not None:  # every device gets the same number of rows
+            data = self.mesh.shape["data"]
+            b = -(-b // data) * data
+        p = bucket(prompt_len, minimum=self.prompt_bucket_min, cap=self.max_prompt_len)
+        r = bucket(max_new_tokens, minimum=self.response_bucket_min, cap=self.max_new_tokens)
+        return b, p, r
+
+    def pad_prompts(self, prompts: Sequence[Sequence[int]], batch: int, length: int):
+        """Left-pads ``prompts`` into [batch, length] numpy tokens and mask."""
+        tokens_bp = np.full((batch, length), self.pad_id, np.int32)
+        mask_bp = np.zeros((batch, length), bool)
+        for i, prompt in enumerate(prompts):
+            if len(prompt):
+                tokens_bp[i, length - len(prompt) :] = prompt
+                mask_bp[i, length - len(prompt) :] = True
+        return tokens_bp, mask_bp
+
+    def _validate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        if not len(prompts):
+            raise ValueError("Sampler got no prompts")
+        if not 1 <= max_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} must be in [1, {self.max_new_tokens}] "
+                "(the Sampler's max_new_tokens)"
+            )
+        v = self.config.vocab_size
+        for i, prompt in enumerate(prompts):
+            if not 1 <= len(prompt) <= self.max_prompt_len:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens; expected 1..{self.max_prompt_len}"
+                )
+            if min(prompt) < 0 or max(prompt) >= v:
+                raise ValueError(f"prompt {i} has a token id outside [0, {v}): {list(prompt)}")
+
+    def __call__(
+        self,
+        params: Params,
+        prompts: Sequence[Sequence[int]],
+        *,
+        rng: jax.Array,
+        sampling: SamplingConfig = SamplingConfig(),
+        max_new_tokens: int | None = None,
+    ) -> SampleOutput:
+        """Samples one response per prompt.
+
+        Args:
+          params: the parameter tree (the learner's own, possibly sharded).
+          prompts: token id lists, 1..max_prompt_len tokens each.
+          rng: PRNG key.
+          sampling: how tokens are drawn.
+          max_new_tokens: token limit for this call (default: the Sampler's).
+
+        Returns:
+          ``SampleOutput`` of numpy arrays, one row per prompt.
+        """
+        max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        self._validate(prompts, max_new)
+        n = len(prompts)
+        b, p, r = self.buckets(n, max(len(x) for x in prompts), max_new)
+        tokens_bp, mask_bp = self.pad_prompts(prompts, b, p)
+        if self.mesh is not None:
+            batch_sharding = jax.sharding.NamedSharding(
+                self.mesh, jax.sharding.PartitionSpec("data")
+            )
+            tokens_bp, mask_bp = jax.device_put((tokens_bp, mask_bp), batch_sharding)
+        start = time.perf_counter()
+        state = self._prefill(
+            self.config,
+            params,
+            tokens_bp,
+            mask_bp,
+            rng,
+            np.int32(max_new),
+            response_len=r,
+            eos_id=self.eos_id,
+            pad_id=self.pad_id,
+            sampling=sampling,
+            cache_dtype=self.cache_dtype,
+        )
+        jax.block_until_ready(state)
+        prefilled = time.perf_counter()
+        state = self._decode(self.config, params, state)
+        host = jax.device_get(
+            (state.prompt_tokens_bp, state.kv_mask_bs, state.tokens_br, state.mask_br)
+            + (state.logprobs_br, state.step)
+        )
+        end = time.perf_counter()
+        prompt_tokens_bp, kv_mask_bs, tokens_br, mask_br, logprobs_br, steps = host
+        self.last_stats = {
+            "prefill_s": prefilled - start,
+            "decode_s": end - prefilled,
+            "time_s": end - start,
+            "decode_steps": int(steps) - 1,
+            "batch_bucket": b,
+            "prompt_bucket": p,
+            "response_bucket": r,
+        }
+        return SampleOutput(
+            prompt_tokens=prompt_tokens_bp[:n],
+            prompt_mask=kv_mask_bs[:n, :p],
+            response_tokens=tokens_br[:n],
+            response_mask=mask_br[:n],
+            response_logprobs=logprobs_br[:n],
+            lengths=mask_br[:n].sum(axis=1, dtype=np.int32),
+        )
