@@ -1,0 +1,172 @@
+"""Batched scoring, evaluation helpers and the math_verify answer checker.
+
+- `score_responses`: one task, many (example, response) pairs -> rewards ``[N]`` + scores.
+- `mean_at_k`, `pass_at_k`, `greedy_accuracy`: pure numpy reductions for evaluation.
+- `extract_boxed`, `math_score`: the verifier for real math data (``\\boxed{}`` answers
+  checked with math_verify).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rl_batch.tasks.base import Example, Score, Task
+
+
+def score_responses(
+    task: Task,
+    examples: Sequence[Example | Mapping[str, Any]],
+    responses: Sequence[str],
+    group_size: int = 1,
+) -> tuple[np.ndarray, list[Score]]:
+    """Scores responses; example ``i`` owns ``responses[i * G:(i + 1) * G]``.
+
+    Args:
+        task: the task whose verifier to use.
+        examples: ``P`` examples (`Example` or dicts with ``prompt``/``answer``).
+        responses: ``P * group_size`` decoded responses, grouped by example (the row-major
+            flattening of a ``[P, G]`` layout).
+        group_size: responses per example ``G``.
+
+    Returns:
+        ``(rewards_n, scores)``: float32 rewards ``[P * G]`` and one `Score` per response.
+
+    Raises:
+        ValueError: when ``len(responses) != len(examples) * group_size``.
+    """
+    if group_size < 1 or len(responses) != len(examples) * group_size:
+        raise ValueError(
+            f"got {len(responses)} responses for {len(examples)} examples with "
+            f"group_size={group_size}; expected {len(examples) * group_size}"
+        )
+    scores = [
+        task.score(examples[i // group_size], response) for i, response in enumerate(responses)
+    ]
+    rewards_n = np.asarray([s.reward for s in scores], dtype=np.float32)  # [P * G]
+    return rewards_n, scores
+
+
+def _check_ndim(x: np.ndarray, ndim: int, name: str) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != ndim or x.size == 0:
+        raise ValueError(f"{name} must be a non-empty {ndim}-D array, got shape {x.shape}")
+    return x
+
+
+def mean_at_k(rewards_pk: np.ndarray) -> float:
+    """mean@k: the average reward over ``k`` samples per prompt, averaged over prompts.
+
+    Args:
+        rewards_pk: rewards ``[P, k]``.
+
+    Returns:
+        The mean over all ``P * k`` entries.
+    """
+    return float(_check_ndim(rewards_pk, 2, "rewards_pk").mean())
+
+
+def pass_at_k(rewards_pk: np.ndarray, threshold: float = 1.0) -> float:
+    """pass@k: the fraction of prompts with at least one sample scoring ``>= threshold``.
+
+    Args:
+        rewards_pk: rewards ``[P, k]``.
+        threshold: the reward that counts as solved.
+
+    Returns:
+        The fraction of the ``P`` prompts solved.
+    """
+    rewards_pk = _check_ndim(rewards_pk, 2, "rewards_pk")
+    return float((rewards_pk >= threshold).any(axis=1).mean())
+
+
+def greedy_accuracy(rewards_p: np.ndarray) -> float:
+    """Accuracy of one greedy (temperature 0) response per prompt.
+
+    Args:
+        rewards_p: rewards ``[P]``.
+
+    Returns:
+        Their mean.
+    """
+    return float(_check_ndim(rewards_p, 1, "rewards_p").mean())
+
+
+# ---------------------------------------------------------------------------------------
+# Real math answers.
+
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER_LINE_RE = re.compile(r"Answer\s*:\s*(.+?)\s*$", re.MULTILINE)
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced.
+
+    Args:
+        text: a response.
+
+    Returns:
+        The content, stripped, or None when there is no complete boxed expression.
+    """
+    for m in reversed(list(_BOXED_RE.finditer(text))):
+        depth, start = 1, m.end()
+        for i in range(start, len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:i].strip()
+    return None
+
+
+def extract_final_answer(text: str) -> str | None:
+    """The last ``\\boxed{}`` content, else the last ``Answer: ...`` line (the format the
+    DAPO-Math-17K prompts ask for), else None."""
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    lines = _ANSWER_LINE_RE.findall(text)
+    if lines:
+        return lines[-1].strip().strip("$").strip()
+    return None
+
+
+def math_score(response: str, ground_truth: str, timeout_s: int = 5) -> Score:
+    """Checks a math response's final answer against the ground truth with math_verify.
+
+    The final answer is the last ``\\boxed{}`` content (or a final ``Answer:`` line);
+    ``format_ok`` says whether one was found. math_verify's timeouts use ``signal.alarm``,
+    which only works in the main thread; elsewhere the check runs without a timeout. Any
+    exception inside math_verify scores 0 (with the error recorded).
+
+    Args:
+        response: the model's decoded response.
+        ground_truth: the reference answer (plain or LaTeX, without ``$``).
+        timeout_s: per-call math_verify timeout in the main thread.
+
+    Returns:
+        A `Score` with ``parsed`` the extracted answer text.
+    """
+    import math_verify
+
+    answer = extract_final_answer(response)
+    if answer is None:
+        return Score(0.0, False, None, "no \\boxed{} answer")
+    if not answer:
+        return Score(0.0, False, "", "empty \\boxed{} answer")
+    timeout = timeout_s if threading.current_thread() is threading.main_thread() else None
+    try:
+        gold = math_verify.parse(f"${ground_truth}$", parsing_timeout=timeout)
+        pred = math_verify.parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout)
+        if gold and pred:
+            ok = math_verify.verify(gold, pred, timeout_seconds=timeout)
+        else:  # Unparseable on either side: fall back to exact text.
+            ok = answer.replace(" ", "") == ground_truth.strip().replace(" ", "")
+    except Exception as e:  # noqa: BLE001 - a verifier crash must not stop training.
+        return Score(0.0, True, answer, f"math_verify failed: {type(e).__name__}: {e}")
+    return Score(1.0 if ok else 0.0, True, answer, None if ok else "not equivalent")

@@ -1,0 +1,233 @@
+"""Real math data: file loaders (JSONL/Parquet, malformed lines), boxed extraction, and the
+math_verify reward (including outside the main thread)."""
+
+import json
+import threading
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from rl_batch.tasks import Example, MathTask, get_task, load_math_file, math_score
+from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION
+from rl_batch.tasks.rewards import extract_boxed, extract_final_answer
+from rl_batch.tokenizers import HFTokenizer
+
+
+def write_jsonl(path, records):
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tiny_chat_tokenizer(directory):
+    vocab = {"[UNK]": 0, "<|endoftext|>": 1, "<|im_start|>": 2, "<|im_end|>": 3}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    return HFTokenizer(directory)
+
+
+# ---------------------------------------------------------------------------------------
+# Answer extraction and scoring
+
+
+def test_extract_boxed():
+    assert extract_boxed(r"so \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
+    assert extract_boxed(r"\boxed{1} then \boxed{ {2}+3 }") == "{2}+3"  # Last one, stripped.
+    assert extract_boxed(r"\fbox{7}") == "7"
+    assert extract_boxed(r"\boxed {x}") == "x"
+    assert extract_boxed(r"\boxed{\frac{1}{2}") is None  # Unbalanced.
+    assert extract_boxed("no box here") is None
+    assert extract_final_answer("steps...\nAnswer: $34$") == "34"
+    assert extract_final_answer("Answer: 1\n\\boxed{2}") == "2"  # Boxed wins.
+
+
+@pytest.mark.parametrize(
+    "response,truth,reward,format_ok",
+    [
+        (r"The answer is \boxed{42}.", "42", 1.0, True),
+        (r"\boxed{ 42 }", "42", 1.0, True),  # Whitespace inside the box.
+        (r"\boxed{41}", "42", 0.0, True),
+        (r"\boxed{0.5}", r"\frac{1}{2}", 1.0, True),
+        (r"\boxed{\dfrac{1}{2}}", "0.5", 1.0, True),
+        (r"\boxed{3\sqrt{2}}", r"\sqrt{18}", 1.0, True),
+        (r"\boxed{x = 5}", "5", 1.0, True),
+        ("The answer is 42.", "42", 0.0, False),  # No box: format not ok.
+        (r"\boxed{}", "42", 0.0, False),
+        (r"\boxed{42", "42", 0.0, False),  # Unclosed box.
+        ("Let me think.\nAnswer: 34", "34", 1.0, True),  # DAPO's own answer format.
+    ],
+)
+def test_math_score(response, truth, reward, format_ok):
+    score = math_score(response, truth)
+    assert (score.reward, score.format_ok) == (reward, format_ok)
+
+
+def test_math_score_in_a_worker_thread():
+    """math_verify's signal timeouts fail off the main thread; math_score must still work."""
+    results = {}
+
+    def work():
+        results["ok"] = math_score(r"\boxed{\frac{2}{4}}", "0.5")
+        results["bad"] = math_score(r"\boxed{3}", "0.5")
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=60)
+    assert results["ok"].reward == 1.0 and results["ok"].error is None
+    assert results["bad"].reward == 0.0 and results["bad"].format_ok
+
+
+def test_math_score_survives_verifier_crash(monkeypatch):
+    import math_verify
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("sympy exploded")
+
+    monkeypatch.setattr(math_verify, "verify", boom)
+    score = math_score(r"\boxed{42}", "42")
+    assert (score.reward, score.format_ok, score.parsed) == (0.0, True, "42")
+    assert "sympy exploded" in score.error
+
+
+def test_math_task_scores_dicts_and_refuses_generation():
+    task = get_task("math", max_response_len=1024)
+    assert isinstance(task, MathTask) and task.max_response_len == 1024
+    assert task.reward({"prompt": "q", "answer": "7"}, r"so \boxed{7}") == 1.0
+    assert task.reward(Example("q", "7"), r"so \boxed{8}") == 0.0
+    with pytest.raises(NotImplementedError, match="load_math_file"):
+        task.make_example(None)
+
+
+# ---------------------------------------------------------------------------------------
+# Loaders
+
+
+def test_gsm8k_jsonl(tmp_path):
+    path = write_jsonl(
+        tmp_path / "gsm8k.jsonl",
+        [
+            {"question": "Tom has 3 apples...", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
+            "",  # Blank lines are skipped.
+            {"question": "Big?", "answer": "so\n#### 1,234"},
+        ],
+    )
+    examples = load_math_file(path, "gsm8k")
+    assert [e.answer for e in examples] == ["7", "1234"]
+    assert examples[0].prompt == f"Tom has 3 apples...\n{DEFAULT_INSTRUCTION}"
+    assert examples[1].meta["line"] == 3 and examples[1].meta["format"] == "gsm8k"
+    assert examples[0].meta["messages"] == [{"role": "user", "content": examples[0].prompt}]
+    assert load_math_file(path, "auto") == examples
+    assert len(load_math_file(path, "gsm8k", limit=1)) == 1
+
+
+def test_math_and_aime_jsonl(tmp_path):
+    math_path = write_jsonl(
+        tmp_path / "math.jsonl",
+        [
+            {"problem": "Half of one?", "solution": r"It is $\boxed{\frac{1}{2}}$."},
+            {"problem": "P", "solution": "no box", "answer": "5"},  # MATH-500 style.
+        ],
+    )
+    assert [e.answer for e in load_math_file(math_path, "math")] == [r"\frac{1}{2}", "5"]
+    aime_path = write_jsonl(
+        tmp_path / "aime.jsonl",
+        [{"problem": "AIME 1", "answer": 204}, {"question": "AIME 2", "answer": "033"}],
+    )
+    aime = load_math_file(aime_path, "aime", instruction="", system="Be careful.")
+    assert [e.answer for e in aime] == ["204", "033"]
+    assert aime[1].meta["messages"] == [
+        {"role": "system", "content": "Be careful."},
+        {"role": "user", "content": "AIME 2"},
+    ]
+    assert aime[1].prompt == "Be careful.\n\nAIME 2"
+
+
+def dapo_record(question, truth):
+    return {
+        "data_source": "math_dapo",
+        "prompt": [{"role": "user", "content": f"Solve: {question}\n\nAnswer: $Answer"}],
+        "ability": "MATH",
+        "reward_model": {"ground_truth": truth, "style": "rule"},
+        "extra_info": {"index": "x"},
+    }
+
+
+def test_dapo_parquet_and_chat_template(tmp_path):
+    path = tmp_path / "dapo.parquet"
+    pq.write_table(pa.Table.from_pylist([dapo_record("1+1", "2"), dapo_record("2+2", "4")]), path)
+    tok = tiny_chat_tokenizer(tmp_path / "tok")
+    examples = load_math_file(path, "dapo", tokenizer=tok)
+    assert [e.answer for e in examples] == ["2", "4"]
+    assert examples[0].prompt == (
+        "<|im_start|>user\nSolve: 1+1\n\nAnswer: $Answer<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert examples[1].meta == {
+        "messages": [{"role": "user", "content": "Solve: 2+2\n\nAnswer: $Answer"}],
+        "format": "dapo",
+        "line": 2,
+    }
+    assert load_math_file(path) == load_math_file(path, "dapo")  # auto-detected
+    ids = tok.encode(examples[0].prompt)
+    assert ids[0] == tok._tok.token_to_id("<|im_start|>")
+
+
+def test_gsm8k_prompt_through_chat_template(tmp_path):
+    path = write_jsonl(tmp_path / "g.jsonl", [{"question": "Q?", "answer": "#### 3"}])
+    tok = tiny_chat_tokenizer(tmp_path / "tok")
+    (example,) = load_math_file(path, "gsm8k", tokenizer=tok)
+    assert example.prompt == (
+        f"<|im_start|>user\nQ?\n{DEFAULT_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "fmt,lines,where,what",
+    [
+        ("gsm8k", ['{"question": "a", "answer": "#### 1"}', "{not json"], ":2:", "invalid JSON"),
+        (
+            "gsm8k",
+            ['{"question": "a", "answer": "#### 1"}', '{"answer": "#### 2"}'],
+            ":2:",
+            "'question'",
+        ),
+        ("gsm8k", ['{"question": "a", "answer": "no marker"}'], ":1:", "####"),
+        ("math", ["", "", '{"problem": "p", "solution": "no box"}'], ":3:", "boxed"),
+        ("aime", ['{"problem": "p"}'], ":1:", "missing field 'answer'"),
+        ("aime", ['{"problem": "", "answer": 3}'], ":1:", "non-empty string"),
+        ("dapo", ['{"prompt": [], "reward_model": {"ground_truth": "1"}}'], ":1:", "'prompt'"),
+        ("dapo", ['{"prompt": [{"role": "user", "content": "q"}]}'], ":1:", "'reward_model'"),
+        (
+            "dapo",
+            ['{"prompt": [{"role": "user", "content": "q"}], "reward_model": {}}'],
+            ":1:",
+            "'ground_truth'",
+        ),
+        ("auto", ['{"foo": 1}'], ":1:", "cannot tell the layout"),
+        ("auto", ["[1, 2]"], ":1:", "expected a JSON object"),
+    ],
+)
+def test_malformed_lines_name_file_and_line(tmp_path, fmt, lines, where, what):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError) as info:
+        load_math_file(path, fmt)
+    message = str(info.value)
+    assert message.startswith(f"{path}{where}") and what in message
+
+
+def test_malformed_parquet_row_is_named(tmp_path):
+    path = tmp_path / "bad.parquet"
+    rows = [{"question": "a", "answer": "#### 1"}, {"question": None, "answer": "#### 2"}]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(ValueError, match=r"bad\.parquet:2: missing field 'question'"):
+        load_math_file(path, "gsm8k")
+
+
+def test_unknown_format(tmp_path):
+    with pytest.raises(ValueError, match="unknown math data format 'svamp'"):
+        load_math_file(tmp_path / "x.jsonl", "svamp")
