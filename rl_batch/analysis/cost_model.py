@@ -1,0 +1,461 @@
+"""Generation/update cost model and the critical generation batch.
+
+Generation (autoregressive decode) at concurrency ``c`` sequences: one decode step costs
+about ``t_step(c) = a + b c`` seconds (``a``: reading the weights once per step, memory
+bound; ``b``: the per-sequence compute and KV-cache traffic), so::
+
+    tokens/s (c) = c / (a + b c)   ->   1/b as c grows (saturating)
+
+The *critical generation batch* is where throughput plateaus: the smallest ``c`` that
+reaches ``frac`` (default 0.9) of the asymptote, ``c_frac = frac a / ((1 - frac) b)``
+(``9 a / b`` at 90%); the measured version is the smallest measured batch reaching
+``frac`` of the best measured throughput. Memory bounds it independently: the KV cache
+of ``c`` sequences must fit beside the parameters and optimizer state.
+
+The update (forward + backward + optimizer) is about linear in tokens:
+``t_update = u0 + u1 tokens``.
+
+Throughput file (``<sweep>/throughput.json``, written by ``python -m
+experiments.throughput`` with ``write_throughput``)::
+
+    {
+      "device": "NVIDIA H200",                       # free text
+      "generation": [                                # one entry per concurrency
+        {"batch": 64, "tokens_per_s": 1.2e4, "time_s": 3.4, "new_tokens": 40960}, ...],
+      "update": [                                    # one entry per training batch
+        {"batch": 64, "time_s": 0.8, "tokens": 12288}, ...],
+      # optional, for the KV-cache bound:
+      "device_memory_bytes": 150000000000,
+      "model": {"layers": 28, "kv_heads": 8, "head_dim": 128, "max_seq_len": 4096,
+                "dtype_bytes": 2, "n_params": 1500000000, "train_bytes_per_param": 16}
+    }
+
+``generation[i].batch`` is the number of sequences decoded together, ``new_tokens`` the
+tokens they generated in ``time_s`` seconds (``tokens_per_s = new_tokens / time_s``);
+``update[i].tokens`` the tokens (prompt + response) of one update of ``batch`` responses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rl_batch import artifacts
+from rl_batch.analysis.curves import RunData
+
+THROUGHPUT_FILE = "throughput.json"
+DEFAULT_PLATEAU_FRAC = 0.9
+# Parameters + gradients (f32) + Adam m and v (f32): 4 + 4 + 8 bytes per parameter.
+DEFAULT_TRAIN_BYTES_PER_PARAM = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class GenPoint:
+    """One generation measurement: ``batch`` sequences decoded together."""
+
+    batch: int
+    tokens_per_s: float
+    time_s: float
+    new_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdatePoint:
+    """One update measurement: a training step on ``batch`` responses of ``tokens`` tokens."""
+
+    batch: int
+    time_s: float
+    tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """What sets the KV-cache and training-state memory of a model.
+
+    Attributes:
+      layers: transformer layers.
+      kv_heads: key/value heads per layer.
+      head_dim: head dimension.
+      max_seq_len: prompt + response tokens cached per sequence.
+      dtype_bytes: bytes per cached element (2 for bf16).
+      n_params: parameter count.
+      train_bytes_per_param: resident bytes per parameter for training (default 16:
+        f32 params + grads + Adam m, v).
+    """
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    max_seq_len: int
+    dtype_bytes: int = 2
+    n_params: int = 0
+    train_bytes_per_param: int = DEFAULT_TRAIN_BYTES_PER_PARAM
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """Contents of a throughput file (see the module docstring)."""
+
+    device: str
+    generation: tuple[GenPoint, ...]
+    update: tuple[UpdatePoint, ...]
+    device_memory_bytes: int | None = None
+    model: ModelShape | None = None
+
+
+def _require(obj: dict[str, Any], key: str, where: str) -> Any:
+    if key not in obj:
+        raise ValueError(f"{where}: missing field {key!r} (has {sorted(obj)})")
+    return obj[key]
+
+
+def parse_throughput(obj: Any, source: str = "<throughput>") -> Throughput:
+    """Validates and parses a throughput JSON object.
+
+    Args:
+      obj: the decoded JSON.
+      source: file name used in errors.
+
+    Returns:
+      The ``Throughput``.
+    """
+    if not isinstance(obj, dict):
+        raise ValueError(f"{source}: expected a JSON object, got {type(obj).__name__}")
+    gen, upd = [], []
+    for i, g in enumerate(obj.get("generation") or []):
+        where = f"{source}: generation[{i}]"
+        batch, time_s = int(_require(g, "batch", where)), float(_require(g, "time_s", where))
+        new_tokens = int(_require(g, "new_tokens", where))
+        tps = g.get("tokens_per_s")
+        tps = float(tps) if tps is not None else new_tokens / time_s
+        if batch <= 0 or time_s <= 0 or tps <= 0:
+            raise ValueError(f"{where}: batch, time_s and tokens_per_s must be > 0, got {g}")
+        gen.append(GenPoint(batch, tps, time_s, new_tokens))
+    for i, u in enumerate(obj.get("update") or []):
+        where = f"{source}: update[{i}]"
+        upd.append(
+            UpdatePoint(
+                int(_require(u, "batch", where)),
+                float(_require(u, "time_s", where)),
+                int(_require(u, "tokens", where)),
+            )
+        )
+    model = obj.get("model")
+    if model is not None:
+        fields = {f.name for f in dataclasses.fields(ModelShape)}
+        unknown = set(model) - fields
+        if unknown:
+            raise ValueError(f"{source}: model has unknown fields {sorted(unknown)}")
+        model = ModelShape(**model)
+    mem = obj.get("device_memory_bytes")
+    return Throughput(
+        device=str(obj.get("device", "unknown")),
+        generation=tuple(sorted(gen, key=lambda p: p.batch)),
+        update=tuple(sorted(upd, key=lambda p: p.batch)),
+        device_memory_bytes=None if mem is None else int(mem),
+        model=model,
+    )
+
+
+def load_throughput(path: str) -> Throughput:
+    """Reads and validates a throughput file."""
+    return parse_throughput(artifacts.read_json(path), source=path)
+
+
+def throughput_to_json(t: Throughput) -> dict[str, Any]:
+    """The JSON object of a ``Throughput`` (the file format above)."""
+    obj: dict[str, Any] = {
+        "device": t.device,
+        "generation": [dataclasses.asdict(p) for p in t.generation],
+        "update": [dataclasses.asdict(p) for p in t.update],
+    }
+    if t.device_memory_bytes is not None:
+        obj["device_memory_bytes"] = t.device_memory_bytes
+    if t.model is not None:
+        obj["model"] = dataclasses.asdict(t.model)
+    return obj
+
+
+def write_throughput(
+    path: str,
+    device: str,
+    generation: Sequence[dict[str, Any] | GenPoint],
+    update: Sequence[dict[str, Any] | UpdatePoint] = (),
+    device_memory_bytes: int | None = None,
+    model: ModelShape | dict[str, Any] | None = None,
+) -> Throughput:
+    """Validates and writes a throughput file (atomically).
+
+    Args:
+      path: output path (``<sweep>/throughput.json`` to be picked up by the report).
+      device: device description.
+      generation: entries ``{"batch", "tokens_per_s", "time_s", "new_tokens"}``.
+      update: entries ``{"batch", "time_s", "tokens"}``.
+      device_memory_bytes: device memory, for the KV-cache bound (optional).
+      model: model shape, for the KV-cache bound (optional).
+
+    Returns:
+      The parsed ``Throughput`` that was written.
+    """
+
+    def as_dict(p):
+        return dataclasses.asdict(p) if dataclasses.is_dataclass(p) else dict(p)
+
+    obj: dict[str, Any] = {
+        "device": device,
+        "generation": [as_dict(p) for p in generation],
+        "update": [as_dict(p) for p in update],
+    }
+    if device_memory_bytes is not None:
+        obj["device_memory_bytes"] = int(device_memory_bytes)
+    if model is not None:
+        obj["model"] = as_dict(model)
+    t = parse_throughput(obj, source=path)
+    artifacts.write_json_atomic(path, throughput_to_json(t))
+    return t
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> float:
+    ss_res = float(np.sum((y - pred) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    return 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationFit:
+    """``t_step(c) = a + b c`` fitted to generation throughput (see the module docstring).
+
+    Attributes:
+      a_s: per-step fixed cost in seconds.
+      b_s: per-sequence per-step cost in seconds.
+      r2: coefficient of determination of the step-time fit.
+      batches: [K] measured concurrencies.
+      tokens_per_s: [K] measured throughput.
+    """
+
+    a_s: float
+    b_s: float
+    r2: float
+    batches: np.ndarray
+    tokens_per_s: np.ndarray
+
+    def predict(self, c: Any) -> np.ndarray:
+        """Predicted tokens/s at concurrency ``c``."""
+        c = np.asarray(c, dtype=np.float64)
+        return c / (self.a_s + self.b_s * c)
+
+    @property
+    def asymptote(self) -> float:
+        """Tokens/s as c grows (``inf`` when the fit does not saturate, b <= 0)."""
+        return 1.0 / self.b_s if self.b_s > 0 else float("inf")
+
+    def plateau_batch(self, frac: float = DEFAULT_PLATEAU_FRAC) -> float | None:
+        """Smallest c reaching ``frac`` of the asymptote, ``frac a / ((1 - frac) b)``.
+
+        ``None`` when the fit does not saturate (b <= 0) or a <= 0.
+        """
+        if self.b_s <= 0 or self.a_s <= 0:
+            return None
+        return frac * self.a_s / ((1.0 - frac) * self.b_s)
+
+
+def fit_generation(batches: Sequence[float], tokens_per_s: Sequence[float]) -> GenerationFit:
+    """Fits ``t_step(c) = a + b c`` to throughput measurements by least squares.
+
+    The step time is ``c / tokens_per_s`` (each of the c sequences gains one token per
+    step); with early stopping it is the effective step time.
+
+    Args:
+      batches: [K] concurrencies (at least two distinct).
+      tokens_per_s: [K] measured generated tokens per second.
+
+    Returns:
+      The fit.
+    """
+    c = np.asarray(batches, dtype=np.float64)
+    tps = np.asarray(tokens_per_s, dtype=np.float64)
+    if c.shape != tps.shape or np.unique(c).size < 2:
+        raise ValueError(f"fit_generation: need >= 2 distinct batches, got {c.tolist()}")
+    if np.any(tps <= 0) or np.any(c <= 0):
+        raise ValueError(f"fit_generation: batches and tokens/s must be > 0: {c}, {tps}")
+    step_s = c / tps
+    b, a = np.polyfit(c, step_s, 1)
+    return GenerationFit(float(a), float(b), _r2(step_s, a + b * c), c, tps)
+
+
+def measured_plateau_batch(
+    batches: Sequence[float], tokens_per_s: Sequence[float], frac: float = DEFAULT_PLATEAU_FRAC
+) -> int:
+    """Smallest measured batch whose throughput reaches ``frac`` of the best measured."""
+    c = np.asarray(batches, dtype=np.float64)
+    tps = np.asarray(tokens_per_s, dtype=np.float64)
+    order = np.argsort(c)
+    c, tps = c[order], tps[order]
+    return int(c[np.nonzero(tps >= frac * tps.max())[0][0]])
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateFit:
+    """``t_update = intercept_s + s_per_token * tokens``."""
+
+    intercept_s: float
+    s_per_token: float
+    r2: float
+
+    def predict(self, tokens: Any) -> np.ndarray:
+        return self.intercept_s + self.s_per_token * np.asarray(tokens, dtype=np.float64)
+
+
+def fit_update(tokens: Sequence[float], time_s: Sequence[float]) -> UpdateFit:
+    """Least-squares line of update time against tokens (at least two distinct sizes)."""
+    x = np.asarray(tokens, dtype=np.float64)
+    y = np.asarray(time_s, dtype=np.float64)
+    if x.shape != y.shape or np.unique(x).size < 2:
+        raise ValueError(f"fit_update: need >= 2 distinct token counts, got {x.tolist()}")
+    slope, intercept = np.polyfit(x, y, 1)
+    return UpdateFit(float(intercept), float(slope), _r2(y, intercept + slope * x))
+
+
+def kv_cache_bytes_per_sequence(shape: ModelShape) -> int:
+    """KV-cache bytes of one sequence: keys and values of every layer at full length."""
+    return (
+        2 * shape.layers * shape.kv_heads * shape.head_dim * shape.max_seq_len * shape.dtype_bytes
+    )
+
+
+def train_state_bytes(shape: ModelShape) -> int:
+    """Resident bytes of parameters + gradients + optimizer state."""
+    return shape.n_params * shape.train_bytes_per_param
+
+
+def max_kv_batch(shape: ModelShape, device_memory_bytes: float, usable_frac: float = 0.9) -> int:
+    """Largest concurrency whose KV cache fits beside the training state.
+
+    ``floor((usable_frac * memory - train_state) / kv_per_sequence)``; ``usable_frac``
+    leaves room for activations and the runtime.
+
+    Args:
+      shape: model shape.
+      device_memory_bytes: device memory.
+      usable_frac: fraction of the memory the cache and training state may use.
+
+    Returns:
+      The batch (0 when nothing fits).
+    """
+    free = usable_frac * device_memory_bytes - train_state_bytes(shape)
+    return max(0, int(math.floor(free / kv_cache_bytes_per_sequence(shape))))
+
+
+def run_generation_point(run: RunData) -> tuple[float, float] | None:
+    """(concurrency, tokens/s) of one run from its update lines.
+
+    Concurrency is the sequences generated per update (``responses_generated_cum``
+    increments; ``prompts * group_size`` when absent); tokens/s is the median over updates
+    of ``gen_tokens / time_generate_s`` (the median skips a first update that compiled).
+    """
+    tok, t = run.field("gen_tokens"), run.field("time_generate_s")
+    ok = np.isfinite(tok) & np.isfinite(t) & (t > 0) & (tok > 0)
+    if not ok.any():
+        return None
+    gen = run.field("responses_generated_cum")
+    per_update = np.diff(np.concatenate([[0.0], gen])) if np.all(np.isfinite(gen)) else []
+    c = float(np.median(per_update)) if len(per_update) else float(run.key.batch)
+    if not c > 0:
+        c = float(run.key.batch)
+    return c, float(np.median(tok[ok] / t[ok]))
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationReport:
+    """The critical generation batch.
+
+    Attributes:
+      source: ``"throughput.json"`` or ``"run metrics"``.
+      device: device description (when known).
+      fit: the ``t_step = a + b c`` fit.
+      frac: plateau fraction.
+      plateau_batch_fit: smallest c reaching ``frac`` of the fitted asymptote.
+      plateau_batch_measured: smallest measured c reaching ``frac`` of the best measured.
+      max_kv_batch: KV-cache bound (``None`` without model shape and device memory).
+      update_fit: update time against tokens (``None`` without update measurements).
+    """
+
+    source: str
+    device: str
+    fit: GenerationFit
+    frac: float
+    plateau_batch_fit: float | None
+    plateau_batch_measured: int
+    max_kv_batch: int | None
+    update_fit: UpdateFit | None
+
+    @property
+    def critical_generation_batch(self) -> float:
+        """The measured plateau, capped by the KV-cache bound when known."""
+        c = float(self.plateau_batch_measured)
+        return min(c, float(self.max_kv_batch)) if self.max_kv_batch is not None else c
+
+
+def generation_report(
+    throughput: Throughput | None = None,
+    runs: Sequence[RunData] = (),
+    frac: float = DEFAULT_PLATEAU_FRAC,
+    usable_frac: float = 0.9,
+) -> GenerationReport | None:
+    """Critical generation batch from a throughput file, else from run metrics.
+
+    Args:
+      throughput: parsed throughput file (preferred when it has >= 2 batches).
+      runs: runs whose update lines carry ``gen_tokens`` and ``time_generate_s``.
+      frac: plateau fraction.
+      usable_frac: memory fraction for ``max_kv_batch``.
+
+    Returns:
+      The report, or ``None`` with fewer than two distinct concurrencies.
+    """
+    update_fit, kv, device = None, None, "unknown"
+    if throughput is not None and len({p.batch for p in throughput.generation}) >= 2:
+        source, device = THROUGHPUT_FILE, throughput.device
+        c = [p.batch for p in throughput.generation]
+        tps = [p.tokens_per_s for p in throughput.generation]
+        if len({p.tokens for p in throughput.update}) >= 2:
+            update_fit = fit_update(
+                [p.tokens for p in throughput.update], [p.time_s for p in throughput.update]
+            )
+        if throughput.model is not None and throughput.device_memory_bytes is not None:
+            kv = max_kv_batch(throughput.model, throughput.device_memory_bytes, usable_frac)
+    else:
+        source = "run metrics"
+        by_c: dict[float, list[float]] = {}
+        for r in runs:
+            pt = run_generation_point(r)
+            if pt is not None:
+                by_c.setdefault(pt[0], []).append(pt[1])
+        if len(by_c) < 2:
+            return None
+        c = sorted(by_c)
+        tps = [float(np.mean(by_c[x])) for x in c]
+        tokens, times = [], []
+        for r in runs:
+            t, tok = r.field("time_update_s"), r.field("gen_tokens")
+            ok = np.isfinite(t) & np.isfinite(tok)
+            if ok.any():
+                tokens.append(float(np.median(tok[ok])))
+                times.append(float(np.median(t[ok])))
+        if len(set(tokens)) >= 2:
+            update_fit = fit_update(tokens, times)
+    fit = fit_generation(c, tps)
+    return GenerationReport(
+        source=source,
+        device=device,
+        fit=fit,
+        frac=frac,
+        plateau_batch_fit=fit.plateau_batch(frac),
+        plateau_batch_measured=measured_plateau_batch(c, tps, frac),
+        max_kv_batch=kv,
+        update_fit=update_fit,
+    )

@@ -1,0 +1,277 @@
+"""Critical training batch and the gradient-norm trend against batch.
+
+Critical training batch: within a *family* (one algorithm, one group size, one LR rule,
+``sqrt`` by default), walk up the batches from the family's reference; the critical batch
+is the largest batch before the first one whose sample cost ``r_N`` exceeds ``1 + tol``
+(or that does not reach the target): where the learning curves against cumulative
+responses leave the reference family. The interval uses the bootstrap bounds of r_N: the
+conservative end walks with r_N's upper bound, the optimistic end with its lower bound.
+
+Gradient-norm trend: each run's mean ``grad_norm`` (and ``critic_grad_norm``) over the
+same training window of responses, averaged over seeds, against batch on log-log axes.
+Under the gradient-noise model ``E|g_B|^2 = |G|^2 + tr(Sigma)/B`` the local log-log slope
+of the norm is ``-0.5 (B_noise/B) / (1 + B_noise/B)``: about -0.5 while noise dominates,
+flattening to 0 past ``B_noise = tr(Sigma)/|G|^2``. With ``slow_frac = 0.5`` the first
+segment whose slope is under half the first segment's marks where the decline slows
+(close to ``B_noise`` when the first segment is noise dominated); ``knee_batch`` fits
+``norm^2 = g2 + s/B`` by least squares and reports ``s/g2``. Grad norms are measured
+along different trajectories, so this is a diagnostic, not a proof (as in the study).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from rl_batch.analysis.curves import ConfigKey, RunData
+from rl_batch.analysis.time_to_target import Analysis, Estimate
+
+DEFAULT_TOL = 0.2
+
+
+def family_keys(
+    keys: Sequence[ConfigKey],
+    group_size: int | None = None,
+    lr_rule: str = "sqrt",
+    algo: str | None = None,
+    reference: ConfigKey | None = None,
+) -> list[ConfigKey]:
+    """Configurations of one family, sorted by batch.
+
+    Args:
+      keys: candidate configurations.
+      group_size: the family's group size; ``None`` uses the reference's when it has
+        ``lr_rule``, else the most common group size among ``lr_rule`` configurations.
+      lr_rule: the LR rule of the family.
+      algo: the algorithm; ``None`` uses the reference's (or the most common).
+      reference: the analysis reference configuration.
+
+    Returns:
+      The family's configurations in increasing batch (one per batch).
+    """
+    pool = [k for k in keys if k.lr_rule == lr_rule]
+    if not pool:
+        return []
+    if algo is None:
+        algo = (
+            reference.algo
+            if reference is not None
+            else Counter(k.algo for k in pool).most_common(1)[0][0]
+        )
+    pool = [k for k in pool if k.algo == algo]
+    if group_size is None:
+        if reference is not None and reference in pool:
+            group_size = reference.group_size
+        elif pool:
+            group_size = Counter(k.group_size for k in pool).most_common(1)[0][0]
+    fam = sorted((k for k in pool if k.group_size == group_size), key=lambda k: k.batch)
+    return fam
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticalTrainingBatch:
+    """The edge of batch-size invariance in one family.
+
+    Attributes:
+      family: the family's configurations, by batch.
+      reference: the family reference (the analysis reference when in the family, else
+        the family's smallest batch); r_N is measured against it.
+      tol: tolerance on r_N (inside the family while ``r_N <= 1 + tol``).
+      r_n: r_N per family configuration (``None``: not reached).
+      critical_batch: largest batch before the first that leaves the family.
+      critical_batch_lo: the same walk with r_N's upper bootstrap bound (conservative).
+      critical_batch_hi: the same walk with r_N's lower bootstrap bound (optimistic).
+      first_outside: the first batch that leaves the family (``None``: none does).
+      r_n_at_critical: r_N at the critical batch.
+    """
+
+    family: tuple[ConfigKey, ...]
+    reference: ConfigKey
+    tol: float
+    r_n: tuple[Estimate | None, ...]
+    critical_batch: int
+    critical_batch_lo: int
+    critical_batch_hi: int
+    first_outside: int | None
+    r_n_at_critical: Estimate | None
+
+
+def _walk(fam: Sequence[ConfigKey], r_vals: Sequence[float | None], start: int, tol: float):
+    """Index of the last config before the first with r > 1 + tol (or None), from start."""
+    last = start
+    for i in range(start + 1, len(fam)):
+        r = r_vals[i]
+        if r is None or not np.isfinite(r) or r > 1.0 + tol:
+            return last, i
+        last = i
+    return last, None
+
+
+def critical_training_batch(
+    analysis: Analysis,
+    tol: float = DEFAULT_TOL,
+    group_size: int | None = None,
+    lr_rule: str = "sqrt",
+) -> CriticalTrainingBatch | None:
+    """Largest batch whose sample cost stays within ``1 + tol`` of the family reference.
+
+    Args:
+      analysis: the sweep analysis.
+      tol: tolerance on r_N (default 0.2).
+      group_size: family group size (default: the reference's, see ``family_keys``).
+      lr_rule: family LR rule (default ``sqrt``).
+
+    Returns:
+      The critical training batch, or ``None`` when the family has fewer than two
+      batches or its reference does not reach the target.
+    """
+    fam = family_keys(list(analysis.stats), group_size, lr_rule, reference=analysis.reference)
+    if len(fam) < 2:
+        return None
+    ref = analysis.reference if analysis.reference in fam else fam[0]
+    if not analysis.stats[ref].reached:
+        return None
+    ratios = analysis.ratios if ref == analysis.reference else analysis.ratios_against(ref)
+    r_n = [ratios[k].r_n for k in fam]
+    start = fam.index(ref)
+    mean = [None if e is None else e.mean for e in r_n]
+    upper = [None if e is None else e.hi for e in r_n]
+    lower = [None if e is None else e.lo for e in r_n]
+    i_mid, i_out = _walk(fam, mean, start, tol)
+    i_lo, _ = _walk(fam, upper, start, tol)
+    i_hi, _ = _walk(fam, lower, start, tol)
+    return CriticalTrainingBatch(
+        family=tuple(fam),
+        reference=ref,
+        tol=tol,
+        r_n=tuple(r_n),
+        critical_batch=fam[i_mid].batch,
+        critical_batch_lo=fam[i_lo].batch,
+        critical_batch_hi=fam[i_hi].batch,
+        first_outside=None if i_out is None else fam[i_out].batch,
+        r_n_at_critical=r_n[i_mid],
+    )
+
+
+def run_mean_field(run: RunData, field: str, window_responses: float | None = None) -> float | None:
+    """Mean of an update-line field over the run's first ``window_responses`` responses."""
+    if not run.has_field(field):
+        return None
+    v = run.field(field)
+    if window_responses is not None:
+        v = v[run.responses <= window_responses]
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else None
+
+
+@dataclasses.dataclass(frozen=True)
+class GradNormTrend:
+    """Mean gradient norm against batch (log-log) in one family.
+
+    Attributes:
+      field: the update-line field (``grad_norm`` or ``critic_grad_norm``).
+      batches: [K] batches with data.
+      norms: [K] seed-mean gradient norm in the window.
+      window_responses: the common window (responses) the norms are averaged over.
+      slope: least-squares slope of log(norm) on log(batch).
+      segment_slopes: [K-1] slopes between consecutive batches.
+      slowdown_segment: (B_i, B_i+1) of the first segment flatter than ``slow_frac`` of
+        the first segment's slope (``None``: the decline never slows, or never starts).
+      knee_batch: ``s/g2`` from fitting ``norm^2 = g2 + s/B`` (``None`` unless g2, s > 0).
+    """
+
+    field: str
+    batches: np.ndarray
+    norms: np.ndarray
+    window_responses: float
+    slope: float
+    segment_slopes: np.ndarray
+    slowdown_segment: tuple[int, int] | None
+    knee_batch: float | None
+
+
+def trend_from_norms(
+    batches: Sequence[float], norms: Sequence[float], slow_frac: float = 0.5
+) -> tuple[float, np.ndarray, int | None, float | None]:
+    """Log-log slope, segment slopes, slowdown segment index and knee of a norm trend.
+
+    Args:
+      batches: [K] increasing batches.
+      norms: [K] positive gradient norms.
+      slow_frac: a segment is "slow" when its slope is flatter than ``slow_frac`` times
+        the first segment's (negative) slope.
+
+    Returns:
+      (slope, segment_slopes [K-1], index of the first slow segment or None, knee or None).
+    """
+    b = np.asarray(batches, dtype=np.float64)
+    g = np.asarray(norms, dtype=np.float64)
+    lb, lg = np.log(b), np.log(g)
+    slope = float(np.polyfit(lb, lg, 1)[0]) if b.size >= 2 else float("nan")
+    seg = np.diff(lg) / np.diff(lb)
+    slow = None
+    if seg.size >= 2 and seg[0] < 0:
+        for i in range(1, seg.size):
+            if seg[i] > slow_frac * seg[0]:  # Both negative: flatter than slow_frac x first.
+                slow = i
+                break
+    # norm^2 = g2 + s / B is linear in 1/B.
+    knee = None
+    if b.size >= 2:
+        s, g2 = np.polyfit(1.0 / b, g**2, 1)
+        if g2 > 0 and s > 0:
+            knee = float(s / g2)
+    return slope, seg, slow, knee
+
+
+def grad_norm_trend(
+    analysis: Analysis,
+    field: str = "grad_norm",
+    group_size: int | None = None,
+    lr_rule: str = "sqrt",
+    window_responses: float | None = None,
+    slow_frac: float = 0.5,
+) -> GradNormTrend | None:
+    """Gradient norm against batch in one family (see the module docstring).
+
+    Args:
+      analysis: the sweep analysis.
+      field: ``grad_norm`` (actor) or ``critic_grad_norm``.
+      group_size, lr_rule: the family (see ``family_keys``).
+      window_responses: responses window for the per-run mean; ``None`` uses the
+        shortest run of the family (the common runway).
+      slow_frac: see ``trend_from_norms``.
+
+    Returns:
+      The trend, or ``None`` when fewer than two batches carry ``field``.
+    """
+    fam = family_keys(list(analysis.stats), group_size, lr_rule, reference=analysis.reference)
+    runs = {k: [r for r in analysis.runs_by_key[k] if r.has_field(field)] for k in fam}
+    runs = {k: rs for k, rs in runs.items() if rs}
+    if len(runs) < 2:
+        return None
+    if window_responses is None:
+        window_responses = min(r.final_responses for rs in runs.values() for r in rs)
+    batches, norms = [], []
+    for k, rs in runs.items():
+        vals = [run_mean_field(r, field, window_responses) for r in rs]
+        vals = [v for v in vals if v is not None and v > 0]
+        if vals:
+            batches.append(k.batch)
+            norms.append(float(np.mean(vals)))
+    if len(batches) < 2:
+        return None
+    slope, seg, slow, knee = trend_from_norms(batches, norms, slow_frac)
+    return GradNormTrend(
+        field=field,
+        batches=np.asarray(batches, dtype=np.float64),
+        norms=np.asarray(norms),
+        window_responses=float(window_responses),
+        slope=slope,
+        segment_slopes=seg,
+        slowdown_segment=None if slow is None else (batches[slow], batches[slow + 1]),
+        knee_batch=knee,
+    )

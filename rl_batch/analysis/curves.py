@@ -1,0 +1,378 @@
+"""Loading run and sweep directories into arrays for the scaling analysis.
+
+Reads only the files described in ``rl_batch/artifacts.py`` (numpy, no JAX). A run is
+reduced to its *actor* update axis (retained responses, training seconds, updates done)
+and its evaluation curve (accuracy against retained responses).
+
+PPO critic warm-up: update lines with ``"phase": "critic_warmup"`` are set aside and the
+axes are shifted so that responses, training time and updates count from the first actor
+update (the study's sample axis starts when the actor starts). The offset is the counter
+value on the last warm-up line, and is applied only when the counters run on through the
+warm-up (a run loop that already starts them at the actor needs no shift). The actor is
+unchanged during the warm-up, so the last evaluation made during it becomes the
+evaluation at zero responses.
+
+Configurations: runs are grouped across seeds by ``ConfigKey = (algo, prompts,
+group_size, lr_rule)``; the training batch is ``prompts * group_size`` responses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from rl_batch import artifacts
+
+WARMUP_PHASE = "critic_warmup"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigKey:
+    """One configuration of a sweep; its seeds are grouped under it."""
+
+    algo: str
+    prompts: int
+    group_size: int
+    lr_rule: str
+
+    @property
+    def batch(self) -> int:
+        """Training batch in responses, B = P x G."""
+        return self.prompts * self.group_size
+
+    @property
+    def name(self) -> str:
+        """Machine-friendly name, e.g. ``grpo-P128-G8-sqrt`` (accepted by ``--reference``)."""
+        return f"{self.algo}-P{self.prompts}-G{self.group_size}-{self.lr_rule}"
+
+    @property
+    def label(self) -> str:
+        """Short label for figures and tables, e.g. ``P=128 G=8 sqrt``."""
+        return f"P={self.prompts} G={self.group_size} {self.lr_rule}"
+
+    def sort_key(self) -> tuple[Any, ...]:
+        return (self.algo, self.batch, self.group_size, self.lr_rule)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    """One run, reduced to arrays on the actor axis.
+
+    Attributes:
+      name: run name (the directory name under ``<sweep>/runs``).
+      run_dir: path of the run directory.
+      key: the configuration the run belongs to.
+      seed: the run's seed (``None`` when unknown).
+      status: ``finished``, ``running``, ``failed`` or ``unknown``.
+      config: the run's ``config.json`` (empty when absent).
+      summary: the run's ``summary.json`` (empty when absent).
+      update_records: actor update lines in file order (warm-up lines excluded).
+      eval_records: eval lines sorted by responses.
+      responses: [U] retained responses after each actor update (shifted axis).
+      time_train: [U] training seconds after each actor update (shifted axis).
+      updates_done: [U] actor updates done after each update line (1, 2, ...).
+      eval_responses: [E] retained responses at each evaluation (shifted axis).
+      eval_accuracy: [E] mean@k validation accuracy at each evaluation.
+      warmup_updates: number of critic warm-up update lines set aside.
+    """
+
+    name: str
+    run_dir: str
+    key: ConfigKey
+    seed: int | None
+    status: str
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    update_records: tuple[dict[str, Any], ...]
+    eval_records: tuple[dict[str, Any], ...]
+    responses: np.ndarray
+    time_train: np.ndarray
+    updates_done: np.ndarray
+    eval_responses: np.ndarray
+    eval_accuracy: np.ndarray
+    warmup_updates: int = 0
+
+    @property
+    def final_responses(self) -> float:
+        """Retained responses at the last update (0 when there is none)."""
+        return float(self.responses[-1]) if self.responses.size else 0.0
+
+    @property
+    def final_time_train(self) -> float:
+        """Training seconds at the last update (0 when there is none)."""
+        return float(self.time_train[-1]) if self.time_train.size else 0.0
+
+    def field(self, name: str) -> np.ndarray:
+        """Returns [U] float values of an update-line field, NaN where missing or null."""
+        return np.array([_as_float(r.get(name)) for r in self.update_records], dtype=np.float64)
+
+    def has_field(self, name: str) -> bool:
+        """Whether any update line carries a non-null ``name``."""
+        return any(r.get(name) is not None for r in self.update_records)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """A sweep directory: ``sweep.json`` plus its loaded runs."""
+
+    sweep_dir: str
+    name: str
+    algo: str
+    target: float | None
+    reference: str | None
+    budget_responses: float | None
+    eval_every_responses: float | None
+    runs: tuple[RunData, ...]
+    raw: dict[str, Any]
+
+    def run(self, name: str) -> RunData:
+        """Returns the run called ``name``."""
+        for r in self.runs:
+            if r.name == name:
+                return r
+        raise KeyError(f"sweep {self.sweep_dir}: no run named {name!r}")
+
+
+def _as_float(v: Any) -> float:
+    if v is None or isinstance(v, str):
+        return float("nan")
+    return float(v)
+
+
+def _find_key(tree: Any, key: str) -> Any:
+    """Depth-first search for ``key`` in nested dicts; ``None`` when absent."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        for v in tree.values():
+            found = _find_key(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+def _first(*values: Any) -> Any:
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+def _split_records(
+    records: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Splits metric lines into (warm-up updates, actor updates, evals)."""
+    warm, actor, evals = [], [], []
+    for r in records:
+        kind = r.get("kind")
+        if kind == "eval" or (kind is None and "eval_accuracy" in r):
+            evals.append(r)
+        elif kind == "update" or kind is None:
+            (warm if r.get("phase") == WARMUP_PHASE else actor).append(r)
+    return warm, actor, evals
+
+
+def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None = None) -> RunData:
+    """Loads one run directory.
+
+    Args:
+      run_dir: path of the run directory.
+      entry: the run's entry in ``sweep.json`` (its prompts, group size, LR rule, seed
+        and status take precedence over ``config.json``).
+      algo: the sweep's algorithm, used when neither the entry nor the config names one.
+
+    Returns:
+      The run as a ``RunData``.
+    """
+    entry = entry or {}
+    cfg_path = os.path.join(run_dir, artifacts.CONFIG_FILE)
+    sum_path = os.path.join(run_dir, artifacts.SUMMARY_FILE)
+    config = artifacts.read_json(cfg_path) if os.path.exists(cfg_path) else {}
+    summary = artifacts.read_json(sum_path) if os.path.exists(sum_path) else {}
+    warm, actor, evals = _split_records(artifacts.read_metrics(run_dir))
+
+    first_update = actor[0] if actor else (warm[0] if warm else {})
+    prompts = _first(
+        entry.get("prompts"), _find_key(config, "prompts"), first_update.get("prompts")
+    )
+    group = _first(
+        entry.get("group_size"), _find_key(config, "group_size"), first_update.get("group_size")
+    )
+    if prompts is None or group is None:
+        raise ValueError(
+            f"{run_dir}: cannot tell prompts/group_size (not in sweep.json entry, "
+            f"{artifacts.CONFIG_FILE} or the first update line of {artifacts.METRICS_FILE})"
+        )
+    key = ConfigKey(
+        algo=str(_first(entry.get("algo"), algo, _find_key(config, "algo"), "unknown")),
+        prompts=int(prompts),
+        group_size=int(group),
+        lr_rule=str(_first(entry.get("lr_rule"), _find_key(config, "lr_rule"), "unknown")),
+    )
+    seed = _first(entry.get("seed"), _find_key(config, "seed"))
+
+    # Offsets that make the axes start at the first actor update (PPO critic warm-up).
+    off_n = off_t = 0.0
+    if warm:
+        off_n = float(np.nan_to_num(_as_float(warm[-1].get("responses_cum"))))
+        off_t = float(np.nan_to_num(_as_float(warm[-1].get("time_train_cum_s"))))
+        if actor and _as_float(actor[0].get("responses_cum")) < off_n:
+            off_n = 0.0  # The run loop already starts the counter at the actor.
+        if actor and _as_float(actor[0].get("time_train_cum_s")) < off_t:
+            off_t = 0.0
+
+    if actor:
+        responses = np.array([_as_float(r.get("responses_cum")) for r in actor]) - off_n
+        time_train = np.array([_as_float(r.get("time_train_cum_s")) for r in actor]) - off_t
+        steps = [r.get("step") for r in actor]
+        if all(s is not None for s in steps):
+            # Counts updates whether the run numbers steps from 0 or from 1.
+            updates_done = np.array(steps, dtype=np.float64) - float(steps[0]) + 1.0
+        else:
+            updates_done = np.arange(1, len(actor) + 1, dtype=np.float64)
+    else:
+        # No update lines: fall back on the counters carried by the eval lines.
+        ev = sorted(evals, key=lambda r: _as_float(r.get("responses_cum")))
+        responses = np.array([_as_float(r.get("responses_cum")) for r in ev]) - off_n
+        time_train = np.array([_as_float(r.get("time_train_cum_s")) for r in ev]) - off_t
+        updates_done = np.array([_as_float(r.get("step")) for r in ev])
+
+    evals = sorted(evals, key=lambda r: _as_float(r.get("responses_cum")))
+    ev_n = np.array([_as_float(r.get("responses_cum")) for r in evals]) - off_n
+    ev_acc = np.array([_as_float(r.get("eval_accuracy")) for r in evals])
+    keep = ev_n >= 0
+    before = np.nonzero(~keep)[0]
+    if before.size and not np.any(ev_n == 0):
+        # The actor is unchanged during the warm-up: its last eval is the start point.
+        keep[before[-1]] = True
+        ev_n[before[-1]] = 0.0
+    ok = keep & np.isfinite(ev_n) & np.isfinite(ev_acc)
+
+    status = str(_first(entry.get("status"), summary.get("status"), "unknown"))
+    return RunData(
+        name=str(entry.get("name", os.path.basename(os.path.normpath(run_dir)))),
+        run_dir=run_dir,
+        key=key,
+        seed=None if seed is None else int(seed),
+        status=status,
+        config=config,
+        summary=summary,
+        update_records=tuple(actor),
+        eval_records=tuple(r for r, k in zip(evals, ok) if k),
+        responses=responses,
+        time_train=time_train,
+        updates_done=updates_done,
+        eval_responses=ev_n[ok],
+        eval_accuracy=ev_acc[ok],
+        warmup_updates=len(warm),
+    )
+
+
+def load_sweep(sweep_dir: str) -> Sweep:
+    """Loads ``<sweep>/sweep.json`` and every run it lists that has a directory.
+
+    Runs listed in ``sweep.json`` without a directory yet (pending) are skipped; when
+    ``sweep.json`` lists no runs, every directory under ``<sweep>/runs`` is loaded.
+
+    Args:
+      sweep_dir: the sweep directory.
+
+    Returns:
+      The sweep with its runs.
+    """
+    path = os.path.join(sweep_dir, artifacts.SWEEP_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no sweep file (is {sweep_dir!r} a sweep directory?)")
+    raw = artifacts.read_json(path)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    algo = raw.get("algo")
+    runs_root = os.path.join(sweep_dir, artifacts.RUNS_DIR)
+    entries = raw.get("runs") or []
+    if not entries and os.path.isdir(runs_root):
+        entries = [{"name": n} for n in sorted(os.listdir(runs_root))]
+    runs = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise ValueError(f"{path}: runs[{i}] has no 'name': {entry!r}")
+        run_dir = os.path.join(runs_root, str(entry["name"]))
+        if os.path.isdir(run_dir):
+            runs.append(load_run(run_dir, entry=entry, algo=algo))
+    target = raw.get("target")
+    budget = raw.get("budget_responses")
+    every = raw.get("eval_every_responses")
+    return Sweep(
+        sweep_dir=sweep_dir,
+        name=str(raw.get("name", os.path.basename(os.path.normpath(sweep_dir)))),
+        algo=str(algo) if algo is not None else "unknown",
+        target=None if target is None else float(target),
+        reference=raw.get("reference"),
+        budget_responses=None if budget is None else float(budget),
+        eval_every_responses=None if every is None else float(every),
+        runs=tuple(runs),
+        raw=raw,
+    )
+
+
+def group_runs(runs: list[RunData] | tuple[RunData, ...]) -> dict[ConfigKey, list[RunData]]:
+    """Groups runs by configuration (across seeds), keys in (algo, batch, G, rule) order."""
+    groups: dict[ConfigKey, list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(r.key, []).append(r)
+    return {k: groups[k] for k in sorted(groups, key=ConfigKey.sort_key)}
+
+
+def truncate_run(run: RunData, max_responses: float) -> RunData:
+    """Returns the run as if it had stopped at ``max_responses`` retained responses.
+
+    Keeps the update lines and evaluations at or below ``max_responses`` (a pilot run).
+    """
+    u = run.responses <= max_responses
+    e = run.eval_responses <= max_responses
+    records = run.update_records
+    return dataclasses.replace(
+        run,
+        update_records=tuple(r for r, k in zip(records, u) if k) if records else records,
+        eval_records=tuple(r for r, k in zip(run.eval_records, e) if k),
+        responses=run.responses[u],
+        time_train=run.time_train[u],
+        updates_done=run.updates_done[u],
+        eval_responses=run.eval_responses[e],
+        eval_accuracy=run.eval_accuracy[e],
+        status="pilot",
+    )
+
+
+def mean_curve(
+    runs: list[RunData], grid_n: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seed-mean accuracy curve on a responses grid.
+
+    Each run's eval curve is linearly interpolated on ``grid_n``; grid points beyond a
+    run's last evaluation are NaN for that run.
+
+    Args:
+      runs: runs of one configuration.
+      grid_n: [K] responses grid.
+
+    Returns:
+      (mean [K], min [K], max [K]) over the runs that cover each grid point.
+    """
+    rows = []
+    for r in runs:
+        if r.eval_responses.size == 0:
+            continue
+        y = np.interp(grid_n, r.eval_responses, r.eval_accuracy)
+        y[(grid_n > r.eval_responses[-1]) | (grid_n < r.eval_responses[0])] = np.nan
+        rows.append(y)
+    if not rows:
+        nan = np.full(grid_n.shape, np.nan)
+        return nan, nan, nan
+    acc_rk = np.stack(rows)  # [R, K]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # All-NaN columns stay NaN.
+        return np.nanmean(acc_rk, 0), np.nanmin(acc_rk, 0), np.nanmax(acc_rk, 0)

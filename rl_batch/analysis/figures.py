@@ -1,0 +1,566 @@
+"""The study's figures from a sweep directory (PNG and PDF in ``<sweep>/figures/``).
+
+Figures (each skipped, with a logged note, when the sweep has no data for it):
+
+- ``invariance``: accuracy against cumulative retained responses for each batch of the
+  sqrt family (the invariance family), and beside it the gradient norm against batch.
+- ``group_size``: configurations with the same ``B = P x G`` but different (P, G).
+- ``lr_rule``: fixed against sqrt LR, with updates-to-target bars against the ideal
+  ``B_ref / B``.
+- ``throughput_ratio``: per batch, ``B / B_min`` against the collection-time multiple
+  ``t_gen(B) / t_gen(B_min)`` per update (their ratio is the generation throughput gain).
+- ``critical_batches``: generation throughput against batch with the plateau (and the
+  KV-cache bound) marked; ``r_N`` against batch with the critical training batch marked.
+- ``time_to_target``: ``T / T_ref`` against batch, best configuration starred.
+
+Only the object-oriented matplotlib API is used (``Figure`` with an Agg canvas), so
+nothing changes the global backend and every function also works in a notebook: the
+``figure_*`` functions return the ``Figure`` (or ``None``), ``write_all`` saves everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
+
+from rl_batch import artifacts
+from rl_batch.analysis import cost_model, critical_batch, noise_scale
+from rl_batch.analysis.curves import ConfigKey, RunData, load_sweep, mean_curve
+from rl_batch.analysis.time_to_target import DEFAULT_N_BOOT, Analysis, analyze_sweep
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("png", "pdf")
+RULE_MARKERS = {"sqrt": "o", "fixed": "s", "linear": "^", "malladi": "D"}
+RULE_COLORS = {"sqrt": "C0", "fixed": "C1", "linear": "C2", "malladi": "C4"}
+
+
+def _figure(ncols: int = 2, width: float = 5.2, height: float = 4.0) -> Figure:
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _batch_colors(batches: Sequence[int]) -> dict[int, tuple[float, ...]]:
+    from matplotlib import colormaps
+
+    uniq = sorted(set(batches))
+    cmap = colormaps["viridis"]
+    n = max(len(uniq) - 1, 1)
+    return {b: cmap(0.9 * i / n) for i, b in enumerate(uniq)}
+
+
+def _grid(runs: Sequence[RunData], points: int = 200) -> np.ndarray:
+    hi = max((float(r.eval_responses[-1]) for r in runs if r.eval_responses.size), default=1.0)
+    return np.linspace(0.0, hi, points)
+
+
+def _plot_curves(ax, analysis: Analysis, keys: Sequence[ConfigKey], styles: dict) -> None:
+    """Seed-mean accuracy against responses with the seed min-max band."""
+    runs = [r for k in keys for r in analysis.runs_by_key[k]]
+    grid = _grid(runs)
+    for k in keys:
+        mean, lo, hi = mean_curve(analysis.runs_by_key[k], grid)
+        st = styles[k]
+        ax.plot(
+            grid,
+            mean,
+            label=st.get("label", k.label),
+            color=st.get("color"),
+            linestyle=st.get("linestyle", "-"),
+        )
+        if len(analysis.runs_by_key[k]) > 1:
+            ax.fill_between(grid, lo, hi, color=st.get("color"), alpha=0.15, linewidth=0)
+    ax.axhline(analysis.target, color="0.5", linestyle=":", linewidth=1, label="target")
+    ax.set_xlabel("cumulative retained responses")
+    ax.set_ylabel("validation accuracy (mean@k)")
+    ax.legend(fontsize=7)
+
+
+def figure_invariance(analysis: Analysis, tol: float = critical_batch.DEFAULT_TOL) -> Figure | None:
+    """Accuracy against responses per batch (sqrt family) and gradient norm against batch."""
+    fam = critical_batch.family_keys(list(analysis.stats), reference=analysis.reference)
+    if not fam:
+        log.info("figure invariance: skipped (no sqrt-LR configurations)")
+        return None
+    fig = _figure(2)
+    ax, ax2 = fig.subplots(1, 2)
+    colors = _batch_colors([k.batch for k in fam])
+    _plot_curves(
+        ax,
+        analysis,
+        fam,
+        {k: {"color": colors[k.batch], "label": f"B={k.batch} ({k.label})"} for k in fam},
+    )
+    ax.set_title(f"{analysis.sweep.algo}: sqrt LR, G={fam[0].group_size}")
+    trends = [
+        critical_batch.grad_norm_trend(analysis, field)
+        for field in ("grad_norm", "critic_grad_norm")
+    ]
+    trends = [t for t in trends if t is not None]
+    if not trends:
+        ax2.text(0.5, 0.5, "no grad_norm logged", ha="center", va="center", transform=ax2.transAxes)
+    for tr, color in zip(trends, ("C0", "C3")):
+        name = "actor" if tr.field == "grad_norm" else "critic"
+        ax2.plot(tr.batches, tr.norms, "o-", color=color, label=f"{name} (slope {tr.slope:.2f})")
+        if tr.slowdown_segment is not None:
+            ax2.axvspan(*tr.slowdown_segment, color=color, alpha=0.1, label=f"{name} decline slows")
+    crit = critical_batch.critical_training_batch(analysis, tol)
+    if crit is not None and trends:
+        ax2.axvline(
+            crit.critical_batch,
+            color="k",
+            linestyle="--",
+            linewidth=1,
+            label=f"critical training batch {crit.critical_batch}",
+        )
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.yaxis.set_major_formatter(ScalarFormatter())
+    ax2.yaxis.set_minor_formatter(ScalarFormatter())
+    ax2.set_xlabel("training batch B (responses)")
+    ax2.set_ylabel(
+        f"mean gradient norm (first {trends[0].window_responses:.0f} responses)"
+        if trends
+        else "mean gradient norm"
+    )
+    if trends:
+        ax2.legend(fontsize=7)
+    return fig
+
+
+def _group_pairs(analysis: Analysis) -> list[list[ConfigKey]]:
+    by_batch: dict[tuple[str, str, int], list[ConfigKey]] = {}
+    for k in analysis.stats:
+        by_batch.setdefault((k.algo, k.lr_rule, k.batch), []).append(k)
+    return [
+        sorted(ks, key=lambda k: k.group_size)
+        for ks in by_batch.values()
+        if len({k.group_size for k in ks}) > 1
+    ]
+
+
+def _binned_field(
+    runs: Sequence[RunData], field: str, bins: int = 30
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seed-mean of per-bin means of an update field over responses (smooths noisy norms).
+
+    Returns:
+      (bin centers [K], mean values [K]) for the bins with data.
+    """
+    hi = max(r.final_responses for r in runs)
+    edges = np.linspace(0.0, hi, bins + 1)
+    sums, counts = np.zeros(bins), np.zeros(bins)
+    for r in runs:
+        v = r.field(field)
+        ok = np.isfinite(v)
+        idx = np.clip(np.searchsorted(edges, r.responses[ok], side="left") - 1, 0, bins - 1)
+        np.add.at(sums, idx, v[ok])
+        np.add.at(counts, idx, 1)
+    has = counts > 0
+    centers = 0.5 * (edges[1:] + edges[:-1])
+    return centers[has], sums[has] / counts[has]
+
+
+def figure_group_size(analysis: Analysis) -> Figure | None:
+    """Same ``B = P x G``, different (P, G): curves and gradient norm against responses."""
+    pairs = _group_pairs(analysis)
+    if not pairs:
+        log.info("figure group_size: skipped (no two configurations share B with different G)")
+        return None
+    keys = [k for ks in pairs for k in ks]
+    groups = sorted({k.group_size for k in keys})
+    batches = sorted({k.batch for k in keys})
+    colors = {g: f"C{i}" for i, g in enumerate(groups)}
+    dashes = ["-", "--", ":", "-."]
+    styles = {
+        k: {
+            "color": colors[k.group_size],
+            "linestyle": dashes[batches.index(k.batch) % 4],
+            "label": f"B={k.batch}: {k.label}",
+        }
+        for k in keys
+    }
+    fig = _figure(2)
+    ax, ax2 = fig.subplots(1, 2)
+    _plot_curves(ax, analysis, keys, styles)
+    ax.set_title("group size at fixed B = P x G")
+    plotted = False
+    for k in keys:
+        runs = [r for r in analysis.runs_by_key[k] if r.has_field("grad_norm")]
+        if not runs:
+            continue
+        centers, mean = _binned_field(runs, "grad_norm")
+        if centers.size:
+            st = styles[k]
+            ax2.plot(centers, mean, color=st["color"], linestyle=st["linestyle"], label=st["label"])
+            plotted = True
+    if plotted:
+        ax2.set_xlabel("cumulative retained responses")
+        ax2.set_ylabel("actor gradient norm")
+        ax2.legend(fontsize=7)
+    else:
+        ax2.text(0.5, 0.5, "no grad_norm logged", ha="center", va="center", transform=ax2.transAxes)
+    return fig
+
+
+def figure_lr_rule(analysis: Analysis) -> Figure | None:
+    """Fixed against sqrt LR: curves and updates-to-target against the reference."""
+    ref = analysis.reference
+    fixed = [
+        k
+        for k in analysis.stats
+        if k.lr_rule == "fixed"
+        and k.algo == ref.algo
+        and k.group_size == ref.group_size
+        and k != ref
+    ]
+    if not fixed:
+        log.info("figure lr_rule: skipped (no fixed-LR configuration beside the reference)")
+        return None
+    others = [
+        k
+        for k in analysis.stats
+        if k.lr_rule != "fixed"
+        and k != ref
+        and k.algo == ref.algo
+        and k.group_size == ref.group_size
+        and k.batch in {f.batch for f in fixed}
+    ]
+    keys = [ref, *sorted(others + fixed, key=lambda k: (k.batch, k.lr_rule))]
+    batches = sorted({k.batch for k in keys})
+    dashes = ["-", "--", ":", "-."]
+    styles = {
+        k: {
+            "color": "k" if k == ref else ("C1" if k.lr_rule == "fixed" else "C0"),
+            "linestyle": dashes[batches.index(k.batch) % 4],
+            "label": ("reference " if k == ref else "") + f"B={k.batch} {k.lr_rule}",
+        }
+        for k in keys
+    }
+    fig = _figure(2)
+    ax, ax2 = fig.subplots(1, 2)
+    _plot_curves(ax, analysis, keys, styles)
+    ax.set_title("LR rule at larger batch")
+    bars = [k for k in keys if k != ref]
+    x = np.arange(len(bars))
+    for i, k in enumerate(bars):
+        ra = analysis.ratios[k]
+        color = styles[k]["color"]
+        if ra.r_updates is None:
+            ax2.text(i, 0.02, "not reached", rotation=90, ha="center", va="bottom", fontsize=8)
+            continue
+        e = ra.r_updates
+        ax2.bar(
+            i, e.mean, color=color, alpha=0.8, yerr=[[e.mean - e.lo], [e.hi - e.mean]], capsize=3
+        )
+        ax2.text(i, e.hi, f"{e.mean:.2f}", ha="center", va="bottom", fontsize=8)
+        ax2.hlines(ra.ideal_updates, i - 0.4, i + 0.4, colors="k", linestyles="--")
+    ax2.set_xticks(x, [f"B={k.batch}\n{k.lr_rule}" for k in bars])
+    ax2.set_ylabel(f"updates to target / reference (B={ref.batch})")
+    ax2.set_title("dashed: ideal B_ref / B")
+    return fig
+
+
+def _gen_time_per_update(runs: Sequence[RunData]) -> float | None:
+    vals = []
+    for r in runs:
+        t = r.field("time_generate_s")
+        t = t[np.isfinite(t)]
+        if t.size:
+            vals.append(float(np.median(t)))
+    return float(np.mean(vals)) if vals else None
+
+
+def figure_throughput_ratio(analysis: Analysis) -> Figure | None:
+    """Response-count multiple against collection-time multiple per update, per batch."""
+    fam = critical_batch.family_keys(list(analysis.stats), reference=analysis.reference)
+    pts = [(k.batch, _gen_time_per_update(analysis.runs_by_key[k])) for k in fam]
+    pts = [(b, t) for b, t in pts if t is not None and t > 0]
+    if len(pts) < 2:
+        log.info("figure throughput_ratio: skipped (time_generate_s for < 2 batches)")
+        return None
+    b0, t0 = pts[0]
+    fig = _figure(1, width=6.0)
+    ax = fig.subplots()
+    x = np.arange(len(pts))
+    resp = [b / b0 for b, _ in pts]
+    tgen = [t / t0 for _, t in pts]
+    ax.bar(x - 0.2, resp, 0.4, label="responses per update (B / B_min)", color="C0")
+    ax.bar(x + 0.2, tgen, 0.4, label="collection time per update (t / t_min)", color="C1")
+    for i, (r, t) in enumerate(zip(resp, tgen)):
+        ax.text(i, max(r, t), f"{r / t:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [str(b) for b, _ in pts])
+    ax.set_xlabel("training batch B (responses)")
+    ax.set_ylabel(f"multiple of B_min = {b0}")
+    ax.set_title("generation throughput gain = response multiple / time multiple")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def figure_critical_batches(
+    analysis: Analysis,
+    generation: cost_model.GenerationReport | None,
+    tol: float = critical_batch.DEFAULT_TOL,
+) -> Figure | None:
+    """Throughput plateau (critical generation batch) and r_N edge (critical training batch)."""
+    crit = critical_batch.critical_training_batch(analysis, tol)
+    if generation is None and crit is None:
+        log.info("figure critical_batches: skipped (no throughput data and no r_N family)")
+        return None
+    fig = _figure(2)
+    ax, ax2 = fig.subplots(1, 2)
+    if generation is not None:
+        g = generation
+        ax.plot(g.fit.batches, g.fit.tokens_per_s, "o", color="C0", label="measured")
+        cs = np.geomspace(g.fit.batches.min(), g.fit.batches.max(), 200)
+        ax.plot(
+            cs,
+            g.fit.predict(cs),
+            "-",
+            color="C0",
+            alpha=0.6,
+            label=f"c / (a + b c), a={g.fit.a_s:.3g}s b={g.fit.b_s:.3g}s",
+        )
+        ax.axvline(
+            g.plateau_batch_measured,
+            color="k",
+            linestyle="--",
+            label=f"plateau ({g.frac:.0%} of best) c={g.plateau_batch_measured}",
+        )
+        if g.plateau_batch_fit is not None:
+            ax.axvline(
+                g.plateau_batch_fit,
+                color="0.5",
+                linestyle=":",
+                label=f"fit plateau c={g.plateau_batch_fit:.0f}",
+            )
+        if g.max_kv_batch is not None:
+            ax.axvline(
+                g.max_kv_batch,
+                color="C3",
+                linestyle="-.",
+                label=f"KV-cache bound c={g.max_kv_batch}",
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("generation concurrency (sequences)")
+        ax.set_ylabel("generated tokens / s")
+        ax.set_title(f"critical generation batch ({g.source})")
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no throughput data", ha="center", va="center", transform=ax.transAxes)
+    if crit is not None:
+        fam = [k for k, e in zip(crit.family, crit.r_n) if e is not None]
+        est = [e for e in crit.r_n if e is not None]
+        b = np.array([k.batch for k in fam], dtype=float)
+        m = np.array([e.mean for e in est])
+        err = np.array([[e.mean - e.lo for e in est], [e.hi - e.mean for e in est]])
+        ax2.errorbar(b, m, yerr=err, fmt="o-", color="C0", capsize=3, label="r_N (sqrt LR)")
+        missing = [k.batch for k, e in zip(crit.family, crit.r_n) if e is None]
+        for mb in missing:
+            ax2.annotate(
+                "not reached", (mb, 1.0 + tol), rotation=90, fontsize=7, ha="center", va="bottom"
+            )
+        ax2.axhspan(0.0, 1.0 + tol, color="0.85", alpha=0.5, label=f"r_N <= 1 + {tol:g}")
+        ax2.axvline(
+            crit.critical_batch,
+            color="k",
+            linestyle="--",
+            label=f"critical training batch {crit.critical_batch} "
+            f"[{crit.critical_batch_lo}, {crit.critical_batch_hi}]",
+        )
+        bs = [
+            s.median_second_half
+            for rs in analysis.runs_by_key.values()
+            for r in rs
+            if (s := noise_scale.run_noise_scale(r)) is not None
+        ]
+        bs = [v for v in bs if np.isfinite(v) and v > 0]
+        if bs:
+            ax2.axvline(
+                float(np.median(bs)),
+                color="C2",
+                linestyle=":",
+                label=f"noise scale B_simple {np.median(bs):.0f}",
+            )
+        ax2.set_xscale("log", base=2)
+        ax2.set_ylim(bottom=min(0.8, float(m.min()) - 0.05) if m.size else 0.8)
+        ax2.set_xlabel("training batch B (responses)")
+        ax2.set_ylabel(f"r_N = N*(B) / N*(B={crit.reference.batch})")
+        ax2.set_title("critical training batch")
+        ax2.legend(fontsize=7)
+    else:
+        ax2.text(
+            0.5,
+            0.5,
+            "no sqrt-LR family reaching the target",
+            ha="center",
+            va="center",
+            transform=ax2.transAxes,
+        )
+    return fig
+
+
+def figure_time_to_target(analysis: Analysis) -> Figure | None:
+    """``T / T_ref`` against batch per LR rule, with the best configuration starred."""
+    rows = [(k, r.r_t) for k, r in analysis.ratios.items()]
+    if not any(e is not None for _, e in rows):
+        log.info("figure time_to_target: skipped (reference did not reach the target)")
+        return None
+    fig = _figure(1, width=6.5)
+    ax = fig.subplots()
+    reached = [(k, e) for k, e in rows if e is not None]
+    top = max(e.hi for _, e in reached)
+    for rule in sorted({k.lr_rule for k, _ in rows}):
+        pts = sorted([(k, e) for k, e in reached if k.lr_rule == rule], key=lambda p: p[0].batch)
+        if pts:
+            b = np.array([k.batch for k, _ in pts], dtype=float)
+            m = np.array([e.mean for _, e in pts])
+            err = np.array([[e.mean - e.lo for _, e in pts], [e.hi - e.mean for _, e in pts]])
+            ax.errorbar(
+                b,
+                m,
+                yerr=err,
+                fmt=RULE_MARKERS.get(rule, "v"),
+                capsize=3,
+                color=RULE_COLORS.get(rule),
+                label=f"{rule} LR",
+                linestyle="none",
+            )
+            for k, e in pts:
+                if k.group_size != analysis.reference.group_size:
+                    ax.annotate(
+                        f"G={k.group_size}",
+                        (k.batch, e.mean),
+                        fontsize=7,
+                        xytext=(4, 4),
+                        textcoords="offset points",
+                    )
+        for k, e in rows:
+            if e is None and k.lr_rule == rule:
+                ax.plot([k.batch], [top * 1.1], "x", color="C3")
+                ax.annotate(
+                    f"{rule}: not reached",
+                    (k.batch, top * 1.1),
+                    fontsize=7,
+                    xytext=(4, -10),
+                    textcoords="offset points",
+                )
+    best_k, best_e = min(reached, key=lambda p: p[1].mean)
+    ax.plot(
+        [best_k.batch],
+        [best_e.mean],
+        "*",
+        markersize=16,
+        color="gold",
+        markeredgecolor="k",
+        label=f"best: {best_k.label} ({best_e.mean:.2f}x)",
+    )
+    ax.axhline(1.0, color="0.5", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("training batch B (responses)")
+    ax.set_ylabel(f"time to target / reference (B={analysis.reference.batch})")
+    ax.set_title(f"time to target {analysis.target:g}: T/T_ref = r_N / r_q")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def save_figure(fig: Figure, out_dir: str, name: str) -> list[str]:
+    """Saves ``fig`` as ``<out_dir>/<name>.png`` and ``.pdf``; returns the paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for ext in FORMATS:
+        path = os.path.join(out_dir, f"{name}.{ext}")
+        fig.savefig(path, dpi=120)
+        paths.append(path)
+    return paths
+
+
+def write_figures(
+    analysis: Analysis,
+    out_dir: str,
+    generation: cost_model.GenerationReport | None = None,
+    tol: float = critical_batch.DEFAULT_TOL,
+) -> tuple[list[str], list[str]]:
+    """Writes every figure that has data.
+
+    Args:
+      analysis: the sweep analysis.
+      out_dir: output directory.
+      generation: critical generation batch report (for ``critical_batches``).
+      tol: r_N tolerance of the critical training batch.
+
+    Returns:
+      (written paths, names of the skipped figures).
+    """
+    makers = {
+        "invariance": lambda: figure_invariance(analysis, tol),
+        "group_size": lambda: figure_group_size(analysis),
+        "lr_rule": lambda: figure_lr_rule(analysis),
+        "throughput_ratio": lambda: figure_throughput_ratio(analysis),
+        "critical_batches": lambda: figure_critical_batches(analysis, generation, tol),
+        "time_to_target": lambda: figure_time_to_target(analysis),
+    }
+    written, skipped = [], []
+    for name, make in makers.items():
+        fig = make()
+        if fig is None:
+            skipped.append(name)
+            continue
+        written += save_figure(fig, out_dir, name)
+    return written, skipped
+
+
+def load_generation(
+    sweep_dir: str, runs: Sequence[RunData], throughput_path: str | None = None
+) -> cost_model.GenerationReport | None:
+    """Critical generation batch from ``throughput_path`` (default
+    ``<sweep>/throughput.json`` when present), else from the runs' metrics."""
+    path = throughput_path or os.path.join(sweep_dir, cost_model.THROUGHPUT_FILE)
+    if throughput_path is not None and not os.path.exists(path):
+        raise FileNotFoundError(f"throughput file {path} does not exist")
+    tp = cost_model.load_throughput(path) if os.path.exists(path) else None
+    return cost_model.generation_report(tp, runs)
+
+
+def write_all(
+    sweep_dir: str,
+    target: float | None = None,
+    reference: str | None = None,
+    tol: float = critical_batch.DEFAULT_TOL,
+    throughput_path: str | None = None,
+    n_boot: int = DEFAULT_N_BOOT,
+) -> list[str]:
+    """Writes ``<sweep>/figures/*.png|pdf`` and ``<sweep>/report.md``.
+
+    Args:
+      sweep_dir: the sweep directory.
+      target: validation target (``None``: ``sweep.json``'s).
+      reference: reference configuration (``None``: ``sweep.json``'s, see
+        ``time_to_target.resolve_reference``).
+      tol: r_N tolerance of the critical training batch.
+      throughput_path: throughput file (default ``<sweep>/throughput.json`` if present).
+      n_boot: bootstrap replicates.
+
+    Returns:
+      The written paths (figures, then the report).
+    """
+    from rl_batch.analysis import report  # Imports this module: keep the import local.
+
+    sweep = load_sweep(sweep_dir)
+    analysis = analyze_sweep(sweep, target, reference, n_boot=n_boot)
+    runs = [r for rs in analysis.runs_by_key.values() for r in rs]
+    generation = load_generation(sweep_dir, runs, throughput_path)
+    fig_dir = os.path.join(sweep_dir, artifacts.FIGURES_DIR)
+    written, skipped = write_figures(analysis, fig_dir, generation, tol)
+    text = report.build_report(analysis, generation, tol=tol, figures=written, skipped=skipped)
+    path = os.path.join(sweep_dir, artifacts.REPORT_FILE)
+    with open(path, "w") as f:
+        f.write(text)
+    return [*written, path]

@@ -1,0 +1,183 @@
+"""Gradient noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training").
+
+With per-example gradients of mean ``G`` and covariance ``Sigma``, the mean gradient over a
+batch of ``b`` examples has ``E|g_b|^2 = |G|^2 + tr(Sigma)/b``. Two batch sizes b < B give
+unbiased estimates::
+
+    |G|^2     ~ (B |g_B|^2 - b |g_b|^2) / (B - b)
+    tr(Sigma) ~ (|g_b|^2 - |g_B|^2) / (1/b - 1/B)
+
+Each is noisy at one step; smooth both with an EMA, then take ``B_simple = tr(Sigma) /
+|G|^2`` (the ratio of the smoothed terms, not the smoothed ratio). ``B_simple`` estimates
+the batch where the steps/samples trade-off turns, ``(S/S_min - 1)(E/E_min - 1) = 1``:
+compare it with the critical training batch.
+
+Metric fields read from update lines (written by a learner that measures them; all
+optional):
+
+- ``grad_sq_small``: ``|g_b|^2``, squared norm of the mean gradient over a sub-batch of
+  ``noise_batch_small`` responses.
+- ``grad_sq_big``: ``|g_B|^2`` over ``noise_batch_big`` responses (when absent, the update's
+  ``batch_responses``).
+- ``noise_scale``: a per-update ``B_simple`` already computed in the step (used only
+  when the squared norms are absent).
+
+``prefix="critic_"`` reads ``critic_grad_sq_small`` etc. for a PPO critic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from rl_batch.analysis.curves import ConfigKey, RunData
+
+DEFAULT_DECAY = 0.95
+
+
+def noise_scale_terms(sq_small: Any, sq_big: Any, b_small: Any, b_big: Any) -> tuple[Any, Any]:
+    """Unbiased ``(|G|^2, tr(Sigma))`` from squared mean-gradient norms at two batch sizes.
+
+    Plain arithmetic on the inputs, so it works on Python floats, numpy arrays, and
+    ``jax.numpy`` arrays inside a jitted update step (this module never imports JAX).
+
+    Args:
+      sq_small: ``|g_b|^2``, squared norm of the mean gradient over ``b_small`` examples.
+      sq_big: ``|g_B|^2`` over ``b_big`` examples (``b_big > b_small``).
+      b_small: the small batch size b.
+      b_big: the big batch size B.
+
+    Returns:
+      ``(g2, trace_sigma)`` estimates (either can be negative at a single step).
+    """
+    g2 = (b_big * sq_big - b_small * sq_small) / (b_big - b_small)
+    trace_sigma = (sq_small - sq_big) / (1.0 / b_small - 1.0 / b_big)
+    return g2, trace_sigma
+
+
+def simple_noise_scale(sq_small: Any, sq_big: Any, b_small: Any, b_big: Any) -> Any:
+    """Single-step ``B_simple = tr(Sigma) / |G|^2`` (array-generic; noisy, unsmoothed)."""
+    g2, trace_sigma = noise_scale_terms(sq_small, sq_big, b_small, b_big)
+    return trace_sigma / g2
+
+
+class NoiseScaleEMA:
+    """EMA-smoothed gradient noise scale.
+
+    Both terms are smoothed with the same decay from zero, so their bias correction
+    cancels in the ratio.
+
+    Example::
+
+        ema = NoiseScaleEMA(decay=0.95)
+        for sq_b, sq_B in measurements:
+            b_simple = ema.update(sq_b, sq_B, b=32, B=256)
+    """
+
+    def __init__(self, decay: float = DEFAULT_DECAY):
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"NoiseScaleEMA: decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.g2_ema = 0.0
+        self.trace_ema = 0.0
+        self.count = 0
+
+    def update(self, sq_small: float, sq_big: float, b: float, B: float) -> float:  # noqa: N803
+        """Adds one measurement and returns the smoothed ``B_simple`` (NaN while |G|^2 <= 0).
+
+        Args:
+          sq_small: ``|g_b|^2`` at batch ``b``.
+          sq_big: ``|g_B|^2`` at batch ``B``.
+          b: small batch size.
+          B: big batch size (``B > b``).
+
+        Returns:
+          ``trace_ema / g2_ema``.
+        """
+        if not B > b > 0:
+            raise ValueError(f"NoiseScaleEMA.update: need B > b > 0, got b={b}, B={B}")
+        g2, trace_sigma = noise_scale_terms(float(sq_small), float(sq_big), float(b), float(B))
+        self.g2_ema = self.decay * self.g2_ema + (1.0 - self.decay) * g2
+        self.trace_ema = self.decay * self.trace_ema + (1.0 - self.decay) * trace_sigma
+        self.count += 1
+        return self.value
+
+    @property
+    def value(self) -> float:
+        """The current smoothed ``B_simple`` (NaN before any positive |G|^2 estimate)."""
+        return self.trace_ema / self.g2_ema if self.g2_ema > 0 else float("nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseScaleSummary:
+    """``B_simple`` of one run.
+
+    Attributes:
+      name: run name.
+      key: its configuration.
+      source: ``"grad_sq"`` (from the squared norms) or ``"noise_scale"`` (per-update field).
+      n_updates: updates with a measurement.
+      final: last EMA value (``grad_sq``) or last finite per-update value.
+      median_second_half: median of the EMA (or per-update) values over the second half.
+      pooled: ``mean(tr(Sigma)) / mean(|G|^2)`` over the second half (``grad_sq`` only).
+    """
+
+    name: str
+    key: ConfigKey
+    source: str
+    n_updates: int
+    final: float
+    median_second_half: float
+    pooled: float | None
+
+
+def run_noise_scale(
+    run: RunData, prefix: str = "", decay: float = DEFAULT_DECAY
+) -> NoiseScaleSummary | None:
+    """Summarizes a run's gradient noise scale from its update lines.
+
+    Args:
+      run: the run.
+      prefix: field prefix (``""`` for the actor, ``"critic_"`` for a PPO critic).
+      decay: EMA decay for the ``grad_sq`` source.
+
+    Returns:
+      The summary, or ``None`` when the run logs neither source.
+    """
+    sq_b, sq_B = run.field(prefix + "grad_sq_small"), run.field(prefix + "grad_sq_big")
+    b = run.field(prefix + "noise_batch_small")
+    B = run.field(prefix + "noise_batch_big")  # noqa: N806
+    B = np.where(np.isfinite(B), B, run.field("batch_responses"))  # noqa: N806
+    ok = np.isfinite(sq_b) & np.isfinite(sq_B) & np.isfinite(b) & np.isfinite(B) & (B > b)
+    if ok.sum() > 0:
+        ema = NoiseScaleEMA(decay)
+        trail = np.array([ema.update(*args) for args in zip(sq_b[ok], sq_B[ok], b[ok], B[ok])])
+        g2, tr = noise_scale_terms(sq_b[ok], sq_B[ok], b[ok], B[ok])
+        half = slice(len(trail) // 2, None)
+        g2_mean = float(np.mean(g2[half]))
+        pooled = float(np.mean(tr[half]) / g2_mean) if g2_mean > 0 else None
+        tail = trail[half][np.isfinite(trail[half])]
+        return NoiseScaleSummary(
+            name=run.name,
+            key=run.key,
+            source="grad_sq",
+            n_updates=int(ok.sum()),
+            final=float(trail[-1]),
+            median_second_half=float(np.median(tail)) if tail.size else float("nan"),
+            pooled=pooled,
+        )
+    ns = run.field(prefix + "noise_scale")
+    ns = ns[np.isfinite(ns)]
+    if ns.size == 0:
+        return None
+    return NoiseScaleSummary(
+        name=run.name,
+        key=run.key,
+        source="noise_scale",
+        n_updates=int(ns.size),
+        final=float(ns[-1]),
+        median_second_half=float(np.median(ns[len(ns) // 2 :])),
+        pooled=None,
+    )

@@ -1,0 +1,433 @@
+"""Algorithm 1 ("align, then accelerate"): rank candidate batches by ``r_N / r_q``.
+
+Full mode (``plan_full``): every configuration of a finished sweep is a candidate; its
+measured sample cost ``r_N`` and end-to-end throughput gain ``r_q`` against the reference
+give ``T/T_ref = r_N / r_q``. The recommendation is the smallest ``T/T_ref`` among the
+configurations whose every seed reached the target (step 3: confirm it reaches).
+
+Pilot mode (``plan_pilot``): predicts each candidate's ``r_N`` from the first
+``fraction`` of each run's runway (``fraction * budget_responses`` retained responses)
+and measures ``q`` over the same window, i.e. what short pilot runs would tell.
+
+- ``method="intermediate"``: responses needed to reach a lower level, the same for all
+  candidates: ``level_frac`` of the way from the initial accuracy to the median (over
+  configurations) of the best seed-mean accuracy within the window, capped at the target
+  and at the reference's best (so the reference reaches it). A candidate that does not
+  reach it within the window gets only a bound, ``r_N > window / N_ref(level)``, and
+  ranks after the predicted ones.
+- ``method="fit"``: fits ``acc(n) = A - (A - a0) exp(-n / tau)`` (``A <= 1``) to each
+  run's window and extrapolates N* at the target (``A <= target``: predicted never).
+
+On a full sweep, ``plan_pilot`` also reports how the pilot's pick compares with the best
+configuration of the full sweep (``T(pick) / T(best)``) and the cost of the pilot as a
+fraction of the sweep's (sum of training seconds used).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, truncate_run
+from rl_batch.analysis.time_to_target import (
+    DEFAULT_N_BOOT,
+    DEFAULT_SEED,
+    NOT_REACHED,
+    Analysis,
+    Estimate,
+    analyze_sweep,
+    first_crossing,
+    fmt_estimate,
+    ratio_estimates,
+)
+
+PILOT_METHODS = ("intermediate", "fit")
+DEFAULT_LEVEL_FRAC = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    """One candidate configuration.
+
+    Attributes:
+      key: the configuration.
+      r_n: (predicted) sample cost against the reference.
+      r_q: (measured) throughput gain against the reference.
+      r_t: ``r_N / r_q``, the time-to-target ratio.
+      reached: full mode: every seed reached the target; pilot mode: r_N was predicted.
+      r_n_lower_bound: pilot mode, a candidate that did not reach the level: ``r_N > this``.
+      note: free-text remark.
+      time_to_target_s: full mode, the mean time-to-target in seconds.
+    """
+
+    key: ConfigKey
+    r_n: Estimate | None
+    r_q: Estimate | None
+    r_t: Estimate | None
+    reached: bool
+    r_n_lower_bound: float | None = None
+    note: str = ""
+    time_to_target_s: Estimate | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PilotComparison:
+    """How a pilot plan compares with the full sweep it was simulated on.
+
+    Attributes:
+      fraction: pilot fraction of the runway.
+      method: ``intermediate`` or ``fit``.
+      level: the intermediate accuracy level (``None`` for ``fit``).
+      window_responses: retained responses each pilot run stops at.
+      pilot_cost_s: sum over runs of training seconds within the window.
+      sweep_cost_s: sum over runs of training seconds of the full runs.
+      pick: the pilot's recommendation.
+      best: the full sweep's recommendation (smallest measured T/T_ref).
+      pick_r_t_full: the pick's measured T/T_ref in the full sweep.
+      best_r_t_full: the best's measured T/T_ref.
+    """
+
+    fraction: float
+    method: str
+    level: float | None
+    window_responses: float
+    pilot_cost_s: float
+    sweep_cost_s: float
+    pick: ConfigKey | None
+    best: ConfigKey | None
+    pick_r_t_full: Estimate | None
+    best_r_t_full: Estimate | None
+
+    @property
+    def cost_fraction(self) -> float:
+        return self.pilot_cost_s / self.sweep_cost_s if self.sweep_cost_s > 0 else float("nan")
+
+    @property
+    def regret(self) -> float | None:
+        """``T(pick) / T(best)`` in the full sweep (1.0: the pilot found the best)."""
+        if self.pick_r_t_full is None or self.best_r_t_full is None:
+            return None
+        return self.pick_r_t_full.mean / self.best_r_t_full.mean
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A ranked plan: ``rows[0]`` is the recommendation when it has a ``r_t``."""
+
+    mode: str
+    target: float
+    reference: ConfigKey
+    rows: tuple[PlanRow, ...]
+    recommendation: ConfigKey | None
+    pilot: PilotComparison | None = None
+    note: str = ""
+
+
+def _rank(rows: list[PlanRow]) -> list[PlanRow]:
+    def score(r: PlanRow) -> tuple[int, float]:
+        if r.reached and r.r_t is not None:
+            return (0, r.r_t.mean)
+        if r.reached and r.time_to_target_s is not None:  # No reference ratio: seconds.
+            return (0, r.time_to_target_s.mean)
+        if r.r_n_lower_bound is not None and r.r_q is not None:
+            return (1, r.r_n_lower_bound / r.r_q.mean)
+        return (2, float(r.key.batch))
+
+    return sorted(rows, key=score)
+
+
+def plan_full(analysis: Analysis) -> Plan:
+    """Ranks the sweep's configurations by measured ``T/T_ref = r_N / r_q``.
+
+    When the reference itself did not reach the target, ranks by mean time-to-target.
+
+    Args:
+      analysis: the sweep analysis.
+
+    Returns:
+      The plan.
+    """
+    rows = []
+    ref_reached = analysis.stats[analysis.reference].reached
+    for k, s in analysis.stats.items():
+        ra = analysis.ratios[k]
+        note = "" if s.reached else f"{NOT_REACHED} ({s.n_reached}/{s.n_seeds} seeds)"
+        rows.append(PlanRow(k, ra.r_n, ra.r_q, ra.r_t, s.reached, None, note, s.time_to_target_s))
+    ranked = _rank(rows)
+    best = ranked[0].key if ranked and ranked[0].reached else None
+    note = "" if ref_reached else "reference did not reach the target: ranked by mean T in s"
+    return Plan("full", analysis.target, analysis.reference, tuple(ranked), best, None, note)
+
+
+@dataclasses.dataclass(frozen=True)
+class SaturatingFit:
+    """``acc(n) = A - (A - a0) exp(-n / tau)``."""
+
+    A: float  # noqa: N815
+    a0: float
+    tau: float
+    sse: float
+
+    def predict(self, n: Any) -> np.ndarray:
+        return self.A - (self.A - self.a0) * np.exp(-np.asarray(n, dtype=np.float64) / self.tau)
+
+    def responses_to(self, level: float) -> float | None:
+        """Responses where the curve reaches ``level`` (``None``: never, A <= level)."""
+        if self.a0 >= level:
+            return 0.0
+        if self.A <= level:
+            return None
+        return float(self.tau * math.log((self.A - self.a0) / (self.A - level)))
+
+
+def _fit_fixed_tau(n: np.ndarray, acc: np.ndarray, tau: float, a_max: float):
+    e = np.exp(-n / tau)
+    design = np.stack([np.ones_like(n), -e], axis=1)  # acc = A - C e
+    (a_hat, c_hat), *_ = np.linalg.lstsq(design, acc, rcond=None)
+    if a_hat > a_max:  # Accuracy cannot saturate above a_max: refit C with A fixed.
+        a_hat = a_max
+        c_hat = float(np.dot(e, a_max - acc) / max(np.dot(e, e), 1e-300))
+    c_hat = max(float(c_hat), 0.0)  # Learning curves rise.
+    if c_hat == 0.0:
+        a_hat = float(np.mean(acc)) if a_hat <= a_max else a_max
+    sse = float(np.sum((a_hat - c_hat * e - acc) ** 2))
+    return float(a_hat), c_hat, sse
+
+
+def fit_saturating(
+    n: Sequence[float], acc: Sequence[float], a_max: float = 1.0
+) -> SaturatingFit | None:
+    """Least-squares fit of ``acc(n) = A - (A - a0) exp(-n / tau)`` with ``A <= a_max``.
+
+    For each tau on a log grid, A and ``C = A - a0`` are linear least squares; the best
+    tau is then refined on a finer local grid.
+
+    Args:
+      n: [E] retained responses at evaluations.
+      acc: [E] accuracies.
+      a_max: upper bound on the asymptote (1 for accuracies).
+
+    Returns:
+      The fit, or ``None`` with fewer than three evaluations or no positive responses.
+    """
+    n = np.asarray(n, dtype=np.float64)
+    acc = np.asarray(acc, dtype=np.float64)
+    if n.size < 3 or n.max() <= 0:
+        return None
+    span = float(n.max())
+    taus = np.geomspace(span / 200.0, span * 200.0, 241)
+    sse = [_fit_fixed_tau(n, acc, t, a_max)[2] for t in taus]
+    i = int(np.argmin(sse))
+    lo, hi = taus[max(i - 1, 0)], taus[min(i + 1, len(taus) - 1)]
+    fine = np.geomspace(lo, hi, 101)
+    fits = [(_fit_fixed_tau(n, acc, t, a_max), t) for t in fine]
+    (a_hat, c_hat, best_sse), tau = min(fits, key=lambda f: f[0][2])
+    return SaturatingFit(A=a_hat, a0=a_hat - c_hat, tau=float(tau), sse=best_sse)
+
+
+def _window(sweep: Sweep, runs: Sequence[RunData], fraction: float) -> float:
+    runway = sweep.budget_responses or max(r.final_responses for r in runs)
+    return fraction * runway
+
+
+def _seed_max(runs: Sequence[RunData]) -> float:
+    vals = [float(r.eval_accuracy.max()) for r in runs if r.eval_accuracy.size]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def plan_pilot(
+    sweep: Sweep,
+    fraction: float,
+    target: float | None = None,
+    reference: str | None = None,
+    method: str = "intermediate",
+    level_frac: float = DEFAULT_LEVEL_FRAC,
+    n_boot: int = DEFAULT_N_BOOT,
+    seed: int = DEFAULT_SEED,
+    full: Analysis | None = None,
+) -> Plan:
+    """Simulates pilot runs on a sweep by truncating its curves (see the module docstring).
+
+    Args:
+      sweep: the loaded sweep.
+      fraction: pilot fraction of the runway, in (0, 1].
+      target: validation target (``None``: the sweep's).
+      reference: reference configuration (see ``resolve_reference``).
+      method: ``intermediate`` or ``fit``.
+      level_frac: intermediate level position (``intermediate`` only).
+      n_boot, seed: bootstrap settings.
+      full: the full-sweep analysis, when already computed.
+
+    Returns:
+      The pilot plan, with ``pilot`` comparing its pick with the full sweep.
+    """
+    if method not in PILOT_METHODS:
+        raise ValueError(f"plan_pilot: method must be one of {PILOT_METHODS}, got {method!r}")
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"plan_pilot: fraction must be in (0, 1], got {fraction}")
+    if full is None:
+        full = analyze_sweep(sweep, target, reference, n_boot=n_boot, seed=seed)
+    all_runs = [r for rs in full.runs_by_key.values() for r in rs]
+    window = _window(sweep, all_runs, fraction)
+    pilots = {k: [truncate_run(r, window) for r in rs] for k, rs in full.runs_by_key.items()}
+
+    level = None
+    if method == "intermediate":
+        firsts = [r.eval_accuracy[0] for rs in pilots.values() for r in rs if r.eval_accuracy.size]
+        a0 = float(np.median(firsts))
+        m = float(np.median([_seed_max(rs) for rs in pilots.values()]))
+        level = min(full.target, a0 + level_frac * (m - a0), _seed_max(pilots[full.reference]))
+
+    def predicted_n(run: RunData) -> float | None:
+        if method == "intermediate":
+            return first_crossing(run.eval_responses, run.eval_accuracy, level)
+        fit = fit_saturating(run.eval_responses, run.eval_accuracy)
+        return None if fit is None else fit.responses_to(full.target)
+
+    preds = {k: [predicted_n(r) for r in rs] for k, rs in pilots.items()}
+    qs = {
+        k: [r.final_responses / r.final_time_train for r in rs if r.final_time_train > 0]
+        for k, rs in pilots.items()
+    }
+    ref = full.reference
+    n_ref = preds[ref] if all(v is not None for v in preds[ref]) else None
+    rows = []
+    for k in pilots:
+        n_k = preds[k] if all(v is not None for v in preds[k]) else None
+        if k == ref and n_k is not None:
+            one = Estimate(1.0, 1.0, 1.0, len(n_k))
+            r_n, r_q, r_t = one, one, one
+        else:
+            r_n, r_q, r_t = ratio_estimates(
+                n_k, qs[k] or None, n_ref, qs[ref] or None, n_boot, seed=seed
+            )
+        bound, note = None, ""
+        if n_k is None:
+            if method == "intermediate" and n_ref is not None:
+                bound = window / float(np.mean(n_ref))
+                note = f"level {level:.3g} not reached in the pilot window"
+            else:
+                note = "predicted not to reach the target"
+        rows.append(PlanRow(k, r_n, r_q, r_t, n_k is not None and n_ref is not None, bound, note))
+    ranked = _rank(rows)
+    pick = ranked[0].key if ranked and ranked[0].reached and ranked[0].r_t else None
+
+    best_plan = plan_full(full)
+    best = best_plan.recommendation
+    pilot_cost = sum(r.final_time_train for rs in pilots.values() for r in rs)
+    sweep_cost = sum(r.final_time_train for r in all_runs)
+    comparison = PilotComparison(
+        fraction=fraction,
+        method=method,
+        level=level,
+        window_responses=window,
+        pilot_cost_s=pilot_cost,
+        sweep_cost_s=sweep_cost,
+        pick=pick,
+        best=best,
+        pick_r_t_full=None if pick is None else full.ratios[pick].r_t,
+        best_r_t_full=None if best is None else full.ratios[best].r_t,
+    )
+    note = "" if n_ref is not None else "the reference gives no prediction: no ranking"
+    return Plan("pilot", full.target, ref, tuple(ranked), pick, comparison, note)
+
+
+def _est_json(e: Estimate | None) -> dict[str, float] | str:
+    return NOT_REACHED if e is None else e.to_json()
+
+
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    """JSON object of a plan (``plan.json``); missing estimates are "not reached"."""
+    obj: dict[str, Any] = {
+        "mode": plan.mode,
+        "target": plan.target,
+        "reference": plan.reference.name,
+        "recommendation": None if plan.recommendation is None else plan.recommendation.name,
+        "recommended_batch": None if plan.recommendation is None else plan.recommendation.batch,
+        "note": plan.note,
+        "rows": [
+            {
+                "config": r.key.name,
+                "algo": r.key.algo,
+                "prompts": r.key.prompts,
+                "group_size": r.key.group_size,
+                "batch_responses": r.key.batch,
+                "lr_rule": r.key.lr_rule,
+                "r_n": _est_json(r.r_n),
+                "r_q": _est_json(r.r_q),
+                "r_t": _est_json(r.r_t),
+                "reached": r.reached,
+                "r_n_lower_bound": r.r_n_lower_bound,
+                "time_to_target_s": (
+                    _est_json(r.time_to_target_s) if plan.mode == "full" else None
+                ),
+                "note": r.note,
+            }
+            for r in plan.rows
+        ],
+    }
+    p = plan.pilot
+    if p is not None:
+        obj["pilot"] = {
+            "fraction": p.fraction,
+            "method": p.method,
+            "level": p.level,
+            "window_responses": p.window_responses,
+            "pilot_cost_s": p.pilot_cost_s,
+            "sweep_cost_s": p.sweep_cost_s,
+            "cost_fraction": p.cost_fraction,
+            "pick": None if p.pick is None else p.pick.name,
+            "best": None if p.best is None else p.best.name,
+            "pick_r_t_full": _est_json(p.pick_r_t_full),
+            "best_r_t_full": _est_json(p.best_r_t_full),
+            "regret": p.regret,
+        }
+    return obj
+
+
+def format_plan_table(plan: Plan) -> str:
+    """Plain-text (markdown) table of a plan, best first, with the recommendation."""
+    pred = "predicted " if plan.mode == "pilot" else ""
+    lines = [
+        f"| rank | config | batch | {pred}r_N | r_q | {pred}T/T_ref | note |",
+        "|---:|---|---:|---|---|---|---|",
+    ]
+    for i, r in enumerate(plan.rows, start=1):
+        r_n = fmt_estimate(r.r_n)
+        if r.r_n is None and r.r_n_lower_bound is not None:
+            r_n = f"> {r.r_n_lower_bound:.3g}"
+        star = " *" if r.key == plan.recommendation else ""
+        r_q = fmt_estimate(r.r_q, missing="-")
+        lines.append(
+            f"| {i} | {r.key.name}{star} | {r.key.batch} | {r_n} | {r_q}"
+            f" | {fmt_estimate(r.r_t)} | {r.note} |"
+        )
+    rec = plan.recommendation
+    lines.append("")
+    lines.append(
+        f"Reference: {plan.reference.name} (batch {plan.reference.batch}); target {plan.target:g}."
+    )
+    lines.append(
+        f"Recommendation: {rec.name} (batch {rec.batch})." if rec else "Recommendation: none."
+    )
+    if plan.note:
+        lines.append(f"Note: {plan.note}.")
+    p = plan.pilot
+    if p is not None:
+        level = "" if p.level is None else f", level {p.level:.3g}"
+        lines.append(
+            f"Pilot ({p.method}{level}): first {p.fraction:g} of the runway "
+            f"({p.window_responses:.0f} responses), cost {p.pilot_cost_s:.4g} s = "
+            f"{p.cost_fraction:.1%} of the sweep's {p.sweep_cost_s:.4g} s."
+        )
+        if p.pick is not None and p.best is not None:
+            lines.append(
+                f"Pilot pick {p.pick.name}: T/T_ref {fmt_estimate(p.pick_r_t_full)} in the full "
+                f"sweep; best {p.best.name}: {fmt_estimate(p.best_r_t_full)}; "
+                f"T(pick)/T(best) = {p.regret:.3f}."
+            )
+    return "\n".join(lines)

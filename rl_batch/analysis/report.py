@@ -1,0 +1,321 @@
+"""``report.md`` of a sweep: time-to-target tables, ratios, critical batches, recommendation.
+
+Every missing time-to-target quantity is written "not reached", never a number.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from rl_batch.analysis import cost_model, critical_batch, noise_scale, planner
+from rl_batch.analysis.time_to_target import NOT_REACHED, Analysis, fmt_estimate
+
+
+def _num(v: float | None, spec: str = ".4g") -> str:
+    return NOT_REACHED if v is None else f"{v:{spec}}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def config_table(analysis: Analysis) -> list[str]:
+    """Per-configuration N*, q, T and updates to target (mean [bootstrap CI])."""
+    rows = []
+    for k, s in analysis.stats.items():
+        rows.append(
+            [
+                k.name,
+                k.batch,
+                k.prompts,
+                k.group_size,
+                k.lr_rule,
+                f"{s.n_reached}/{s.n_seeds}",
+                fmt_estimate(s.n_star, ".4g"),
+                fmt_estimate(s.q, ".4g", "-"),
+                fmt_estimate(s.time_to_target_s, ".4g"),
+                fmt_estimate(s.updates_to_target, ".4g"),
+            ]
+        )
+    header = [
+        "config",
+        "B",
+        "P",
+        "G",
+        "LR rule",
+        "seeds reached",
+        "N* (responses)",
+        "q (responses/s)",
+        "T (s)",
+        "updates to target",
+    ]
+    return _table(header, rows)
+
+
+def run_table(analysis: Analysis) -> list[str]:
+    """Per-run N*, q, T, updates."""
+    rows = []
+    for k, runs in analysis.runs_by_key.items():
+        for r in runs:
+            t = analysis.targets[r.name]
+            rows.append(
+                [
+                    r.name,
+                    k.name,
+                    "-" if r.seed is None else r.seed,
+                    _num(t.n_star),
+                    _num(t.q, ".4g") if t.q is not None else "-",
+                    _num(t.time_to_target_s),
+                    _num(t.updates_to_target),
+                    f"{t.responses_final:.0f}",
+                    f"{t.time_train_s:.4g}",
+                ]
+            )
+    header = [
+        "run",
+        "config",
+        "seed",
+        "N*",
+        "q",
+        "T (s)",
+        "updates",
+        "responses run",
+        "train s run",
+    ]
+    return _table(header, rows)
+
+
+def ratio_table(analysis: Analysis) -> list[str]:
+    """Per-configuration r_N, r_q, T/T_ref and updates ratio against the reference."""
+    rows = []
+    for k, r in analysis.ratios.items():
+        rows.append(
+            [
+                k.name,
+                k.batch,
+                fmt_estimate(r.r_n),
+                fmt_estimate(r.r_q, missing="-"),
+                fmt_estimate(r.r_t),
+                fmt_estimate(r.r_updates),
+                f"{r.ideal_updates:.3g}",
+            ]
+        )
+    header = [
+        "config",
+        "B",
+        "r_N",
+        "r_q",
+        "T/T_ref = r_N/r_q",
+        "updates ratio",
+        "ideal updates ratio (B_ref/B)",
+    ]
+    return _table(header, rows)
+
+
+def _critical_section(analysis: Analysis, tol: float) -> list[str]:
+    crit = critical_batch.critical_training_batch(analysis, tol)
+    out = ["## Critical training batch", ""]
+    if crit is None:
+        return out + [
+            "No sqrt-LR family with two or more batches whose reference reaches the target.",
+            "",
+        ]
+    fam = crit.family[0]
+    out.append(
+        f"Family: {fam.algo}, G={fam.group_size}, LR rule {fam.lr_rule}; r_N against "
+        f"{crit.reference.name}; inside the family while r_N <= 1 + {tol:g}."
+    )
+    out.append("")
+    out.append(
+        f"- critical training batch: **{crit.critical_batch}** responses "
+        f"(CI walk: [{crit.critical_batch_lo}, {crit.critical_batch_hi}]); r_N there "
+        f"{fmt_estimate(crit.r_n_at_critical)}"
+    )
+    out.append(
+        "- first batch outside the family: "
+        + ("none measured" if crit.first_outside is None else str(crit.first_outside))
+    )
+    out.append("")
+    out += _table(["B", "r_N"], [[k.batch, fmt_estimate(e)] for k, e in zip(crit.family, crit.r_n)])
+    out.append("")
+    for field in ("grad_norm", "critic_grad_norm"):
+        tr = critical_batch.grad_norm_trend(analysis, field)
+        if tr is None:
+            continue
+        out.append(
+            f"Gradient norm `{field}` (seed mean over the first "
+            f"{tr.window_responses:.0f} responses): log-log slope {tr.slope:.3f}; "
+            f"decline slows at "
+            f"{'-' if tr.slowdown_segment is None else tr.slowdown_segment}; knee "
+            f"(norm^2 = g2 + s/B) at {_num(tr.knee_batch, '.4g') if tr.knee_batch else '-'}."
+        )
+        out.append("")
+        seg = ["-", *(f"{s:.3f}" for s in tr.segment_slopes)]
+        out += _table(
+            ["B", "mean norm", "slope from previous"],
+            [[f"{b:.0f}", f"{n:.4g}", s] for b, n, s in zip(tr.batches, tr.norms, seg)],
+        )
+        out.append("")
+    return out
+
+
+def _noise_section(analysis: Analysis) -> list[str]:
+    rows = []
+    for k, runs in analysis.runs_by_key.items():
+        for r in runs:
+            for prefix in ("", "critic_"):
+                s = noise_scale.run_noise_scale(r, prefix)
+                if s is not None:
+                    rows.append(
+                        [
+                            r.name,
+                            k.batch,
+                            prefix.rstrip("_") or "actor",
+                            s.source,
+                            f"{s.final:.4g}",
+                            f"{s.median_second_half:.4g}",
+                            "-" if s.pooled is None else f"{s.pooled:.4g}",
+                        ]
+                    )
+    if not rows:
+        return []
+    out = ["## Gradient noise scale (B_simple)", ""]
+    out += _table(
+        ["run", "B", "model", "source", "final (EMA)", "median, 2nd half", "pooled, 2nd half"], rows
+    )
+    meds = [float(r[5]) for r in rows if r[2] == "actor" and np.isfinite(float(r[5]))]
+    if meds:
+        out += ["", f"Median actor B_simple over runs: {np.median(meds):.4g} responses."]
+    return out + [""]
+
+
+def _generation_section(
+    gen: cost_model.GenerationReport | None, analysis: Analysis, tol: float
+) -> list[str]:
+    out = ["## Critical generation batch", ""]
+    if gen is None:
+        return out + [
+            "No throughput data (no throughput.json, and fewer than two batches "
+            "with gen_tokens/time_generate_s).",
+            "",
+        ]
+    f = gen.fit
+    out += [
+        f"Source: {gen.source} (device: {gen.device}). Fit t_step(c) = a + b c: "
+        f"a = {f.a_s:.4g} s, b = {f.b_s:.4g} s, R^2 = {f.r2:.3f}; asymptote "
+        f"{f.asymptote:.4g} tokens/s.",
+        "",
+        f"- plateau ({gen.frac:.0%} of best measured): c = **{gen.plateau_batch_measured}**",
+        f"- plateau ({gen.frac:.0%} of fitted asymptote): c = "
+        + ("-" if gen.plateau_batch_fit is None else f"{gen.plateau_batch_fit:.4g}"),
+        "- KV-cache bound: "
+        + (
+            "- (no model shape / device memory)"
+            if gen.max_kv_batch is None
+            else f"c <= {gen.max_kv_batch}"
+        ),
+    ]
+    if gen.update_fit is not None:
+        u = gen.update_fit
+        out.append(
+            f"- update time = {u.intercept_s:.4g} s + {u.s_per_token:.4g} s/token "
+            f"(R^2 = {u.r2:.3f})"
+        )
+    out.append("")
+    out += _table(
+        ["c", "tokens/s", "fit tokens/s"],
+        [
+            [f"{c:.0f}", f"{t:.4g}", f"{p:.4g}"]
+            for c, t, p in zip(f.batches, f.tokens_per_s, f.predict(f.batches))
+        ],
+    )
+    crit = critical_batch.critical_training_batch(analysis, tol)
+    if crit is not None:
+        cg, ct = gen.critical_generation_batch, crit.critical_batch
+        order = (
+            "the throughput plateaus before invariance breaks"
+            if cg <= ct
+            else "invariance breaks before the throughput plateaus"
+        )
+        out += [
+            "",
+            f"Critical generation batch {cg:.4g} vs critical training batch {ct}: "
+            f"{order}; pick by minimum T (below), not by either.",
+        ]
+    return out + [""]
+
+
+def build_report(
+    analysis: Analysis,
+    generation: cost_model.GenerationReport | None = None,
+    tol: float = critical_batch.DEFAULT_TOL,
+    figures: Sequence[str] = (),
+    skipped: Sequence[str] = (),
+    plan: planner.Plan | None = None,
+) -> str:
+    """The markdown report of a sweep.
+
+    Args:
+      analysis: the sweep analysis.
+      generation: critical generation batch report.
+      tol: r_N tolerance of the critical training batch.
+      figures: written figure paths (linked relative to the sweep directory).
+      skipped: names of figures skipped for lack of data.
+      plan: the plan to show (default: ``planner.plan_full(analysis)``).
+
+    Returns:
+      The report text.
+    """
+    sw = analysis.sweep
+    n_used = sum(len(v) for v in analysis.runs_by_key.values())
+    out = [
+        f"# Batch-size scaling report: {sw.name}",
+        "",
+        f"Sweep `{sw.sweep_dir}`, algorithm {sw.algo}; target validation accuracy "
+        f"**{analysis.target:g}**; reference {analysis.reference.name} (B = "
+        f"{analysis.reference.batch}). {n_used} runs used, {len(analysis.excluded)} excluded. "
+        f"Intervals: percentile bootstrap over seeds ({analysis.n_boot} replicates, "
+        f"{analysis.level:.0%}, rng seed {analysis.seed}). N*: retained responses at the "
+        f"first crossing (interpolated); q: retained responses per training second up to "
+        f"the target; T = N*/q. A configuration gets N*, T only when every seed reached.",
+        "",
+        "## Time to target per configuration",
+        "",
+        *config_table(analysis),
+        "",
+        "## Ratios against the reference",
+        "",
+        *ratio_table(analysis),
+        "",
+        *_critical_section(analysis, tol),
+        *_noise_section(analysis),
+        *_generation_section(generation, analysis, tol),
+        "## Recommendation (Algorithm 1)",
+        "",
+        planner.format_plan_table(plan or planner.plan_full(analysis)),
+        "",
+        "## Per run",
+        "",
+        *run_table(analysis),
+        "",
+    ]
+    if figures or skipped:
+        out += ["## Figures", ""]
+        for p in figures:
+            if p.endswith(".png"):
+                rel = os.path.relpath(p, sw.sweep_dir)
+                out.append(f"![{os.path.basename(p)}]({rel})")
+        if skipped:
+            out.append("")
+            out.append("Skipped (no data): " + ", ".join(skipped) + ".")
+        out.append("")
+    if analysis.excluded:
+        out += ["## Excluded runs", ""]
+        out += _table(["run", "reason"], [[n, why] for n, why in analysis.excluded])
+        out.append("")
+    return "\n".join(out)

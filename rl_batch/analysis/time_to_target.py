@@ -1,0 +1,525 @@
+"""Time-to-target: N*, q, T per run, seed means with bootstrap CIs, ratios to a reference.
+
+Definitions (DESIGN.md section 2):
+
+- ``N*``: retained responses when validation accuracy first reaches the target, linearly
+  interpolated between the two evaluations that bracket the first crossing. When the
+  first evaluation already meets the target, N* is that evaluation's responses. A run
+  that never crosses has ``N* = None`` ("not reached" in tables), never a number.
+- ``T``: training seconds (generation + scoring + update + idle; no eval, no compile)
+  at N*, interpolated on the update lines. ``q = N* / T`` (responses per second up to
+  the target); for a run that does not reach the target, q is its throughput over the
+  whole run and T is ``None``.
+- ``updates_to_target``: actor updates done at N*, interpolated the same way.
+
+Per configuration (seeds): the mean and a percentile bootstrap interval. A
+configuration's N*, T and updates are reported only when *every* seed reached the
+target (a mean over the seeds that happened to reach it would be biased low).
+
+Ratios against a reference configuration: ``r_N = mean N*(B) / mean N*(B_ref)``,
+``r_q = mean q(B) / mean q(B_ref)``, ``T/T_ref = r_N / r_q`` (equal to the ratio of
+times for single seeds), ``r_updates`` (ideal ``B_ref / B``, e.g. 0.5 at twice the
+batch). Bootstrap intervals resample the seeds of both configurations independently,
+keeping each run's (N*, q) together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from rl_batch import artifacts
+from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, group_runs
+
+NOT_REACHED = artifacts.NOT_REACHED
+
+DEFAULT_N_BOOT = 2000
+DEFAULT_LEVEL = 0.95
+DEFAULT_SEED = 0
+
+
+def first_crossing(x: Sequence[float], y: Sequence[float], target: float) -> float | None:
+    """Interpolated x where y first reaches ``target``.
+
+    Args:
+      x: [E] increasing positions (retained responses at each evaluation).
+      y: [E] values (accuracy at each evaluation).
+      target: the level to reach (``y >= target`` counts as reached).
+
+    Returns:
+      x at the first crossing, linear between the bracketing points; ``x[0]`` when the
+      first point already meets the target; ``None`` when no point does.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    hits = np.nonzero(y >= target)[0]
+    if hits.size == 0:
+        return None
+    i = int(hits[0])
+    if i == 0:
+        return float(x[0])
+    x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
+    # y0 < target <= y1, so y1 > y0.
+    return float(x0 + (target - y0) * (x1 - x0) / (y1 - y0))
+
+
+def interp_first(xq: float, xp: np.ndarray, fp: np.ndarray) -> float:
+    """Linear interpolation of f at ``xq`` on a non-decreasing ``xp``.
+
+    Uses the first segment that reaches ``xq``, so repeated x values (an update whose
+    responses were all filtered out still costs time) are handled: the value is taken
+    where x first reaches ``xq``. Outside the data it clamps to the end values.
+
+    Args:
+      xq: query position.
+      xp: [K] non-decreasing positions.
+      fp: [K] values.
+
+    Returns:
+      The interpolated value.
+    """
+    k = int(np.searchsorted(xp, xq, side="left"))
+    if k == 0:
+        return float(fp[0])
+    if k >= len(xp):
+        return float(fp[-1])
+    x0, x1 = xp[k - 1], xp[k]
+    if x1 == x0:
+        return float(fp[k])
+    return float(fp[k - 1] + (xq - x0) * (fp[k] - fp[k - 1]) / (x1 - x0))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTarget:
+    """Time-to-target of one run (``None`` fields mean "not reached")."""
+
+    name: str
+    key: ConfigKey
+    seed: int | None
+    target: float
+    n_star: float | None
+    time_to_target_s: float | None
+    q: float | None
+    updates_to_target: float | None
+    responses_final: float
+    time_train_s: float
+
+    @property
+    def reached(self) -> bool:
+        return self.n_star is not None
+
+
+def run_time_to_target(run: RunData, target: float) -> RunTarget:
+    """Computes N*, T, q and updates-to-target of one run.
+
+    Args:
+      run: the run.
+      target: validation accuracy target.
+
+    Returns:
+      The run's ``RunTarget``.
+    """
+    n_final, t_final = run.final_responses, run.final_time_train
+    q_run = n_final / t_final if t_final > 0 else None
+    n_star = first_crossing(run.eval_responses, run.eval_accuracy, target)
+    if n_star is None:
+        return RunTarget(
+            run.name, run.key, run.seed, target, None, None, q_run, None, n_final, t_final
+        )
+    # Axes start at (0 responses, 0 s, 0 updates).
+    xp = np.concatenate([[0.0], run.responses])
+    t_star = interp_first(n_star, xp, np.concatenate([[0.0], run.time_train]))
+    u_star = interp_first(n_star, xp, np.concatenate([[0.0], run.updates_done]))
+    q = n_star / t_star if t_star > 0 else q_run
+    return RunTarget(
+        run.name, run.key, run.seed, target, n_star, t_star, q, u_star, n_final, t_final
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """A mean over seeds (or a ratio) with its percentile bootstrap interval."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+
+    def fmt(self, spec: str = ".3g") -> str:
+        """E.g. ``1.23 [1.10, 1.35]``."""
+        return f"{self.mean:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}]"
+
+    def to_json(self) -> dict[str, float]:
+        return {"mean": self.mean, "lo": self.lo, "hi": self.hi, "n": self.n}
+
+
+def fmt_estimate(e: Estimate | None, spec: str = ".3g", missing: str = NOT_REACHED) -> str:
+    """Formats an estimate, or ``missing`` (default "not reached") when it is ``None``."""
+    return missing if e is None else e.fmt(spec)
+
+
+def bootstrap(
+    samples: Sequence[np.ndarray],
+    statistic: Callable[[list[np.ndarray]], np.ndarray],
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+) -> Estimate:
+    """Percentile bootstrap of a statistic of one or more independent samples.
+
+    Args:
+      samples: arrays [n_i, ...]; each is resampled (rows with replacement) on its own.
+      statistic: maps a list of arrays [R, n_i, ...] (R replicates) to [R] values.
+      n_boot: bootstrap replicates.
+      level: interval coverage (0.95 gives the 2.5th and 97.5th percentiles).
+      seed: rng seed (fixed, so reports are reproducible).
+
+    Returns:
+      ``Estimate`` with the statistic on the original samples and the interval.
+    """
+    samples = [np.asarray(s, dtype=np.float64) for s in samples]
+    for s in samples:
+        if len(s) == 0:
+            raise ValueError("bootstrap: empty sample")
+    rng = np.random.default_rng(seed)
+    point = float(statistic([s[None] for s in samples])[0])
+    boot = [s[rng.integers(0, len(s), size=(n_boot, len(s)))] for s in samples]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dist = np.asarray(statistic(boot), dtype=np.float64)
+    dist = dist[np.isfinite(dist)]
+    if dist.size == 0:
+        return Estimate(point, float("nan"), float("nan"), len(samples[0]))
+    alpha = 100.0 * (1.0 - level) / 2.0
+    lo, hi = np.percentile(dist, [alpha, 100.0 - alpha])
+    return Estimate(point, float(lo), float(hi), len(samples[0]))
+
+
+def bootstrap_mean(
+    values: Sequence[float],
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+) -> Estimate:
+    """Mean of ``values`` with a percentile bootstrap interval."""
+    return bootstrap([np.asarray(values)], lambda s: s[0].mean(axis=1), n_boot, level, seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigStats:
+    """Seed statistics of one configuration.
+
+    ``n_star``, ``time_to_target_s`` and ``updates_to_target`` are ``None`` unless every
+    seed reached the target; ``q`` uses every seed (throughput to the target, or over
+    the whole run for seeds that did not reach it).
+    """
+
+    key: ConfigKey
+    runs: tuple[RunTarget, ...]
+    n_star: Estimate | None
+    q: Estimate | None
+    time_to_target_s: Estimate | None
+    updates_to_target: Estimate | None
+
+    @property
+    def n_seeds(self) -> int:
+        return len(self.runs)
+
+    @property
+    def n_reached(self) -> int:
+        return sum(r.reached for r in self.runs)
+
+    @property
+    def reached(self) -> bool:
+        return self.n_seeds > 0 and self.n_reached == self.n_seeds
+
+
+def config_stats(
+    runs: Sequence[RunTarget],
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+) -> ConfigStats:
+    """Mean and bootstrap interval of N*, q, T and updates over the seeds of one config."""
+    if not runs:
+        raise ValueError("config_stats: no runs")
+    key = runs[0].key
+    qs = [r.q for r in runs if r.q is not None]
+    q = bootstrap_mean(qs, n_boot, level, seed) if qs else None
+    if not all(r.reached for r in runs):
+        return ConfigStats(key, tuple(runs), None, q, None, None)
+
+    def boot(v):
+        return bootstrap_mean(v, n_boot, level, seed)
+
+    return ConfigStats(
+        key=key,
+        runs=tuple(runs),
+        n_star=boot([r.n_star for r in runs]),
+        q=q,
+        time_to_target_s=boot([r.time_to_target_s for r in runs]),
+        updates_to_target=boot([r.updates_to_target for r in runs]),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratios:
+    """Ratios of a configuration against the reference (``None``: not reached)."""
+
+    key: ConfigKey
+    reference: ConfigKey
+    r_n: Estimate | None
+    r_q: Estimate | None
+    r_t: Estimate | None
+    r_updates: Estimate | None
+
+    @property
+    def ideal_updates(self) -> float:
+        """Updates ratio under perfect batch-size invariance, ``B_ref / B``."""
+        return self.reference.batch / self.key.batch
+
+
+def _ratio_of_means(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    return num.mean(axis=1) / den.mean(axis=1)
+
+
+def ratio_estimates(
+    n_a: Sequence[float] | None,
+    q_a: Sequence[float] | None,
+    n_ref: Sequence[float] | None,
+    q_ref: Sequence[float] | None,
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+) -> tuple[Estimate | None, Estimate | None, Estimate | None]:
+    """``(r_N, r_q, r_N / r_q)`` of configuration a against the reference.
+
+    Args:
+      n_a, q_a: per-seed N* and q of configuration a (paired by seed; ``None``/empty
+        when unavailable).
+      n_ref, q_ref: the same for the reference.
+      n_boot, level, seed: bootstrap settings.
+
+    Returns:
+      The three ratios with bootstrap intervals; an entry is ``None`` when its inputs
+      are missing.
+    """
+
+    def ok(v):
+        return v is not None and len(v) > 0
+
+    r_n = r_q = r_t = None
+    if ok(n_a) and ok(n_ref):
+        r_n = bootstrap(
+            [np.asarray(n_a), np.asarray(n_ref)],
+            lambda s: _ratio_of_means(s[0], s[1]),
+            n_boot,
+            level,
+            seed,
+        )
+    if ok(q_a) and ok(q_ref):
+        r_q = bootstrap(
+            [np.asarray(q_a), np.asarray(q_ref)],
+            lambda s: _ratio_of_means(s[0], s[1]),
+            n_boot,
+            level,
+            seed,
+        )
+    if ok(n_a) and ok(n_ref) and ok(q_a) and ok(q_ref) and len(n_a) == len(q_a):
+        a_k2 = np.stack([np.asarray(n_a, float), np.asarray(q_a, float)], axis=1)  # [n_a, 2]
+        r_k2 = np.stack([np.asarray(n_ref, float), np.asarray(q_ref, float)], axis=1)
+
+        def rt(s):
+            a, r = s
+            return _ratio_of_means(a[..., 0], r[..., 0]) / _ratio_of_means(a[..., 1], r[..., 1])
+
+        r_t = bootstrap([a_k2, r_k2], rt, n_boot, level, seed)
+    return r_n, r_q, r_t
+
+
+_ONE = Estimate(1.0, 1.0, 1.0, 0)
+
+
+def config_ratios(
+    stats: ConfigStats,
+    ref: ConfigStats,
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+) -> Ratios:
+    """Ratios of one configuration against the reference configuration."""
+    if stats.key == ref.key:
+        one = dataclasses.replace(_ONE, n=stats.n_seeds)
+        reached = stats.reached
+        return Ratios(
+            stats.key,
+            ref.key,
+            one if reached else None,
+            one,
+            one if reached else None,
+            one if reached else None,
+        )
+
+    def vals(s: ConfigStats, name: str, need_reached: bool):
+        if need_reached and not s.reached:
+            return None
+        v = [getattr(r, name) for r in s.runs]
+        return None if any(x is None for x in v) else v
+
+    n_a, n_r = vals(stats, "n_star", True), vals(ref, "n_star", True)
+    q_a, q_r = vals(stats, "q", False), vals(ref, "q", False)
+    r_n, r_q, r_t = ratio_estimates(n_a, q_a, n_r, q_r, n_boot, level, seed)
+    u_a, u_r = vals(stats, "updates_to_target", True), vals(ref, "updates_to_target", True)
+    r_u = None
+    if u_a and u_r:
+        r_u = bootstrap(
+            [np.asarray(u_a), np.asarray(u_r)],
+            lambda s: _ratio_of_means(s[0], s[1]),
+            n_boot,
+            level,
+            seed,
+        )
+    return Ratios(stats.key, ref.key, r_n, r_q, r_t, r_u)
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    """Everything the tables, figures and planner need from one sweep.
+
+    Attributes:
+      sweep: the loaded sweep.
+      target: validation accuracy target used.
+      reference: the reference configuration.
+      runs_by_key: runs used, grouped by configuration.
+      excluded: (run name, reason) of runs left out (failed, or unfinished and not yet
+        at the target).
+      targets: per-run time-to-target by run name.
+      stats: per-configuration seed statistics.
+      ratios: per-configuration ratios against ``reference``.
+      n_boot, level, seed: bootstrap settings.
+    """
+
+    sweep: Sweep
+    target: float
+    reference: ConfigKey
+    runs_by_key: dict[ConfigKey, list[RunData]]
+    excluded: tuple[tuple[str, str], ...]
+    targets: dict[str, RunTarget]
+    stats: dict[ConfigKey, ConfigStats]
+    ratios: dict[ConfigKey, Ratios]
+    n_boot: int = DEFAULT_N_BOOT
+    level: float = DEFAULT_LEVEL
+    seed: int = DEFAULT_SEED
+
+    def ratios_against(self, reference: ConfigKey) -> dict[ConfigKey, Ratios]:
+        """Ratios of every configuration against another reference."""
+        ref = self.stats[reference]
+        return {
+            k: config_ratios(s, ref, self.n_boot, self.level, self.seed)
+            for k, s in self.stats.items()
+        }
+
+
+def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[ConfigKey]) -> ConfigKey:
+    """Finds the reference configuration.
+
+    Args:
+      reference: a run name, a configuration name (``grpo-P128-G8-sqrt``) or label
+        (``P=128 G=8 sqrt``); ``None`` uses ``sweep.json``'s ``reference`` and then the
+        smallest-batch ``sqrt`` configuration (smallest batch overall without one).
+      sweep: the sweep.
+      keys: configurations that have usable runs.
+
+    Returns:
+      The reference configuration key.
+    """
+    if not keys:
+        raise ValueError(f"sweep {sweep.sweep_dir}: no usable runs")
+    for candidate in (reference, None if reference else sweep.reference):
+        if not candidate:
+            continue
+        for k in keys:
+            if candidate in (k.name, k.label):
+                return k
+        for r in sweep.runs:
+            if r.name == candidate and r.key in keys:
+                return r.key
+        if candidate == reference:
+            options = sorted({k.name for k in keys})
+            raise ValueError(
+                f"reference {reference!r} is neither a run nor a configuration of sweep "
+                f"{sweep.sweep_dir}; configurations: {options}"
+            )
+    sqrt = [k for k in keys if k.lr_rule == "sqrt"]
+    return min(sqrt or list(keys), key=lambda k: (k.batch, k.group_size))
+
+
+def run_is_usable(run: RunData, rt: RunTarget) -> tuple[bool, str]:
+    """Whether a run enters the statistics, and why not.
+
+    Finished runs are used; failed runs are not (a crash says nothing about learning);
+    runs still going (or of unknown status) are used only once they reached the target.
+    """
+    if run.status == "failed":
+        return False, "failed"
+    if run.eval_responses.size == 0:
+        return False, "no evaluations"
+    if run.status in ("finished", "pilot") or rt.reached:
+        return True, ""
+    return False, f"status {run.status!r} and target not reached yet"
+
+
+def analyze_sweep(
+    sweep: Sweep,
+    target: float | None = None,
+    reference: str | None = None,
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+) -> Analysis:
+    """Time-to-target analysis of a sweep.
+
+    Args:
+      sweep: a loaded sweep (``curves.load_sweep``).
+      target: validation accuracy target; ``None`` uses ``sweep.json``'s.
+      reference: reference configuration (see ``resolve_reference``).
+      n_boot, level, seed: bootstrap settings.
+
+    Returns:
+      The ``Analysis``.
+    """
+    if target is None:
+        target = sweep.target
+    if target is None:
+        raise ValueError(f"sweep {sweep.sweep_dir}: no target in sweep.json; pass target=")
+    targets, used, excluded = {}, [], []
+    for run in sweep.runs:
+        rt = run_time_to_target(run, target)
+        ok, why = run_is_usable(run, rt)
+        if ok:
+            targets[run.name] = rt
+            used.append(run)
+        else:
+            excluded.append((run.name, why))
+    runs_by_key = group_runs(used)
+    stats = {
+        k: config_stats([targets[r.name] for r in rs], n_boot, level, seed)
+        for k, rs in runs_by_key.items()
+    }
+    ref_key = resolve_reference(reference, sweep, list(stats))
+    ref = stats[ref_key]
+    ratios = {k: config_ratios(s, ref, n_boot, level, seed) for k, s in stats.items()}
+    return Analysis(
+        sweep,
+        float(target),
+        ref_key,
+        runs_by_key,
+        tuple(excluded),
+        targets,
+        stats,
+        ratios,
+        n_boot,
+        level,
+        seed,
+    )
