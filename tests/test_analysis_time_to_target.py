@@ -24,13 +24,26 @@ def _write_metrics(run_dir, lines, config=None, summary=None):
 
 
 def _upd(n, t, step, batch=100):
-    return {"kind": "update", "step": step, "responses_cum": n, "time_train_cum_s": t,
-            "prompts": batch // 4, "group_size": 4, "batch_responses": batch}  # fmt: skip
+    return {
+        "kind": "update",
+        "step": step,
+        "responses_cum": n,
+        "time_train_cum_s": t,
+        "prompts": batch // 4,
+        "group_size": 4,
+        "batch_responses": batch,
+    }
 
 
 def _ev(n, acc, step=0):
-    return {"kind": "eval", "step": step, "responses_cum": n, "eval_accuracy": acc,
-            "time_train_cum_s": 0.0, "eval_k": 4}  # fmt: skip
+    return {
+        "kind": "eval",
+        "step": step,
+        "responses_cum": n,
+        "eval_accuracy": acc,
+        "time_train_cum_s": 0.0,
+        "eval_k": 4,
+    }
 
 
 def _hand_run(tmp_path):
@@ -103,8 +116,9 @@ def test_bootstrap_mean_interval_matches_normal_theory():
 
 def _target(name, n, t, b=128, updates=None):
     key = curves.ConfigKey("grpo", b // 8, 8, "sqrt")
-    return ttt.RunTarget(name, key, 0, 0.5, n, t, None if n is None else n / t,
-                         updates, n or 0.0, t)  # fmt: skip
+    return ttt.RunTarget(
+        name, key, 0, 0.5, n, t, None if n is None else n / t, updates, n or 0.0, t
+    )
 
 
 def test_study_numbers_same_n_faster_q():
@@ -125,10 +139,12 @@ def test_study_numbers_same_n_faster_q():
 
 
 def test_ratio_bootstrap_over_seeds():
-    ref = ttt.config_stats([_target(f"r{i}", n, 100.0, updates=10.0) for i, n in
-                            enumerate([100.0, 110.0, 90.0])])  # fmt: skip
-    big = ttt.config_stats([_target(f"b{i}", n, 50.0, b=256, updates=5.5) for i, n in
-                            enumerate([100.0, 100.0, 100.0])])  # fmt: skip
+    ref = ttt.config_stats(
+        [_target(f"r{i}", n, 100.0, updates=10.0) for i, n in enumerate([100.0, 110.0, 90.0])]
+    )
+    big = ttt.config_stats(
+        [_target(f"b{i}", n, 50.0, b=256, updates=5.5) for i, n in enumerate([100.0, 100.0, 100.0])]
+    )
     r = ttt.config_ratios(big, ref)
     assert r.r_n.mean == pytest.approx(1.0)
     assert r.r_n.lo < 1.0 < r.r_n.hi  # The reference's seed spread shows in the interval.
@@ -144,8 +160,11 @@ def test_linear_sweep_end_to_end(tmp_path):
     sweep = tmp_path / "sweep"
     runs = []
     # acc(n) = n / 1000 (reaches 0.5 at n = 500) with time = n / q.
-    for name, prompts, slope, q in [("ref", 16, 1000.0, 10.0), ("fast", 64, 1000.0, 14.1),
-                                    ("slow", 128, 1600.0, 13.0)]:  # fmt: skip
+    for name, prompts, slope, q in [
+        ("ref", 16, 1000.0, 10.0),
+        ("fast", 64, 1000.0, 14.1),
+        ("slow", 128, 1600.0, 13.0),
+    ]:
         batch = prompts * 8
         lines = [_ev(0, 0.0)]
         n = 0
@@ -154,8 +173,16 @@ def test_linear_sweep_end_to_end(tmp_path):
             lines.append(_upd(n, n / q, step, batch=batch))
             lines.append(_ev(n, min(n / slope, 1.0), step + 1))
         _write_metrics(str(sweep / "runs" / name), lines)
-        runs.append({"name": name, "prompts": prompts, "group_size": 8, "lr_rule": "sqrt",
-                     "seed": 0, "status": "finished"})  # fmt: skip
+        runs.append(
+            {
+                "name": name,
+                "prompts": prompts,
+                "group_size": 8,
+                "lr_rule": "sqrt",
+                "seed": 0,
+                "status": "finished",
+            }
+        )
     artifacts.write_json_atomic(
         str(sweep / "sweep.json"),
         {"name": "lin", "algo": "grpo", "target": 0.5, "reference": "ref", "runs": runs},

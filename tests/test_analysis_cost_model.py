@@ -1,0 +1,112 @@
+"""Generation/update cost model, plateau batch, KV-cache bound and the throughput file."""
+
+import json
+
+import analysis_fixtures as fx
+import numpy as np
+import pytest
+
+from rl_batch.analysis import cost_model as cm
+from rl_batch.analysis import curves
+
+
+def test_fit_generation_recovers_known_a_b_and_plateau():
+    c = np.array([1, 4, 16, 64, 256, 1024, 4096], dtype=float)
+    a, b = 0.02, 0.0001
+    fit = cm.fit_generation(c, c / (a + b * c))
+    assert fit.a_s == pytest.approx(a) and fit.b_s == pytest.approx(b)
+    assert fit.r2 == pytest.approx(1.0)
+    assert fit.asymptote == pytest.approx(1.0 / b)
+    assert fit.plateau_batch(0.9) == pytest.approx(9 * a / b)  # 1800 sequences.
+    assert fit.plateau_batch(0.5) == pytest.approx(a / b)
+    # The plateau batch really reaches 90% of the asymptote.
+    assert fit.predict(fit.plateau_batch(0.9)) == pytest.approx(0.9 / b)
+    # Measured plateau: smallest measured c at >= 90% of the best measured (9534 at 4096).
+    tps = c / (a + b * c)
+    assert cm.measured_plateau_batch(c, tps) == 4096
+    assert cm.measured_plateau_batch(c, tps, frac=0.5) == 256  # 5614 >= 0.5 x 9534.
+
+
+def test_fit_generation_without_saturation_and_bad_input():
+    c = np.array([1.0, 2.0, 4.0])
+    fit = cm.fit_generation(c, 100.0 * c)  # Linear scaling: step time constant, b = 0.
+    assert fit.b_s == pytest.approx(0.0, abs=1e-12)
+    assert fit.plateau_batch() is None or fit.plateau_batch() > 1e6
+    with pytest.raises(ValueError, match="distinct"):
+        cm.fit_generation([8, 8], [1.0, 2.0])
+
+
+def test_measured_plateau_with_a_throughput_drop():
+    # The CPU notes' shape: peak at 32 then lower; the measured plateau is the peak.
+    c = [8, 32, 128, 1024]
+    assert cm.measured_plateau_batch(c, [11e3, 21e3, 13e3, 13e3]) == 32
+
+
+def test_fit_update_linear_in_tokens():
+    tokens = np.array([1000.0, 2000.0, 4000.0])
+    fit = cm.fit_update(tokens, 0.5 + 2e-4 * tokens)
+    assert fit.intercept_s == pytest.approx(0.5) and fit.s_per_token == pytest.approx(2e-4)
+    assert fit.predict(3000.0) == pytest.approx(1.1)
+
+
+def test_kv_cache_bound_hand_computed():
+    shape = cm.ModelShape(
+        layers=28, kv_heads=8, head_dim=128, max_seq_len=4096, dtype_bytes=2, n_params=1_000_000_000
+    )
+    per_seq = 2 * 28 * 8 * 128 * 4096 * 2  # K and V, every layer, bf16.
+    assert cm.kv_cache_bytes_per_sequence(shape) == per_seq == 469_762_048
+    assert cm.train_state_bytes(shape) == 16_000_000_000
+    mem = 80 * 2**30
+    expected = int((0.9 * mem - 16e9) // per_seq)  # (77.3e9 - 16e9) / 0.47e9 = 130.
+    assert cm.max_kv_batch(shape, mem) == expected == 130
+    assert cm.max_kv_batch(shape, 1e9) == 0  # Training state alone does not fit.
+
+
+def test_throughput_file_round_trip_and_report(tmp_path):
+    obj = fx.throughput_json()
+    path = str(tmp_path / "throughput.json")
+    model = cm.ModelShape(
+        layers=4, kv_heads=2, head_dim=32, max_seq_len=128, dtype_bytes=4, n_params=1_000_000
+    )
+    written = cm.write_throughput(
+        path, "synthetic", obj["generation"], obj["update"], device_memory_bytes=2**30, model=model
+    )
+    loaded = cm.load_throughput(path)
+    assert loaded == written
+    assert [p.batch for p in loaded.generation] == [2**i for i in range(13)]
+    rep = cm.generation_report(loaded)
+    assert rep.source == cm.THROUGHPUT_FILE and rep.device == "synthetic"
+    assert rep.fit.a_s == pytest.approx(fx.GEN_A_S) and rep.fit.b_s == pytest.approx(fx.GEN_B_S)
+    assert rep.plateau_batch_fit == pytest.approx(9 * fx.GEN_A_S / fx.GEN_B_S)  # 900.
+    assert rep.plateau_batch_measured == 1024
+    per_seq = 2 * 4 * 2 * 32 * 128 * 4
+    assert rep.max_kv_batch == int((0.9 * 2**30 - 16e6) // per_seq)
+    assert rep.critical_generation_batch == 1024  # The KV bound (13k) is not binding.
+    assert rep.update_fit.s_per_token == pytest.approx(1e-5)
+
+
+def test_throughput_validation_names_the_bad_entry(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"device": "x", "generation": [{"batch": 4, "time_s": 1.0}]}))
+    with pytest.raises(ValueError, match=r"t.json: generation\[0\]: missing field 'new_tokens'"):
+        cm.load_throughput(str(path))
+    with pytest.raises(ValueError, match="must be > 0"):
+        cm.parse_throughput({"generation": [{"batch": 0, "time_s": 1, "new_tokens": 5}]})
+    # tokens_per_s is derived from new_tokens / time_s when omitted.
+    t = cm.parse_throughput({"generation": [{"batch": 4, "time_s": 2.0, "new_tokens": 80}]})
+    assert t.generation[0].tokens_per_s == 40.0
+
+
+def test_generation_report_from_run_metrics(tmp_path):
+    runs = []
+    for p in (8, 32, 128):
+        d = str(tmp_path / f"p{p}")
+        fx.write_run(d, prompts=p, group_size=8, tau=1000.0, budget=2048)
+        runs.append(curves.load_run(d))
+    rep = cm.generation_report(None, runs)
+    assert rep.source == "run metrics"
+    np.testing.assert_allclose(rep.fit.batches, [64, 256, 1024])
+    assert rep.fit.a_s == pytest.approx(fx.GEN_A_S) and rep.fit.b_s == pytest.approx(fx.GEN_B_S)
+    # Fixture update time = 0.001 s/response = 0.001/32 s per generated token.
+    assert rep.update_fit.s_per_token == pytest.approx(fx.UPDATE_S_PER_RESPONSE / fx.DECODE_STEPS)
+    assert cm.generation_report(None, runs[:1]) is None

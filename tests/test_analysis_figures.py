@@ -1,0 +1,107 @@
+"""Figures and report.md: written, non-empty, with the known answers; missing data skipped."""
+
+import json
+import os
+import subprocess
+import sys
+
+import analysis_fixtures as fx
+
+from rl_batch import artifacts
+from rl_batch.analysis import figures
+
+NAMES = (
+    "invariance",
+    "group_size",
+    "lr_rule",
+    "throughput_ratio",
+    "critical_batches",
+    "time_to_target",
+)
+
+
+def _check_files(paths):
+    for p in paths:
+        assert os.path.getsize(p) > 1000, p
+        with open(p, "rb") as f:
+            head = f.read(5)
+        assert head in (b"\x89PNG\r", b"%PDF-"), (p, head)
+
+
+def test_write_all_full_sweep(tmp_path):
+    d = fx.write_sweep(str(tmp_path / "s"))
+    with open(os.path.join(d, "throughput.json"), "w") as f:
+        json.dump(fx.throughput_json(), f)
+    paths = figures.write_all(d, n_boot=100)
+    expected = [os.path.join(d, "figures", f"{n}.{ext}") for n in NAMES for ext in ("png", "pdf")]
+    assert paths == [*expected, os.path.join(d, artifacts.REPORT_FILE)]
+    _check_files(expected)
+    report = open(paths[-1]).read()
+    assert "critical training batch: **256** responses" in report
+    assert "plateau (90% of best measured): c = **1024**" in report
+    assert "Recommendation: grpo-P32-G8-sqrt (batch 256)." in report
+    assert "Median actor B_simple over runs: 256 responses." in report
+    # The never-reaching configuration reads "not reached", never a number.
+    row = next(line for line in report.splitlines() if line.startswith("| grpo-P64-G8-fixed"))
+    assert row.count("not reached") >= 3
+    assert "Skipped" not in report
+
+
+def test_write_all_skips_figures_without_data(tmp_path):
+    # Only a sqrt family, no throughput file, no gradient fields: no group-size pair and no
+    # fixed-LR point; generation throughput still comes from the run metrics.
+    configs = [(p, 8, "sqrt", m) for p, m in ((8, 1.0), (16, 1.0), (32, 1.4))]
+    d = fx.write_sweep(
+        str(tmp_path / "s"), configs=configs, seed_factors=(1.0,), noise_fields=False
+    )
+    paths = figures.write_all(d, n_boot=50)
+    names = {os.path.splitext(os.path.basename(p))[0] for p in paths}
+    assert names == {
+        "invariance",
+        "throughput_ratio",
+        "critical_batches",
+        "time_to_target",
+        "report",
+    }
+    _check_files([p for p in paths if not p.endswith(".md")])
+    report = open(os.path.join(d, "report.md")).read()
+    assert "Skipped (no data): group_size, lr_rule." in report
+    assert "Source: run metrics" in report
+    assert "critical training batch: **128** responses" in report  # r_N(256) = 1.4 > 1.2.
+
+
+def test_write_all_when_the_reference_never_reaches(tmp_path):
+    configs = [(p, 8, "sqrt", 1.0) for p in (8, 16)]
+    d = fx.write_sweep(str(tmp_path / "s"), configs=configs, seed_factors=(1.0,))
+    paths = figures.write_all(d, target=1.5, n_boot=20)  # Nobody reaches accuracy 1.5.
+    assert not any("time_to_target" in p for p in paths)
+    report = open(paths[-1]).read()
+    assert "| grpo-P8-G8-sqrt | 64 | 8 | 8 | sqrt | 0/1 | not reached |" in report
+    assert "Recommendation: none." in report
+
+
+def test_figures_cli(tmp_path):
+    d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:2], seed_factors=(1.0,))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.figures", f"--sweep={d}", "--n_boot=20", "--tol=0.5"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
+    assert out.returncode == 0, out.stderr
+    assert os.path.join(d, "report.md") in out.stdout.splitlines()
+    assert os.path.getsize(os.path.join(d, "figures", "invariance.png")) > 1000
+
+
+def test_analysis_never_imports_jax():
+    code = (
+        "import sys, rl_batch.analysis, rl_batch.analysis.figures, rl_batch.analysis.report\n"
+        "bad = [m for m in ('jax', 'flax', 'optax') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

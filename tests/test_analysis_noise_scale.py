@@ -1,0 +1,107 @@
+"""Gradient noise scale estimators (McCandlish et al. 2018) on a known Gaussian problem."""
+
+import analysis_fixtures as fx
+import numpy as np
+import pytest
+
+from rl_batch.analysis import curves
+from rl_batch.analysis import noise_scale as ns
+
+
+def test_terms_invert_the_expectations_exactly():
+    g2, tr, b, B = 2.0, 96.0, 8, 64  # noqa: N806
+    sq_b, sq_B = g2 + tr / b, g2 + tr / B  # noqa: N806
+    got_g2, got_tr = ns.noise_scale_terms(sq_b, sq_B, b, B)
+    assert got_g2 == pytest.approx(g2) and got_tr == pytest.approx(tr)
+    assert ns.simple_noise_scale(sq_b, sq_B, b, B) == pytest.approx(48.0)
+    # Array-generic: elementwise on numpy arrays.
+    g2s, trs = ns.noise_scale_terms(np.array([sq_b, sq_b]), np.array([sq_B, sq_B]), b, B)
+    np.testing.assert_allclose(g2s, [g2, g2])
+    np.testing.assert_allclose(trs, [tr, tr])
+
+
+def _gaussian_problem(steps, b, big, d=40, seed=0):
+    """Per-example gradients ~ N(G, Sigma); returns (sq_small [S], sq_big [S], B_simple)."""
+    rng = np.random.default_rng(seed)
+    g_d = rng.normal(size=d) * 0.3  # [D]
+    a_dd = rng.normal(size=(d, d)) / np.sqrt(d)
+    sigma_dd = a_dd @ a_dd.T + 0.5 * np.eye(d)  # [D, D] positive definite
+    chol = np.linalg.cholesky(sigma_dd)
+    eps = rng.normal(size=(steps, big, d))  # [S, B, D]
+    grads = g_d + eps @ chol.T  # [S, B, D]
+    mean_small = grads[:, :b].mean(axis=1)  # The small batch is a sub-batch of the big one.
+    mean_big = grads.mean(axis=1)
+    sq_small = np.sum(mean_small**2, axis=-1)
+    sq_big = np.sum(mean_big**2, axis=-1)
+    return sq_small, sq_big, float(np.trace(sigma_dd) / np.dot(g_d, g_d))
+
+
+def test_estimates_converge_to_trace_over_g2():
+    b, big = 8, 64
+    sq_small, sq_big, truth = _gaussian_problem(4000, b, big)
+    assert 5.0 < truth < 200.0  # A noise scale between the two batch sizes' regimes.
+    g2, tr = ns.noise_scale_terms(sq_small, sq_big, b, big)
+    pooled = tr.mean() / g2.mean()
+    assert pooled == pytest.approx(truth, rel=0.04)
+    ema = ns.NoiseScaleEMA(decay=0.999)
+    trail = [ema.update(s, t, b, big) for s, t in zip(sq_small, sq_big)]
+    assert trail[-1] == pytest.approx(truth, rel=0.05)
+    assert ema.count == 4000
+
+
+def test_ema_first_value_and_validation():
+    ema = ns.NoiseScaleEMA(decay=0.9)
+    assert np.isnan(ema.value)
+    # One measurement: both EMAs carry the same (1 - decay) factor, so the ratio is exact.
+    assert ema.update(2.0 + 96.0 / 8, 2.0 + 96.0 / 64, 8, 64) == pytest.approx(48.0)
+    with pytest.raises(ValueError, match="B > b"):
+        ema.update(1.0, 1.0, 64, 8)
+    with pytest.raises(ValueError, match="decay"):
+        ns.NoiseScaleEMA(decay=1.0)
+
+
+def test_terms_work_inside_jit():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    @jax.jit
+    def step(sq_small, sq_big):
+        g2, tr = ns.noise_scale_terms(sq_small, sq_big, 8, 64)
+        return tr / g2
+
+    got = step(jnp.float32(2.0 + 96.0 / 8), jnp.float32(2.0 + 96.0 / 64))
+    assert float(got) == pytest.approx(48.0, rel=1e-5)
+
+
+def test_run_noise_scale_from_metrics(tmp_path):
+    fx.write_run(str(tmp_path / "r"), prompts=16, group_size=8, tau=1000.0, budget=4096)
+    s = ns.run_noise_scale(curves.load_run(str(tmp_path / "r")))
+    assert s.source == "grad_sq" and s.n_updates == 32
+    expected = fx.TRACE_SIGMA / fx.G2
+    assert s.final == pytest.approx(expected)
+    assert s.median_second_half == pytest.approx(expected)
+    assert s.pooled == pytest.approx(expected)
+    fx.write_run(str(tmp_path / "n"), prompts=16, group_size=8, tau=1000.0, noise_fields=False)
+    assert ns.run_noise_scale(curves.load_run(str(tmp_path / "n"))) is None
+
+
+def test_run_noise_scale_from_per_update_field(tmp_path):
+    import json
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for i, v in enumerate([10.0, 30.0, 20.0, 40.0]):
+            rec = {
+                "kind": "update",
+                "step": i,
+                "responses_cum": 8 * (i + 1),
+                "time_train_cum_s": i + 1.0,
+                "prompts": 2,
+                "group_size": 4,
+                "noise_scale": v,
+            }
+            f.write(json.dumps(rec) + "\n")
+    s = ns.run_noise_scale(curves.load_run(str(run_dir)))
+    assert s.source == "noise_scale" and s.final == 40.0
+    assert s.median_second_half == pytest.approx(30.0) and s.pooled is None

@@ -1,0 +1,135 @@
+"""Algorithm 1 planner: full and pilot modes on a synthetic sweep with a known best batch."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import analysis_fixtures as fx
+import pytest
+
+from rl_batch.analysis import curves, planner
+from rl_batch.analysis import time_to_target as ttt
+
+BEST = curves.ConfigKey("grpo", 32, 8, "sqrt")  # B = 256: r_N 1.05, r_q 1.81.
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    return fx.write_sweep(str(tmp_path_factory.mktemp("sweep")))
+
+
+@pytest.fixture(scope="module")
+def full(sweep_dir):
+    return ttt.analyze_sweep(curves.load_sweep(sweep_dir), n_boot=200)
+
+
+def _expected_r_t(batch, mult):
+    return mult * fx.q_of(64) / fx.q_of(batch)
+
+
+def test_full_plan_ranks_by_r_t(full):
+    plan = planner.plan_full(full)
+    assert plan.recommendation == BEST
+    assert plan.rows[0].r_t.mean == pytest.approx(_expected_r_t(256, 1.05), rel=0.01)  # 0.581
+    means = [r.r_t.mean for r in plan.rows if r.r_t is not None]
+    assert means == sorted(means)
+    last = plan.rows[-1]
+    assert last.key == curves.ConfigKey("grpo", 64, 8, "fixed") and not last.reached
+    assert last.r_t is None and "not reached" in last.note
+    # The study's ordering: fixed LR at 2x the batch is slower than the reference.
+    fixed = next(r for r in plan.rows if r.key == curves.ConfigKey("grpo", 16, 8, "fixed"))
+    assert fixed.r_t.mean == pytest.approx(_expected_r_t(128, 1.67), rel=0.01)  # 1.17
+    assert fixed.r_t.mean > 1.0
+    obj = planner.plan_to_json(plan)
+    assert obj["recommendation"] == "grpo-P32-G8-sqrt" and obj["recommended_batch"] == 256
+    assert obj["rows"][-1]["r_n"] == "not reached"
+    json.dumps(obj)  # Serializable.
+
+
+@pytest.mark.parametrize("method", ["intermediate", "fit"])
+def test_pilot_picks_the_best_at_a_fraction_of_the_cost(sweep_dir, full, method):
+    plan = planner.plan_pilot(
+        curves.load_sweep(sweep_dir), 0.3, method=method, full=full, n_boot=100
+    )
+    assert plan.recommendation == BEST
+    p = plan.pilot
+    assert p.best == BEST and p.pick == BEST and p.regret == pytest.approx(1.0)
+    assert p.window_responses == pytest.approx(0.3 * fx.BUDGET)
+    # Cost: every run keeps the updates within 3600 responses.
+    pilot_cost = sweep_cost = 0.0
+    for prompts, group, _, _ in fx.STANDARD_CONFIGS:
+        b = prompts * group
+        pilot_cost += 2 * (3600 // b) * fx.time_per_update_s(b)
+        sweep_cost += 2 * math.ceil(fx.BUDGET / b) * fx.time_per_update_s(b)
+    assert p.pilot_cost_s == pytest.approx(pilot_cost)
+    assert p.sweep_cost_s == pytest.approx(sweep_cost)
+    assert p.cost_fraction == pytest.approx(pilot_cost / sweep_cost)  # About 0.29.
+    by_key = {r.key: r for r in plan.rows}
+    # Same curve family, so r_N at any level equals the tau ratio.
+    assert by_key[BEST].r_n.mean == pytest.approx(1.05, rel=0.02)
+    assert by_key[BEST].r_q.mean == pytest.approx(fx.q_of(256) / fx.q_of(64), rel=1e-6)
+    never = by_key[curves.ConfigKey("grpo", 64, 8, "fixed")]
+    if method == "fit":
+        assert never.r_n.mean == pytest.approx(10.0, rel=0.05)  # Extrapolated from 30%.
+    else:
+        assert 0.0 < p.level < fx.TARGET
+        assert never.r_n is None and never.r_n_lower_bound > 1.0
+        assert plan.rows[-1].r_n is None  # Bounds rank after the predictions.
+
+
+def test_pilot_fraction_validation(sweep_dir, full):
+    with pytest.raises(ValueError, match="fraction"):
+        planner.plan_pilot(curves.load_sweep(sweep_dir), 0.0, full=full)
+    with pytest.raises(ValueError, match="method"):
+        planner.plan_pilot(curves.load_sweep(sweep_dir), 0.3, method="guess", full=full)
+
+
+def test_fit_saturating_recovers_parameters():
+    n = [0.0, 500.0, 1000.0, 1500.0, 2000.0, 2500.0]
+    acc = [fx.accuracy(x, 3000.0, a_max=0.7, a0=0.1) for x in n]
+    fit = planner.fit_saturating(n, acc)
+    assert fit.A == pytest.approx(0.7, rel=1e-3) and fit.a0 == pytest.approx(0.1, abs=1e-3)
+    assert fit.tau == pytest.approx(3000.0, rel=0.01)
+    assert fit.responses_to(0.5) == pytest.approx(3000.0 * math.log(0.6 / 0.2), rel=0.01)
+    assert fit.responses_to(0.75) is None  # Above the asymptote.
+    assert planner.fit_saturating([0.0, 1.0], [0.1, 0.2]) is None
+
+
+def test_plan_batch_cli_writes_plan_json(sweep_dir):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.plan_batch", f"--sweep={sweep_dir}", "--n_boot=50"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Recommendation: grpo-P32-G8-sqrt (batch 256)." in out.stdout
+    plan = json.load(open(os.path.join(sweep_dir, "plan.json")))
+    assert plan["mode"] == "full" and plan["recommended_batch"] == 256
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.plan_batch",
+            f"--sweep={sweep_dir}",
+            "--n_boot=50",
+            "--pilot_fraction=0.3",
+            "--reference=P8_G8_sqrt_s1",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "T(pick)/T(best) = 1.000" in out.stdout
+    pilot = json.load(open(os.path.join(sweep_dir, "plan_pilot.json")))
+    assert pilot["pilot"]["pick"] == "grpo-P32-G8-sqrt"
+    assert 0.2 < pilot["pilot"]["cost_fraction"] < 0.35
