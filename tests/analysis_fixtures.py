@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from rl_batch import artifacts
+from rl_batch.analysis import noise_scale
 
 GEN_A_S = 0.05
 GEN_B_S = 0.0005
@@ -75,6 +76,7 @@ def write_run(
     warmup_updates: int = 0,
     status: str = "finished",
     noise_fields: bool = True,
+    noise_names: tuple[str, str, str, str] = noise_scale.FIELD_SCHEMES[0],
     critic: bool = False,
 ) -> None:
     """Writes config.json, metrics.jsonl and summary.json of one synthetic run."""
@@ -151,11 +153,14 @@ def write_run(
             rec["critic_grad_norm"] = math.sqrt(4.0 + 64.0 / batch)
         if noise_fields:
             b = batch // 8
+            small, big, n_small, n_big = noise_names
             rec.update(
-                grad_sq_small=G2 + TRACE_SIGMA / b,
-                grad_sq_big=G2 + TRACE_SIGMA / batch,
-                noise_batch_small=b,
-                noise_batch_big=batch,
+                {
+                    small: G2 + TRACE_SIGMA / b,
+                    big: G2 + TRACE_SIGMA / batch,
+                    n_small: b,
+                    n_big: batch,
+                }
             )
         lines.append(rec)
         step += 1

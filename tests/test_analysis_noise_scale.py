@@ -73,14 +73,18 @@ def test_terms_work_inside_jit():
     assert float(got) == pytest.approx(48.0, rel=1e-5)
 
 
-def test_run_noise_scale_from_metrics(tmp_path):
-    fx.write_run(str(tmp_path / "r"), prompts=16, group_size=8, tau=1000.0, budget=4096)
+@pytest.mark.parametrize("names", ns.FIELD_SCHEMES)
+def test_run_noise_scale_from_metrics(tmp_path, names):
+    fx.write_run(
+        str(tmp_path / "r"), prompts=16, group_size=8, tau=1000.0, budget=4096, noise_names=names
+    )
     s = ns.run_noise_scale(curves.load_run(str(tmp_path / "r")))
-    assert s.source == "grad_sq" and s.n_updates == 32
+    assert s.source == names[0] and s.n_updates == 32
     expected = fx.TRACE_SIGMA / fx.G2
     assert s.final == pytest.approx(expected)
     assert s.median_second_half == pytest.approx(expected)
     assert s.pooled == pytest.approx(expected)
+    assert ns.run_noise_scale(curves.load_run(str(tmp_path / "r")), prefix="critic_") is None
     fx.write_run(str(tmp_path / "n"), prompts=16, group_size=8, tau=1000.0, noise_fields=False)
     assert ns.run_noise_scale(curves.load_run(str(tmp_path / "n"))) is None
 

@@ -225,7 +225,7 @@ def test_reference_resolution_and_exclusion(tmp_path):
     assert a.excluded == ((raw["runs"][-1]["name"], "failed"),)
     p32 = curves.ConfigKey("grpo", 32, 8, "sqrt")
     assert a.stats[p32].n_seeds == 1 and a.stats[p32].reached
-    for ref in ("P16_G8_sqrt_s1", "grpo-P16-G8-sqrt", "P=16 G=8 sqrt"):
+    for ref in ("P16_G8_sqrt_s1", "grpo-P16-G8-sqrt", "P=16 G=8 sqrt", "16x8:sqrt"):
         assert ttt.analyze_sweep(sweep, reference=ref, n_boot=10).reference.prompts == 16
     with pytest.raises(ValueError, match="nope"):
         ttt.analyze_sweep(sweep, reference="nope")

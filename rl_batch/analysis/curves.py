@@ -50,6 +50,11 @@ class ConfigKey:
         return f"{self.algo}-P{self.prompts}-G{self.group_size}-{self.lr_rule}"
 
     @property
+    def point_key(self) -> str:
+        """The sweep grid's spelling, e.g. ``128x8:sqrt`` (accepted by ``--reference``)."""
+        return f"{self.prompts}x{self.group_size}:{self.lr_rule}"
+
+    @property
     def label(self) -> str:
         """Short label for figures and tables, e.g. ``P=128 G=8 sqrt``."""
         return f"P={self.prompts} G={self.group_size} {self.lr_rule}"

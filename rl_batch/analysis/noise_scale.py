@@ -13,16 +13,17 @@ the batch where the steps/samples trade-off turns, ``(S/S_min - 1)(E/E_min - 1) 
 compare it with the critical training batch.
 
 Metric fields read from update lines (written by a learner that measures them; all
-optional):
+optional), first scheme found wins:
 
-- ``grad_sq_small``: ``|g_b|^2``, squared norm of the mean gradient over a sub-batch of
-  ``noise_batch_small`` responses.
-- ``grad_sq_big``: ``|g_B|^2`` over ``noise_batch_big`` responses (when absent, the update's
-  ``batch_responses``).
-- ``noise_scale``: a per-update ``B_simple`` already computed in the step (used only
-  when the squared norms are absent).
+1. ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``, ``gns_batch_full`` (what
+   ``rl_batch.learner`` logs with micro-batches: the mean over micro-batches of each
+   micro-batch gradient's squared norm, the full batch's, and the two sizes in
+   sequences). Averaging ``|g_b|^2`` over the micro-batches keeps it unbiased.
+2. ``grad_sq_small``, ``grad_sq_big``, ``noise_batch_small``, ``noise_batch_big`` (the
+   big size defaults to the update's ``batch_responses``).
+3. ``noise_scale``: a per-update ``B_simple`` already computed in the step.
 
-``prefix="critic_"`` reads ``critic_grad_sq_small`` etc. for a PPO critic.
+``prefix="critic_"`` reads ``critic_grad_sq_micro`` etc. for a PPO critic.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ import numpy as np
 from rl_batch.analysis.curves import ConfigKey, RunData
 
 DEFAULT_DECAY = 0.95
+# (|g_b|^2, |g_B|^2, b, B) field names, in order of preference.
+FIELD_SCHEMES = (
+    ("grad_sq_micro", "grad_sq_full", "gns_batch_micro", "gns_batch_full"),
+    ("grad_sq_small", "grad_sq_big", "noise_batch_small", "noise_batch_big"),
+)
 
 
 def noise_scale_terms(sq_small: Any, sq_big: Any, b_small: Any, b_big: Any) -> tuple[Any, Any]:
@@ -117,11 +123,12 @@ class NoiseScaleSummary:
     Attributes:
       name: run name.
       key: its configuration.
-      source: ``"grad_sq"`` (from the squared norms) or ``"noise_scale"`` (per-update field).
+      source: the small-batch field the estimate came from (``grad_sq_micro`` or
+        ``grad_sq_small``, prefixed), or ``noise_scale`` (the per-update field).
       n_updates: updates with a measurement.
-      final: last EMA value (``grad_sq``) or last finite per-update value.
+      final: last EMA value (squared norms) or last finite per-update value.
       median_second_half: median of the EMA (or per-update) values over the second half.
-      pooled: ``mean(tr(Sigma)) / mean(|G|^2)`` over the second half (``grad_sq`` only).
+      pooled: ``mean(tr(Sigma)) / mean(|G|^2)`` over the second half (squared norms only).
     """
 
     name: str
@@ -141,33 +148,15 @@ def run_noise_scale(
     Args:
       run: the run.
       prefix: field prefix (``""`` for the actor, ``"critic_"`` for a PPO critic).
-      decay: EMA decay for the ``grad_sq`` source.
+      decay: EMA decay for the squared-norm sources.
 
     Returns:
       The summary, or ``None`` when the run logs neither source.
     """
-    sq_b, sq_B = run.field(prefix + "grad_sq_small"), run.field(prefix + "grad_sq_big")
-    b = run.field(prefix + "noise_batch_small")
-    B = run.field(prefix + "noise_batch_big")  # noqa: N806
-    B = np.where(np.isfinite(B), B, run.field("batch_responses"))  # noqa: N806
-    ok = np.isfinite(sq_b) & np.isfinite(sq_B) & np.isfinite(b) & np.isfinite(B) & (B > b)
-    if ok.sum() > 0:
-        ema = NoiseScaleEMA(decay)
-        trail = np.array([ema.update(*args) for args in zip(sq_b[ok], sq_B[ok], b[ok], B[ok])])
-        g2, tr = noise_scale_terms(sq_b[ok], sq_B[ok], b[ok], B[ok])
-        half = slice(len(trail) // 2, None)
-        g2_mean = float(np.mean(g2[half]))
-        pooled = float(np.mean(tr[half]) / g2_mean) if g2_mean > 0 else None
-        tail = trail[half][np.isfinite(trail[half])]
-        return NoiseScaleSummary(
-            name=run.name,
-            key=run.key,
-            source="grad_sq",
-            n_updates=int(ok.sum()),
-            final=float(trail[-1]),
-            median_second_half=float(np.median(tail)) if tail.size else float("nan"),
-            pooled=pooled,
-        )
+    for names in FIELD_SCHEMES:
+        summary = _from_squared_norms(run, [prefix + n for n in names], decay)
+        if summary is not None:
+            return summary
     ns = run.field(prefix + "noise_scale")
     ns = ns[np.isfinite(ns)]
     if ns.size == 0:
@@ -181,3 +170,27 @@ def run_noise_scale(
         median_second_half=float(np.median(ns[len(ns) // 2 :])),
         pooled=None,
     )
+
+
+def _from_squared_norms(run: RunData, names: list[str], decay: float) -> NoiseScaleSummary | None:
+    sq_b, sq_B, b, B = (run.field(n) for n in names)  # noqa: N806
+    B = np.where(np.isfinite(B), B, run.field("batch_responses"))  # noqa: N806
+    ok = np.isfinite(sq_b) & np.isfinite(sq_B) & np.isfinite(b) & np.isfinite(B) & (B > b)
+    if ok.sum() > 0:
+        ema = NoiseScaleEMA(decay)
+        trail = np.array([ema.update(*args) for args in zip(sq_b[ok], sq_B[ok], b[ok], B[ok])])
+        g2, tr = noise_scale_terms(sq_b[ok], sq_B[ok], b[ok], B[ok])
+        half = slice(len(trail) // 2, None)
+        g2_mean = float(np.mean(g2[half]))
+        pooled = float(np.mean(tr[half]) / g2_mean) if g2_mean > 0 else None
+        tail = trail[half][np.isfinite(trail[half])]
+        return NoiseScaleSummary(
+            name=run.name,
+            key=run.key,
+            source=names[0],
+            n_updates=int(ok.sum()),
+            final=float(trail[-1]),
+            median_second_half=float(np.median(tail)) if tail.size else float("nan"),
+            pooled=pooled,
+        )
+    return None

@@ -425,9 +425,10 @@ def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[Config
     """Finds the reference configuration.
 
     Args:
-      reference: a run name, a configuration name (``grpo-P128-G8-sqrt``) or label
-        (``P=128 G=8 sqrt``); ``None`` uses ``sweep.json``'s ``reference`` and then the
-        smallest-batch ``sqrt`` configuration (smallest batch overall without one).
+      reference: a run name, a configuration name (``grpo-P128-G8-sqrt``), label
+        (``P=128 G=8 sqrt``) or grid key (``128x8:sqrt``); ``None`` uses
+        ``sweep.json``'s ``reference`` and then the smallest-batch ``sqrt``
+        configuration (smallest batch overall without one).
       sweep: the sweep.
       keys: configurations that have usable runs.
 
@@ -440,7 +441,7 @@ def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[Config
         if not candidate:
             continue
         for k in keys:
-            if candidate in (k.name, k.label):
+            if candidate in (k.name, k.label, k.point_key):
                 return k
         for r in sweep.runs:
             if r.name == candidate and r.key in keys:
