@@ -1,11 +1,13 @@
 """Generation/update cost model, plateau batch, KV-cache bound and the throughput file."""
 
 import json
+import os
 
 import analysis_fixtures as fx
 import numpy as np
 import pytest
 
+from rl_batch import artifacts
 from rl_batch.analysis import cost_model as cm
 from rl_batch.analysis import curves
 
@@ -110,3 +112,14 @@ def test_generation_report_from_run_metrics(tmp_path):
     # Fixture update time = 0.001 s/response = 0.001/32 s per generated token.
     assert rep.update_fit.s_per_token == pytest.approx(fx.UPDATE_S_PER_RESPONSE / fx.DECODE_STEPS)
     assert cm.generation_report(None, runs[:1]) is None
+
+
+def test_generation_point_capped_by_gen_batch(tmp_path):
+    d = str(tmp_path / "r")
+    fx.write_run(d, prompts=32, group_size=8, tau=1000.0, budget=2048)
+    c, tps = cm.run_generation_point(curves.load_run(d))
+    assert c == 256 and tps == pytest.approx(256 / fx.step_time_s(256))
+    # Generation in chunks of 64 sequences: the decode concurrency is 64.
+    artifacts.write_json_atomic(os.path.join(d, "config.json"), {"rollout": {"gen_batch": 64}})
+    c, _ = cm.run_generation_point(curves.load_run(d))
+    assert c == 64

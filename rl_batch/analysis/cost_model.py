@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from rl_batch import artifacts
-from rl_batch.analysis.curves import RunData
+from rl_batch.analysis.curves import RunData, find_config_value
 
 THROUGHPUT_FILE = "throughput.json"
 DEFAULT_PLATEAU_FRAC = 0.9
@@ -353,19 +353,25 @@ def max_kv_batch(shape: ModelShape, device_memory_bytes: float, usable_frac: flo
 def run_generation_point(run: RunData) -> tuple[float, float] | None:
     """(concurrency, tokens/s) of one run from its update lines.
 
-    Concurrency is the sequences generated per update (``responses_generated_cum``
-    increments; ``prompts * group_size`` when absent); tokens/s is the median over updates
-    of ``gen_tokens / time_generate_s`` (the median skips a first update that compiled).
+    Concurrency is the sequences generated per update (``batch_generated``, else the
+    ``responses_generated_cum`` increments, else ``prompts * group_size``), capped by the
+    config's ``gen_batch`` when that is > 0 (generation in chunks); tokens/s is the median
+    over updates of ``gen_tokens / time_generate_s`` (the median skips a first update
+    that compiled).
     """
     tok, t = run.field("gen_tokens"), run.field("time_generate_s")
     ok = np.isfinite(tok) & np.isfinite(t) & (t > 0) & (tok > 0)
     if not ok.any():
         return None
-    gen = run.field("responses_generated_cum")
-    per_update = np.diff(np.concatenate([[0.0], gen])) if np.all(np.isfinite(gen)) else []
-    c = float(np.median(per_update)) if len(per_update) else float(run.key.batch)
-    if not c > 0:
-        c = float(run.key.batch)
+    per_update = run.field("batch_generated")
+    if not np.any(np.isfinite(per_update)):
+        gen = run.field("responses_generated_cum")
+        per_update = np.diff(np.concatenate([[0.0], gen]))
+    per_update = per_update[np.isfinite(per_update) & (per_update > 0)]
+    c = float(np.median(per_update)) if per_update.size else float(run.key.batch)
+    gen_batch = find_config_value(run.config, "gen_batch")
+    if isinstance(gen_batch, (int, float)) and gen_batch > 0:
+        c = min(c, float(gen_batch))
     return c, float(np.median(tok[ok] / t[ok]))
 
 

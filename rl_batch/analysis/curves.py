@@ -148,13 +148,13 @@ def _as_float(v: Any) -> float:
     return float(v)
 
 
-def _find_key(tree: Any, key: str) -> Any:
-    """Depth-first search for ``key`` in nested dicts; ``None`` when absent."""
+def find_config_value(tree: Any, key: str) -> Any:
+    """Value of ``key`` in a nested config dict (shallowest level first; ``None`` if absent)."""
     if isinstance(tree, dict):
         if key in tree:
             return tree[key]
         for v in tree.values():
-            found = _find_key(v, key)
+            found = find_config_value(v, key)
             if found is not None:
                 return found
     return None
@@ -202,10 +202,12 @@ def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None
 
     first_update = actor[0] if actor else (warm[0] if warm else {})
     prompts = _first(
-        entry.get("prompts"), _find_key(config, "prompts"), first_update.get("prompts")
+        entry.get("prompts"), find_config_value(config, "prompts"), first_update.get("prompts")
     )
     group = _first(
-        entry.get("group_size"), _find_key(config, "group_size"), first_update.get("group_size")
+        entry.get("group_size"),
+        find_config_value(config, "group_size"),
+        first_update.get("group_size"),
     )
     if prompts is None or group is None:
         raise ValueError(
@@ -213,12 +215,12 @@ def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None
             f"{artifacts.CONFIG_FILE} or the first update line of {artifacts.METRICS_FILE})"
         )
     key = ConfigKey(
-        algo=str(_first(entry.get("algo"), algo, _find_key(config, "algo"), "unknown")),
+        algo=str(_first(entry.get("algo"), algo, find_config_value(config, "algo"), "unknown")),
         prompts=int(prompts),
         group_size=int(group),
-        lr_rule=str(_first(entry.get("lr_rule"), _find_key(config, "lr_rule"), "unknown")),
+        lr_rule=str(_first(entry.get("lr_rule"), find_config_value(config, "lr_rule"), "unknown")),
     )
-    seed = _first(entry.get("seed"), _find_key(config, "seed"))
+    seed = _first(entry.get("seed"), find_config_value(config, "seed"))
 
     # Offsets that make the axes start at the first actor update (PPO critic warm-up).
     off_n = off_t = 0.0

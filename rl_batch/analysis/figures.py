@@ -7,8 +7,9 @@ Figures (each skipped, with a logged note, when the sweep has no data for it):
 - ``group_size``: configurations with the same ``B = P x G`` but different (P, G).
 - ``lr_rule``: fixed against sqrt LR, with updates-to-target bars against the ideal
   ``B_ref / B``.
-- ``throughput_ratio``: per batch, ``B / B_min`` against the collection-time multiple
-  ``t_gen(B) / t_gen(B_min)`` per update (their ratio is the generation throughput gain).
+- ``throughput_ratio``: per batch, ``B / B_ref`` against the collection-time multiple
+  ``t_gen(B) / t_gen(B_ref)`` per update (their ratio is the generation throughput gain;
+  the family's smallest batch stands in when the reference is outside the family).
 - ``critical_batches``: generation throughput against batch with the plateau (and the
   KV-cache bound) marked; ``r_N`` against batch with the critical training batch marked.
 - ``time_to_target``: ``T / T_ref`` against batch, best configuration starred.
@@ -286,19 +287,20 @@ def figure_throughput_ratio(analysis: Analysis) -> Figure | None:
     if len(pts) < 2:
         log.info("figure throughput_ratio: skipped (time_generate_s for < 2 batches)")
         return None
-    b0, t0 = pts[0]
+    ref = analysis.reference
+    b0, t0 = next(((b, t) for b, t in pts if b == ref.batch and ref in fam), pts[0])
     fig = _figure(1, width=6.0)
     ax = fig.subplots()
     x = np.arange(len(pts))
     resp = [b / b0 for b, _ in pts]
     tgen = [t / t0 for _, t in pts]
-    ax.bar(x - 0.2, resp, 0.4, label="responses per update (B / B_min)", color="C0")
-    ax.bar(x + 0.2, tgen, 0.4, label="collection time per update (t / t_min)", color="C1")
+    ax.bar(x - 0.2, resp, 0.4, label="responses per update (B / B_ref)", color="C0")
+    ax.bar(x + 0.2, tgen, 0.4, label="collection time per update (t / t_ref)", color="C1")
     for i, (r, t) in enumerate(zip(resp, tgen)):
         ax.text(i, max(r, t), f"{r / t:.2f}x", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(x, [str(b) for b, _ in pts])
     ax.set_xlabel("training batch B (responses)")
-    ax.set_ylabel(f"multiple of B_min = {b0}")
+    ax.set_ylabel(f"multiple of the reference batch B = {b0}")
     ax.set_title("generation throughput gain = response multiple / time multiple")
     ax.legend(fontsize=7)
     return fig
