@@ -1,0 +1,639 @@
+r"""Merges run directories written by separate jobs into one sweep directory.
+
+Each job of a scaled-out sweep writes one or more run directories (``<jobdir>/runs/<name>/``,
+or a bare run directory). This tool gathers them into ``SWEEP_DIR/runs/<name>/`` (copies by
+default, symlinks with ``--symlink``) and rebuilds ``SWEEP_DIR/sweep.json`` from each run's
+``config.json`` and ``summary.json`` (see ``rl_batch/artifacts.py``)::
+
+    python -m launch.collect --sweep_dir=sweeps/grpo --from=jobs/job1 --from='jobs/*'
+    python -m launch.collect --sweep_dir=sweeps/grpo          # re-index runs already there
+
+A source is a run directory (it holds ``config.json``), a directory with a ``runs/``
+subdirectory, or a directory of run directories; shell-style globs are expanded.
+
+The same run name found twice with different content (``config.json``, ``summary.json``
+and ``metrics.jsonl`` are compared; checkpoints are not) is an error that names both
+directories, unless ``--prefer=newest`` picks the one most recently written. A run without
+``summary.json`` gets status ``"incomplete"``; a grid point (from ``--runs_json``, or the
+``SWEEP_DIR/jobs/runs.json`` that ``launch.make_jobs`` writes) with no run directory gets
+status ``"missing"`` (``"incomplete"`` if its directory exists without ``config.json``).
+``--analyze`` then calls ``rl_batch.analysis.write_all(sweep_dir)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from rl_batch import artifacts
+
+INCOMPLETE = "incomplete"
+MISSING = "missing"
+PREFER_CHOICES = ("error", "newest")
+NAME_FROM_CHOICES = ("config", "dir")
+
+# Sweep-level fields read from every run's config.json. Runs that disagree on the first two
+# cannot belong to one sweep; the runway fields may differ (largest is recorded).
+MUST_AGREE_KEYS = ("algo", "target")
+RUNWAY_KEYS = ("budget_responses", "eval_every_responses")
+ENTRY_CONFIG_KEYS = ("prompts", "group_size", "lr_rule", "lr", "seed")
+_FINGERPRINT_FILES = (artifacts.CONFIG_FILE, artifacts.SUMMARY_FILE, artifacts.METRICS_FILE)
+
+Log = Callable[[str], None]
+
+
+def _stderr_log(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+@dataclasses.dataclass(frozen=True)
+class FoundRun:
+    """A run directory found in a source (or already in the sweep directory).
+
+    Attributes:
+      name: the run name it will have in the sweep.
+      path: the directory as found.
+      real_path: ``path`` with symlinks resolved.
+      fingerprint: hash of config.json, summary.json and metrics.jsonl.
+      mtime: newest modification time of those files (seconds since the epoch).
+      in_sweep: whether it already sits at ``SWEEP_DIR/runs/<name>``.
+    """
+
+    name: str
+    path: str
+    real_path: str
+    fingerprint: str
+    mtime: float
+    in_sweep: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectResult:
+    """What `collect` did.
+
+    Attributes:
+      sweep: the sweep.json record written.
+      actions: ``(run name, action)`` with action one of ``"copied"``, ``"linked"``,
+        ``"replaced"``, ``"unchanged"``.
+    """
+
+    sweep: dict[str, Any]
+    actions: list[tuple[str, str]]
+
+
+def is_run_dir(path: str) -> bool:
+    """Whether ``path`` is a run directory (a directory holding ``config.json``)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, artifacts.CONFIG_FILE))
+
+
+def expand_sources(patterns: Iterable[str]) -> list[str]:
+    """Expands shell-style globs; each pattern must match at least one directory.
+
+    Args:
+      patterns: paths or glob patterns.
+
+    Returns:
+      The matching directories, in order, without repeats.
+    """
+    out: list[str] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        matches = [m for m in matches if os.path.isdir(m)]
+        if not matches:
+            raise FileNotFoundError(f"--from {pattern!r}: no such directory")
+        out += [m for m in matches if m not in out]
+    return out
+
+
+def find_run_dirs(path: str, log: Log = _stderr_log) -> list[str]:
+    """Returns the run directories a source holds.
+
+    Args:
+      path: a run directory, a directory with a ``runs/`` subdirectory (a job's or a
+        sweep's directory), or a directory of run directories.
+      log: where warnings go.
+
+    Returns:
+      Run directory paths, sorted.
+    """
+    if is_run_dir(path):
+        return [path]
+    runs_dir = os.path.join(path, artifacts.RUNS_DIR)
+    if os.path.isdir(runs_dir):
+        return runs_in(runs_dir, log)
+    found = runs_in(path, log=None)
+    if not found:
+        raise ValueError(
+            f"{path}: no run directories (a run directory holds {artifacts.CONFIG_FILE}; "
+            f"looked at {path}, {runs_dir} and the directories in {path})"
+        )
+    return found
+
+
+def runs_in(directory: str, log: Log | None = _stderr_log) -> list[str]:
+    """Returns the run directories directly inside ``directory``, sorted.
+
+    Args:
+      directory: e.g. a sweep's or a job's ``runs/``.
+      log: where to warn about subdirectories that are not runs (no config.json yet);
+        None for silence.
+    """
+    found = []
+    for child in sorted(os.listdir(directory)):
+        child_path = os.path.join(directory, child)
+        if child.startswith(".") or not os.path.isdir(child_path):
+            continue
+        if is_run_dir(child_path):
+            found.append(child_path)
+        elif log is not None:
+            log(f"warning: {child_path}: no {artifacts.CONFIG_FILE}; not a run, skipped")
+    return found
+
+
+def run_fingerprint(run_dir: str) -> tuple[str, float]:
+    """Hashes a run's config.json, summary.json and metrics.jsonl.
+
+    Returns:
+      ``(hex digest, newest mtime of those files)``.
+    """
+    digest = hashlib.sha256()
+    mtime = 0.0
+    for name in _FINGERPRINT_FILES:
+        path = os.path.join(run_dir, name)
+        digest.update(name.encode() + b"\0")
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                digest.update(f.read())
+            mtime = max(mtime, os.path.getmtime(path))
+        else:
+            digest.update(b"<absent>")
+        digest.update(b"\0")
+    return digest.hexdigest(), mtime
+
+
+def run_name(run_dir: str, name_from: str = "config", log: Log = _stderr_log) -> str:
+    """The name a run directory gets in the sweep.
+
+    Args:
+      run_dir: the run directory.
+      name_from: ``"config"`` (config.json's ``name``, falling back to the directory name)
+        or ``"dir"`` (the directory name).
+      log: where warnings go.
+    """
+    dir_name = os.path.basename(os.path.normpath(run_dir))
+    if name_from == "dir":
+        return dir_name
+    config = artifacts.read_json(os.path.join(run_dir, artifacts.CONFIG_FILE))
+    name = config.get("name") if isinstance(config, dict) else None
+    if not isinstance(name, str) or not name:
+        return dir_name
+    if name != dir_name and os.path.basename(os.path.dirname(os.path.normpath(run_dir))) == (
+        artifacts.RUNS_DIR
+    ):
+        log(f"warning: {run_dir}: config.json names the run {name!r}; using that name")
+    if "/" in name or name in (".", ".."):
+        raise ValueError(
+            f"{run_dir}/{artifacts.CONFIG_FILE}: run name {name!r} is not a valid directory name"
+        )
+    return name
+
+
+def _found(path: str, name: str, in_sweep: bool = False) -> FoundRun:
+    fingerprint, mtime = run_fingerprint(path)
+    return FoundRun(name, path, os.path.realpath(path), fingerprint, mtime, in_sweep)
+
+
+def choose_runs(
+    candidates: Sequence[FoundRun], prefer: str = "error"
+) -> tuple[dict[str, FoundRun], list[str]]:
+    """Picks one run per name.
+
+    Copies with the same content are one run (a copy already in the sweep wins, else the
+    first found). Different content under one name is a conflict: reported, or with
+    ``prefer="newest"`` settled by the newest mtime (a tie goes to the one found last).
+
+    Args:
+      candidates: every run found, the sweep's own first.
+      prefer: ``"error"`` or ``"newest"``.
+
+    Returns:
+      ``(name -> chosen run, conflict messages)``; the messages are empty unless
+      ``prefer="error"``.
+    """
+    if prefer not in PREFER_CHOICES:
+        raise ValueError(f"prefer must be one of {PREFER_CHOICES}, got {prefer!r}")
+    by_name: dict[str, list[FoundRun]] = {}
+    for run in candidates:
+        by_name.setdefault(run.name, []).append(run)
+    chosen: dict[str, FoundRun] = {}
+    conflicts: list[str] = []
+    for name, runs in by_name.items():
+        distinct: dict[str, FoundRun] = {}
+        for run in runs:
+            distinct.setdefault(run.fingerprint, run)
+        if len(distinct) == 1:
+            chosen[name] = next(iter(distinct.values()))
+        elif prefer == "newest":
+            newest = max(reversed(runs), key=lambda r: r.mtime)
+            # Among same-content copies of the newest, keep the one already in place.
+            same = [r for r in runs if r.fingerprint == newest.fingerprint]
+            chosen[name] = next((r for r in same if r.in_sweep), newest)
+        else:
+            paths = "\n".join(
+                f"    {r.path}  (status {_status_of(r.path)}, written {_fmt_time(r.mtime)})"
+                for r in distinct.values()
+            )
+            conflicts.append(f"  run {name!r} differs between:\n{paths}")
+    return chosen, conflicts
+
+
+def _status_of(run_dir: str) -> str:
+    path = os.path.join(run_dir, artifacts.SUMMARY_FILE)
+    if not os.path.isfile(path):
+        return INCOMPLETE
+    summary = artifacts.read_json(path)
+    return str(summary.get("status") or INCOMPLETE) if isinstance(summary, dict) else INCOMPLETE
+
+
+def _fmt_time(t: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t).isoformat(timespec="seconds")
+
+
+def run_entry(run_dir: str, name: str, log: Log = _stderr_log) -> dict[str, Any]:
+    """The sweep.json entry of one run.
+
+    Args:
+      run_dir: the run directory.
+      name: its run name.
+      log: where warnings go.
+
+    Returns:
+      ``{"name", "prompts", "group_size", "batch_responses", "lr_rule", "lr", "seed",
+      "status", "error"}``; ``status`` is ``"incomplete"`` without summary.json.
+    """
+    config_path = os.path.join(run_dir, artifacts.CONFIG_FILE)
+    config = artifacts.read_json(config_path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: expected a JSON object, got {type(config).__name__}")
+    missing = [k for k in ENTRY_CONFIG_KEYS if k not in config]
+    if missing:
+        log(f"warning: {config_path}: no {', '.join(missing)}; recorded as null")
+    entry: dict[str, Any] = {"name": name}
+    entry.update({k: config.get(k) for k in ENTRY_CONFIG_KEYS})
+    entry["batch_responses"] = config.get("batch_responses", _product(entry))
+    summary_path = os.path.join(run_dir, artifacts.SUMMARY_FILE)
+    if os.path.isfile(summary_path):
+        summary = artifacts.read_json(summary_path)
+        if not isinstance(summary, dict):
+            raise ValueError(f"{summary_path}: expected a JSON object")
+        entry["status"] = summary.get("status") or INCOMPLETE
+        entry["error"] = summary.get("error")
+    else:
+        entry["status"] = INCOMPLETE
+        entry["error"] = None
+    return entry
+
+
+def _product(entry: dict[str, Any]) -> int | None:
+    # GRPO's batch unit is B = P x G (PPO has G = 1).
+    p, g = entry.get("prompts"), entry.get("group_size")
+    return p * g if isinstance(p, int) and isinstance(g, int) else None
+
+
+def missing_entry(point: dict[str, Any], status: str = MISSING) -> dict[str, Any]:
+    """The sweep.json entry of a grid point that has no run (taken from its overrides)."""
+    overrides = point.get("overrides", {})
+    entry: dict[str, Any] = {"name": point["name"]}
+    entry.update({k: overrides.get(k) for k in ENTRY_CONFIG_KEYS})
+    entry["batch_responses"] = overrides.get("batch_responses", _product(entry))
+    entry["status"] = status
+    entry["error"] = None
+    return entry
+
+
+def sweep_fields(configs: dict[str, dict[str, Any]], log: Log = _stderr_log) -> dict[str, Any]:
+    """The sweep-level fields (algo, target, budget, eval interval) from the runs' configs.
+
+    Args:
+      configs: run name -> its config.json.
+      log: where warnings go.
+
+    Returns:
+      ``{"algo", "target", "budget_responses", "eval_every_responses"}``.
+    """
+    fields: dict[str, Any] = {}
+    for key in MUST_AGREE_KEYS + RUNWAY_KEYS:
+        values: dict[str, list[str]] = {}
+        for name, config in configs.items():
+            values.setdefault(repr(config.get(key)), []).append(name)
+        present = {v: names for v, names in values.items() if v != "None"}
+        if len(present) > 1:
+            detail = "; ".join(f"{v} in {', '.join(sorted(n)[:3])}" for v, n in present.items())
+            if key in MUST_AGREE_KEYS:
+                raise ValueError(f"runs disagree on {key!r}, so they are not one sweep: {detail}")
+            log(f"warning: runs disagree on {key!r} ({detail}); recording the largest")
+        nums = [c[key] for c in configs.values() if c.get(key) is not None]
+        if key in RUNWAY_KEYS and len(present) > 1:
+            fields[key] = max(nums)
+        else:
+            fields[key] = nums[0] if nums else None
+    return fields
+
+
+def _sort_key(entry: dict[str, Any]) -> tuple:
+    def num(x: Any) -> float:
+        return float(x) if isinstance(x, (int, float)) else float("inf")
+
+    return (
+        num(entry["batch_responses"]),
+        num(entry["prompts"]),
+        num(entry["group_size"]),
+        str(entry["lr_rule"]),
+        num(entry["lr"]),
+        num(entry["seed"]),
+        entry["name"],
+    )
+
+
+def order_entries(
+    entries: dict[str, dict[str, Any]], grid: Sequence[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """Grid order for the grid's points, then the other runs by batch, LR rule, LR, seed."""
+    grid_names = [p["name"] for p in grid or ()]
+    out = [entries[n] for n in grid_names if n in entries]
+    rest = [e for n, e in entries.items() if n not in set(grid_names)]
+    return out + sorted(rest, key=_sort_key)
+
+
+def _place(run: FoundRun, dest: str, *, symlink: bool, exclude_checkpoints: bool) -> None:
+    """Puts ``run`` at ``dest`` (replacing what is there) without a half-copied state."""
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".incoming-{run.name}-{os.getpid()}")
+    if symlink:
+        os.symlink(run.real_path, tmp)
+    else:
+
+        def ignore(directory: str, names: list[str]) -> list[str]:
+            if exclude_checkpoints and os.path.realpath(directory) == run.real_path:
+                return [n for n in names if n == artifacts.CHECKPOINT_DIR]
+            return []
+
+        shutil.copytree(run.real_path, tmp, symlinks=True, ignore=ignore)
+    if os.path.lexists(dest):
+        old = os.path.join(parent, f".replaced-{run.name}-{os.getpid()}")
+        os.rename(dest, old)
+        os.rename(tmp, dest)
+        # Never follow a symlink into another job's directory when removing.
+        if os.path.islink(old):
+            os.unlink(old)
+        else:
+            shutil.rmtree(old)
+    else:
+        os.rename(tmp, dest)
+
+
+def load_grid(path: str) -> list[dict[str, Any]]:
+    """Reads a grid: a ``--list_runs`` JSON list or a ``runs.json`` index."""
+    from launch import make_jobs
+
+    with open(path) as f:
+        return make_jobs.parse_runs(f.read(), path)
+
+
+def collect(
+    sweep_dir: str,
+    sources: Sequence[str] = (),
+    *,
+    symlink: bool = False,
+    prefer: str = "error",
+    name_from: str = "config",
+    sweep_name: str | None = None,
+    reference: str | None = None,
+    grid: Sequence[dict[str, Any]] | None = None,
+    exclude_checkpoints: bool = False,
+    log: Log = _stderr_log,
+) -> CollectResult:
+    """Merges run directories into ``sweep_dir`` and rewrites its sweep.json.
+
+    Nothing in ``sweep_dir`` changes when a conflict or an inconsistent sweep is found.
+
+    Args:
+      sweep_dir: the sweep directory (created if absent). Runs already in
+        ``sweep_dir/runs`` stay and are indexed too.
+      sources: directories (already glob-expanded) to take runs from; see `find_run_dirs`.
+      symlink: link runs into the sweep instead of copying them.
+      prefer: ``"error"`` (conflicting runs are an error) or ``"newest"``.
+      name_from: ``"config"`` or ``"dir"``; see `run_name`.
+      sweep_name: sweep.json ``name``; default: the old sweep.json's, else the directory's.
+      reference: run name of the reference configuration; default: the old sweep.json's,
+        else the first one a source's sweep.json names.
+      grid: the sweep's grid points; points with no run directory get status "missing".
+      exclude_checkpoints: copy runs without their ``checkpoints/`` directory.
+      log: where progress and warnings go.
+
+    Returns:
+      What was written and done.
+    """
+    if name_from not in NAME_FROM_CHOICES:
+        raise ValueError(f"name_from must be one of {NAME_FROM_CHOICES}, got {name_from!r}")
+    runs_dir = os.path.join(sweep_dir, artifacts.RUNS_DIR)
+    sweep_path = os.path.join(sweep_dir, artifacts.SWEEP_FILE)
+    old_sweep = artifacts.read_json(sweep_path) if os.path.isfile(sweep_path) else {}
+
+    # The sweep's own runs first: a same-content copy elsewhere then needs no copying.
+    candidates: list[FoundRun] = []
+    in_place = set()
+    if os.path.isdir(runs_dir):
+        for path in runs_in(runs_dir, log):
+            name = os.path.basename(path)
+            candidates.append(_found(path, name, in_sweep=True))
+            in_place.add(os.path.realpath(path))
+    source_references = []
+    for source in sources:
+        source_sweep = os.path.join(source, artifacts.SWEEP_FILE)
+        if os.path.isfile(source_sweep):
+            ref = artifacts.read_json(source_sweep).get("reference")
+            if ref:
+                source_references.append(ref)
+        for path in find_run_dirs(source, log):
+            if os.path.realpath(path) in in_place:
+                continue  # The sweep's own run, reached through the source list.
+            candidates.append(_found(path, run_name(path, name_from, log)))
+
+    chosen, conflicts = choose_runs(candidates, prefer)
+    if conflicts:
+        raise ValueError(
+            "conflicting runs (same name, different config/summary/metrics); rerun with "
+            "--prefer=newest to keep the most recently written, or remove one:\n"
+            + "\n".join(conflicts)
+        )
+    if not chosen and not grid:
+        raise ValueError(f"no runs found in {sweep_dir} or in {list(sources)}")
+
+    configs = {
+        name: artifacts.read_json(os.path.join(run.path, artifacts.CONFIG_FILE))
+        for name, run in chosen.items()
+    }
+    fields = sweep_fields(configs, log)
+    entries = {name: run_entry(run.path, name, log) for name, run in chosen.items()}
+    for point in grid or ():
+        if point["name"] not in entries:
+            # A directory without config.json: the job started but wrote nothing yet.
+            started = os.path.isdir(os.path.join(runs_dir, point["name"]))
+            entries[point["name"]] = missing_entry(point, INCOMPLETE if started else MISSING)
+
+    if reference is None:
+        reference = old_sweep.get("reference")
+    if reference is None and source_references:
+        reference = source_references[0]
+        if len(set(source_references)) > 1:
+            log(
+                f"warning: sources name several references {sorted(set(source_references))}; "
+                f"using {reference!r}"
+            )
+    if reference is None:
+        log("warning: no reference run known; pass --reference=RUN_NAME")
+    elif reference not in entries:
+        log(f"warning: reference {reference!r} is not among the runs")
+
+    # Every check passed: now change the sweep directory.
+    actions = []
+    for name, run in sorted(chosen.items()):
+        dest = os.path.join(runs_dir, name)
+        if run.in_sweep:
+            actions.append((name, "unchanged"))
+            continue
+        replacing = os.path.lexists(dest)
+        _place(run, dest, symlink=symlink, exclude_checkpoints=exclude_checkpoints)
+        actions.append((name, "replaced" if replacing else "linked" if symlink else "copied"))
+
+    sweep = dict(old_sweep)
+    sweep.update(fields)
+    sweep["name"] = (
+        sweep_name
+        or old_sweep.get("name")
+        or os.path.basename(os.path.normpath(os.path.abspath(sweep_dir)))
+    )
+    sweep["reference"] = reference
+    sweep["runs"] = order_entries(entries, grid)
+    artifacts.write_json_atomic(sweep_path, sweep)
+    return CollectResult(sweep=sweep, actions=actions)
+
+
+def run_analysis(sweep_dir: str) -> str | None:
+    """Calls ``rl_batch.analysis.write_all(sweep_dir)`` if that module provides it.
+
+    Returns:
+      None on success, else why the analysis could not run.
+    """
+    import importlib
+
+    try:
+        analysis = importlib.import_module("rl_batch.analysis")
+    except ModuleNotFoundError as e:
+        if e.name not in ("rl_batch.analysis", "rl_batch"):
+            raise  # The module exists but one of its own imports is missing.
+        return f"rl_batch.analysis is not available ({e}); sweep.json was written, no figures"
+    write_all = getattr(analysis, "write_all", None)
+    if write_all is None:
+        return "rl_batch.analysis has no write_all(); sweep.json was written, no figures"
+    write_all(sweep_dir)
+    return None
+
+
+def main(argv: Sequence[str]) -> int:
+    """Command-line entry point (absl). Extra positional arguments are sources too."""
+    from absl import flags
+
+    f = flags.FLAGS
+    grid_path = f.runs_json
+    default_index = os.path.join(f.sweep_dir, "jobs", "runs.json")
+    if grid_path is None and os.path.isfile(default_index):
+        grid_path = default_index
+        _stderr_log(f"grid from {grid_path}")
+    try:
+        sources = expand_sources(list(f["from"].value or []) + list(argv[1:]))
+        grid = load_grid(grid_path) if grid_path else None
+        result = collect(
+            f.sweep_dir,
+            sources,
+            symlink=f.symlink,
+            prefer=f.prefer,
+            name_from=f.name_from,
+            sweep_name=f.name,
+            reference=f.reference,
+            grid=grid,
+            exclude_checkpoints=f.exclude_checkpoints,
+        )
+    except (ValueError, OSError) as e:
+        _stderr_log(f"launch.collect: {e}")
+        return 1
+    counts: dict[str, int] = {}
+    for _, action in result.actions:
+        counts[action] = counts.get(action, 0) + 1
+    statuses: dict[str, int] = {}
+    for entry in result.sweep["runs"]:
+        statuses[entry["status"]] = statuses.get(entry["status"], 0) + 1
+    print(
+        f"{os.path.join(f.sweep_dir, artifacts.SWEEP_FILE)}: {len(result.sweep['runs'])} runs "
+        f"({', '.join(f'{n} {s}' for s, n in sorted(statuses.items()))}); "
+        f"{', '.join(f'{n} {a}' for a, n in sorted(counts.items())) or 'nothing moved'}"
+    )
+    if f.analyze:
+        problem = run_analysis(f.sweep_dir)
+        if problem:
+            _stderr_log(f"launch.collect: --analyze: {problem}")
+            return 1
+        print(f"analysis written under {f.sweep_dir}")
+    return 0
+
+
+def _define_flags() -> None:
+    from absl import flags
+
+    flags.DEFINE_string("sweep_dir", None, "Sweep directory to merge into (created if absent).")
+    flags.DEFINE_multi_string(
+        "from",
+        None,
+        "Source: a job directory, a run directory or a "
+        "directory of runs; globs allowed (repeatable).",
+    )
+    flags.DEFINE_boolean("symlink", False, "Symlink runs into the sweep instead of copying.")
+    flags.DEFINE_enum(
+        "prefer",
+        "error",
+        list(PREFER_CHOICES),
+        "Same run name with different content: fail, or keep the newest.",
+    )
+    flags.DEFINE_enum(
+        "name_from",
+        "config",
+        list(NAME_FROM_CHOICES),
+        "Run name from config.json's 'name' or from the directory name.",
+    )
+    flags.DEFINE_string("name", None, "sweep.json name (default: kept, else the directory's).")
+    flags.DEFINE_string("reference", None, "Run name of the reference configuration.")
+    flags.DEFINE_string(
+        "runs_json",
+        None,
+        "Grid (runs.json or --list_runs output); default SWEEP_DIR/jobs/runs.json when present.",
+    )
+    flags.DEFINE_boolean("exclude_checkpoints", False, "Copy runs without checkpoints/.")
+    flags.DEFINE_boolean("analyze", False, "Then call rl_batch.analysis.write_all(sweep_dir).")
+    flags.mark_flag_as_required("sweep_dir")
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    _define_flags()
+    app.run(main)  # app.run exits with main's return value.
