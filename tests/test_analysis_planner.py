@@ -133,3 +133,13 @@ def test_plan_batch_cli_writes_plan_json(sweep_dir):
     pilot = json.load(open(os.path.join(sweep_dir, "plan_pilot.json")))
     assert pilot["pilot"]["pick"] == "grpo-P32-G8-sqrt"
     assert 0.2 < pilot["pilot"]["cost_fraction"] < 0.35
+
+
+def test_pilot_too_short_to_see_learning(sweep_dir, full):
+    # 1% of the runway: one evaluation at most for the large batches, no usable level.
+    plan = planner.plan_pilot(curves.load_sweep(sweep_dir), 0.01, full=full, n_boot=20)
+    assert plan.recommendation is None and "no prediction" in plan.note
+    assert all(r.r_n is None for r in plan.rows)
+    obj = planner.plan_to_json(plan)
+    json.dumps(obj)
+    assert obj["pilot"]["best"] == "grpo-P32-G8-sqrt"

@@ -275,15 +275,20 @@ def plan_pilot(
     window = _window(sweep, all_runs, fraction)
     pilots = {k: [truncate_run(r, window) for r in rs] for k, rs in full.runs_by_key.items()}
 
-    level = None
+    level, a0 = None, float("nan")
     if method == "intermediate":
         firsts = [r.eval_accuracy[0] for rs in pilots.values() for r in rs if r.eval_accuracy.size]
-        a0 = float(np.median(firsts))
-        m = float(np.median([_seed_max(rs) for rs in pilots.values()]))
-        level = min(full.target, a0 + level_frac * (m - a0), _seed_max(pilots[full.reference]))
+        maxes = [m for m in (_seed_max(rs) for rs in pilots.values()) if np.isfinite(m)]
+        if firsts and maxes:
+            a0, m = float(np.median(firsts)), float(np.median(maxes))
+            level = min(full.target, a0 + level_frac * (m - a0), _seed_max(pilots[full.reference]))
+            if not np.isfinite(level):
+                level = None  # The reference has no evaluation in the window.
 
     def predicted_n(run: RunData) -> float | None:
         if method == "intermediate":
+            if level is None or not level > a0:
+                return None  # No learning visible in the window: nothing to compare.
             return first_crossing(run.eval_responses, run.eval_accuracy, level)
         fit = fit_saturating(run.eval_responses, run.eval_accuracy)
         return None if fit is None else fit.responses_to(full.target)
@@ -310,6 +315,8 @@ def plan_pilot(
             if method == "intermediate" and n_ref is not None:
                 bound = window / float(np.mean(n_ref))
                 note = f"level {level:.3g} not reached in the pilot window"
+            elif method == "intermediate":
+                note = "no prediction (the reference shows no learning in the window)"
             else:
                 note = "predicted not to reach the target"
         rows.append(PlanRow(k, r_n, r_q, r_t, n_k is not None and n_ref is not None, bound, note))
