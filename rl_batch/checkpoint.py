@@ -98,6 +98,37 @@ class Checkpointer:
         restored = self._manager.restore(step, args=args)
         return restored.state, dict(restored.meta)
 
+    def restore_params(self, params_like: Any, step: int | None = None) -> Any:
+        """Restores only the parameters of a checkpoint (e.g. to start a new run from it).
+
+        Works for run checkpoints (``{"state": TrainState}``) and base policies
+        (``{"params": ...}``); the shapes are checked against ``params_like``.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        args = ocp.args.Composite(state=ocp.args.StandardRestore())
+        tree = self._manager.restore(step, args=args).state
+        params = tree["state"]["params"] if "state" in tree else tree["params"]
+        problems = []
+        got, expected = _shapes(params), _shapes(params_like)
+        for name in sorted(expected.keys() | got.keys()):
+            if expected.get(name) != got.get(name):
+                problems.append(
+                    f"{name}: checkpoint {got.get(name)}, expected {expected.get(name)}"
+                )
+        if problems:
+            raise CheckpointMismatchError(
+                f"params in {self.directory}/{step} do not match the model:\n  "
+                + "\n  ".join(problems[:10])
+            )
+        # Rebuild in the model's own structure (int layer keys, its dtypes).
+        by_name = {_path_name(path): x for path, x in jax.tree_util.tree_leaves_with_path(params)}
+        return jax.tree_util.tree_map_with_path(
+            lambda path, like: jax.numpy.asarray(by_name[_path_name(path)], dtype=like.dtype),
+            params_like,
+        )
+
     def _check_compatible(self, like: Any, step: int) -> None:
         metadata = self._manager.item_metadata(step)
         stored_tree = metadata["state"] if metadata is not None else None

@@ -1,0 +1,117 @@
+"""The full single-run config with defaults; study configs start from it.
+
+Every field of a run lives here so that ``config.json`` records all of them. Derived
+values (the LR for a batch size under a rule, the response length from the task) are
+filled in by ``rl_batch.config.resolve`` in one place.
+"""
+
+from ml_collections import ConfigDict
+
+
+def run_config() -> ConfigDict:
+    """A GRPO run on the reversed-digit addition task with the ~1M-parameter model."""
+    c = ConfigDict()
+    c.algo = "grpo"  # "grpo" or "ppo"
+    c.name = ""  # run name (the sweep sets it)
+    c.run_dir = ""  # output directory; required for experiments.train
+    c.seed = 0
+    c.work_dir = "./workdir"  # caches: TFDS data, warm-start checkpoints
+
+    c.task = ConfigDict()
+    c.task.name = "addition"
+    c.task.kwargs = ConfigDict({"n_digits": 3})
+    c.task.n_train = 20_000
+    c.task.n_validation = 512
+
+    c.model = ConfigDict()
+    c.model.preset = "tiny-1m"
+    c.model.overrides = ConfigDict()  # ModelConfig fields, e.g. {"num_layers": 2}
+
+    # Starting policy: "pretrain" (supervised warm start on the task, cached in work_dir),
+    # "scratch" (random init), "checkpoint" (a run's checkpoint dir), "hf" (an HF dir).
+    c.init = ConfigDict()
+    c.init.source = "pretrain"
+    c.init.path = ""
+
+    c.pretrain = ConfigDict()
+    c.pretrain.steps = 3000  # upper bound; training stops at stop_accuracy
+    c.pretrain.batch_size = 64
+    c.pretrain.lr = 3e-3
+    c.pretrain.warmup_steps = 50
+    c.pretrain.seed = 0
+    c.pretrain.eval_every = 50
+    c.pretrain.eval_prompts = 256
+    c.pretrain.stop_accuracy = 0.15  # sampled validation accuracy that ends the warm start
+
+    # Batch: P prompts x G responses = B responses per optimizer update.
+    c.prompts = 16
+    c.group_size = 8
+
+    # Learning rate: lr = rule(lr_ref, B / batch_ref). "sqrt" | "linear" | "fixed" | "malladi".
+    c.lr_rule = "sqrt"
+    c.lr_ref = 1.5e-4
+    c.batch_ref = 128  # responses (P x G) at which lr_ref was tuned
+    c.lr = -1.0  # derived; a positive value here overrides the rule
+    c.b1 = 0.9
+    c.b2 = 0.999
+    c.eps = 1e-8
+    c.weight_decay = 0.0
+    c.max_grad_norm = 1.0  # 0 = off
+
+    c.grpo = ConfigDict()
+    c.grpo.clip_low = 0.2
+    c.grpo.clip_high = 0.28
+    c.grpo.kl_coef = 0.0
+    c.grpo.loss_agg = "token_mean"
+    c.grpo.advantage = "grpo"
+    c.grpo.micro_batches = 1  # gradient accumulation; same maths
+    c.grpo.num_minibatches = 1  # >1 departs from the one-update-per-batch protocol
+    c.grpo.num_epochs = 1
+
+    c.sampling = ConfigDict()
+    c.sampling.temperature = 1.0
+    c.sampling.top_k = 0
+    c.sampling.top_p = 1.0
+    c.max_new_tokens = 0  # 0 = the task's max response length + EOS
+    c.gen_batch = 0  # sequences generated concurrently; 0 = the whole batch at once
+
+    c.filter_groups = True  # drop groups whose rewards are all equal (DAPO)
+
+    # Runway, validation and target, all in cumulative *retained* responses.
+    c.budget_responses = 16_384
+    c.eval_every_responses = 1024
+    c.eval_prompts = 128
+    c.eval_k = 4
+    c.eval_greedy = True
+    c.target = 0.5  # validation mean@k accuracy to reach
+    c.stop_at_target = False  # stop once the target has been reached confirm_evals times
+    c.confirm_evals = 2
+
+    c.checkpoint_every = 25  # updates
+    c.max_consecutive_skips = 5  # non-finite updates in a row before the run stops
+
+    c.mesh = ConfigDict()
+    c.mesh.data = -1  # -1 = all remaining devices
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+
+    # Multi-process runs (jax.distributed); empty = single process or auto-detect.
+    c.distributed = ConfigDict()
+    c.distributed.coordinator_address = ""
+    c.distributed.num_processes = 0
+    c.distributed.process_id = -1
+    return c
+
+
+def sweep_config(run: ConfigDict) -> ConfigDict:
+    """Adds a ``sweep`` section: comma-separated lists so flags can override them."""
+    run.sweep = ConfigDict()
+    run.sweep.prompts = "8,16,32,64"
+    run.sweep.group_sizes = "8"
+    run.sweep.lr_rules = "sqrt"
+    run.sweep.seeds = "0"
+    # Extra points beyond the product above, "PxG:rule" separated by commas,
+    # e.g. "8x16:sqrt,32x8:fixed".
+    run.sweep.extra_points = ""
+    run.sweep.reference = ""  # run config key "PxG:rule"; default: smallest batch, first rule
+    return run

@@ -1,0 +1,73 @@
+r"""Runs one configuration: ``python -m experiments.train --config=... --config.run_dir=DIR``.
+
+Examples::
+
+  python -m experiments.train --config=experiments/configs/grpo_cpu.py \
+      --config.run_dir=runs/p16_g8 --config.prompts=16 --config.group_size=8
+  # Continue after a crash or a kill:
+  python -m experiments.train --config=experiments/configs/grpo_cpu.py \
+      --config.run_dir=runs/p16_g8 --resume
+
+Multi-process (one command per process; on TPU VMs / SLURM use
+``RL_BATCH_DISTRIBUTED=auto`` instead of the three flags)::
+
+  python -m experiments.train ... --coordinator_address=host0:1234 \
+      --num_processes=2 --process_id=0
+"""
+
+import json
+import os
+
+from absl import app, flags, logging
+from ml_collections import ConfigDict, config_flags
+
+from rl_batch import artifacts
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "experiments/configs/grpo_cpu.py", "Run config file.", lock_config=False
+)
+_CONFIG_JSON = flags.DEFINE_string(
+    "config_json", None, "A complete run config as JSON (used by sweeps with --isolate)."
+)
+_RESUME = flags.DEFINE_bool("resume", False, "Continue from the run's latest checkpoint.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", "", "host:port of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes of a multi-host run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index.")
+_QUIET = flags.DEFINE_bool("quiet", False, "No progress bar.")
+
+
+def main(argv):
+    del argv
+    if _CONFIG_JSON.value:
+        with open(_CONFIG_JSON.value) as f:
+            config = ConfigDict(json.load(f))
+    else:
+        config = _CONFIG.value
+        if "sweep" in config:
+            del config["sweep"]
+    if _COORDINATOR.value or _NUM_PROCESSES.value:
+        config.distributed.coordinator_address = _COORDINATOR.value
+        config.distributed.num_processes = _NUM_PROCESSES.value
+        config.distributed.process_id = _PROCESS_ID.value
+    if not config.run_dir:
+        raise app.UsageError("set the run directory: --config.run_dir=DIR")
+    ckpt_dir = os.path.join(config.run_dir, artifacts.CHECKPOINT_DIR)
+    if not _RESUME.value and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+        raise app.UsageError(
+            f"{config.run_dir} already holds checkpoints: pass --resume to continue it, "
+            "or choose a new --config.run_dir"
+        )
+    from rl_batch import run  # After flag parsing: jax reads XLA_FLAGS at import.
+
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO.
+
+    summary = run.run(config, resume=_RESUME.value, progress=not _QUIET.value)
+    reached = summary["n_star"] if summary["reached"] else artifacts.NOT_REACHED
+    print(
+        f"{summary['status']}: N*={reached} q={summary['q']} "
+        f"T={summary['time_to_target_s']} final accuracy={summary['final_eval_accuracy']}"
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)

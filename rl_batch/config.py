@@ -1,0 +1,166 @@
+"""Resolving and validating run configs: every derived value is computed here, once.
+
+``resolve(config)`` returns a copy with the derived fields filled in (the LR under the
+batch rule, the response length from the task, the model's vocabulary from the
+tokenizer) and raises one ``ValueError`` naming each bad field before any compute.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+
+from ml_collections import ConfigDict
+
+from rl_batch import lr_rules
+from rl_batch import model as model_lib
+from rl_batch.tasks.registry import TASKS, get_task
+from rl_batch.tokenizers import CharTokenizer
+
+ALGOS = ("grpo", "ppo")
+INIT_SOURCES = ("pretrain", "scratch", "checkpoint", "hf")
+SYNTHETIC_TASKS = ("addition", "multiplication", "countdown")
+
+
+def make_task(c: ConfigDict):
+    """The task of a run config."""
+    return get_task(c.task.name, **c.task.kwargs.to_dict())
+
+
+def make_tokenizer(c: ConfigDict):
+    """The tokenizer of a run: characters for synthetic tasks, the HF one otherwise."""
+    if c.task.name in SYNTHETIC_TASKS:
+        return CharTokenizer()
+    from rl_batch.tokenizers import HFTokenizer
+
+    return HFTokenizer(c.init.path)
+
+
+def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
+    """The model shape: a preset with overrides, vocabulary sized to the tokenizer."""
+    overrides = dict(c.model.overrides.to_dict())
+    if c.task.name in SYNTHETIC_TASKS and "vocab_size" not in overrides:
+        overrides["vocab_size"] = CharTokenizer().vocab_size
+    return model_lib.get_preset(c.model.preset, head=head, **overrides)
+
+
+def data_axis_size(c: ConfigDict, device_count: int) -> int:
+    """How many ways the batch is split: the product of the ``data`` and ``fsdp`` axes."""
+    fsdp, tensor = c.mesh.fsdp, c.mesh.tensor
+    data = c.mesh.data if c.mesh.data > 0 else device_count // max(fsdp * tensor, 1)
+    return data * fsdp
+
+
+def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
+    """Validates a run config and fills in derived values.
+
+    Args:
+      config: a run config (see ``experiments/configs/base.py``).
+      device_count: devices the mesh spans (default ``jax.device_count()``).
+
+    Returns:
+      A new, resolved ConfigDict (``lr`` set, ``derived`` section added).
+
+    Raises:
+      ValueError: naming every invalid field.
+    """
+    c = ConfigDict(config.to_dict())
+    errors: list[str] = []
+
+    def check(ok: bool, message: str) -> None:
+        if not ok:
+            errors.append(message)
+
+    check(c.algo in ALGOS, f"algo={c.algo!r}: expected one of {ALGOS}")
+    check(c.prompts >= 1, f"prompts={c.prompts}: must be >= 1")
+    check(c.group_size >= 1, f"group_size={c.group_size}: must be >= 1")
+    if c.algo == "grpo":
+        check(
+            c.group_size >= 2,
+            f"group_size={c.group_size}: GRPO needs >= 2 responses per prompt "
+            "(group-relative advantages are zero for a group of one)",
+        )
+    check(c.lr_ref > 0, f"lr_ref={c.lr_ref}: must be > 0")
+    check(c.batch_ref >= 1, f"batch_ref={c.batch_ref}: must be >= 1")
+    check(c.lr != 0 and math.isfinite(c.lr), f"lr={c.lr}: must be > 0 (or -1 to derive)")
+    check(c.budget_responses >= 1, f"budget_responses={c.budget_responses}: must be >= 1")
+    check(
+        c.eval_every_responses >= 1,
+        f"eval_every_responses={c.eval_every_responses}: must be >= 1",
+    )
+    check(c.eval_k >= 1, f"eval_k={c.eval_k}: must be >= 1")
+    check(c.eval_prompts >= 1, f"eval_prompts={c.eval_prompts}: must be >= 1")
+    check(0 < c.target <= 1, f"target={c.target}: must be an accuracy in (0, 1]")
+    check(c.sampling.temperature > 0, f"sampling.temperature={c.sampling.temperature}: must be > 0")
+    check(c.init.source in INIT_SOURCES, f"init.source={c.init.source!r}: expected {INIT_SOURCES}")
+    check(
+        c.init.source in ("pretrain", "scratch") or bool(c.init.path),
+        f"init.source={c.init.source!r} needs init.path",
+    )
+    check(c.task.name in TASKS, f"task.name={c.task.name!r}: known tasks are {sorted(TASKS)}")
+    check(
+        c.model.preset in model_lib.PRESETS,
+        f"model.preset={c.model.preset!r}: known presets are {sorted(model_lib.PRESETS)}",
+    )
+    if errors:
+        raise ValueError("invalid config: " + "; ".join(errors))
+
+    try:
+        task = make_task(c)
+        model_config = make_model_config(c)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"invalid config: {e}") from e
+
+    max_prompt_len = task.max_prompt_len + 1  # + BOS
+    max_new_tokens = c.max_new_tokens or task.max_response_len + 1  # + EOS
+    check(
+        max_prompt_len + max_new_tokens <= model_config.max_seq_len,
+        f"prompt ({max_prompt_len}) + response ({max_new_tokens}) tokens exceed the model "
+        f"context max_seq_len={model_config.max_seq_len}",
+    )
+
+    if device_count is None:
+        import jax
+
+        device_count = jax.device_count()
+    per_axis = c.mesh.fsdp * c.mesh.tensor * (c.mesh.data if c.mesh.data > 0 else 1)
+    check(
+        device_count % per_axis == 0 and (c.mesh.data < 0 or per_axis == device_count),
+        f"mesh data={c.mesh.data} fsdp={c.mesh.fsdp} tensor={c.mesh.tensor} does not fit "
+        f"{device_count} devices",
+    )
+    if not errors:
+        shards = data_axis_size(c, device_count)
+        batch = c.prompts * c.group_size
+        check(
+            batch % shards == 0,
+            f"batch prompts x group_size = {c.prompts} x {c.group_size} = {batch} is not "
+            f"divisible by the data-parallel size {shards}",
+        )
+    if errors:
+        raise ValueError("invalid config: " + "; ".join(errors))
+
+    try:
+        hp = lr_rules.scale_hparams(
+            rule=c.lr_rule,
+            ref_lr=c.lr_ref,
+            batch=c.prompts * c.group_size,
+            ref_batch=c.batch_ref,
+            b1=c.b1,
+            b2=c.b2,
+            eps=c.eps,
+        )
+    except ValueError as e:
+        raise ValueError(f"invalid config: lr_rule={c.lr_rule!r}: {e}") from e
+    if c.lr < 0:
+        c.lr, c.b1, c.b2, c.eps = hp.lr, hp.b1, hp.b2, hp.eps
+    c.derived = ConfigDict()
+    c.derived.lr_arithmetic = hp.describe()
+    c.derived.batch_responses = c.prompts * c.group_size
+    c.derived.max_prompt_len = max_prompt_len
+    c.derived.max_new_tokens = max_new_tokens
+    c.derived.model = model_config.to_dict()
+    c.derived.num_params = model_config.num_params
+    c.derived.device_count = device_count
+    c.derived.python = platform.python_version()
+    return c

@@ -1,0 +1,198 @@
+"""Supervised warm start: a base policy that already solves the task sometimes.
+
+RL needs a starting policy whose groups contain both successes and failures (the study
+starts from an instruct model). ``train_base`` fits the model to reference responses
+(``BOS prompt answer EOS``, loss on the answer and EOS only) and stops as soon as greedy
+validation accuracy reaches ``pretrain.stop_accuracy`` (or after ``pretrain.steps``), so
+the base policy leaves room for RL. ``base_params`` caches the result under
+``<work_dir>/base/<key>/``, keyed by everything that determines it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from ml_collections import ConfigDict
+
+from rl_batch import artifacts
+from rl_batch import config as config_lib
+from rl_batch import model as model_lib
+from rl_batch import rollout as rollout_lib
+from rl_batch.checkpoint import Checkpointer
+from rl_batch.sampler import Sampler, SamplingConfig
+from rl_batch.tasks.tfds_builders import load_split
+from rl_batch.tokenizers import encode_prompt
+
+log = logging.getLogger(__name__)
+
+
+def cache_key(c: ConfigDict) -> str:
+    """A short hash of everything that determines the base policy."""
+    spec = {
+        "task": c.task.to_dict(),
+        "model": config_lib.make_model_config(c).to_dict(),
+        "pretrain": c.pretrain.to_dict(),
+    }
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{c.task.name}-{c.model.preset}-{digest}"
+
+
+def cache_dir(c: ConfigDict) -> str:
+    return os.path.join(os.path.abspath(c.work_dir), "base", cache_key(c))
+
+
+def make_sequences(tokenizer, examples: list[dict], length: int):
+    """Tokens [N, L] (right-padded), input mask [N, L] and loss mask [N, L].
+
+    The loss mask marks positions whose *next* token is part of the answer or the EOS,
+    i.e. ``logits[:, t]`` is trained to predict ``tokens[:, t + 1]`` where it is True.
+    """
+    n = len(examples)
+    tokens = np.full((n, length), tokenizer.pad_id, np.int32)
+    input_mask = np.zeros((n, length), bool)
+    loss_mask = np.zeros((n, length), bool)
+    for i, ex in enumerate(examples):
+        prompt = encode_prompt(tokenizer, ex["prompt"])
+        answer = tokenizer.encode(ex["answer"]) + [tokenizer.eos_id]
+        seq = (prompt + answer)[:length]
+        tokens[i, : len(seq)] = seq
+        input_mask[i, : len(seq)] = True
+        loss_mask[i, len(prompt) - 1 : len(seq) - 1] = True
+    return tokens, input_mask, loss_mask
+
+
+def make_train_step(model_config: model_lib.ModelConfig, optimizer: optax.GradientTransformation):
+    """A jitted supervised step: (params, opt_state, tokens, input_mask, loss_mask) -> ..."""
+
+    def loss_fn(params, tokens_bl, input_mask_bl, loss_mask_bl):
+        logits_blv = model_lib.forward(model_config, params, tokens_bl, input_mask_bt=input_mask_bl)
+        logp_bl = model_lib.token_logprobs(logits_blv[:, :-1], tokens_bl[:, 1:])
+        mask = loss_mask_bl[:, :-1]
+        return -jnp.sum(logp_bl * mask) / jnp.maximum(mask.sum(), 1)
+
+    @jax.jit
+    def step(params, opt_state, tokens_bl, input_mask_bl, loss_mask_bl):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens_bl, input_mask_bl, loss_mask_bl)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, Any]]:
+    """Trains the warm-start policy from scratch.
+
+    Returns:
+      (params, info) where info has ``val_greedy_accuracy``, ``val_mean_at_k``, ``steps``,
+      ``wall_s`` and the loss curve.
+    """
+    c = config_lib.resolve(c)
+    p = c.pretrain
+    task = config_lib.make_task(c)
+    tokenizer = config_lib.make_tokenizer(c)
+    model_config = config_lib.make_model_config(c)
+    data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
+    kwargs = dict(c.task.kwargs.to_dict(), n_train=c.task.n_train, n_validation=c.task.n_validation)
+    train = load_split(c.task.name, "train", data_dir, **kwargs)
+    val = load_split(c.task.name, "validation", data_dir, **kwargs)
+    val_examples = val.get_batch(range(min(p.eval_prompts, len(val))))
+    length = c.derived.max_prompt_len + c.derived.max_new_tokens
+
+    schedule = optax.warmup_cosine_decay_schedule(0.0, p.lr, p.warmup_steps, p.steps, p.lr * 0.1)
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01)
+    )
+    params = model_lib.init_params(model_config, p.seed)
+    opt_state = optimizer.init(params)
+    step_fn = make_train_step(model_config, optimizer)
+    sampler = Sampler(
+        model_config,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        max_prompt_len=c.derived.max_prompt_len,
+        max_new_tokens=c.derived.max_new_tokens,
+    )
+    rng = np.random.default_rng(p.seed)
+    t0 = time.time()
+    losses, evals, accuracy, step = [], [], 0.0, 0
+    for step in range(1, p.steps + 1):
+        idx = rng.integers(0, len(train), p.batch_size)
+        tokens, input_mask, loss_mask = make_sequences(tokenizer, train.get_batch(idx), length)
+        params, opt_state, loss = step_fn(params, opt_state, tokens, input_mask, loss_mask)
+        if step % p.eval_every == 0 or step == p.steps:
+            losses.append((step, float(loss)))
+            ev = rollout_lib.evaluate(
+                sampler,
+                params,
+                task,
+                tokenizer,
+                val_examples,
+                k=1,
+                rng=jax.random.key(step),
+                sampling=SamplingConfig(),
+                greedy=True,
+            )
+            # Sampled accuracy at temperature 1 is what RL's groups see.
+            accuracy = ev["eval_accuracy"]
+            evals.append((step, ev["eval_greedy_accuracy"], accuracy))
+            if progress:
+                print(
+                    f"[pretrain] step {step}/{p.steps} loss {float(loss):.3f} "
+                    f"greedy acc {accuracy:.3f} sampled acc {ev['eval_accuracy']:.3f} "
+                    f"({time.time() - t0:.0f}s)",
+                    flush=True,
+                )
+            if accuracy >= p.stop_accuracy:
+                break
+    final = rollout_lib.evaluate(
+        sampler,
+        params,
+        task,
+        tokenizer,
+        val_examples,
+        k=4,
+        rng=jax.random.key(0),
+        sampling=SamplingConfig(temperature=c.sampling.temperature),
+        greedy=True,
+    )
+    info = {
+        "key": cache_key(c),
+        "steps": step,
+        "wall_s": time.time() - t0,
+        "val_greedy_accuracy": final["eval_greedy_accuracy"],
+        "val_mean_at_4": final["eval_accuracy"],
+        "val_prompts": len(val_examples),
+        "losses": losses,
+        "evals": evals,
+        "task": c.task.to_dict(),
+        "model": model_config.to_dict(),
+        "pretrain": p.to_dict(),
+    }
+    return params, info
+
+
+def base_params(c: ConfigDict, *, progress: bool = True) -> Any:
+    """The cached warm-start params for ``c``; trained and cached on first use."""
+    directory = cache_dir(c)
+    model_config = config_lib.make_model_config(c)
+    like = {"params": model_lib.abstract_params(model_config)}
+    ckpt = Checkpointer(directory, max_to_keep=1)
+    if ckpt.latest_step() is not None:
+        tree, _ = ckpt.restore(like)
+        return tree["params"]
+    if jax.process_index() == 0 and progress:
+        print(f"[pretrain] no base policy in {directory}: training one", flush=True)
+    params, info = train_base(c, progress=progress)
+    ckpt.save(info["steps"], {"params": params}, {"key": info["key"]})
+    artifacts.write_json_atomic(os.path.join(directory, "info.json"), info)
+    ckpt.close()
+    return params

@@ -1,0 +1,175 @@
+"""Rollouts: prompts -> G responses each -> rewards, and validation mean@k.
+
+Host-side glue between the data, the jitted sampler and the task verifiers. The
+sampler does the heavy work; these functions only arrange prompts, split a training
+batch into generation chunks (``gen_batch`` concurrent sequences) and score text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from rl_batch.sampler import SampleOutput, Sampler, SamplingConfig
+from rl_batch.tasks.rewards import greedy_accuracy, mean_at_k, score_responses
+from rl_batch.tokenizers import encode_prompt
+
+
+@dataclasses.dataclass
+class Rollout:
+    """A generated batch of P prompts x G responses, row-major ([p * G + g])."""
+
+    examples: list[dict[str, Any]]  # P examples
+    samples: SampleOutput  # numpy, B = P * G rows
+    rewards_pg: np.ndarray  # [P, G] float32
+    time_generate_s: float
+    time_score_s: float
+    gen_tokens: int
+
+
+def _concat_outputs(chunks: Sequence[SampleOutput]) -> SampleOutput:
+    """Concatenates sampler outputs along the batch, padding P and R to the largest."""
+    p = max(c.prompt_tokens.shape[1] for c in chunks)
+    r = max(c.response_tokens.shape[1] for c in chunks)
+
+    def pad(x, width, left, value):
+        extra = width - x.shape[1]
+        if extra == 0:
+            return x
+        pads = ((0, 0), (extra, 0)) if left else ((0, 0), (0, extra))
+        return np.pad(x, pads, constant_values=value)
+
+    pad_id = 0  # Padding tokens are masked everywhere downstream.
+    return SampleOutput(
+        prompt_tokens=np.concatenate([pad(c.prompt_tokens, p, True, pad_id) for c in chunks]),
+        prompt_mask=np.concatenate([pad(c.prompt_mask, p, True, False) for c in chunks]),
+        response_tokens=np.concatenate([pad(c.response_tokens, r, False, pad_id) for c in chunks]),
+        response_mask=np.concatenate([pad(c.response_mask, r, False, False) for c in chunks]),
+        response_logprobs=np.concatenate([pad(c.response_logprobs, r, False, 0.0) for c in chunks]),
+        lengths=np.concatenate([c.lengths for c in chunks]),
+    )
+
+
+def generate(
+    sampler: Sampler,
+    params: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    rng: jax.Array,
+    sampling: SamplingConfig,
+    gen_batch: int = 0,
+    max_new_tokens: int | None = None,
+) -> SampleOutput:
+    """Samples one response per prompt, ``gen_batch`` sequences at a time (0 = all)."""
+    chunk = gen_batch if gen_batch > 0 else len(prompts)
+    outs = []
+    for i, start in enumerate(range(0, len(prompts), chunk)):
+        outs.append(
+            sampler(
+                params,
+                prompts[start : start + chunk],
+                rng=jax.random.fold_in(rng, i),
+                sampling=sampling,
+                max_new_tokens=max_new_tokens,
+            )
+        )
+    return outs[0] if len(outs) == 1 else _concat_outputs(outs)
+
+
+def decode_responses(tokenizer, samples: SampleOutput) -> list[str]:
+    """Response texts, EOS and padding removed."""
+    texts = []
+    for tokens, mask in zip(samples.response_tokens, samples.response_mask):
+        ids = [int(t) for t, m in zip(tokens, mask) if m and t != tokenizer.eos_id]
+        texts.append(tokenizer.decode(ids))
+    return texts
+
+
+def rollout(
+    sampler: Sampler,
+    params: Any,
+    task: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    group_size: int,
+    *,
+    rng: jax.Array,
+    sampling: SamplingConfig,
+    gen_batch: int = 0,
+) -> Rollout:
+    """Generates G responses for each of P examples and scores them."""
+    t0 = time.perf_counter()
+    prompt_ids = [encode_prompt(tokenizer, ex["prompt"]) for ex in examples]
+    repeated = [ids for ids in prompt_ids for _ in range(group_size)]
+    samples = generate(sampler, params, repeated, rng=rng, sampling=sampling, gen_batch=gen_batch)
+    t1 = time.perf_counter()
+    texts = decode_responses(tokenizer, samples)
+    rewards_n, _ = score_responses(task, examples, texts, group_size=group_size)
+    t2 = time.perf_counter()
+    return Rollout(
+        examples=examples,
+        samples=samples,
+        rewards_pg=rewards_n.reshape(len(examples), group_size),
+        time_generate_s=t1 - t0,
+        time_score_s=t2 - t1,
+        gen_tokens=int(samples.lengths.sum()),
+    )
+
+
+def evaluate(
+    sampler: Sampler,
+    params: Any,
+    task: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    *,
+    k: int,
+    rng: jax.Array,
+    sampling: SamplingConfig,
+    greedy: bool = True,
+    gen_batch: int = 0,
+) -> dict[str, float]:
+    """Validation: mean@k at the sampling temperature, plus greedy accuracy.
+
+    Returns:
+      ``eval_accuracy`` (mean@k), ``eval_k``, ``eval_pass_at_k`` (any of k correct),
+      ``eval_greedy_accuracy`` (when ``greedy``) and ``time_eval_s``.
+    """
+    t0 = time.perf_counter()
+    out = rollout(
+        sampler,
+        params,
+        task,
+        tokenizer,
+        examples,
+        k,
+        rng=rng,
+        sampling=sampling,
+        gen_batch=gen_batch,
+    )
+    metrics = {
+        "eval_accuracy": mean_at_k(out.rewards_pg),
+        "eval_k": k,
+        "eval_pass_at_k": float(np.mean(out.rewards_pg.max(axis=1) > 0)),
+        "eval_response_len": float(out.samples.lengths.mean()),
+    }
+    if greedy:
+        g = rollout(
+            sampler,
+            params,
+            task,
+            tokenizer,
+            examples,
+            1,
+            rng=rng,
+            sampling=SamplingConfig(greedy=True),
+            gen_batch=gen_batch,
+        )
+        metrics["eval_greedy_accuracy"] = greedy_accuracy(g.rewards_pg[:, 0])
+    metrics["time_eval_s"] = time.perf_counter() - t0
+    return metrics

@@ -1,0 +1,484 @@
+"""One training run: prompts -> G responses -> rewards -> filter -> update -> validate.
+
+``run(config)`` executes one resolved configuration and writes the run directory of
+``rl_batch.artifacts`` (config.json, metrics.jsonl, checkpoints/, summary.json). The
+protocol (DESIGN §2): one optimizer update per rollout batch; validation at fixed
+intervals of cumulative *retained* responses; generation, scoring, update and
+host-side glue are timed separately, while evaluation, compilation and checkpointing
+are timed but excluded from training time.
+
+A run resumes from its latest checkpoint: the metrics file is cut back to that step
+and, with the same seed, the resumed run reproduces the uninterrupted one (the rng of
+every step is derived from the seed and the step index, the data order from the seed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import ConfigDict
+
+from rl_batch import artifacts, distributed, learner, sharding
+from rl_batch import config as config_lib
+from rl_batch import model as model_lib
+from rl_batch import rollout as rollout_lib
+from rl_batch.analysis.time_to_target import first_crossing
+from rl_batch.checkpoint import Checkpointer
+from rl_batch.filtering import dynamic_sampling_filter
+from rl_batch.losses import group_advantages
+from rl_batch.sampler import Sampler, SamplingConfig
+from rl_batch.tasks.tfds_builders import load_split
+
+log = logging.getLogger(__name__)
+
+# Fields that must match for a run directory to be resumed with a config.
+_IDENTITY_FIELDS = ("algo", "seed", "prompts", "group_size", "lr", "lr_rule", "task", "model")
+
+
+@dataclasses.dataclass
+class Counters:
+    """Host-side progress, saved with every checkpoint."""
+
+    step: int = 0  # optimizer updates done
+    rollouts: int = 0  # rollout batches generated (>= step: all-filtered batches skip)
+    data_position: int = 0  # prompts consumed from the training order
+    responses_cum: int = 0  # retained responses used in updates
+    responses_generated_cum: int = 0
+    next_eval: int = 0  # responses_cum at which the next validation runs
+    time_train_cum_s: float = 0.0
+    time_generate_s: float = 0.0
+    time_score_s: float = 0.0
+    time_update_s: float = 0.0
+    time_idle_s: float = 0.0
+    time_eval_s: float = 0.0
+    time_compile_s: float = 0.0
+    time_checkpoint_s: float = 0.0
+    skipped_updates: int = 0
+    consecutive_skips: int = 0
+    evals_at_target: int = 0
+
+
+def _training_order(n: int, seed: int, position: int, count: int) -> np.ndarray:
+    """Indices of the next ``count`` training prompts: a fresh permutation per epoch."""
+    out = []
+    while len(out) < count:
+        epoch, offset = divmod(position + len(out), n)
+        perm = np.random.default_rng([seed, epoch]).permutation(n)
+        out.extend(perm[offset : offset + count - len(out)].tolist())
+    return np.asarray(out)
+
+
+def _check_resumable(run_dir: str, c: ConfigDict) -> None:
+    path = os.path.join(run_dir, artifacts.CONFIG_FILE)
+    if not os.path.exists(path):
+        return
+    old = artifacts.read_json(path)
+    new = c.to_dict()
+    diffs = [f for f in _IDENTITY_FIELDS if old.get(f) != new.get(f)]
+    if diffs:
+        raise ValueError(
+            f"{run_dir} holds a run with a different config ({', '.join(diffs)} differ); "
+            "use a new run_dir or delete it"
+        )
+
+
+def _truncate_metrics(path: str, step: int) -> None:
+    """Drops metrics written after the checkpoint at ``step`` (they will be redone)."""
+    if not os.path.exists(path):
+        return
+    kept = [r for r in artifacts.iter_jsonl(path) if r.get("step", 0) <= step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for r in kept:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:
+    """The starting policy named by ``config.init``."""
+    source = c.init.source
+    if source == "scratch":
+        return model_lib.init_params(model_config, c.seed)
+    if source == "pretrain":
+        from rl_batch import pretrain
+
+        return pretrain.base_params(c)
+    if source == "hf":
+        from rl_batch import hf
+
+        hf_config, params = hf.load_hf_checkpoint(c.init.path)
+        if hf_config.num_params != model_config.num_params:
+            raise ValueError(
+                f"init.path={c.init.path} holds a {hf_config.num_params}-parameter model; "
+                f"the config describes {model_config.num_params}"
+            )
+        return params
+    # A checkpoint directory of an earlier run: take its params only.
+    return Checkpointer(c.init.path).restore_params(model_lib.abstract_params(model_config))
+
+
+class _Progress:
+    """A one-line progress display: responses, reward, accuracy, ETA."""
+
+    def __init__(self, total: int, name: str, enabled: bool):
+        self.enabled = enabled and jax.process_index() == 0
+        self.total, self.name, self.t0 = total, name, time.time()
+        self._bar = None
+        if self.enabled:
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, desc=name or "run", unit="resp", leave=True)
+            except ImportError:
+                self._bar = None
+
+    def update(self, counters: Counters, reward: float, accuracy: float | None) -> None:
+        if not self.enabled:
+            return
+        acc = "-" if accuracy is None else f"{accuracy:.3f}"
+        if self._bar is not None:
+            self._bar.n = min(counters.responses_cum, self.total)
+            self._bar.set_postfix_str(f"step {counters.step} reward {reward:.3f} acc {acc}")
+            self._bar.refresh()
+        else:
+            print(
+                f"[{self.name}] {counters.responses_cum}/{self.total} reward {reward:.3f} acc {acc}"
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _summary(c: ConfigDict, counters: Counters, evals: list[dict], status: str) -> dict:
+    xs = [e["responses_cum"] for e in evals]
+    ys = [e["eval_accuracy"] for e in evals]
+    times = [e["time_train_cum_s"] for e in evals]
+    steps = [e["step"] for e in evals]
+    n_star = first_crossing(xs, ys, c.target) if evals else None
+    summary: dict[str, Any] = {
+        "status": status,
+        "name": c.name,
+        "target": c.target,
+        "reached": n_star is not None,
+        "n_star": n_star,
+        "steps": counters.step,
+        "responses_cum": counters.responses_cum,
+        "responses_generated_cum": counters.responses_generated_cum,
+        "final_eval_accuracy": ys[-1] if ys else None,
+        "best_eval_accuracy": max(ys) if ys else None,
+        "initial_eval_accuracy": ys[0] if ys else None,
+        "skipped_updates": counters.skipped_updates,
+    }
+    for key in (
+        "time_train_cum_s",
+        "time_generate_s",
+        "time_score_s",
+        "time_update_s",
+        "time_idle_s",
+        "time_eval_s",
+        "time_compile_s",
+        "time_checkpoint_s",
+    ):
+        summary[key.replace("_cum", "")] = getattr(counters, key)
+    if n_star is not None:
+        t_star = float(np.interp(n_star, xs, times))
+        summary["time_to_target_s"] = t_star
+        summary["updates_to_target"] = float(np.interp(n_star, xs, steps))
+        summary["q"] = n_star / t_star if t_star > 0 else None
+    else:
+        summary["time_to_target_s"] = None
+        summary["updates_to_target"] = None
+        summary["q"] = (
+            counters.responses_cum / counters.time_train_cum_s
+            if counters.time_train_cum_s
+            else None
+        )
+        summary["n_star_text"] = artifacts.NOT_REACHED
+    return summary
+
+
+def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> dict[str, Any]:
+    """Runs one configuration to its budget (or to a confirmed target) and returns the summary.
+
+    Args:
+      config: a run config (resolved or not; it is resolved and validated here).
+      resume: continue from the latest checkpoint in ``run_dir`` when there is one.
+      progress: show a progress bar.
+
+    Returns:
+      The summary written to ``<run_dir>/summary.json``.
+    """
+    distributed.maybe_initialize(config)
+    c = config_lib.resolve(config)
+    if not c.run_dir:
+        raise ValueError("run_dir is empty: set --config.run_dir")
+    run_dir = os.path.abspath(c.run_dir)
+    is_writer = jax.process_index() == 0
+    if is_writer:
+        os.makedirs(run_dir, exist_ok=True)
+        _check_resumable(run_dir, c)
+        artifacts.write_json_atomic(os.path.join(run_dir, artifacts.CONFIG_FILE), c.to_dict())
+    metrics_path = os.path.join(run_dir, artifacts.METRICS_FILE)
+
+    task = config_lib.make_task(c)
+    tokenizer = config_lib.make_tokenizer(c)
+    model_config = config_lib.make_model_config(c)
+    data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
+    split_kwargs = dict(
+        c.task.kwargs.to_dict(), n_train=c.task.n_train, n_validation=c.task.n_validation
+    )
+    train_data = load_split(c.task.name, "train", data_dir, **split_kwargs)
+    val_data = load_split(c.task.name, "validation", data_dir, **split_kwargs)
+    val_examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
+
+    mesh = sharding.make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
+    optimizer = learner.make_optimizer(
+        lr=c.lr,
+        b1=c.b1,
+        b2=c.b2,
+        eps=c.eps,
+        weight_decay=c.weight_decay,
+        max_grad_norm=c.max_grad_norm or None,
+    )
+    grpo_config = learner.GRPOConfig(
+        clip_low=c.grpo.clip_low,
+        clip_high=c.grpo.clip_high,
+        kl_coef=c.grpo.kl_coef,
+        loss_agg=c.grpo.loss_agg,
+        advantage=c.grpo.advantage,
+        micro_batches=c.grpo.micro_batches,
+        num_minibatches=c.grpo.num_minibatches,
+        num_epochs=c.grpo.num_epochs,
+        temperature=c.sampling.temperature,
+    )
+    params = initial_params(c, model_config)
+    state = learner.init_train_state(model_config, params, optimizer, mesh=mesh)
+    update_fn = learner.make_update_fn(model_config, grpo_config, optimizer, mesh)
+
+    counters = Counters()
+    ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
+    if resume and ckpt.latest_step() is not None:
+        tree, meta = ckpt.restore({"state": state})
+        state = tree["state"]
+        counters = Counters(**meta["counters"])
+        if is_writer:
+            _truncate_metrics(metrics_path, counters.step)
+        log.info("resumed %s at step %d", run_dir, counters.step)
+    elif is_writer and os.path.exists(metrics_path):
+        os.remove(metrics_path)  # A fresh start: stale metrics of a crashed first step.
+
+    sampling = SamplingConfig(
+        temperature=c.sampling.temperature, top_k=c.sampling.top_k, top_p=c.sampling.top_p
+    )
+    sampler = Sampler(
+        model_config,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        max_prompt_len=c.derived.max_prompt_len,
+        max_new_tokens=c.derived.max_new_tokens,
+        mesh=mesh if mesh.size > 1 else None,
+    )
+    base_rng = jax.random.key(c.seed)
+    evals = [r for r in artifacts.read_metrics(run_dir, "eval")] if is_writer else []
+
+    def write(record: dict) -> None:
+        if is_writer:
+            artifacts.append_jsonl(metrics_path, record)
+
+    def save_checkpoint() -> None:
+        t0 = time.perf_counter()
+        ckpt.save(counters.step, {"state": state}, {"counters": dataclasses.asdict(counters)})
+        counters.time_checkpoint_s += time.perf_counter() - t0
+
+    def run_eval() -> dict:
+        rng = jax.random.fold_in(jax.random.fold_in(base_rng, 1), counters.step)
+        m = rollout_lib.evaluate(
+            sampler,
+            state.params,
+            task,
+            tokenizer,
+            val_examples,
+            k=c.eval_k,
+            rng=rng,
+            sampling=sampling,
+            greedy=c.eval_greedy,
+            gen_batch=c.gen_batch,
+        )
+        counters.time_eval_s += m["time_eval_s"]
+        record = {
+            "kind": "eval",
+            "step": counters.step,
+            "responses_cum": counters.responses_cum,
+            "responses_generated_cum": counters.responses_generated_cum,
+            "time_train_cum_s": counters.time_train_cum_s,
+            **m,
+        }
+        write(record)
+        evals.append(record)
+        counters.next_eval = counters.responses_cum + c.eval_every_responses
+        counters.evals_at_target += int(m["eval_accuracy"] >= c.target)
+        return record
+
+    # Compile the sampler and the update outside of training time (DESIGN §2).
+    t0 = time.perf_counter()
+    warm_examples = [train_data[i] for i in range(c.prompts)]
+    warm = rollout_lib.rollout(
+        sampler,
+        state.params,
+        task,
+        tokenizer,
+        warm_examples,
+        c.group_size,
+        rng=jax.random.key(0),
+        sampling=sampling,
+        gen_batch=c.gen_batch,
+    )
+    # One throw-away update on a copy of the state (the update donates its input).
+    scratch = jax.tree.map(jnp.copy, state)
+    zero_adv = np.zeros((c.prompts, c.group_size), np.float32)
+    jax.block_until_ready(update_fn(scratch, _make_batch(warm, zero_adv, mesh), base_rng))
+    del scratch
+    counters.time_compile_s += time.perf_counter() - t0
+
+    if not evals:
+        run_eval()
+    bar = _Progress(c.budget_responses, c.name, progress)
+    status = "running"
+    last_reward = 0.0
+    try:
+        while counters.responses_cum < c.budget_responses:
+            t_step = time.perf_counter()
+            rng = jax.random.fold_in(base_rng, counters.rollouts)
+            idx = _training_order(len(train_data), c.seed, counters.data_position, c.prompts)
+            examples = [train_data[int(i)] for i in idx]
+            counters.data_position += c.prompts
+            counters.rollouts += 1
+            ro = rollout_lib.rollout(
+                sampler,
+                state.params,
+                task,
+                tokenizer,
+                examples,
+                c.group_size,
+                rng=jax.random.fold_in(rng, 0),
+                sampling=sampling,
+                gen_batch=c.gen_batch,
+            )
+            if c.filter_groups:
+                keep_p = dynamic_sampling_filter(ro.rewards_pg).keep_p
+            else:
+                keep_p = np.ones(c.prompts, bool)
+            retained = int(keep_p.sum()) * c.group_size
+            generated = c.prompts * c.group_size
+            counters.responses_generated_cum += generated
+            counters.time_generate_s += ro.time_generate_s
+            counters.time_score_s += ro.time_score_s
+            last_reward = float(ro.rewards_pg.mean())
+
+            t_update = 0.0
+            metrics: dict[str, Any] = {}
+            if retained > 0:
+                advantages_pg = np.asarray(group_advantages(ro.rewards_pg, mode=c.grpo.advantage))
+                advantages_pg = advantages_pg * keep_p[:, None]
+                batch = _make_batch(ro, advantages_pg, mesh, keep_p=keep_p)
+                t0 = time.perf_counter()
+                state, metrics = update_fn(state, batch, jax.random.fold_in(rng, 1))
+                metrics = jax.device_get(metrics)
+                t_update = time.perf_counter() - t0
+                counters.time_update_s += t_update
+                skipped = bool(metrics.get("skipped", 0))
+                counters.skipped_updates += int(skipped)
+                counters.consecutive_skips = counters.consecutive_skips + 1 if skipped else 0
+                counters.step += 1
+                counters.responses_cum += 0 if skipped else retained
+            step_time = time.perf_counter() - t_step
+            idle = max(step_time - ro.time_generate_s - ro.time_score_s - t_update, 0.0)
+            counters.time_idle_s += idle
+            counters.time_train_cum_s += step_time
+
+            if retained > 0:
+                write(
+                    {
+                        "kind": "update",
+                        "step": counters.step,
+                        "responses_cum": counters.responses_cum,
+                        "responses_generated_cum": counters.responses_generated_cum,
+                        "prompts": c.prompts,
+                        "group_size": c.group_size,
+                        "batch_responses": retained,
+                        "batch_generated": generated,
+                        "lr": c.lr,
+                        "reward_mean": last_reward,
+                        "reward_retained_mean": float(ro.rewards_pg[keep_p].mean()),
+                        "time_generate_s": ro.time_generate_s,
+                        "time_score_s": ro.time_score_s,
+                        "time_update_s": t_update,
+                        "time_idle_s": idle,
+                        "time_train_cum_s": counters.time_train_cum_s,
+                        "gen_tokens": ro.gen_tokens,
+                        "response_len_mean": ro.gen_tokens / generated,
+                        **{k: float(np.asarray(v)) for k, v in metrics.items()},
+                    }
+                )
+            if counters.consecutive_skips >= c.max_consecutive_skips:
+                save_checkpoint()
+                raise FloatingPointError(
+                    f"{counters.consecutive_skips} consecutive updates had non-finite loss or "
+                    f"gradients (step {counters.step}); stopped with a checkpoint in "
+                    f"{ckpt.directory}"
+                )
+
+            accuracy = None
+            if counters.responses_cum >= counters.next_eval:
+                accuracy = run_eval()["eval_accuracy"]
+                if c.stop_at_target and counters.evals_at_target >= c.confirm_evals:
+                    bar.update(counters, last_reward, accuracy)
+                    break
+            if counters.step and counters.step % c.checkpoint_every == 0 and retained > 0:
+                save_checkpoint()
+            bar.update(counters, last_reward, accuracy)
+        if not evals or evals[-1]["responses_cum"] != counters.responses_cum:
+            run_eval()
+        save_checkpoint()
+        status = "finished"
+    except BaseException as e:
+        status = "failed" if not isinstance(e, KeyboardInterrupt) else "interrupted"
+        if is_writer:
+            summary = _summary(c, counters, evals, status)
+            summary["error"] = f"{type(e).__name__}: {e}"
+            artifacts.write_json_atomic(os.path.join(run_dir, artifacts.SUMMARY_FILE), summary)
+        raise
+    finally:
+        bar.close()
+    summary = _summary(c, counters, evals, status)
+    if is_writer:
+        artifacts.write_json_atomic(os.path.join(run_dir, artifacts.SUMMARY_FILE), summary)
+    ckpt.close()
+    return summary
+
+
+def _make_batch(ro: rollout_lib.Rollout, advantages_pg: np.ndarray, mesh, keep_p=None):
+    """The learner's batch from a rollout; dropped groups get an all-False response mask."""
+    s = ro.samples
+    p, g = advantages_pg.shape
+    response_mask = np.asarray(s.response_mask, bool)
+    if keep_p is not None:
+        response_mask = response_mask & np.repeat(keep_p, g)[:, None]
+    batch = learner.Batch(
+        prompt_tokens=jnp.asarray(s.prompt_tokens, jnp.int32),
+        prompt_mask=jnp.asarray(s.prompt_mask, bool),
+        response_tokens=jnp.asarray(s.response_tokens, jnp.int32),
+        response_mask=jnp.asarray(response_mask),
+        old_logprobs=jnp.asarray(s.response_logprobs, jnp.float32),
+        advantages=jnp.asarray(advantages_pg.reshape(p * g), jnp.float32),
+    )
+    return sharding.shard_batch(batch, mesh)

@@ -1,0 +1,308 @@
+"""A batch-size / learning-rate sweep: expand the grid, validate it, run each point.
+
+The grid is prompts x group sizes x LR rules x seeds plus explicit extra points. Every
+point is a full run config (the sweep's base config with ``prompts``, ``group_size``,
+``lr_rule``, ``seed``, ``name`` and ``run_dir`` set) resolved and validated before
+anything starts, so a bad grid fails at once with one message.
+
+All points share the base config's ``budget_responses`` and ``eval_every_responses``,
+so their curves are on the same runway of cumulative responses.
+
+State lives in ``<sweep>/sweep.json`` (rewritten atomically after each change): a
+re-run skips finished points and resumes interrupted ones from their checkpoints; a
+failed point is recorded with its error and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ml_collections import ConfigDict
+
+from rl_batch import artifacts
+from rl_batch import config as config_lib
+
+FINISHED = "finished"
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One grid point."""
+
+    prompts: int
+    group_size: int
+    lr_rule: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        """The configuration (seed excluded), e.g. ``16x8:sqrt``."""
+        return f"{self.prompts}x{self.group_size}:{self.lr_rule}"
+
+    @property
+    def name(self) -> str:
+        return f"p{self.prompts}_g{self.group_size}_{self.lr_rule}_s{self.seed}"
+
+
+def _ints(text: str, field: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"sweep.{field}={text!r}: expected comma-separated integers") from None
+    if not values:
+        raise ValueError(f"sweep.{field} is empty")
+    return values
+
+
+def _strs(text: str) -> list[str]:
+    return [v.strip() for v in str(text).split(",") if v.strip()]
+
+
+def parse_point_key(text: str) -> tuple[int, int, str]:
+    """Parses ``"PxG:rule"`` into (prompts, group_size, rule)."""
+    try:
+        batch, rule = text.strip().split(":")
+        prompts, group = batch.lower().split("x")
+        return int(prompts), int(group), rule.strip()
+    except ValueError:
+        raise ValueError(
+            f"bad sweep point {text!r}: expected 'PxG:rule', e.g. '64x8:sqrt'"
+        ) from None
+
+
+def expand_grid(sweep: ConfigDict) -> list[Point]:
+    """All grid points, in order of batch size, then rule, then seed (duplicates removed)."""
+    seeds = _ints(sweep.seeds, "seeds")
+    keys = [
+        (p, g, r)
+        for p in _ints(sweep.prompts, "prompts")
+        for g in _ints(sweep.group_sizes, "group_sizes")
+        for r in _strs(sweep.lr_rules)
+    ]
+    keys += [parse_point_key(k) for k in _strs(sweep.extra_points)]
+    unique = sorted(set(keys), key=lambda k: (k[0] * k[1], k[0], keys.index(k)))
+    return [Point(p, g, r, s) for p, g, r in unique for s in seeds]
+
+
+def reference_key(sweep: ConfigDict, points: list[Point]) -> str:
+    """The reference configuration: ``sweep.reference`` or the smallest batch's first rule."""
+    if sweep.reference:
+        p, g, r = parse_point_key(sweep.reference)
+        key = f"{p}x{g}:{r}"
+        if key not in {pt.key for pt in points}:
+            raise ValueError(f"sweep.reference={sweep.reference!r} is not a point of the grid")
+        return key
+    return points[0].key
+
+
+def point_config(base: ConfigDict, point: Point, sweep_dir: str) -> ConfigDict:
+    """The run config of one grid point."""
+    c = ConfigDict(base.to_dict())
+    if "sweep" in c:
+        del c["sweep"]
+    c.prompts, c.group_size, c.lr_rule, c.seed = (
+        point.prompts,
+        point.group_size,
+        point.lr_rule,
+        point.seed,
+    )
+    c.name = point.name
+    c.run_dir = os.path.join(sweep_dir, artifacts.RUNS_DIR, point.name)
+    c.lr = -1.0  # Always derived from the rule for sweep points.
+    return c
+
+
+def plan(base: ConfigDict, sweep_dir: str) -> tuple[list[Point], dict[str, ConfigDict]]:
+    """Expands and validates the whole grid; nothing is started.
+
+    Returns:
+      (points, resolved run config per point name).
+
+    Raises:
+      ValueError: listing every invalid point and why.
+    """
+    points = expand_grid(base.sweep)
+    resolved, errors = {}, []
+    for point in points:
+        try:
+            resolved[point.name] = config_lib.resolve(point_config(base, point, sweep_dir))
+        except ValueError as e:
+            errors.append(f"{point.name}: {e}")
+    if errors:
+        raise ValueError("invalid sweep grid:\n  " + "\n  ".join(errors))
+    return points, resolved
+
+
+def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None) -> dict:
+    old_runs = {r["name"]: r for r in (old or {}).get("runs", [])}
+    runs = []
+    for point in points:
+        c = resolved[point.name]
+        prev = old_runs.get(point.name, {})
+        runs.append(
+            {
+                "name": point.name,
+                "key": point.key,
+                "prompts": point.prompts,
+                "group_size": point.group_size,
+                "batch_responses": point.prompts * point.group_size,
+                "lr_rule": point.lr_rule,
+                "lr": c.lr,
+                "seed": point.seed,
+                "status": prev.get("status", "pending"),
+                "error": prev.get("error"),
+                "wall_s": prev.get("wall_s"),
+            }
+        )
+    ref_name = next(p.name for p in points if p.key == ref_key)
+    return {
+        "name": os.path.basename(os.path.normpath(base.get("sweep_dir", "") or "sweep")),
+        "algo": base.algo,
+        "target": base.target,
+        "reference": ref_name,
+        "reference_key": ref_key,
+        "budget_responses": base.budget_responses,
+        "eval_every_responses": base.eval_every_responses,
+        "grid": base.sweep.to_dict(),
+        "runs": runs,
+    }
+
+
+def _run_status(run_dir: str) -> str | None:
+    path = os.path.join(run_dir, artifacts.SUMMARY_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        return artifacts.read_json(path).get("status")
+    except ValueError:
+        return None
+
+
+def _run_subprocess(config: ConfigDict, log_path: str) -> None:
+    """Runs one point as ``python -m experiments.train`` with the config as JSON."""
+    cfg_path = os.path.join(config.run_dir, "requested_config.json")
+    artifacts.write_json_atomic(cfg_path, config.to_dict())
+    cmd = [sys.executable, "-m", "experiments.train", f"--config_json={cfg_path}", "--resume"]
+    with open(log_path, "a") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"subprocess exited with {proc.returncode}; see {log_path}")
+
+
+def run_sweep(
+    base: ConfigDict,
+    sweep_dir: str,
+    *,
+    isolate: bool = False,
+    only: str | None = None,
+    run_fn: Callable[[ConfigDict], dict[str, Any]] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Runs every point of the grid that has not finished; returns the sweep record.
+
+    Args:
+      base: the sweep config (a run config with a ``sweep`` section).
+      sweep_dir: output directory.
+      isolate: run each point in its own process (``experiments.train``).
+      only: run just this point name (for job arrays); ``sweep.json`` is still written.
+      run_fn: runs one resolved config in-process (default ``rl_batch.run.run``).
+      log: where progress lines go.
+    """
+    os.makedirs(sweep_dir, exist_ok=True)
+    base = ConfigDict(base.to_dict())
+    points, resolved = plan(base, sweep_dir)
+    if only is not None and only not in resolved:
+        raise ValueError(f"--only={only!r} is not a point of the grid: {sorted(resolved)}")
+    ref_key = reference_key(base.sweep, points)
+    sweep_path = os.path.join(sweep_dir, artifacts.SWEEP_FILE)
+    old = artifacts.read_json(sweep_path) if os.path.exists(sweep_path) else None
+    record = _sweep_record(base, points, resolved, ref_key, old)
+    record["name"] = os.path.basename(os.path.normpath(sweep_dir))
+    artifacts.write_json_atomic(sweep_path, record)
+
+    if run_fn is None and not isolate:
+        from rl_batch import run as run_lib  # Imported late: analysis-only users skip jax.
+
+        run_fn = run_lib.run
+
+    todo = [p for p in points if only is None or p.name == only]
+    t_start, done_walls = time.time(), []
+    for i, point in enumerate(todo):
+        entry = next(r for r in record["runs"] if r["name"] == point.name)
+        config = resolved[point.name]
+        status = _run_status(config.run_dir)
+        if status == FINISHED:
+            entry["status"], entry["error"] = FINISHED, None
+            artifacts.write_json_atomic(sweep_path, record)
+            log(f"[sweep {i + 1}/{len(todo)}] {point.name}: already finished, skipped")
+            continue
+        eta = ""
+        if done_walls:
+            remaining = len(todo) - i
+            eta = f", sweep ETA {remaining * sum(done_walls) / len(done_walls) / 60:.1f} min"
+        resume = status is not None or os.path.isdir(os.path.join(config.run_dir, "checkpoints"))
+        log(
+            f"[sweep {i + 1}/{len(todo)}] {point.name}: B={point.prompts}x{point.group_size}"
+            f"={point.prompts * point.group_size}, lr={config.lr:.3g} ({point.lr_rule})"
+            f"{' (resuming)' if resume else ''}{eta}"
+        )
+        entry["status"] = "running"
+        artifacts.write_json_atomic(sweep_path, record)
+        t0 = time.time()
+        try:
+            if isolate:
+                os.makedirs(config.run_dir, exist_ok=True)
+                _run_subprocess(config, os.path.join(config.run_dir, "stdout.log"))
+                entry["status"] = _run_status(config.run_dir) or "failed"
+            else:
+                summary = run_fn(config)
+                entry["status"] = summary.get("status", FINISHED)
+            entry["error"] = None
+        except KeyboardInterrupt:
+            entry["status"] = "interrupted"
+            artifacts.write_json_atomic(sweep_path, record)
+            raise
+        except Exception as e:  # A failed point is recorded; the sweep goes on.
+            logging.exception("run %s failed", point.name)
+            entry["status"] = "failed"
+            entry["error"] = f"{type(e).__name__}: {e}"
+            with open(os.path.join(sweep_dir, "errors.log"), "a") as f:
+                f.write(f"== {point.name}\n{traceback.format_exc()}\n")
+        entry["wall_s"] = time.time() - t0
+        done_walls.append(entry["wall_s"])
+        artifacts.write_json_atomic(sweep_path, record)
+        log(
+            f"[sweep {i + 1}/{len(todo)}] {point.name}: {entry['status']} in {entry['wall_s']:.0f}s"
+        )
+    log(f"sweep finished in {(time.time() - t_start) / 60:.1f} min: {sweep_path}")
+    return record
+
+
+def list_runs(base: ConfigDict, sweep_dir: str) -> str:
+    """JSON list of the grid points with their config overrides (for job launchers)."""
+    points, resolved = plan(ConfigDict(base.to_dict()), sweep_dir)
+    return json.dumps(
+        [
+            {
+                "name": p.name,
+                "overrides": {
+                    "prompts": p.prompts,
+                    "group_size": p.group_size,
+                    "lr_rule": p.lr_rule,
+                    "lr": resolved[p.name].lr,
+                    "seed": p.seed,
+                },
+            }
+            for p in points
+        ],
+        indent=2,
+    )
