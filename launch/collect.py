@@ -43,6 +43,7 @@ NAME_FROM_CHOICES = ("config", "dir")
 MUST_AGREE_KEYS = ("algo", "target")
 RUNWAY_KEYS = ("budget_responses", "eval_every_responses")
 ENTRY_CONFIG_KEYS = ("prompts", "group_size", "lr_rule", "lr", "seed")
+ENTRY_FIELDS = ("name", *ENTRY_CONFIG_KEYS, "batch_responses", "status", "error")
 _FINGERPRINT_FILES = (artifacts.CONFIG_FILE, artifacts.SUMMARY_FILE, artifacts.METRICS_FILE)
 
 Log = Callable[[str], None]
@@ -451,23 +452,30 @@ def collect(
 
     # The sweep's own runs first: a same-content copy elsewhere then needs no copying.
     candidates: list[FoundRun] = []
+    # Fields a sweep program added to a run's entry (e.g. "key", "wall_s") travel with it.
+    extras: dict[FoundRun, dict[str, Any]] = {}
     in_place = set()
+    old_extras = _entry_extras(old_sweep)
     if os.path.isdir(runs_dir):
         for path in runs_in(runs_dir, log):
-            name = os.path.basename(path)
-            candidates.append(_found(path, name, in_sweep=True))
+            run = _found(path, os.path.basename(path), in_sweep=True)
+            candidates.append(run)
+            extras[run] = old_extras.get(run.name, {})
             in_place.add(os.path.realpath(path))
-    source_references = []
+    source_sweeps = []
     for source in sources:
-        source_sweep = os.path.join(source, artifacts.SWEEP_FILE)
-        if os.path.isfile(source_sweep):
-            ref = artifacts.read_json(source_sweep).get("reference")
-            if ref:
-                source_references.append(ref)
+        source_sweep_path = os.path.join(source, artifacts.SWEEP_FILE)
+        source_sweep = {}
+        if os.path.isfile(source_sweep_path):
+            source_sweep = artifacts.read_json(source_sweep_path)
+            source_sweeps.append(source_sweep)
+        source_extras = _entry_extras(source_sweep)
         for path in find_run_dirs(source, log):
             if os.path.realpath(path) in in_place:
                 continue  # The sweep's own run, reached through the source list.
-            candidates.append(_found(path, run_name(path, name_from, log)))
+            run = _found(path, run_name(path, name_from, log))
+            candidates.append(run)
+            extras[run] = source_extras.get(run.name, {})
 
     chosen, conflicts = choose_runs(candidates, prefer)
     if conflicts:
@@ -484,13 +492,17 @@ def collect(
         for name, run in chosen.items()
     }
     fields = sweep_fields(configs, log)
-    entries = {name: run_entry(run.path, name, log) for name, run in chosen.items()}
+    entries = {
+        name: {**extras.get(run, {}), **run_entry(run.path, name, log)}
+        for name, run in chosen.items()
+    }
     for point in grid or ():
         if point["name"] not in entries:
             # A directory without config.json: the job started but wrote nothing yet.
             started = os.path.isdir(os.path.join(runs_dir, point["name"]))
             entries[point["name"]] = missing_entry(point, INCOMPLETE if started else MISSING)
 
+    source_references = [sw["reference"] for sw in source_sweeps if sw.get("reference")]
     if reference is None:
         reference = old_sweep.get("reference")
     if reference is None and source_references:
@@ -502,8 +514,8 @@ def collect(
             )
     if reference is None:
         log("warning: no reference run known; pass --reference=RUN_NAME")
-    elif reference not in entries:
-        log(f"warning: reference {reference!r} is not among the runs")
+    elif reference not in entries and reference not in {_point_key(e) for e in entries.values()}:
+        log(f"warning: reference {reference!r} is neither a run nor a grid key (PxG:rule)")
 
     # Every check passed: now change the sweep directory.
     actions = []
@@ -516,7 +528,8 @@ def collect(
         _place(run, dest, symlink=symlink, exclude_checkpoints=exclude_checkpoints)
         actions.append((name, "replaced" if replacing else "linked" if symlink else "copied"))
 
-    sweep = dict(old_sweep)
+    # Top-level fields a sweep program added (e.g. "grid") are kept.
+    sweep = dict(old_sweep or (source_sweeps[0] if source_sweeps else {}))
     sweep.update(fields)
     sweep["name"] = (
         sweep_name
@@ -527,6 +540,20 @@ def collect(
     sweep["runs"] = order_entries(entries, grid)
     artifacts.write_json_atomic(sweep_path, sweep)
     return CollectResult(sweep=sweep, actions=actions)
+
+
+def _entry_extras(sweep: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Run name -> the non-contract fields of its sweep.json entry."""
+    out = {}
+    for entry in sweep.get("runs") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            out[entry["name"]] = {k: v for k, v in entry.items() if k not in ENTRY_FIELDS}
+    return out
+
+
+def _point_key(entry: dict[str, Any]) -> str:
+    """The sweep programs' configuration key, e.g. ``"64x8:sqrt"``."""
+    return f"{entry.get('prompts')}x{entry.get('group_size')}:{entry.get('lr_rule')}"
 
 
 def run_analysis(sweep_dir: str) -> str | None:

@@ -9,13 +9,14 @@
 #   launch/local.sh [OPTIONS] list  CONFIG
 #
 # Options:
-#   -n N, --num_processes=N  start N processes (default 1); process i gets
-#                            --coordinator_address=localhost:PORT --num_processes=N --process_id=i
+#   -n N, --num_processes=N  start N processes (default 1). For train, process i gets
+#                            --coordinator_address=localhost:PORT --num_processes=N --process_id=i;
+#                            for sweep/point (whose programs take no such flags) it gets
+#                            RL_BATCH_COORDINATOR, RL_BATCH_NUM_PROCESSES, RL_BATCH_PROCESS_ID
 #   --port=PORT              coordinator port for N > 1 (default 12321)
 #   --log_dir=DIR            where processes 1..N-1 write their logs (default: a new temp dir);
 #                            process 0 writes to this terminal
-#   --dist_env               pass the coordinator through RL_BATCH_COORDINATOR,
-#                            RL_BATCH_NUM_PROCESSES, RL_BATCH_PROCESS_ID instead of flags
+#   --dist_env               train too gets the RL_BATCH_* environment instead of flags
 #   --algo=grpo|ppo          sweep program (default: ppo if CONFIG's file name contains "ppo")
 #   --dry_run                print the commands instead of running them
 #   -h, --help               this text
@@ -63,6 +64,10 @@ while (($#)); do
   esac
 done
 
+case "$ALGO" in
+  "" | grpo | ppo) ;;
+  *) die "--algo must be grpo or ppo, got '$ALGO'" ;;
+esac
 [[ "$NUM_PROCESSES" =~ ^[1-9][0-9]*$ ]] || die "-n must be a positive integer, got '$NUM_PROCESSES'"
 [[ "$PORT" =~ ^[0-9]+$ ]] || die "--port must be a number, got '$PORT'"
 (($#)) || die "missing COMMAND (train, sweep, point or list); see --help"
@@ -76,10 +81,7 @@ sweep_module() {
       *) algo=grpo ;;
     esac
   fi
-  case "$algo" in
-    grpo | ppo) echo "experiments.${algo}_sweep" ;;
-    *) die "--algo must be grpo or ppo, got '$algo'" ;;
-  esac
+  echo "experiments.${algo}_sweep"
 }
 
 COMMAND="$1"
@@ -91,10 +93,12 @@ case "$COMMAND" in
     ;;
   sweep)
     [[ $# -ge 2 ]] || die "usage: sweep CONFIG SWEEP_DIR [FLAG ...]"
+    DIST_ENV=1
     CMD=("$PYTHON" -m "$(sweep_module "$1")" "--config=$1" "--sweep_dir=$2" "${@:3}")
     ;;
   point)
     [[ $# -ge 3 ]] || die "usage: point CONFIG SWEEP_DIR RUN_NAME [FLAG ...]"
+    DIST_ENV=1
     CMD=("$PYTHON" -m "$(sweep_module "$1")" "--config=$1" "--sweep_dir=$2" "--only=$3" "${@:4}")
     ;;
   list)

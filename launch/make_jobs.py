@@ -185,7 +185,7 @@ def slurm_script(
     python: str = "python",
     max_parallel: int = 0,
     port: int = 12321,
-    distributed: str = "flags",
+    distributed: str = "env",
     cpus_per_task: int = 0,
     sbatch_options: Sequence[str] = (),
     setup: Sequence[str] = (),
@@ -214,10 +214,13 @@ def slurm_script(
       max_parallel: at most this many array tasks at once (``%N``); 0 for no limit.
       port: coordinator port base; task ``i`` uses ``port + i % 1000``, so tasks that share
         a node do not collide.
-      distributed: how each process learns the coordinator: ``"flags"``
-        (``--coordinator_address --num_processes --process_id``), ``"env"``
-        (``RL_BATCH_COORDINATOR``, ``RL_BATCH_NUM_PROCESSES``, ``RL_BATCH_PROCESS_ID``) or
-        ``"auto"`` (nothing; ``jax.distributed.initialize()`` reads the SLURM environment).
+      distributed: how each process learns the coordinator: ``"env"``
+        (``RL_BATCH_COORDINATOR``, ``RL_BATCH_NUM_PROCESSES``, ``RL_BATCH_PROCESS_ID``; the
+        default, as the sweep programs take no coordinator flags and pass the environment
+        on to isolated subprocesses), ``"flags"`` (``--coordinator_address
+        --num_processes --process_id``, for programs that define them, e.g.
+        ``experiments.train``) or ``"auto"`` (``RL_BATCH_DISTRIBUTED=auto``:
+        ``jax.distributed.initialize()`` reads the SLURM environment itself).
       cpus_per_task: ``--cpus-per-task``, 0 to leave it out.
       sbatch_options: further ``#SBATCH`` options, e.g. ``"--exclusive"``.
       setup: shell lines run before the job step (e.g. ``"source ~/venv/bin/activate"``).
@@ -267,7 +270,7 @@ def slurm_script(
             'RL_BATCH_NUM_PROCESSES="$SLURM_NTASKS" RL_BATCH_PROCESS_ID="$SLURM_PROCID" exec "$@"'
         )
     else:
-        inner = 'exec "$@"'
+        inner = 'RL_BATCH_DISTRIBUTED=auto exec "$@"'
     point_args = _point_args(sweep_module, sweep_config, sweep_dir, extra_flags)
     command = " ".join(
         [shlex.quote(python)] + [shlex.quote(a) for a in point_args] + ['--only="$RUN_NAME"']
@@ -638,9 +641,10 @@ def _define_flags() -> None:
     flags.DEFINE_integer("port", 12321, "SLURM: coordinator port base (+ array index % 1000).")
     flags.DEFINE_enum(
         "distributed",
-        "flags",
+        "env",
         list(DISTRIBUTED_MODES),
-        "SLURM: pass the coordinator as flags, as RL_BATCH_* env vars, or not at all (auto).",
+        "SLURM: give each process the coordinator as RL_BATCH_* env vars (works for the sweep "
+        "programs), as flags (experiments.train only), or let JAX read SLURM's (auto).",
     )
     flags.DEFINE_integer("cpus_per_task", 0, "SLURM: --cpus-per-task (0: leave out).")
     flags.DEFINE_multi_string(

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs rl_batch on every worker (host) of a Cloud TPU VM slice, through
 #   gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command=...
-# Every worker runs the same command at the same time, one JAX process per host;
-# on TPU VMs jax.distributed.initialize() finds the other workers by itself, so no
-# coordinator flags are passed.
+# Every worker runs the same command at the same time, one JAX process per host. train,
+# sweep and point run with RL_BATCH_DISTRIBUTED=auto: jax.distributed.initialize() is called
+# without arguments and finds the other workers of the slice by itself.
 #
 # Usage (from a workstation with gcloud, in this checkout):
 #   launch/tpu_vm.sh [OPTIONS] setup                     copy this checkout to every worker and
@@ -23,6 +23,7 @@
 #                                      directory unless absolute (default rl_batch)
 #   --worker=W          [TPU_WORKER]   all (default), or e.g. 0 or 0,1
 #   --algo=grpo|ppo                    sweep program (default: ppo if CONFIG's name contains "ppo")
+#   --single_process                   leave RL_BATCH_DISTRIBUTED unset (each worker runs alone)
 #   --detach                           start under nohup and return at once; each worker logs to
 #                                      REMOTE_DIR/logs/<command>-<time>.log
 #   --dry_run                          print the gcloud commands instead of running them
@@ -62,6 +63,7 @@ WORKER="${TPU_WORKER:-all}"
 ALGO=""
 DETACH=0
 DRY_RUN=0
+SINGLE_PROCESS=0
 
 while (($#)); do
   case "$1" in
@@ -71,6 +73,7 @@ while (($#)); do
     --remote_dir=*) REMOTE_DIR="${1#*=}"; shift ;;
     --worker=*) WORKER="${1#*=}"; shift ;;
     --algo=*) ALGO="${1#*=}"; shift ;;
+    --single_process) SINGLE_PROCESS=1; shift ;;
     --detach) DETACH=1; shift ;;
     --dry_run) DRY_RUN=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -79,10 +82,21 @@ while (($#)); do
   esac
 done
 
+case "$ALGO" in
+  "" | grpo | ppo) ;;
+  *) die "--algo must be grpo or ppo, got '$ALGO'" ;;
+esac
 (($#)) || die "missing COMMAND (setup, train, sweep, point, list, exec or fetch); see --help"
 [[ -n "$TPU" ]] || die "no TPU name: pass --tpu=NAME or set TPU_NAME"
 [[ -n "$ZONE" ]] || die "no zone: pass --zone=ZONE or set TPU_ZONE"
 [[ -n "$REMOTE_DIR" ]] || die "--remote_dir is empty"
+
+# How train/sweep/point start Python on each worker.
+if ((SINGLE_PROCESS)); then
+  RUN_PY=("$REMOTE_PYTHON")
+else
+  RUN_PY=(env RL_BATCH_DISTRIBUTED=auto "$REMOTE_PYTHON")
+fi
 
 # gcloud flags shared by ssh and scp.
 GCLOUD_COMMON=("--zone=$ZONE")
@@ -139,10 +153,7 @@ sweep_module() {
       *) algo=grpo ;;
     esac
   fi
-  case "$algo" in
-    grpo | ppo) echo "experiments.${algo}_sweep" ;;
-    *) die "--algo must be grpo or ppo, got '$algo'" ;;
-  esac
+  echo "experiments.${algo}_sweep"
 }
 
 setup() {
@@ -175,18 +186,18 @@ case "$COMMAND" in
     ;;
   train)
     [[ $# -ge 2 ]] || die "usage: train CONFIG RUN_DIR [FLAG ...]"
-    on_workers "train" "$(quote_words "$REMOTE_PYTHON" -m experiments.train "--config=$1" \
-      "--config.run_dir=$2" "${@:3}")"
+    on_workers "train" "$(quote_words "${RUN_PY[@]}" -m experiments.train \
+      "--config=$1" "--config.run_dir=$2" "${@:3}")"
     ;;
   sweep)
     [[ $# -ge 2 ]] || die "usage: sweep CONFIG SWEEP_DIR [FLAG ...]"
-    on_workers "sweep" "$(quote_words "$REMOTE_PYTHON" -m "$(sweep_module "$1")" "--config=$1" \
-      "--sweep_dir=$2" "${@:3}")"
+    on_workers "sweep" "$(quote_words "${RUN_PY[@]}" -m \
+      "$(sweep_module "$1")" "--config=$1" "--sweep_dir=$2" "${@:3}")"
     ;;
   point)
     [[ $# -ge 3 ]] || die "usage: point CONFIG SWEEP_DIR RUN_NAME [FLAG ...]"
-    on_workers "point-$3" "$(quote_words "$REMOTE_PYTHON" -m "$(sweep_module "$1")" \
-      "--config=$1" "--sweep_dir=$2" "--only=$3" "${@:4}")"
+    on_workers "point-$3" "$(quote_words "${RUN_PY[@]}" -m \
+      "$(sweep_module "$1")" "--config=$1" "--sweep_dir=$2" "--only=$3" "${@:4}")"
     ;;
   list)
     [[ $# -ge 1 ]] || die "usage: list CONFIG"

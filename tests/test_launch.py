@@ -35,8 +35,9 @@ GRID = [
     },
 ]
 
-# Records argv (one per line) and the distributed environment, then exits with
-# $FAKE_EXIT_<process id> (default 0), after sleeping $FAKE_SLEEP_<process id> seconds.
+# Records argv (one per line) and the distributed environment, waits until a file matching
+# $FAKE_AFTER_<process id> exists in $FAKE_OUT (if set), sleeps $FAKE_SLEEP_<process id>
+# seconds, then exits with $FAKE_EXIT_<process id> (default 0).
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 pid="${SLURM_PROCID:-${RL_BATCH_PROCESS_ID:-x}}"
 for a in "$@"; do case "$a" in --process_id=*) pid="${a#*=}";; esac; done
@@ -46,9 +47,17 @@ out="$FAKE_OUT/call_${pid}_$$.txt"
   echo "ENV RL_BATCH_COORDINATOR=${RL_BATCH_COORDINATOR:-}"
   echo "ENV RL_BATCH_NUM_PROCESSES=${RL_BATCH_NUM_PROCESSES:-}"
   echo "ENV RL_BATCH_PROCESS_ID=${RL_BATCH_PROCESS_ID:-}"
+  echo "ENV RL_BATCH_DISTRIBUTED=${RL_BATCH_DISTRIBUTED:-}"
   echo "ENV PWD=$PWD"
-} > "$out"
-sleep_var="FAKE_SLEEP_${pid}"; exit_var="FAKE_EXIT_${pid}"
+} > "$out.tmp"
+mv "$out.tmp" "$out"
+sleep_var="FAKE_SLEEP_${pid}"; exit_var="FAKE_EXIT_${pid}"; after_var="FAKE_AFTER_${pid}"
+if [[ -n "${!after_var:-}" ]]; then
+  for _ in $(seq 200); do
+    compgen -G "$FAKE_OUT/${!after_var}" > /dev/null && break
+    sleep 0.05
+  done
+fi
 # Like python, die on SIGTERM (bash would otherwise wait for its sleep to finish first).
 trap 'kill $! 2>/dev/null; exit 143' TERM
 sleep "${!sleep_var:-0}" &
@@ -128,7 +137,7 @@ def _calls(out_dir):
     """Each fake-python call as (argv list, env dict), sorted by process id then argv."""
     calls = []
     for name in sorted(os.listdir(out_dir)):
-        if not name.startswith("call_"):
+        if not (name.startswith("call_") and name.endswith(".txt")):
             continue
         lines = (out_dir / name).read_text().splitlines()
         argv = [line for line in lines if not line.startswith("ENV ")]
@@ -215,8 +224,12 @@ def test_slurm_script_text():
         lines
     )
     assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 \\" in lines
-    assert '--num_processes="$SLURM_NTASKS" --process_id="$SLURM_PROCID"' in text
-    assert '--coordinator_address="$RL_BATCH_COORDINATOR"' in text
+    # Default: the coordinator through the environment, which the sweep programs read.
+    assert (
+        """  bash -c 'RL_BATCH_NUM_PROCESSES="$SLURM_NTASKS" RL_BATCH_PROCESS_ID="$SLURM_PROCID" """
+        """exec "$@"' bash \\"""
+    ) in lines
+    assert 'export RL_BATCH_COORDINATOR="$COORDINATOR_HOST:$COORDINATOR_PORT"' in lines
     assert (
         "python -m experiments.grpo_sweep --config=experiments/configs/grpo_sweep.py "
         '--sweep_dir=/shared/sweeps/grpo --only="$RUN_NAME"'
@@ -226,9 +239,15 @@ def test_slurm_script_text():
     unlimited = _slurm(max_parallel=0, partition=None, account=None)
     assert "#SBATCH --array=0-2" in unlimited.splitlines()
     assert "--partition" not in unlimited and "--account" not in unlimited
-    env_mode = _slurm(distributed="env")
-    assert 'RL_BATCH_PROCESS_ID="$SLURM_PROCID"' in env_mode and "--process_id" not in env_mode
+    assert "--process_id" not in text
+    flag_mode = _slurm(distributed="flags")
+    assert (
+        '--coordinator_address="$RL_BATCH_COORDINATOR" '
+        '--num_processes="$SLURM_NTASKS" --process_id="$SLURM_PROCID"'
+    ) in flag_mode
+    assert 'RL_BATCH_PROCESS_ID="$SLURM_PROCID"' not in flag_mode
     auto = _slurm(distributed="auto")
+    assert "bash -c 'RL_BATCH_DISTRIBUTED=auto exec \"$@\"' bash" in auto
     assert "--process_id" not in auto and "RL_BATCH_PROCESS_ID" not in auto
     with pytest.raises(ValueError, match="whitespace"):
         _slurm(sbatch_options=["--constraint=a b"])
@@ -239,7 +258,7 @@ def test_slurm_script_text():
 def test_generated_and_launch_scripts_pass_bash_syntax_check(tmp_path):
     scripts = {
         "slurm.sbatch": _slurm(setup=["source ~/venv/bin/activate", "module load cuda"]),
-        "slurm_env.sbatch": _slurm(distributed="env", extra_flags=["--config.x=a b"]),
+        "slurm_flags.sbatch": _slurm(distributed="flags", extra_flags=["--config.x=a b"]),
         "slurm_auto.sbatch": _slurm(distributed="auto", sbatch_options=["--exclusive"]),
         "tpu.sh": make_jobs.tpu_script(
             GRID,
@@ -273,10 +292,12 @@ def test_generated_and_launch_scripts_pass_bash_syntax_check(tmp_path):
         assert os.access(os.path.join(LAUNCH, f), os.X_OK), f"{f} is not executable"
 
 
-def test_slurm_script_runs_each_process_with_its_rank(tmp_path, fakes):
+@pytest.mark.parametrize("mode", ["env", "flags"])
+def test_slurm_script_runs_each_process_with_its_rank(tmp_path, fakes, mode):
     script = tmp_path / "sweep.sbatch"
     script.write_text(
         _slurm(
+            distributed=mode,
             repo_dir=str(tmp_path),
             python=fakes.python,
             sweep_dir="/shared/my sweep",
@@ -290,18 +311,28 @@ def test_slurm_script_runs_each_process_with_its_rank(tmp_path, fakes):
     assert (fakes.out / "scontrol_nodelist.txt").read_text().strip() == "gpu-node-[07-08]"
     calls = _calls(fakes.out)
     assert len(calls) == 2
-    for rank, (argv, env_seen) in enumerate(sorted(calls, key=lambda c: c[0][-1])):
-        assert argv == [
-            "-m",
-            "experiments.grpo_sweep",
-            "--config=experiments/configs/grpo_sweep.py",
-            "--sweep_dir=/shared/my sweep",
-            "--config.note=two words",
-            "--only=p128_g8_sqrt_s0",  # array index 1
-            "--coordinator_address=gpu-node-07:12322",  # first node, port base + 1
-            "--num_processes=2",
-            f"--process_id={rank}",
-        ]
+    point = [
+        "-m",
+        "experiments.grpo_sweep",
+        "--config=experiments/configs/grpo_sweep.py",
+        "--sweep_dir=/shared/my sweep",
+        "--config.note=two words",
+        "--only=p128_g8_sqrt_s0",  # array index 1
+    ]
+    by_rank = sorted(calls, key=lambda c: (c[1]["RL_BATCH_PROCESS_ID"], c[0][-1]))
+    for rank, (argv, env_seen) in enumerate(by_rank):
+        # Coordinator on the first node, port base + array index.
+        if mode == "flags":
+            assert argv == point + [
+                "--coordinator_address=gpu-node-07:12322",
+                "--num_processes=2",
+                f"--process_id={rank}",
+            ]
+        else:
+            assert argv == point
+            assert env_seen["RL_BATCH_PROCESS_ID"] == str(rank)
+            assert env_seen["RL_BATCH_NUM_PROCESSES"] == "2"
+        assert env_seen["RL_BATCH_COORDINATOR"] == "gpu-node-07:12322"
         assert env_seen["PWD"] == str(tmp_path)
 
     # Run by hand instead of through sbatch: a clear error, not an empty run name.
@@ -425,11 +456,12 @@ def test_local_sh_starts_n_processes_with_coordinator_flags(tmp_path, fakes):
     assert sorted(os.listdir(tmp_path / "logs")) == ["process_1.log", "process_2.log"]
 
 
-def test_local_sh_env_mode_and_failure_stops_the_others(tmp_path, fakes):
-    # Process 1 fails at once; process 0 would sleep 60 s unless the launcher stops it.
-    env = dict(fakes.env, FAKE_EXIT_1="3", FAKE_SLEEP_0="60")
+def test_local_sh_point_uses_env_and_failure_stops_the_others(tmp_path, fakes):
+    # Process 1 fails once process 0 has started; process 0 would sleep 60 s unless the
+    # launcher stops it.
+    env = dict(fakes.env, FAKE_EXIT_1="3", FAKE_SLEEP_0="60", FAKE_AFTER_1="call_0_*.txt")
     proc = subprocess.run(
-        [os.path.join(LAUNCH, "local.sh"), "--num_processes=2", "--dist_env", "point"]
+        [os.path.join(LAUNCH, "local.sh"), "--num_processes=2", "point"]
         + ["experiments/configs/ppo_sweep.py", str(tmp_path / "s"), "p64_g1_sqrt_s0"],
         env=env,
         capture_output=True,
@@ -504,6 +536,7 @@ def test_tpu_vm_sh_runs_the_point_on_all_workers(tmp_path, fakes):
         "--config.note=a b",
     ]
     assert env_seen["PWD"] == str(fakes.home / "rl_batch")
+    assert env_seen["RL_BATCH_DISTRIBUTED"] == "auto"  # jax finds the slice's workers itself.
 
     proc = subprocess.run(
         [os.path.join(LAUNCH, "tpu_vm.sh"), "train", "c.py", "r"],
@@ -625,6 +658,38 @@ def test_collect_merges_jobs_into_a_sweep(two_jobs):
     again = collect_lib.collect(sweep_dir, [two_jobs.job1, two_jobs.job2, two_jobs.bare])
     assert again.sweep == on_disk
     assert {a for _, a in again.actions} == {"unchanged"}
+
+
+def test_collect_keeps_what_a_sweep_program_added(two_jobs):
+    # job1 ran as a sweep whose sweep.json still says "running" (its job was cut off while
+    # the summaries were written) and carries extra fields.
+    job_sweep = {
+        "name": "grpo_gpu",
+        "algo": "grpo",
+        "target": 0.5,
+        "reference": "p64_g8_sqrt_s0",
+        "grid": {"prompts": "64,128"},
+        "runs": [
+            {"name": "p64_g8_sqrt_s0", "key": "64x8:sqrt", "wall_s": 12.5, "status": "running"},
+            {"name": "p128_g8_sqrt_s0", "key": "128x8:sqrt", "status": "pending"},
+        ],
+    }
+    artifacts.write_json_atomic(os.path.join(two_jobs.job1, "sweep.json"), job_sweep)
+    warnings = []
+    sweep = collect_lib.collect(
+        str(two_jobs.root / "merged"), [two_jobs.job1], log=warnings.append
+    ).sweep
+    assert warnings == []
+    assert sweep["reference"] == "p64_g8_sqrt_s0" and sweep["grid"] == {"prompts": "64,128"}
+    assert sweep["name"] == "merged"  # Like rl_batch.sweep: the sweep directory's name.
+    first = sweep["runs"][0]
+    assert (first["name"], first["key"], first["wall_s"], first["status"]) == (
+        "p64_g8_sqrt_s0",
+        "64x8:sqrt",
+        12.5,
+        "finished",  # From summary.json, not the stale sweep.json.
+    )
+    assert sweep["runs"][1]["status"] == "finished"
 
 
 def test_collect_detects_conflicts_and_prefer_newest(two_jobs):
