@@ -295,6 +295,8 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             artifacts.append_jsonl(metrics_path, record)
 
     def save_checkpoint() -> None:
+        if ckpt.latest_step() == counters.step:
+            return  # This step is already on disk.
         t0 = time.perf_counter()
         ckpt.save(counters.step, {"state": state}, {"counters": dataclasses.asdict(counters)})
         counters.time_checkpoint_s += time.perf_counter() - t0

@@ -1,0 +1,40 @@
+"""A tiny run config shared by the run, sweep and resume tests (seconds on a CPU)."""
+
+from experiments.configs import base
+
+TINY_MODEL = {
+    "num_layers": 1,
+    "hidden_size": 32,
+    "num_heads": 2,
+    "num_kv_heads": 1,
+    "head_dim": 16,
+    "intermediate_size": 64,
+}
+
+
+def tiny_run_config(work_dir: str, run_dir: str = "", **changes):
+    """A GRPO run of a few updates on 2-digit addition from a random model."""
+    c = base.run_config()
+    c.work_dir = work_dir
+    c.run_dir = run_dir
+    c.task.kwargs = {"n_digits": 2}
+    c.task.n_train = 256
+    c.task.n_validation = 32
+    c.model.overrides = dict(TINY_MODEL)
+    c.init.source = "scratch"
+    c.prompts, c.group_size = 4, 4
+    c.lr_ref, c.batch_ref = 1e-3, 16
+    c.budget_responses = 64
+    c.eval_every_responses = 32
+    c.eval_prompts = 8
+    c.eval_k = 2
+    c.filter_groups = False  # a random model rarely solves anything: keep every group
+    c.checkpoint_every = 2
+    c.target = 0.01
+    for key, value in changes.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c

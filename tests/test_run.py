@@ -1,0 +1,76 @@
+"""End-to-end runs on a tiny model: artifacts, timing split, resume."""
+
+import json
+import os
+
+import pytest
+
+from rl_batch import artifacts
+from rl_batch import run as run_lib
+from tests.run_fixtures import tiny_run_config
+
+UPDATE_FIELDS = (
+    "step responses_cum responses_generated_cum prompts group_size batch_responses lr "
+    "reward_mean time_generate_s time_score_s time_update_s time_train_cum_s gen_tokens "
+    "grad_norm loss clip_frac kl"
+).split()
+# Values that depend on the machine's speed, not on the computation.
+TIMING = ("time_", "eval_time")
+
+
+@pytest.fixture(scope="module")
+def work_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("work"))
+
+
+def _deterministic(records):
+    return [
+        {k: v for k, v in r.items() if not k.startswith(TIMING)}
+        for r in records
+        if r["kind"] == "update"
+    ]
+
+
+def test_run_writes_the_artifacts(work_dir, tmp_path):
+    run_dir = str(tmp_path / "run")
+    summary = run_lib.run(tiny_run_config(work_dir, run_dir), progress=False)
+    assert summary["status"] == "finished"
+    assert summary["responses_cum"] == 64
+    updates = artifacts.read_metrics(run_dir, "update")
+    evals = artifacts.read_metrics(run_dir, "eval")
+    assert len(updates) == 4  # 64 responses / (4 prompts x 4 responses)
+    for field in UPDATE_FIELDS:
+        assert field in updates[0], field
+    assert [e["responses_cum"] for e in evals] == [0, 32, 64]
+    assert all(e["eval_k"] == 2 for e in evals)
+    # Training time is the sum of the per-update step times; evaluation is excluded.
+    assert updates[-1]["time_train_cum_s"] == pytest.approx(summary["time_train_s"])
+    assert summary["time_eval_s"] > 0 and summary["time_compile_s"] > 0
+    config = artifacts.read_json(os.path.join(run_dir, artifacts.CONFIG_FILE))
+    assert config["lr"] == pytest.approx(1e-3)  # B = B_ref under the sqrt rule
+    assert os.listdir(os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
+
+
+def test_resumed_run_matches_uninterrupted(work_dir, tmp_path):
+    full_dir, split_dir = str(tmp_path / "full"), str(tmp_path / "split")
+    run_lib.run(tiny_run_config(work_dir, full_dir, budget_responses=96), progress=False)
+    # Stop after 3 updates, then continue to the same budget from the checkpoint.
+    run_lib.run(tiny_run_config(work_dir, split_dir, budget_responses=48), progress=False)
+    run_lib.run(tiny_run_config(work_dir, split_dir, budget_responses=96), progress=False)
+    full = _deterministic(artifacts.read_metrics(full_dir))
+    split = _deterministic(artifacts.read_metrics(split_dir))
+    assert len(full) == len(split) == 6
+    for a, b in zip(full, split):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
+
+
+def test_a_different_config_does_not_resume_into_a_run_dir(work_dir, tmp_path):
+    run_dir = str(tmp_path / "run")
+    run_lib.run(tiny_run_config(work_dir, run_dir, budget_responses=16), progress=False)
+    with pytest.raises(ValueError, match="different config.*prompts"):
+        run_lib.run(tiny_run_config(work_dir, run_dir, prompts=8), progress=False)
+    # The first run's files are untouched.
+    summary = json.load(open(os.path.join(run_dir, artifacts.SUMMARY_FILE)))
+    assert summary["status"] == "finished"
