@@ -80,7 +80,8 @@ def parse_point_key(text: str) -> tuple[int, int, str]:
 
 
 def expand_grid(sweep: ConfigDict) -> list[Point]:
-    """All grid points, in order of batch size, then rule, then seed (duplicates removed)."""
+    """All grid points (duplicates removed), ordered by batch size, then prompts, then
+    their order in the config; the seeds of a configuration are adjacent."""
     seeds = _ints(sweep.seeds, "seeds")
     keys = [
         (p, g, r)

@@ -1,0 +1,114 @@
+"""Sweep harness: grid expansion, validation before start, failures, skipping, resuming."""
+
+import json
+import os
+
+import pytest
+from ml_collections import ConfigDict
+
+from experiments.configs import base
+from rl_batch import artifacts, sweep
+from tests.run_fixtures import tiny_run_config
+
+
+def _sweep_config(work_dir="/tmp/unused", **sweep_fields):
+    c = base.sweep_config(tiny_run_config(work_dir))
+    for key, value in sweep_fields.items():
+        c.sweep[key] = value
+    return c
+
+
+def test_grid_expands_products_extra_points_and_seeds():
+    c = _sweep_config(prompts="4,8", group_sizes="4", lr_rules="sqrt,fixed", seeds="0,1")
+    c.sweep.extra_points = "2x8:sqrt,4x4:sqrt"  # the second is already in the product
+    points = sweep.expand_grid(c.sweep)
+    keys = [p.key for p in points]
+    assert keys == [
+        "2x8:sqrt", "2x8:sqrt",
+        "4x4:sqrt", "4x4:sqrt", "4x4:fixed", "4x4:fixed",
+        "8x4:sqrt", "8x4:sqrt", "8x4:fixed", "8x4:fixed",
+    ]  # fmt: skip
+    assert [p.seed for p in points[:2]] == [0, 1]
+    assert points[2].name == "p4_g4_sqrt_s0"
+
+
+def test_each_point_gets_its_lr_from_the_rule(tmp_path):
+    c = _sweep_config(prompts="4,16", group_sizes="4", lr_rules="sqrt,fixed")
+    _, resolved = sweep.plan(c, str(tmp_path))
+    # lr_ref 1e-3 at B_ref = 16: B = 64 is 4x, so sqrt gives 2e-3 and fixed keeps 1e-3.
+    assert resolved["p16_g4_sqrt_s0"].lr == pytest.approx(2e-3)
+    assert resolved["p16_g4_fixed_s0"].lr == pytest.approx(1e-3)
+    assert resolved["p4_g4_sqrt_s0"].lr == pytest.approx(1e-3)
+
+
+def test_invalid_grid_fails_before_anything_starts(tmp_path):
+    c = _sweep_config(prompts="4", group_sizes="1,4", lr_rules="sqrt,bogus")
+    started = []
+    with pytest.raises(ValueError) as e:
+        sweep.run_sweep(c, str(tmp_path), run_fn=started.append, log=lambda s: None)
+    message = str(e.value)
+    assert "p4_g1_sqrt_s0" in message and "GRPO needs >= 2" in message
+    assert "bogus" in message
+    assert not started and not os.path.exists(tmp_path / artifacts.SWEEP_FILE)
+
+
+def _fake_run(fail=()):
+    calls = []
+
+    def run_fn(config: ConfigDict):
+        calls.append(config.name)
+        if config.name in fail:
+            raise RuntimeError("boom")
+        artifacts.write_json_atomic(
+            os.path.join(config.run_dir, artifacts.SUMMARY_FILE), {"status": "finished"}
+        )
+        return {"status": "finished"}
+
+    return run_fn, calls
+
+
+def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    c = _sweep_config(prompts="2,4,8", group_sizes="4")
+    run_fn, calls = _fake_run(fail={"p4_g4_sqrt_s0"})
+    record = sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, log=lambda s: None)
+    assert calls == ["p2_g4_sqrt_s0", "p4_g4_sqrt_s0", "p8_g4_sqrt_s0"]
+    status = {r["name"]: (r["status"], r["error"]) for r in record["runs"]}
+    assert status["p4_g4_sqrt_s0"] == ("failed", "RuntimeError: boom")
+    assert status["p8_g4_sqrt_s0"] == ("finished", None)
+    on_disk = json.load(open(tmp_path / artifacts.SWEEP_FILE))
+    assert on_disk["runs"] == record["runs"]
+    assert on_disk["reference"] == "p2_g4_sqrt_s0"
+    assert "boom" in open(tmp_path / "errors.log").read()
+
+    # Re-running skips the finished points and retries the failed one.
+    run_fn, calls = _fake_run()
+    record = sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, log=lambda s: None)
+    assert calls == ["p4_g4_sqrt_s0"]
+    assert all(r["status"] == "finished" for r in record["runs"])
+
+
+def test_only_runs_one_point_and_unknown_names_are_errors(tmp_path):
+    c = _sweep_config(prompts="2,4", group_sizes="4")
+    run_fn, calls = _fake_run()
+    sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, only="p4_g4_sqrt_s0", log=lambda s: None)
+    assert calls == ["p4_g4_sqrt_s0"]
+    with pytest.raises(ValueError, match="not a point of the grid"):
+        sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, only="p3_g4_sqrt_s0")
+
+
+def test_list_runs_is_json_with_overrides(tmp_path):
+    c = _sweep_config(prompts="2,4", group_sizes="4")
+    listed = json.loads(sweep.list_runs(c, str(tmp_path)))
+    assert [r["name"] for r in listed] == ["p2_g4_sqrt_s0", "p4_g4_sqrt_s0"]
+    assert listed[1]["overrides"]["prompts"] == 4
+
+
+def test_isolated_point_runs_in_a_subprocess(tmp_path):
+    c = _sweep_config(str(tmp_path / "work"), prompts="4", group_sizes="4")
+    c.budget_responses = 16
+    record = sweep.run_sweep(c, str(tmp_path / "sweep"), isolate=True, log=lambda s: None)
+    assert [r["status"] for r in record["runs"]] == ["finished"], open(
+        tmp_path / "sweep/runs/p4_g4_sqrt_s0/stdout.log"
+    ).read()[-2000:]
+    updates = artifacts.read_metrics(str(tmp_path / "sweep/runs/p4_g4_sqrt_s0"), "update")
+    assert len(updates) == 1
