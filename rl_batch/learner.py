@@ -1,0 +1,777 @@
+"""GRPO learner: one pure, jitted ``update_fn(state, batch, rng) -> (state, metrics)``.
+
+Protocol (the study's default): **one optimizer update per rollout batch**, no
+mini-batches, no reuse. ``num_minibatches`` / ``num_epochs`` exist as options (off by
+default) and then loop inside XLA with ``lax.scan``. ``micro_batches`` accumulates the
+gradient of one update over micro-batches (``lax.scan``) with the *full* batch's loss
+normalisers, so the accumulated gradient equals the single-batch gradient.
+
+Sequence layout of a ``Batch``: ``tokens = concat(prompt, response)`` [B, P + R], mask
+likewise, positions ``model.positions_from_mask(mask)``. Prompts are left-padded (the
+last prompt column is a real token), responses right-padded. The logits at index
+``P - 1 + j`` predict response token ``j``, so the response logits are
+``logits[:, P - 1 : P + R - 1]``. Log-probs use ``logits / temperature`` (the sampler
+reports log-probs under softmax(logits / temperature)).
+
+The building blocks (``response_outputs``, ``split_batch``, ``accumulate_gradients``,
+``apply_update``) are learner-agnostic so that a PPO actor + critic update can be
+written in the same style.
+
+Shape letters: B sequences, P prompt length, R response length, V vocabulary,
+M micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from rl_batch import losses
+from rl_batch import model as model_lib
+from rl_batch import sharding as sharding_lib
+from rl_batch.lr_rules import OptimizerHparams
+
+Params = Any
+Metrics = dict[str, jax.Array]
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GRPOConfig:
+    """GRPO algorithm and optimizer hyperparameters (everything but the learning rate,
+    which comes from ``rl_batch.lr_rules`` for the batch size at hand).
+
+    Attributes:
+      clip_low: policy ratio lower bound is ``1 - clip_low``.
+      clip_high: policy ratio upper bound is ``1 + clip_high`` (DAPO clip-higher).
+      dual_clip: optional dual-clip constant c > 1 for negative advantages (off).
+      kl_coef: weight of the KL-to-reference loss term (needs ``Batch.ref_logprobs``).
+      kl_estimator: ``k1``, ``k2`` or ``k3`` for that term.
+      loss_agg: one of ``losses.LOSS_AGG_MODES``.
+      loss_agg_max_len: fixed normaliser of ``seq_mean_token_sum_norm`` (None = the
+        batch's response length R, i.e. the generation budget when R is fixed).
+      advantage: one of ``losses.ADVANTAGE_MODES`` (used by ``compute_advantages``).
+      advantage_eps: added to the group std (``grpo``).
+      advantage_std_ddof: 1 = unbiased group std (``grpo``).
+      temperature: sampling temperature; log-probs use ``logits / temperature``.
+      b1, b2, eps: Adam moments and epsilon at the *reference* batch (``lr_rules``
+        may rescale them, e.g. the ``malladi`` rule).
+      weight_decay: decoupled (AdamW) weight decay on matrices (ndim >= 2).
+      max_grad_norm: global-norm gradient clipping threshold (None = off).
+      num_minibatches: optimizer updates per epoch over the rollout batch.
+      num_epochs: passes over the rollout batch.
+      shuffle_minibatches: reshuffle the batch each epoch (only with minibatches/epochs).
+      micro_batches: gradient-accumulation micro-batches per optimizer update.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    loss_agg: str = "token_mean"
+    loss_agg_max_len: int | None = None
+    advantage: str = "grpo"
+    advantage_eps: float = 1e-6
+    advantage_std_ddof: int = 1
+    temperature: float = 1.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = None
+    num_minibatches: int = 1
+    num_epochs: int = 1
+    shuffle_minibatches: bool = True
+    micro_batches: int = 1
+
+    def __post_init__(self):
+        def bad(name, expected):
+            raise ValueError(
+                f"GRPOConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
+            )
+
+        for name in ("clip_low", "clip_high"):
+            if not 0.0 <= getattr(self, name) < 10.0:
+                bad(name, "a float in [0, 10)")
+        if self.clip_low >= 1.0:
+            bad("clip_low", "< 1 (the lower ratio bound 1 - clip_low must stay positive)")
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            bad("dual_clip", "None or a float > 1")
+        if not self.kl_coef >= 0.0:
+            bad("kl_coef", ">= 0")
+        if self.kl_estimator not in losses.KL_ESTIMATORS:
+            bad("kl_estimator", f"one of {losses.KL_ESTIMATORS}")
+        if self.loss_agg not in losses.LOSS_AGG_MODES:
+            bad("loss_agg", f"one of {losses.LOSS_AGG_MODES}")
+        if self.loss_agg_max_len is not None and not (
+            isinstance(self.loss_agg_max_len, int) and self.loss_agg_max_len > 0
+        ):
+            bad("loss_agg_max_len", "None or a positive int")
+        if self.advantage not in losses.ADVANTAGE_MODES:
+            bad("advantage", f"one of {losses.ADVANTAGE_MODES}")
+        if not self.advantage_eps >= 0.0:
+            bad("advantage_eps", ">= 0")
+        if self.advantage_std_ddof not in (0, 1):
+            bad("advantage_std_ddof", "0 or 1")
+        if not self.temperature > 0.0:
+            bad("temperature", "> 0")
+        for name in ("b1", "b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                bad(name, "a float in [0, 1)")
+        if not self.eps >= 0.0:
+            bad("eps", ">= 0")
+        if not self.weight_decay >= 0.0:
+            bad("weight_decay", ">= 0")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0.0:
+            bad("max_grad_norm", "None or > 0")
+        for name in ("num_minibatches", "num_epochs", "micro_batches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                bad(name, "a positive int")
+
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimizer updates made from one rollout batch."""
+        return self.num_minibatches * self.num_epochs
+
+    def replace(self, **changes) -> GRPOConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------- containers
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything an update changes.
+
+    Attributes:
+      step: [] int32, optimizer updates *applied* so far (a skipped non-finite update
+        does not count; equals Adam's own step count).
+      params: the model parameter tree (shared with the sampler).
+      opt_state: the optax state (``inject_hyperparams``: the LR lives in it).
+    """
+
+    step: jax.Array
+    params: Params
+    opt_state: optax.OptState
+
+
+@flax.struct.dataclass
+class Batch:
+    """One rollout batch (B responses; prompt-major when it holds groups: row p * G + g).
+
+    Attributes:
+      prompt_tokens: [B, P] int32, left-padded.
+      prompt_mask: [B, P] bool.
+      response_tokens: [B, R] int32, right-padded.
+      response_mask: [B, R] bool, True on generated tokens up to and including EOS.
+      advantages: [B] float32 per-sequence advantages (GRPO).
+      old_logprobs: [B, R] behaviour-policy log-probs (the sampler's, at the sampling
+        temperature), or None to use ``stop_gradient`` of the current ones (exact with
+        one update per batch, where the ratio is 1 at the update).
+      ref_logprobs: [B, R] reference-policy log-probs, or None.
+    """
+
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    response_tokens: jax.Array
+    response_mask: jax.Array
+    advantages: jax.Array
+    old_logprobs: jax.Array | None = None
+    ref_logprobs: jax.Array | None = None
+
+    @property
+    def size(self) -> int:
+        return self.response_tokens.shape[0]
+
+
+def check_batch(batch: Batch) -> None:
+    """Raises ValueError naming the field when shapes are inconsistent (trace time)."""
+    b, p = batch.prompt_tokens.shape
+    r = batch.response_tokens.shape[1]
+    expected = {
+        "prompt_mask": (b, p),
+        "response_tokens": (b, r),
+        "response_mask": (b, r),
+        "advantages": (b,),
+        "old_logprobs": (b, r),
+        "ref_logprobs": (b, r),
+    }
+    for name, shape in expected.items():
+        value = getattr(batch, name)
+        if value is not None and tuple(value.shape) != shape:
+            raise ValueError(
+                f"Batch.{name} has shape {tuple(value.shape)}, expected {shape} "
+                f"(B={b}, P={p}, R={r})"
+            )
+    if p < 1 or r < 1:
+        raise ValueError(f"Batch needs P >= 1 and R >= 1, got P={p}, R={r}")
+
+
+# ------------------------------------------------------------------------ optimizer
+
+
+def make_optimizer(
+    lr: float | Callable[[jax.Array], jax.Array],
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = None,
+) -> optax.GradientTransformation:
+    """AdamW (+ global-norm clipping when ``max_grad_norm`` is set).
+
+    Wrapped in ``optax.inject_hyperparams`` so that the learning rate (and the other
+    numeric hyperparameters) live in the optimizer state: ``current_lr(opt_state)``
+    reads it, and a schedule ``lr(count)`` is evaluated inside the step. Weight decay
+    applies to matrices only (ndim >= 2; not to norm scales and biases).
+
+    Args:
+      lr: learning rate or schedule.
+      b1, b2, eps: Adam hyperparameters.
+      weight_decay: decoupled weight decay coefficient.
+      max_grad_norm: clip the global gradient norm to this (None = off).
+
+    Returns:
+      An optax ``GradientTransformation``.
+    """
+
+    def factory(learning_rate, b1, b2, eps, weight_decay, max_grad_norm):
+        adamw = optax.adamw(
+            learning_rate,
+            b1=b1,
+            b2=b2,
+            eps=eps,
+            weight_decay=weight_decay,
+            mask=lambda params: jax.tree.map(lambda x: jnp.ndim(x) >= 2, params),
+        )
+        if max_grad_norm is None:
+            return adamw
+        return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
+
+    return optax.inject_hyperparams(factory, static_args=("max_grad_norm",))(
+        learning_rate=lr,
+        b1=b1,
+        b2=b2,
+        eps=eps,
+        weight_decay=weight_decay,
+        max_grad_norm=max_grad_norm,
+    )
+
+
+def optimizer_from_hparams(
+    config: GRPOConfig, hparams: OptimizerHparams
+) -> optax.GradientTransformation:
+    """``make_optimizer`` with lr/b1/b2/eps from ``lr_rules`` and the rest from config."""
+    return make_optimizer(
+        hparams.lr,
+        b1=hparams.b1,
+        b2=hparams.b2,
+        eps=hparams.eps,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+    )
+
+
+def current_lr(opt_state: optax.OptState) -> jax.Array:
+    """The learning rate stored by ``inject_hyperparams`` (NaN if there is none)."""
+    hyper = getattr(opt_state, "hyperparams", None)
+    if hyper is None or "learning_rate" not in hyper:
+        return jnp.array(jnp.nan, jnp.float32)
+    return jnp.asarray(hyper["learning_rate"], jnp.float32)
+
+
+# ---------------------------------------------------------------------- train state
+
+
+def _check_params(model_config: model_lib.ModelConfig, params: Params) -> None:
+    expected = model_lib.abstract_params(model_config)
+    exp_flat, exp_def = jax.tree_util.tree_flatten_with_path(expected)
+    got_flat, got_def = jax.tree_util.tree_flatten_with_path(params)
+    if exp_def != got_def:
+        raise ValueError(
+            "params do not match the model config's parameter tree: "
+            f"expected {exp_def}, got {got_def}"
+        )
+    for (path, e), (_, g) in zip(exp_flat, got_flat):
+        if tuple(e.shape) != tuple(jnp.shape(g)):
+            raise ValueError(
+                f"param {jax.tree_util.keystr(path)} has shape {tuple(jnp.shape(g))}, "
+                f"the model config expects {tuple(e.shape)}"
+            )
+
+
+def train_state_shardings(
+    model_config: model_lib.ModelConfig, optimizer: optax.GradientTransformation, mesh: Mesh
+) -> TrainState:
+    """A ``TrainState`` of ``NamedSharding``: params by the rule table, optimizer state
+    following the params, scalars replicated."""
+    params_sh = sharding_lib.param_shardings(model_config, mesh)
+    opt_sh = sharding_lib.opt_state_shardings(
+        optimizer, params_sh, model_lib.abstract_params(model_config)
+    )
+    return TrainState(step=sharding_lib.replicated(mesh), params=params_sh, opt_state=opt_sh)
+
+
+def init_train_state(
+    model_config: model_lib.ModelConfig,
+    params: Params,
+    optimizer: optax.GradientTransformation,
+    *,
+    mesh: Mesh | None = None,
+) -> TrainState:
+    """Wraps ``params`` with a fresh optimizer state.
+
+    With ``mesh`` the params are placed by ``train_state_shardings`` and the optimizer
+    state is created already sharded. The update function donates the state, so use
+    ``state.params`` afterwards, not the ``params`` passed in.
+
+    Args:
+      model_config: the model shape (the params are checked against it).
+      params: the parameter tree.
+      optimizer: from ``make_optimizer``.
+      mesh: optional mesh to place the state on.
+
+    Returns:
+      A ``TrainState`` with ``step = 0``.
+    """
+    _check_params(model_config, params)
+    if mesh is None:
+        return TrainState(
+            step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params)
+        )
+    shardings = train_state_shardings(model_config, optimizer, mesh)
+    params = jax.device_put(params, shardings.params)
+    opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+    step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
+    return TrainState(step=step, params=params, opt_state=opt_state)
+
+
+# ------------------------------------------------------------------ model plumbing
+
+
+def response_outputs(
+    model_config: model_lib.ModelConfig,
+    params: Params,
+    batch: Any,
+) -> jax.Array:
+    """Model outputs aligned with the response tokens.
+
+    Args:
+      model_config: the model shape (``head="lm"`` or ``"value"``).
+      params: its parameters.
+      batch: anything with ``prompt_tokens``, ``prompt_mask``, ``response_tokens``,
+        ``response_mask`` (see ``Batch``).
+
+    Returns:
+      [B, R, V] float32 logits whose row j predicts response token j (``head="lm"``),
+      or [B, R] values of the state before response token j (``head="value"``).
+    """
+    p = batch.prompt_tokens.shape[1]
+    r = batch.response_tokens.shape[1]
+    tokens_bt = jnp.concatenate([batch.prompt_tokens, batch.response_tokens], axis=1)
+    mask_bt = jnp.concatenate(
+        [batch.prompt_mask.astype(bool), batch.response_mask.astype(bool)], axis=1
+    )
+    out = model_lib.forward(
+        model_config,
+        params,
+        tokens_bt,
+        input_mask_bt=mask_bt,
+        positions_bt=model_lib.positions_from_mask(mask_bt),
+    )
+    return out[:, p - 1 : p + r - 1]
+
+
+def compute_logprobs(
+    model_config: model_lib.ModelConfig,
+    params: Params,
+    batch: Any,
+    temperature: float = 1.0,
+) -> jax.Array:
+    """[B, R] log-probs of the response tokens under softmax(logits / temperature),
+    0 on padding. Jittable (``temperature`` static); use for reference log-probs or
+    evaluation."""
+    logits_brv = response_outputs(model_config, params, batch) / temperature
+    logp_br = model_lib.token_logprobs(logits_brv, batch.response_tokens)
+    return jnp.where(batch.response_mask.astype(bool), logp_br, 0.0)
+
+
+def make_logprobs_fn(
+    model_config: model_lib.ModelConfig, mesh: Mesh, temperature: float = 1.0
+) -> Callable[[Params, Batch], jax.Array]:
+    """Jitted ``(params, batch) -> logprobs [B, R]`` with the mesh's shardings (e.g. for
+    reference-policy log-probs; the batch may carry None for the optional fields)."""
+    return jax.jit(
+        functools.partial(compute_logprobs, model_config, temperature=temperature),
+        in_shardings=(
+            sharding_lib.param_shardings(model_config, mesh),
+            sharding_lib.batch_sharding(mesh),
+        ),
+        out_shardings=sharding_lib.batch_sharding(mesh),
+    )
+
+
+def compute_advantages(config: GRPOConfig, rewards_pg: jax.Array) -> jax.Array:
+    """[P * G] advantages in prompt-major order (row p * G + g) for ``Batch.advantages``."""
+    adv_pg = losses.group_advantages(
+        rewards_pg, config.advantage, eps=config.advantage_eps, std_ddof=config.advantage_std_ddof
+    )
+    return adv_pg.reshape(-1)
+
+
+# ------------------------------------------------------------------------ the loss
+
+
+def grpo_loss(
+    model_config: model_lib.ModelConfig,
+    config: GRPOConfig,
+    params: Params,
+    batch: Batch,
+    *,
+    num_tokens: jax.Array,
+    num_seqs: int,
+    max_len: int,
+) -> tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]:
+    """GRPO loss of one (micro-)batch, normalised by the *full* batch's totals.
+
+    Args:
+      model_config, config: model shape and GRPO hyperparameters.
+      params: the policy parameters (differentiated).
+      batch: the (micro-)batch.
+      num_tokens: real response tokens in the full batch (token_mean normaliser).
+      num_seqs: sequences in the full batch.
+      max_len: fixed length normaliser (seq_mean_token_sum_norm).
+
+    Returns:
+      (loss, (sums, maxes, own_scale)): ``sums`` are metrics that add up over
+      micro-batches to the full-batch value, ``maxes`` combine by max, and ``own_scale``
+      converts this micro-batch's gradient to the gradient of its own normalised loss
+      (``|g_own| = own_scale * |g|``), for the gradient noise scale.
+    """
+    mask_br = batch.response_mask.astype(bool)
+    logits_brv = response_outputs(model_config, params, batch) / config.temperature
+    logp_br = model_lib.token_logprobs(logits_brv, batch.response_tokens)
+    if batch.old_logprobs is None:
+        old_br = jax.lax.stop_gradient(logp_br)
+    else:
+        old_br = batch.old_logprobs.astype(jnp.float32)
+    pg_br, clipped_br = losses.clipped_policy_loss(
+        logp_br,
+        old_br,
+        batch.advantages.astype(jnp.float32)[:, None],
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        dual_clip=config.dual_clip,
+    )
+    w_br = losses.aggregation_weights(
+        mask_br, config.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
+    )
+
+    def weighted(x_br):
+        return jnp.sum(jnp.where(mask_br, x_br * w_br, 0.0))
+
+    def token_mean(x_br):  # summed over micro-batches gives the full-batch token mean
+        return losses.masked_sum(jax.lax.stop_gradient(x_br), mask_br) / num_tokens
+
+    pg_loss = weighted(pg_br)
+    loss = pg_loss
+    kl_old_br = losses.kl_k3(logp_br, old_br)
+    sums = {"pg_loss": pg_loss, "kl_old": token_mean(kl_old_br)}
+    if batch.ref_logprobs is not None:
+        kl_ref_br = losses.kl_estimate(
+            logp_br, batch.ref_logprobs.astype(jnp.float32), config.kl_estimator
+        )
+        kl_loss = weighted(kl_ref_br)
+        loss = loss + config.kl_coef * kl_loss
+        sums["kl_loss"] = kl_loss
+        sums["kl"] = token_mean(losses.kl_k3(logp_br, batch.ref_logprobs.astype(jnp.float32)))
+    elif config.kl_coef:
+        raise ValueError(
+            f"GRPOConfig.kl_coef={config.kl_coef} needs Batch.ref_logprobs, which is None"
+        )
+    else:
+        sums["kl"] = sums["kl_old"]
+    ratio_br = jnp.exp(jnp.clip(logp_br - old_br, -20.0, 20.0))
+    sums.update(
+        loss=loss,
+        clip_frac=token_mean(clipped_br),
+        entropy=token_mean(losses.token_entropy(jax.lax.stop_gradient(logits_brv))),
+        ratio_mean=token_mean(ratio_br),
+        logprob_mean=token_mean(logp_br),
+    )
+    maxes = {"ratio_max": jnp.max(jnp.where(mask_br, jax.lax.stop_gradient(ratio_br), 0.0))}
+    if config.loss_agg == "token_mean":
+        own_scale = num_tokens / jnp.maximum(jnp.sum(mask_br.astype(jnp.float32)), 1.0)
+    else:
+        own_scale = jnp.asarray(num_seqs / mask_br.shape[0], jnp.float32)
+    return loss, (sums, maxes, own_scale)
+
+
+# ------------------------------------------------------------- generic update blocks
+
+
+def split_batch(batch: Any, n: int, mesh: Mesh | None = None) -> Any:
+    """[B, ...] leaves -> [n, B / n, ...]; piece m holds rows m, m + n, m + 2n, ...
+
+    Strided so that each piece takes an equal share of every device's rows (no
+    communication when the batch is sharded along dimension 0 and n divides the
+    per-device row count).
+    """
+
+    def split(x):
+        if x.shape[0] % n:
+            raise ValueError(f"batch of {x.shape[0]} rows cannot be split into {n} pieces")
+        return jnp.swapaxes(x.reshape(x.shape[0] // n, n, *x.shape[1:]), 0, 1)
+
+    out = jax.tree.map(split, batch)
+    if mesh is not None:
+        out = jax.lax.with_sharding_constraint(out, sharding_lib.stacked_batch_sharding(mesh))
+    return out
+
+
+def _tree_sq_norm(tree) -> jax.Array:
+    return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
+
+
+def accumulate_gradients(
+    loss_fn: Callable[[Params, Any], tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]],
+    params: Params,
+    batch: Any,
+    micro_batches: int,
+    mesh: Mesh | None = None,
+) -> tuple[Params, jax.Array, Metrics]:
+    """Gradient of ``sum_m loss_fn(params, micro_batch_m)`` via ``lax.scan``.
+
+    ``loss_fn`` must normalise by the full batch's totals (see ``grpo_loss``), so the
+    sum over micro-batches is the full-batch loss and its gradient.
+
+    Args:
+      loss_fn: ``(params, batch) -> (loss, (sums, maxes, own_scale))``.
+      params: differentiated parameters.
+      batch: the batch (leaves [B, ...]).
+      micro_batches: M; B must be divisible by M.
+      mesh: optional, to keep micro-batches sharded.
+
+    Returns:
+      (grads, loss, metrics). With M > 1 the metrics include the gradient-noise-scale
+      statistics ``grad_sq_micro`` (mean over micro-batches of the squared norm of each
+      micro-batch's own gradient), ``grad_sq_full`` and ``gns_batch_micro`` /
+      ``gns_batch_full`` (sequences).
+    """
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if micro_batches == 1:
+        (loss, (sums, maxes, _)), grads = grad_fn(params, batch)
+        return grads, loss, {**sums, **maxes}
+
+    stacked = split_batch(batch, micro_batches, mesh)
+    b = jax.tree.leaves(batch)[0].shape[0]
+
+    def body(carry, micro):
+        grads_acc, sums_acc, maxes_acc, own_sq_acc = carry
+        (_, (sums, maxes, own_scale)), grads = grad_fn(params, micro)
+        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+        sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
+        maxes_acc = jax.tree.map(jnp.maximum, maxes_acc, maxes)
+        own_sq_acc = own_sq_acc + jnp.square(own_scale) * _tree_sq_norm(grads)
+        return (grads_acc, sums_acc, maxes_acc, own_sq_acc), None
+
+    first = jax.tree.map(lambda x: x[0], stacked)
+    _, (sums0, maxes0, _) = jax.eval_shape(loss_fn, params, first)
+    init = (
+        jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params),
+        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0),
+        jax.tree.map(lambda s: jnp.full(s.shape, -jnp.inf, s.dtype), maxes0),
+        jnp.zeros((), jnp.float32),
+    )
+    (grads, sums, maxes, own_sq), _ = jax.lax.scan(body, init, stacked)
+    metrics = {
+        **sums,
+        **maxes,
+        "grad_sq_micro": own_sq / micro_batches,
+        "grad_sq_full": _tree_sq_norm(grads),
+        "gns_batch_micro": jnp.asarray(b // micro_batches, jnp.float32),
+        "gns_batch_full": jnp.asarray(b, jnp.float32),
+    }
+    # Accumulated in float32; hand back gradients in the parameters' dtype.
+    grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
+    return grads, sums["loss"], metrics
+
+
+def apply_update(
+    state: TrainState,
+    grads: Params,
+    loss: jax.Array,
+    optimizer: optax.GradientTransformation,
+) -> tuple[TrainState, Metrics]:
+    """One optimizer update, skipped (state unchanged) if the loss or grads are non-finite.
+
+    Returns:
+      (new state, {"grad_norm": pre-clipping global norm, "skipped": 0. or 1.}).
+    """
+    grad_norm = optax.tree.norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+
+    def keep_if_ok(new, old):
+        return jnp.where(ok, new, old)
+
+    new_state = state.replace(
+        step=state.step + ok.astype(state.step.dtype),
+        params=jax.tree.map(keep_if_ok, new_params, state.params),
+        opt_state=jax.tree.map(keep_if_ok, new_opt_state, state.opt_state),
+    )
+    return new_state, {"grad_norm": grad_norm, "skipped": 1.0 - ok.astype(jnp.float32)}
+
+
+# ------------------------------------------------------------------------ update_fn
+
+# How per-update metrics combine when one rollout batch makes several updates.
+_COMBINE_MAX = ("ratio_max",)
+_COMBINE_SUM = ("skipped",)
+
+
+def make_update_fn(
+    model_config: model_lib.ModelConfig,
+    config: GRPOConfig,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    state_sharding: TrainState | None = None,
+) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]:
+    """Builds the jitted GRPO ``update_fn(state, batch, rng) -> (state, metrics)``.
+
+    The state is donated (do not reuse the state passed in); the batch is split along
+    dimension 0 over the mesh's ``('data', 'fsdp')`` axes; metrics are replicated
+    float32 scalars. One compilation per batch shape (and per set of present optional
+    batch fields). ``rng`` is only used to shuffle minibatches.
+
+    Metrics: ``loss``, ``pg_loss``, ``kl`` (k3 to the reference when
+    ``ref_logprobs`` is given, else k3 between behaviour and current policy),
+    ``kl_old``, ``kl_loss`` (with a reference), ``clip_frac`` (fraction of response
+    tokens clipped), ``entropy`` (token mean, at the temperature), ``ratio_mean``,
+    ``ratio_max``, ``logprob_mean``, ``grad_norm`` (before clipping), ``update_norm``,
+    ``param_norm``, ``lr``, ``skipped`` (updates skipped as non-finite),
+    ``num_updates``, ``response_len_mean``, ``response_tokens``, ``sequences``; with
+    ``micro_batches > 1`` also ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``,
+    ``gns_batch_full``. With several updates per batch, metrics are means over updates
+    (``ratio_max``: max, ``skipped``: sum).
+
+    Args:
+      model_config: the policy's shape.
+      config: GRPO hyperparameters.
+      optimizer: from ``make_optimizer`` (the same one used for ``init_train_state``).
+      mesh: the device mesh.
+      state_sharding: a ``TrainState`` of shardings (default ``train_state_shardings``).
+
+    Returns:
+      The jitted update function.
+    """
+    if state_sharding is None:
+        state_sharding = train_state_shardings(model_config, optimizer, mesh)
+    n_shards = sharding_lib.batch_shard_count(mesh)
+
+    def one_update(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        b, r = batch.response_tokens.shape
+        num_tokens = jnp.maximum(jnp.sum(batch.response_mask.astype(jnp.float32)), 1.0)
+        loss_fn = functools.partial(
+            grpo_loss,
+            model_config,
+            config,
+            num_tokens=num_tokens,
+            num_seqs=b,
+            max_len=config.loss_agg_max_len or r,
+        )
+        grads, loss, metrics = accumulate_gradients(
+            loss_fn, state.params, batch, config.micro_batches, mesh
+        )
+        state, update_metrics = apply_update(state, grads, loss, optimizer)
+        return state, {**metrics, **update_metrics}
+
+    def update_fn(state: TrainState, batch: Batch, rng: jax.Array):
+        check_batch(batch)
+        b = batch.size
+        n_updates = config.updates_per_batch
+        per_update = b // config.num_minibatches
+        if b % config.num_minibatches or per_update % config.micro_batches:
+            raise ValueError(
+                f"batch of {b} sequences cannot be split into num_minibatches="
+                f"{config.num_minibatches} x micro_batches={config.micro_batches}"
+            )
+        micro = per_update // config.micro_batches
+        if micro % n_shards:
+            raise ValueError(
+                f"micro-batch of {micro} sequences (batch {b} / num_minibatches "
+                f"{config.num_minibatches} / micro_batches {config.micro_batches}) is not "
+                f"divisible by the {n_shards} batch shards of the mesh"
+            )
+        old_params = state.params
+        if n_updates == 1:
+            state, metrics = one_update(state, batch)
+        else:
+            if batch.old_logprobs is None:
+                # Later updates need the behaviour policy, i.e. the params before any.
+                batch = batch.replace(
+                    old_logprobs=jax.lax.stop_gradient(
+                        compute_logprobs(model_config, state.params, batch, config.temperature)
+                    )
+                )
+
+            def epoch(state, rng_e):
+                if config.shuffle_minibatches:
+                    perm = jax.random.permutation(rng_e, b)
+                    shuffled = jax.tree.map(lambda x: x[perm], batch)
+                else:
+                    shuffled = batch
+                minibatches = split_batch(shuffled, config.num_minibatches, mesh)
+                return jax.lax.scan(one_update, state, minibatches)
+
+            state, metrics = jax.lax.scan(epoch, state, jax.random.split(rng, config.num_epochs))
+            metrics = {
+                k: (
+                    jnp.max(v)
+                    if k in _COMBINE_MAX
+                    else jnp.sum(v)
+                    if k in _COMBINE_SUM
+                    else jnp.mean(v)
+                )
+                for k, v in metrics.items()
+            }
+        lengths_b = jnp.sum(batch.response_mask.astype(jnp.float32), axis=1)
+        delta = jax.tree.map(
+            lambda n, o: n.astype(jnp.float32) - o.astype(jnp.float32), state.params, old_params
+        )
+        metrics.update(
+            update_norm=optax.tree.norm(delta),
+            param_norm=optax.tree.norm(state.params),
+            lr=current_lr(state.opt_state),
+            num_updates=jnp.asarray(n_updates, jnp.float32),
+            response_len_mean=jnp.mean(lengths_b),
+            response_tokens=jnp.sum(lengths_b),
+            sequences=jnp.asarray(b, jnp.float32),
+        )
+        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+        return state, metrics
+
+    replicated = sharding_lib.replicated(mesh)
+    return jax.jit(
+        update_fn,
+        in_shardings=(state_sharding, sharding_lib.batch_sharding(mesh), replicated),
+        out_shardings=(state_sharding, replicated),
+        donate_argnums=0,
+    )

@@ -1,0 +1,251 @@
+"""Device mesh, the logical-axis rule table, and shardings for params, batches, state.
+
+One mesh with three named axes:
+
+- ``data``: pure data parallelism (parameters replicated across it);
+- ``fsdp``: data parallelism whose members also split the parameters and optimizer
+  state along the ``embed`` axis (ZeRO-3 / FSDP);
+- ``tensor``: tensor (model) parallelism over heads, MLP width and vocabulary.
+
+Batches are split over ``("data", "fsdp")`` together: every device of a ``data`` x
+``fsdp`` slice holds a different part of the batch, and a ``tensor`` group shares one.
+
+Parameters carry logical axis names (``rl_batch.model.logical_axes``) mapped to mesh
+axes by ``LOGICAL_AXIS_RULES`` below -- the only table of its kind in the project. Two
+fallbacks keep every model shardable on every mesh, both to *replication* of that one
+dimension (never an error):
+
+1. a dimension whose size is not divisible by its mesh axis size (e.g. 2 KV heads on a
+   4-way ``tensor`` axis) is replicated;
+2. a mesh axis is used at most once per array; a later dimension mapped to an axis
+   already used by an earlier dimension of the same array is replicated.
+
+No ``PartitionSpec`` literal lives outside this module.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from rl_batch import model as model_lib
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Mesh axes that split the batch dimension of rollout batches and activations.
+BATCH_AXES = ("data", "fsdp")
+
+# Logical axis -> mesh axis (None = replicated). Every logical axis the model uses must
+# appear here, so that a new axis name fails loudly instead of silently replicating.
+LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("q_heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+)
+
+
+def make_mesh(
+    data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[Any] | None = None
+) -> Mesh:
+    """Builds the ``('data', 'fsdp', 'tensor')`` mesh.
+
+    Args:
+      data: size of the ``data`` axis; -1 = all devices left after fsdp x tensor.
+      fsdp: size of the ``fsdp`` axis.
+      tensor: size of the ``tensor`` axis.
+      devices: devices to use (default ``jax.devices()``, all processes).
+
+    Returns:
+      A ``jax.sharding.Mesh`` with auto (GSPMD-propagated) axes.
+
+    Raises:
+      ValueError: if the sizes do not multiply to the device count (names the sizes).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    for name, size in (("fsdp", fsdp), ("tensor", tensor)):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"mesh axis {name}={size!r} must be a positive int")
+    if data == -1:
+        if n % (fsdp * tensor):
+            raise ValueError(
+                f"cannot infer data: {n} devices are not divisible by "
+                f"fsdp={fsdp} x tensor={tensor} = {fsdp * tensor}"
+            )
+        data = n // (fsdp * tensor)
+    if not isinstance(data, int) or data < 1 or data * fsdp * tensor != n:
+        raise ValueError(
+            f"mesh data={data} x fsdp={fsdp} x tensor={tensor} = {data * fsdp * tensor} "
+            f"does not match the {n} available devices"
+        )
+    shape = (data, fsdp, tensor)
+    try:
+        # Topology-aware device order on TPU/GPU; plain order on CPU.
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(shape, devices=devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        grid = np.asarray(devices, dtype=object).reshape(shape)
+    auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    return Mesh(grid, MESH_AXES, axis_types=auto)
+
+
+def logical_to_spec(
+    axes: Sequence[str],
+    shape: Sequence[int],
+    mesh: Mesh,
+    rules: Sequence[tuple[str, str | None]] = LOGICAL_AXIS_RULES,
+) -> P:
+    """PartitionSpec for one array from its logical axes, with the two fallbacks.
+
+    Args:
+      axes: logical axis name per dimension (``()`` for a scalar).
+      shape: the array's shape (same length as ``axes``).
+      mesh: the mesh.
+      rules: logical -> mesh axis table.
+
+    Returns:
+      A ``PartitionSpec`` with one entry per dimension.
+    """
+    table = dict(rules)
+    if len(axes) != len(shape):
+        raise ValueError(f"logical axes {tuple(axes)} do not match shape {tuple(shape)}")
+    used: set[str] = set()
+    spec = []
+    for name, dim in zip(axes, shape):
+        if name not in table:
+            raise ValueError(
+                f"logical axis {name!r} has no sharding rule; known axes: {sorted(table)}"
+            )
+        mesh_axis = table[name]
+        if mesh_axis is None or mesh_axis in used or dim % mesh.shape[mesh_axis]:
+            spec.append(None)
+            continue
+        used.add(mesh_axis)
+        spec.append(mesh_axis if mesh.shape[mesh_axis] > 1 else None)
+    return P(*spec)
+
+
+def param_specs(
+    model_config: model_lib.ModelConfig,
+    mesh: Mesh,
+    rules: Sequence[tuple[str, str | None]] = LOGICAL_AXIS_RULES,
+) -> Any:
+    """Tree of ``PartitionSpec`` shaped like the model's params."""
+    axes = model_lib.logical_axes(model_config)
+    shapes = model_lib.abstract_params(model_config)
+    return jax.tree.map(
+        lambda a, s: logical_to_spec(a, s.shape, mesh, rules),
+        axes,
+        shapes,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
+
+
+def param_shardings(
+    model_config: model_lib.ModelConfig,
+    mesh: Mesh,
+    rules: Sequence[tuple[str, str | None]] = LOGICAL_AXIS_RULES,
+) -> Any:
+    """Tree of ``NamedSharding`` shaped like the model's params.
+
+    Args:
+      model_config: the model shape (its logical axes come from ``model.logical_axes``).
+      mesh: the mesh.
+      rules: logical -> mesh axis table.
+
+    Returns:
+      A tree with the same structure as ``model.init_params(model_config, ...)``.
+    """
+    specs = param_specs(model_config, mesh, rules)
+    return jax.tree.map(
+        lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P)
+    )
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """A fully replicated sharding (scalars, RNG keys, metrics)."""
+    return NamedSharding(mesh, P())
+
+
+def batch_shard_count(mesh: Mesh) -> int:
+    """Number of pieces the batch dimension is split into (data x fsdp)."""
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of batch-major arrays: dimension 0 split over ``('data', 'fsdp')``.
+
+    Used as a pytree *prefix* it shards every leaf of a batch along its first dimension.
+    """
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of ``[M, B / M, ...]`` stacks of micro/mini-batches (dim 1 split)."""
+    return NamedSharding(mesh, P(None, BATCH_AXES))
+
+
+def check_batch_divisible(batch_size: int, mesh: Mesh, what: str = "batch") -> None:
+    """Raises ValueError unless ``batch_size`` splits evenly over ``data x fsdp``."""
+    n = batch_shard_count(mesh)
+    if batch_size % n:
+        raise ValueError(
+            f"{what} size {batch_size} is not divisible by the {n} batch shards "
+            f"(mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']})"
+        )
+
+
+def shard_batch(batch: Any, mesh: Mesh) -> Any:
+    """Places a (host) batch pytree on the mesh, split along dimension 0.
+
+    Single-process only (every process would need the full batch); multi-host runs
+    should assemble global arrays with ``jax.make_array_from_process_local_data``.
+
+    Raises:
+      ValueError: if a leaf's leading dimension is not divisible by the batch shards.
+    """
+    for leaf in jax.tree.leaves(batch):
+        check_batch_divisible(int(np.shape(leaf)[0]), mesh)
+    return jax.device_put(batch, batch_sharding(mesh))
+
+
+def opt_state_shardings(
+    optimizer: optax.GradientTransformation, params_shardings: Any, abstract_params: Any
+) -> Any:
+    """Shardings of ``optimizer.init(params)``: param-shaped parts follow the params,
+    everything else (step counts, injected hyperparameters) is replicated.
+
+    Args:
+      optimizer: the optax transformation.
+      params_shardings: tree of ``NamedSharding`` shaped like the params.
+      abstract_params: the params as ``jax.ShapeDtypeStruct`` leaves.
+
+    Returns:
+      A tree of ``NamedSharding`` shaped like the optimizer state.
+    """
+    mesh = jax.tree.leaves(params_shardings)[0].mesh
+    abstract_state = jax.eval_shape(optimizer.init, abstract_params)
+    return optax.tree_map_params(
+        optimizer,
+        lambda _, sharding: sharding,
+        abstract_state,
+        params_shardings,
+        transform_non_params=lambda _: replicated(mesh),
+        is_leaf=lambda x: isinstance(x, optax.MaskedNode),
+    )
+
+
+def describe_shardings(shardings: Any) -> dict[str, str]:
+    """``{'path/to/param': 'PartitionSpec(...)'}`` for logging a sharding tree."""
+    flat = jax.tree_util.tree_flatten_with_path(shardings)[0]
+    return {jax.tree_util.keystr(path): str(s.spec) for path, s in flat}

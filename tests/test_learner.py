@@ -1,0 +1,335 @@
+"""GRPO learner on a 2-layer toy transformer, one CPU device.
+
+Compilations are the cost here, so jitted functions are built once per module and
+shared between tests that use the same shapes.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rl_batch import learner, losses, sharding
+from rl_batch import model as model_lib
+
+CFG = model_lib.get_preset(
+    "tiny-1m",
+    num_layers=2,
+    hidden_size=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    intermediate_size=64,
+)
+B, P, R = 8, 4, 6
+LR = 1e-3
+# Response lengths differ a lot, so micro-batches hold different token counts.
+LENGTHS = np.array([6, 3, 5, 1, 6, 2, 4, 6])
+ADV = np.array([1.0, 0.5, 2.0, 1.0, -1.0, -0.5, -2.0, -1.0], np.float32)
+
+
+def make_batch(advantages=ADV, **extra) -> learner.Batch:
+    rng = np.random.default_rng(0)
+    prompt_mask = np.ones((B, P), bool)
+    prompt_mask[1, :2] = False  # left padding
+    prompt_mask[5, :1] = False
+    response_mask = np.arange(R)[None, :] < LENGTHS[:, None]
+    return learner.Batch(
+        prompt_tokens=jnp.asarray(rng.integers(1, 64, (B, P)) * prompt_mask, jnp.int32),
+        prompt_mask=jnp.asarray(prompt_mask),
+        response_tokens=jnp.asarray(rng.integers(1, 64, (B, R)) * response_mask, jnp.int32),
+        response_mask=jnp.asarray(response_mask),
+        advantages=jnp.asarray(advantages, jnp.float32),
+        **extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+
+
+@pytest.fixture(scope="module")
+def params():
+    # Drawn with numpy like model.init_params (normal(0.02) weights, unit norm scales):
+    # NNX initialisation costs ~10 s of dispatch or compilation on this CPU.
+    rng = np.random.default_rng(0)
+    return jax.tree.map(
+        lambda s: (
+            np.ones(s.shape, np.float32)
+            if len(s.shape) == 1
+            else rng.normal(0.0, 0.02, s.shape).astype(np.float32)
+        ),
+        model_lib.abstract_params(CFG),
+    )
+
+
+@pytest.fixture(scope="module")
+def optimizer():
+    return learner.make_optimizer(LR)
+
+
+# Plain SGD with lr 1 so that the parameter change is minus the gradient (Adam's
+# g / (|g| + eps) would amplify float noise in near-zero gradient entries).
+SGD = optax.sgd(1.0)
+
+
+def update_fn_for(mesh, optimizer, **config):
+    return _update_fn(mesh, optimizer, learner.GRPOConfig(**config))
+
+
+@functools.cache
+def _update_fn(mesh, optimizer, config):
+    return learner.make_update_fn(CFG, config, optimizer, mesh)
+
+
+def fresh_state(params, optimizer, mesh):
+    return learner.init_train_state(CFG, jax.tree.map(jnp.array, params), optimizer, mesh=mesh)
+
+
+KEY = jax.random.key(0)
+_logprobs = jax.jit(functools.partial(learner.compute_logprobs, CFG))
+response_logits_fn = jax.jit(functools.partial(learner.response_outputs, CFG))
+forward_fn = jax.jit(functools.partial(model_lib.forward, CFG))
+
+
+def logprobs_fn(params, batch, temperature):
+    # Host copies, so that fixture params and state params hit one compiled version.
+    return _logprobs(jax.tree.map(np.asarray, params), batch, temperature)
+
+
+def rel_err(a_tree, b_tree) -> float:
+    a = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(a_tree)])
+    b = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(b_tree)])
+    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+# ------------------------------------------------------------------------------ config
+
+
+def test_config_validation():
+    cfg = learner.GRPOConfig()
+    assert (cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.micro_batches) == (0.2, 0.28, 0.0, 1)
+    assert cfg == learner.GRPOConfig(num_minibatches=1, num_epochs=1)
+    assert cfg.updates_per_batch == 1
+    with pytest.raises(ValueError, match=r"GRPOConfig.clip_low=-0.1"):
+        learner.GRPOConfig(clip_low=-0.1)
+    with pytest.raises(ValueError, match=r"GRPOConfig.loss_agg='mean'.*token_mean"):
+        learner.GRPOConfig(loss_agg="mean")
+    with pytest.raises(ValueError, match=r"GRPOConfig.micro_batches=0"):
+        learner.GRPOConfig(micro_batches=0)
+    with pytest.raises(ValueError, match=r"GRPOConfig.max_grad_norm=0"):
+        learner.GRPOConfig(max_grad_norm=0)
+    with pytest.raises(ValueError, match=r"GRPOConfig.dual_clip=0.5"):
+        learner.GRPOConfig(dual_clip=0.5)
+    with pytest.raises(TypeError):
+        learner.GRPOConfig(0.2)  # kw_only
+
+
+def test_compute_advantages_prompt_major():
+    # Two prompts, G = 2: rewards [[1, 0], [0, 0]] -> grpo: row 0 mean 0.5, unbiased std
+    # 0.7071068 -> +-0.7071058; row 1 all equal -> 0. Flattened prompt-major.
+    adv = learner.compute_advantages(learner.GRPOConfig(), jnp.array([[1.0, 0.0], [0.0, 0.0]]))
+    np.testing.assert_allclose(adv, [0.7071058, -0.7071058, 0.0, 0.0], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------- model plumbing
+
+
+def test_logprobs_layout_matches_unpadded_forward(params):
+    # Row 1 has 2 left-padding prompt tokens: its response log-probs must equal those of
+    # a plain forward pass over the unpadded sequence prompt[2:] + response[:3].
+    batch = make_batch()
+    logp = np.asarray(logprobs_fn(params, batch, 1.0))
+    for row in (0, 1):
+        prompt = np.asarray(batch.prompt_tokens[row])[np.asarray(batch.prompt_mask[row])]
+        response = np.asarray(batch.response_tokens[row])[: LENGTHS[row]]
+        tokens = jnp.asarray(np.concatenate([prompt, response]))[None]
+        logits = forward_fn(params, tokens)[0]
+        n = len(prompt)
+        expected = model_lib.token_logprobs(logits[n - 1 : -1][None], tokens[:, n:])[0]
+        np.testing.assert_allclose(logp[row, : LENGTHS[row]], expected, rtol=1e-5, atol=1e-5)
+        assert np.all(logp[row, LENGTHS[row] :] == 0.0)  # padding
+    # Temperature: log softmax(logits / 2).
+    logits = response_logits_fn(params, batch)
+    expected = model_lib.token_logprobs(logits / 2.0, batch.response_tokens)
+    np.testing.assert_allclose(logprobs_fn(params, batch, 2.0)[0], expected[0], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- updates
+
+
+def test_update_moves_logprobs_with_advantage_sign(params, optimizer, mesh):
+    batch = make_batch()
+    before = np.asarray(logprobs_fn(params, batch, 1.0)).sum(axis=1)
+    state, metrics = update_fn_for(mesh, optimizer)(
+        fresh_state(params, optimizer, mesh), batch, KEY
+    )
+    after = np.asarray(logprobs_fn(state.params, batch, 1.0)).sum(axis=1)
+    delta = after - before
+    assert np.all(delta[ADV > 0] > 0), delta
+    assert np.all(delta[ADV < 0] < 0), delta
+    assert int(state.step) == 1
+    # With old = stop_gradient(current): ratio 1, nothing clipped, KL 0, and the loss is
+    # -sum_b A_b len_b / sum len = -(6 + 1.5 + 10 + 1 - 6 - 1 - 8 - 6) / 33 = 2.5 / 33.
+    np.testing.assert_allclose(metrics["loss"], 2.5 / 33, rtol=1e-6)
+    np.testing.assert_allclose(metrics["pg_loss"], 2.5 / 33, rtol=1e-6)
+    assert float(metrics["clip_frac"]) == 0.0 and float(metrics["kl"]) == 0.0
+    np.testing.assert_allclose(metrics["ratio_mean"], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(metrics["ratio_max"], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(metrics["response_len_mean"], 33 / 8)
+    np.testing.assert_allclose(metrics["lr"], LR, rtol=1e-6)
+    assert float(metrics["skipped"]) == 0.0
+    assert float(metrics["grad_norm"]) > 0 and float(metrics["update_norm"]) > 0
+    # Adam's first step moves every parameter with a non-zero gradient by ~lr.
+    assert float(metrics["update_norm"]) < LR * np.sqrt(CFG.num_params)
+    np.testing.assert_allclose(metrics["param_norm"], optax.tree.norm(state.params), rtol=1e-6)
+    # Entropy metric = token-mean entropy of the pre-update logits.
+    logits = response_logits_fn(params, batch)
+    np.testing.assert_allclose(
+        metrics["entropy"], losses.entropy_from_logits(logits, batch.response_mask), rtol=1e-5
+    )
+
+
+def test_sampler_old_logprobs_give_same_update(params, optimizer, mesh):
+    # Passing the (same-policy) behaviour log-probs explicitly equals stop_gradient.
+    batch = make_batch()
+    old = logprobs_fn(params, batch, 1.0)
+    f = update_fn_for(mesh, optimizer)
+    s1, m1 = f(fresh_state(params, optimizer, mesh), batch, KEY)
+    s2, m2 = f(fresh_state(params, optimizer, mesh), batch.replace(old_logprobs=old), KEY)
+    assert rel_err(s2.params, s1.params) < 1e-6
+    np.testing.assert_allclose(m2["grad_norm"], m1["grad_norm"], rtol=1e-5)
+    # Stale behaviour log-probs (lower by 0.5 nats) give ratio e^0.5 = 1.6487 > 1.28:
+    # positive-advantage tokens are clipped, negative ones are not.
+    s3, m3 = f(fresh_state(params, optimizer, mesh), batch.replace(old_logprobs=old - 0.5), KEY)
+    np.testing.assert_allclose(m3["ratio_mean"], np.exp(0.5), rtol=1e-5)
+    # Tokens with A > 0: 6 + 3 + 5 + 1 = 15 of 33.
+    np.testing.assert_allclose(m3["clip_frac"], 15 / 33, rtol=1e-6)
+
+
+def test_zero_advantages_zero_gradient(params, optimizer, mesh):
+    state, metrics = update_fn_for(mesh, optimizer)(
+        fresh_state(params, optimizer, mesh), make_batch(np.zeros(B)), KEY
+    )
+    assert float(metrics["grad_norm"]) == 0.0
+    assert float(metrics["loss"]) == 0.0
+    # Adam with a zero gradient leaves every parameter exactly where it was.
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_nonfinite_update_is_skipped(params, optimizer, mesh):
+    f = update_fn_for(mesh, optimizer)
+    state = fresh_state(params, optimizer, mesh)
+    opt_before = jax.tree.map(np.asarray, state.opt_state)
+    state, metrics = f(state, make_batch(ADV * np.array([np.nan] + [1.0] * 7)), KEY)
+    assert float(metrics["skipped"]) == 1.0
+    assert not np.isfinite(float(metrics["loss"]))
+    assert int(state.step) == 0
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(opt_before)):
+        np.testing.assert_array_equal(a, b)
+    # The next finite batch updates normally.
+    state, metrics = f(state, make_batch(), KEY)
+    assert float(metrics["skipped"]) == 0.0 and int(state.step) == 1
+
+
+def test_kl_needs_reference(params, optimizer, mesh):
+    f = update_fn_for(mesh, optimizer, kl_coef=0.1)
+    with pytest.raises(ValueError, match="kl_coef=0.1 needs Batch.ref_logprobs"):
+        f(fresh_state(params, optimizer, mesh), make_batch(), KEY)
+
+
+def test_bad_batch_shapes(params, optimizer, mesh):
+    batch = make_batch().replace(advantages=jnp.zeros((B, 1)))
+    with pytest.raises(ValueError, match=r"Batch.advantages has shape \(8, 1\), expected \(8,\)"):
+        update_fn_for(mesh, optimizer)(fresh_state(params, optimizer, mesh), batch, KEY)
+
+
+# ------------------------------------------------------------------ micro-batches
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
+def test_micro_batch_accumulation_equals_full_batch(params, mesh, loss_agg):
+    sgd = SGD
+    batch = make_batch()
+    full_state, full = update_fn_for(mesh, sgd, loss_agg=loss_agg)(
+        fresh_state(params, sgd, mesh), batch, KEY
+    )
+    acc_state, acc = update_fn_for(mesh, sgd, loss_agg=loss_agg, micro_batches=4)(
+        fresh_state(params, sgd, mesh), batch, KEY
+    )
+    full_delta = jax.tree.map(jnp.subtract, full_state.params, params)
+    acc_delta = jax.tree.map(jnp.subtract, acc_state.params, params)
+    assert rel_err(acc_delta, full_delta) < 1e-6
+    max_delta = max(float(jnp.max(jnp.abs(d))) for d in jax.tree.leaves(full_delta))
+    for a, b in zip(jax.tree.leaves(acc_delta), jax.tree.leaves(full_delta)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * max_delta)
+    for key in ("loss", "pg_loss", "grad_norm", "entropy", "clip_frac", "ratio_max"):
+        np.testing.assert_allclose(acc[key], full[key], rtol=1e-6, atol=1e-7, err_msg=key)
+    np.testing.assert_allclose(acc["grad_sq_full"], full["grad_norm"] ** 2, rtol=1e-5)
+    assert float(acc["gns_batch_micro"]) == 2 and float(acc["gns_batch_full"]) == 8
+    assert "grad_sq_micro" not in full
+
+
+def test_gradient_noise_statistics(params, mesh):
+    # grad_sq_micro must be the mean over the 4 strided micro-batches (rows m, m + 4) of
+    # the squared norm of each micro-batch's own token-mean gradient g_m.
+    batch = make_batch()
+    _, acc = update_fn_for(mesh, SGD, micro_batches=4)(fresh_state(params, SGD, mesh), batch, KEY)
+    config = learner.GRPOConfig()
+
+    @jax.jit
+    def own_grad(p, micro):
+        def loss(p):
+            n = jnp.sum(micro.response_mask.astype(jnp.float32))
+            return learner.grpo_loss(CFG, config, p, micro, num_tokens=n, num_seqs=2, max_len=R)[0]
+
+        return jax.grad(loss)(p)
+
+    micros = learner.split_batch(batch, 4)
+    own = [own_grad(params, jax.tree.map(lambda x, m=m: x[m], micros)) for m in range(4)]
+    own_sq = [float(optax.tree.norm(g, squared=True)) for g in own]
+    np.testing.assert_allclose(acc["grad_sq_micro"], np.mean(own_sq), rtol=1e-5)
+    # The full token-mean gradient weighs g_m by its token share n_m / 33
+    # (micro-batch tokens: rows 0,4: 12; 1,5: 5; 2,6: 9; 3,7: 7) ...
+    shares = [12 / 33, 5 / 33, 9 / 33, 7 / 33]
+    weighted = jax.tree.map(lambda *g: sum(s * x for s, x in zip(shares, g)), *own)
+    full_sq = float(acc["grad_sq_full"])
+    np.testing.assert_allclose(optax.tree.norm(weighted, squared=True), full_sq, rtol=1e-5)
+    # ... while the naive mean of per-micro-batch means is a different gradient.
+    naive = jax.tree.map(lambda *g: sum(g) / 4, *own)
+    assert abs(float(optax.tree.norm(naive, squared=True)) - full_sq) > 1e-3 * full_sq
+
+
+# ------------------------------------------------------------- minibatches / epochs
+
+
+def test_minibatches_and_epochs_equal_sequential_updates(params, optimizer, mesh):
+    # num_minibatches=2, num_epochs=2, no shuffling: four updates on the strided halves
+    # (rows 0,2,4,6 then 1,3,5,7, twice), each against the behaviour log-probs of the
+    # initial params. Reproduce them with four default single-update calls.
+    batch = make_batch()
+    state, metrics = update_fn_for(
+        mesh, optimizer, num_minibatches=2, num_epochs=2, shuffle_minibatches=False
+    )(fresh_state(params, optimizer, mesh), batch, KEY)
+    assert int(state.step) == 4 and float(metrics["num_updates"]) == 4
+
+    old = logprobs_fn(params, batch, 1.0)
+    halves = learner.split_batch(batch.replace(old_logprobs=old), 2)
+    ref_state = fresh_state(params, optimizer, mesh)
+    single = update_fn_for(mesh, optimizer)
+    grad_norms = []
+    for _ in range(2):
+        for h in range(2):
+            ref_state, m = single(ref_state, jax.tree.map(lambda x, h=h: x[h], halves), KEY)
+            grad_norms.append(float(m["grad_norm"]))
+    assert rel_err(state.params, ref_state.params) < 1e-5
+    np.testing.assert_allclose(metrics["grad_norm"], np.mean(grad_norms), rtol=1e-5)
+    # Later updates see a moved policy: ratios differ from 1.
+    assert float(metrics["ratio_max"]) > 1.0
