@@ -500,7 +500,10 @@ def collect(
         if point["name"] not in entries:
             # A directory without config.json: the job started but wrote nothing yet.
             started = os.path.isdir(os.path.join(runs_dir, point["name"]))
-            entries[point["name"]] = missing_entry(point, INCOMPLETE if started else MISSING)
+            entries[point["name"]] = {
+                **old_extras.get(point["name"], {}),
+                **missing_entry(point, INCOMPLETE if started else MISSING),
+            }
 
     source_references = [sw["reference"] for sw in source_sweeps if sw.get("reference")]
     if reference is None:
@@ -616,7 +619,10 @@ def main(argv: Sequence[str]) -> int:
         f"{', '.join(f'{n} {a}' for a, n in sorted(counts.items())) or 'nothing moved'}"
     )
     if f.analyze:
-        problem = run_analysis(f.sweep_dir)
+        try:
+            problem = run_analysis(f.sweep_dir)
+        except Exception as e:  # The merge is done; say why the figures are not.
+            problem = f"rl_batch.analysis.write_all failed: {type(e).__name__}: {e}"
         if problem:
             _stderr_log(f"launch.collect: --analyze: {problem}")
             return 1
