@@ -38,7 +38,9 @@ setup(
     version="0.1.0",
     description="Batch-size scaling for LLM reinforcement learning (GRPO/PPO) in JAX.",
     python_requires=">=3.10",
-    packages=find_packages(include=["rl_batch", "rl_batch.*", "experiments", "experiments.*"]),
+    packages=find_packages(
+        include=["rl_batch", "rl_batch.*", "experiments", "experiments.*", "launch", "launch.*"]
+    ),
     package_data={"rl_batch": ["data/*", "data/**/*"]},
     install_requires=CORE,
     extras_require={

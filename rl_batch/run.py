@@ -63,6 +63,7 @@ class Counters:
     time_checkpoint_s: float = 0.0
     skipped_updates: int = 0
     consecutive_skips: int = 0
+    consecutive_empty: int = 0  # rollouts in a row whose groups were all filtered out
     evals_at_target: int = 0
 
 
@@ -430,6 +431,14 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                         "response_len_mean": ro.gen_tokens / generated,
                         **{k: float(np.asarray(v)) for k, v in metrics.items()},
                     }
+                )
+            counters.consecutive_empty = 0 if retained else counters.consecutive_empty + 1
+            if counters.consecutive_empty >= c.max_empty_rollouts:
+                save_checkpoint()
+                raise RuntimeError(
+                    f"{counters.consecutive_empty} rollout batches in a row had no group with "
+                    f"differing rewards (mean reward {last_reward:.3f}): the policy is "
+                    "too weak or too strong for this task; warm-start it or change the task"
                 )
             if counters.consecutive_skips >= c.max_consecutive_skips:
                 save_checkpoint()

@@ -214,7 +214,8 @@ def run_sweep(
       base: the sweep config (a run config with a ``sweep`` section).
       sweep_dir: output directory.
       isolate: run each point in its own process (``experiments.train``).
-      only: run just this point name (for job arrays); ``sweep.json`` is still written.
+      only: run just this point name (for job arrays); its record goes to
+        ``<run>/sweep_point.json`` and the shared ``sweep.json`` is left alone.
       run_fn: runs one resolved config in-process (default ``rl_batch.run.run``).
       log: where progress lines go.
     """
@@ -224,10 +225,14 @@ def run_sweep(
     if only is not None and only not in resolved:
         raise ValueError(f"--only={only!r} is not a point of the grid: {sorted(resolved)}")
     ref_key = reference_key(base.sweep, points)
+    # With --only (one job of an array), the jobs run concurrently: none of them owns
+    # sweep.json, which ``launch.collect`` rebuilds from the run directories.
     sweep_path = os.path.join(sweep_dir, artifacts.SWEEP_FILE)
     old = artifacts.read_json(sweep_path) if os.path.exists(sweep_path) else None
     record = _sweep_record(base, points, resolved, ref_key, old)
     record["name"] = os.path.basename(os.path.normpath(sweep_dir))
+    if only is not None:
+        sweep_path = os.path.join(resolved[only].run_dir, "sweep_point.json")
     artifacts.write_json_atomic(sweep_path, record)
 
     if run_fn is None and not isolate:

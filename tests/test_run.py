@@ -74,3 +74,14 @@ def test_a_different_config_does_not_resume_into_a_run_dir(work_dir, tmp_path):
     # The first run's files are untouched.
     summary = json.load(open(os.path.join(run_dir, artifacts.SUMMARY_FILE)))
     assert summary["status"] == "finished"
+
+
+def test_a_run_whose_groups_are_all_filtered_stops_with_a_clear_error(work_dir, tmp_path):
+    # A random policy never solves addition: every group has equal (zero) rewards.
+    config = tiny_run_config(
+        work_dir, str(tmp_path / "run"), filter_groups=True, max_empty_rollouts=2
+    )
+    with pytest.raises(RuntimeError, match="2 rollout batches in a row had no group"):
+        run_lib.run(config, progress=False)
+    summary = json.load(open(tmp_path / "run" / artifacts.SUMMARY_FILE))
+    assert summary["status"] == "failed" and "no group" in summary["error"]

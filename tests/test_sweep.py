@@ -92,6 +92,10 @@ def test_only_runs_one_point_and_unknown_names_are_errors(tmp_path):
     run_fn, calls = _fake_run()
     sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, only="p4_g4_sqrt_s0", log=lambda s: None)
     assert calls == ["p4_g4_sqrt_s0"]
+    # Concurrent jobs of an array leave the shared sweep.json alone.
+    assert not os.path.exists(tmp_path / artifacts.SWEEP_FILE)
+    point = json.load(open(tmp_path / "runs/p4_g4_sqrt_s0/sweep_point.json"))
+    assert point["runs"][1]["status"] == "finished"
     with pytest.raises(ValueError, match="not a point of the grid"):
         sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, only="p3_g4_sqrt_s0")
 

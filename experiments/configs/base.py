@@ -36,7 +36,7 @@ def run_config() -> ConfigDict:
     c.pretrain = ConfigDict()
     c.pretrain.steps = 3000  # upper bound; training stops at stop_accuracy
     c.pretrain.batch_size = 64
-    c.pretrain.lr = 3e-3
+    c.pretrain.lr = 1e-3
     c.pretrain.warmup_steps = 50
     c.pretrain.seed = 0
     c.pretrain.eval_every = 50
@@ -89,6 +89,7 @@ def run_config() -> ConfigDict:
 
     c.checkpoint_every = 25  # updates
     c.max_consecutive_skips = 5  # non-finite updates in a row before the run stops
+    c.max_empty_rollouts = 20  # all-filtered rollout batches in a row before the run stops
 
     c.mesh = ConfigDict()
     c.mesh.data = -1  # -1 = all remaining devices
