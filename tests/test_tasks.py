@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from rl_batch.tasks import (
+    TASKS,
     AdditionTask,
     CountdownTask,
     Example,
     MultiplicationTask,
+    Task,
     get_task,
     greedy_accuracy,
     mean_at_k,
@@ -215,6 +217,8 @@ def test_registry_builds_tasks_and_names_bad_input():
     assert task == AdditionTask(n_digits=4, scratchpad=True) and task.name == "addition"
     assert task_kwargs(task) == {"n_digits": 4, "scratchpad": True}
     assert get_task("math").name == "math"
+    for name in TASKS:
+        assert isinstance(get_task(name), Task), name
     with pytest.raises(ValueError, match="unknown task 'subtraction'; known tasks: addition, "):
         get_task("subtraction")
     with pytest.raises(ValueError, match=r"no option\(s\) \['digits'\]"):
