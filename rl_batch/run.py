@@ -242,28 +242,9 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     val_examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
 
     mesh = sharding.make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
-    optimizer = learner.make_optimizer(
-        lr=c.lr,
-        b1=c.b1,
-        b2=c.b2,
-        eps=c.eps,
-        weight_decay=c.weight_decay,
-        max_grad_norm=c.max_grad_norm or None,
-    )
-    grpo_config = learner.GRPOConfig(
-        clip_low=c.grpo.clip_low,
-        clip_high=c.grpo.clip_high,
-        kl_coef=c.grpo.kl_coef,
-        loss_agg=c.grpo.loss_agg,
-        advantage=c.grpo.advantage,
-        micro_batches=c.grpo.micro_batches,
-        num_minibatches=c.grpo.num_minibatches,
-        num_epochs=c.grpo.num_epochs,
-        temperature=c.sampling.temperature,
-    )
-    params = initial_params(c, model_config)
-    state = learner.init_train_state(model_config, params, optimizer, mesh=mesh)
-    update_fn = learner.make_update_fn(model_config, grpo_config, optimizer, mesh)
+    algo = make_algorithm(c, model_config, mesh)
+    state = algo.init_state(initial_params(c, model_config))
+    update_fn = algo.update_fn
 
     counters = Counters()
     ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
@@ -306,7 +287,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         rng = jax.random.fold_in(jax.random.fold_in(base_rng, 1), counters.step)
         m = rollout_lib.evaluate(
             sampler,
-            state.params,
+            algo.policy_params(state),
             task,
             tokenizer,
             val_examples,
@@ -336,7 +317,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     warm_examples = [train_data[i] for i in range(c.prompts)]
     warm = rollout_lib.rollout(
         sampler,
-        state.params,
+        algo.policy_params(state),
         task,
         tokenizer,
         warm_examples,
@@ -347,8 +328,8 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     )
     # One throw-away update on a copy of the state (the update donates its input).
     scratch = jax.tree.map(jnp.copy, state)
-    zero_adv = np.zeros((c.prompts, c.group_size), np.float32)
-    jax.block_until_ready(update_fn(scratch, _make_batch(warm, zero_adv, mesh), base_rng))
+    keep_all = np.ones(c.prompts, bool)
+    jax.block_until_ready(update_fn(scratch, algo.make_batch(warm, keep_all), base_rng))
     del scratch
     counters.time_compile_s += time.perf_counter() - t0
 
@@ -367,7 +348,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             counters.rollouts += 1
             ro = rollout_lib.rollout(
                 sampler,
-                state.params,
+                algo.policy_params(state),
                 task,
                 tokenizer,
                 examples,
@@ -376,7 +357,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                 sampling=sampling,
                 gen_batch=c.gen_batch,
             )
-            if c.filter_groups:
+            if algo.filter_groups:
                 keep_p = dynamic_sampling_filter(ro.rewards_pg).keep_p
             else:
                 keep_p = np.ones(c.prompts, bool)
@@ -390,9 +371,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             t_update = 0.0
             metrics: dict[str, Any] = {}
             if retained > 0:
-                advantages_pg = np.asarray(group_advantages(ro.rewards_pg, mode=c.grpo.advantage))
-                advantages_pg = advantages_pg * keep_p[:, None]
-                batch = _make_batch(ro, advantages_pg, mesh, keep_p=keep_p)
+                batch = algo.make_batch(ro, keep_p)
                 t0 = time.perf_counter()
                 state, metrics = update_fn(state, batch, jax.random.fold_in(rng, 1))
                 metrics = jax.device_get(metrics)
@@ -402,7 +381,10 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                 counters.skipped_updates += int(skipped)
                 counters.consecutive_skips = counters.consecutive_skips + 1 if skipped else 0
                 counters.step += 1
-                counters.responses_cum += 0 if skipped else retained
+                # The sample axis counts responses the policy learned from (not PPO's
+                # critic warm-up, not a skipped update).
+                if not skipped and algo.trains_policy(metrics):
+                    counters.responses_cum += retained
             step_time = time.perf_counter() - t_step
             idle = max(step_time - ro.time_generate_s - ro.time_score_s - t_update, 0.0)
             counters.time_idle_s += idle
@@ -477,19 +459,88 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     return summary
 
 
-def _make_batch(ro: rollout_lib.Rollout, advantages_pg: np.ndarray, mesh, keep_p=None):
-    """The learner's batch from a rollout; dropped groups get an all-False response mask."""
+class GRPO:
+    """The GRPO pieces of the run loop: state, batch and update.
+
+    Another algorithm plugs into ``run`` by providing the same members (see
+    ``rl_batch.ppo.PPO``): ``filter_groups``, ``init_state(params)``,
+    ``policy_params(state)``, ``make_batch(rollout, keep_p)``, ``update_fn`` and
+    ``trains_policy(metrics)``.
+    """
+
+    def __init__(self, c: ConfigDict, model_config: model_lib.ModelConfig, mesh):
+        self.config, self.model_config, self.mesh = c, model_config, mesh
+        self.filter_groups = c.filter_groups
+        self.optimizer = learner.make_optimizer(
+            lr=c.lr,
+            b1=c.b1,
+            b2=c.b2,
+            eps=c.eps,
+            weight_decay=c.weight_decay,
+            max_grad_norm=c.max_grad_norm or None,
+        )
+        self.grpo_config = learner.GRPOConfig(
+            clip_low=c.grpo.clip_low,
+            clip_high=c.grpo.clip_high,
+            kl_coef=c.grpo.kl_coef,
+            loss_agg=c.grpo.loss_agg,
+            advantage=c.grpo.advantage,
+            micro_batches=c.grpo.micro_batches,
+            num_minibatches=c.grpo.num_minibatches,
+            num_epochs=c.grpo.num_epochs,
+            temperature=c.sampling.temperature,
+        )
+        self.update_fn = learner.make_update_fn(
+            model_config, self.grpo_config, self.optimizer, mesh
+        )
+
+    def init_state(self, params) -> learner.TrainState:
+        return learner.init_train_state(self.model_config, params, self.optimizer, mesh=self.mesh)
+
+    @staticmethod
+    def policy_params(state: learner.TrainState):
+        return state.params
+
+    @staticmethod
+    def trains_policy(metrics: dict) -> bool:
+        del metrics
+        return True
+
+    def make_batch(self, ro: rollout_lib.Rollout, keep_p: np.ndarray) -> learner.Batch:
+        """Group-relative advantages; dropped groups get an all-False response mask."""
+        advantages_pg = (
+            np.asarray(group_advantages(ro.rewards_pg, mode=self.config.grpo.advantage))
+            * keep_p[:, None]
+        )
+        return rollout_batch(ro, advantages_pg.reshape(-1), keep_p, self.mesh)
+
+
+def make_algorithm(c: ConfigDict, model_config: model_lib.ModelConfig, mesh):
+    """The learner of ``c.algo``."""
+    if c.algo == "ppo":
+        from rl_batch import ppo
+
+        return ppo.PPO(c, model_config, mesh)
+    return GRPO(c, model_config, mesh)
+
+
+def rollout_batch(
+    ro: rollout_lib.Rollout, advantages_b: np.ndarray, keep_p: np.ndarray, mesh
+) -> learner.Batch:
+    """The learner's batch from a rollout (row p * G + g), sharded over the mesh.
+
+    Responses of dropped groups (``keep_p`` False) get an all-False response mask, so
+    they weigh nothing in the loss while every batch keeps one shape (no recompiles).
+    """
     s = ro.samples
-    p, g = advantages_pg.shape
-    response_mask = np.asarray(s.response_mask, bool)
-    if keep_p is not None:
-        response_mask = response_mask & np.repeat(keep_p, g)[:, None]
+    g = ro.rewards_pg.shape[1]
+    response_mask = np.asarray(s.response_mask, bool) & np.repeat(keep_p, g)[:, None]
     batch = learner.Batch(
         prompt_tokens=jnp.asarray(s.prompt_tokens, jnp.int32),
         prompt_mask=jnp.asarray(s.prompt_mask, bool),
         response_tokens=jnp.asarray(s.response_tokens, jnp.int32),
         response_mask=jnp.asarray(response_mask),
         old_logprobs=jnp.asarray(s.response_logprobs, jnp.float32),
-        advantages=jnp.asarray(advantages_pg.reshape(p * g), jnp.float32),
+        advantages=jnp.asarray(advantages_b, jnp.float32),
     )
     return sharding.shard_batch(batch, mesh)
