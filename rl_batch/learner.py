@@ -185,6 +185,10 @@ class Batch:
         temperature), or None to use ``stop_gradient`` of the current ones (exact with
         one update per batch, where the ratio is 1 at the update).
       ref_logprobs: [B, R] reference-policy log-probs, or None.
+
+    Rows whose ``response_mask`` is all False are padding: they add nothing to the loss,
+    its normalisers or the metrics. Pad a filtered batch to a fixed B with such rows
+    (one compilation) and give them finite advantages (e.g. 0).
     """
 
     prompt_tokens: jax.Array
@@ -264,7 +268,10 @@ def make_optimizer(
             return adamw
         return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
 
-    return optax.inject_hyperparams(factory, static_args=("max_grad_norm",))(
+    # float32 hyperparameters even for bf16 params (else b2 = 0.999 would round to 1.0).
+    return optax.inject_hyperparams(
+        factory, static_args=("max_grad_norm",), hyperparam_dtype=jnp.float32
+    )(
         learning_rate=lr,
         b1=b1,
         b2=b2,
@@ -445,7 +452,7 @@ def grpo_loss(
     batch: Batch,
     *,
     num_tokens: jax.Array,
-    num_seqs: int,
+    num_seqs: jax.Array | int,
     max_len: int,
 ) -> tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]:
     """GRPO loss of one (micro-)batch, normalised by the *full* batch's totals.
@@ -455,7 +462,8 @@ def grpo_loss(
       params: the policy parameters (differentiated).
       batch: the (micro-)batch.
       num_tokens: real response tokens in the full batch (token_mean normaliser).
-      num_seqs: sequences in the full batch.
+      num_seqs: real sequences in the full batch (rows with at least one response
+        token; all-padding rows are not counted).
       max_len: fixed length normaliser (seq_mean_token_sum_norm).
 
     Returns:
@@ -519,7 +527,8 @@ def grpo_loss(
     if config.loss_agg == "token_mean":
         own_scale = num_tokens / jnp.maximum(jnp.sum(mask_br.astype(jnp.float32)), 1.0)
     else:
-        own_scale = jnp.asarray(num_seqs / mask_br.shape[0], jnp.float32)
+        real_seqs = jnp.sum(jnp.any(mask_br, axis=1).astype(jnp.float32))
+        own_scale = num_seqs / jnp.maximum(real_seqs, 1.0)
     return loss, (sums, maxes, own_scale)
 
 
@@ -687,14 +696,17 @@ def make_update_fn(
     n_shards = sharding_lib.batch_shard_count(mesh)
 
     def one_update(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        b, r = batch.response_tokens.shape
-        num_tokens = jnp.maximum(jnp.sum(batch.response_mask.astype(jnp.float32)), 1.0)
+        r = batch.response_tokens.shape[1]
+        mask_br = batch.response_mask.astype(bool)
+        num_tokens = jnp.maximum(jnp.sum(mask_br.astype(jnp.float32)), 1.0)
+        # Rows without response tokens are padding (fixed shapes after filtering).
+        num_seqs = jnp.maximum(jnp.sum(jnp.any(mask_br, axis=1).astype(jnp.float32)), 1.0)
         loss_fn = functools.partial(
             grpo_loss,
             model_config,
             config,
             num_tokens=num_tokens,
-            num_seqs=b,
+            num_seqs=num_seqs,
             max_len=config.loss_agg_max_len or r,
         )
         grads, loss, metrics = accumulate_gradients(
@@ -753,6 +765,8 @@ def make_update_fn(
                 for k, v in metrics.items()
             }
         lengths_b = jnp.sum(batch.response_mask.astype(jnp.float32), axis=1)
+        real_b = (lengths_b > 0).astype(jnp.float32)
+        num_real = jnp.sum(real_b)
         delta = jax.tree.map(
             lambda n, o: n.astype(jnp.float32) - o.astype(jnp.float32), state.params, old_params
         )
@@ -761,9 +775,9 @@ def make_update_fn(
             param_norm=optax.tree.norm(state.params),
             lr=current_lr(state.opt_state),
             num_updates=jnp.asarray(n_updates, jnp.float32),
-            response_len_mean=jnp.mean(lengths_b),
+            response_len_mean=jnp.sum(lengths_b) / jnp.maximum(num_real, 1.0),
             response_tokens=jnp.sum(lengths_b),
-            sequences=jnp.asarray(b, jnp.float32),
+            sequences=num_real,
         )
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return state, metrics

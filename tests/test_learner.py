@@ -129,6 +129,26 @@ def test_config_validation():
         learner.GRPOConfig(0.2)  # kw_only
 
 
+def test_make_optimizer():
+    # Hyperparameters stay float32 for bf16 params (bf16 would round b2 = 0.998 to 0.996).
+    opt = learner.make_optimizer(3e-4, b2=0.998, max_grad_norm=1.0, weight_decay=0.1)
+    p = {"w": jnp.ones((2, 2), jnp.bfloat16), "scale": jnp.ones((2,), jnp.bfloat16)}
+    state = opt.init(p)
+    assert state.hyperparams["b2"].dtype == jnp.float32
+    assert float(state.hyperparams["b2"]) == pytest.approx(0.998, rel=1e-7)
+    np.testing.assert_allclose(learner.current_lr(state), 3e-4, rtol=1e-7)
+    # Clipping to norm 1 then Adam: first step is -lr * sign(g) - lr * wd * w on
+    # matrices; norm scales are not decayed.
+    f32 = {"w": jnp.ones((2, 2)), "scale": jnp.ones((2,))}
+    g = jax.tree.map(lambda x: 10.0 * x, f32)
+    updates, _ = opt.update(g, opt.init(f32), f32)
+    np.testing.assert_allclose(updates["w"], -3e-4 * (1 + 0.1), rtol=1e-5)
+    np.testing.assert_allclose(updates["scale"], -3e-4, rtol=1e-5)
+    # A schedule is evaluated in the step; its value is what current_lr reports.
+    sched = learner.make_optimizer(optax.linear_schedule(1e-3, 0.0, 10))
+    assert float(learner.current_lr(sched.init(f32))) == pytest.approx(1e-3)
+
+
 def test_compute_advantages_prompt_major():
     # Two prompts, G = 2: rewards [[1, 0], [0, 0]] -> grpo: row 0 mean 0.5, unbiased std
     # 0.7071068 -> +-0.7071058; row 1 all equal -> 0. Flattened prompt-major.
@@ -239,10 +259,20 @@ def test_nonfinite_update_is_skipped(params, optimizer, mesh):
     assert float(metrics["skipped"]) == 0.0 and int(state.step) == 1
 
 
-def test_kl_needs_reference(params, optimizer, mesh):
+def test_kl_to_reference(params, optimizer, mesh):
     f = update_fn_for(mesh, optimizer, kl_coef=0.1)
     with pytest.raises(ValueError, match="kl_coef=0.1 needs Batch.ref_logprobs"):
         f(fresh_state(params, optimizer, mesh), make_batch(), KEY)
+    # Reference 0.1 nats below the policy on every token: k3 = exp(-0.1) + 0.1 - 1
+    # = 0.0048374; loss = pg 2.5 / 33 + 0.1 * 0.0048374.
+    batch = make_batch()
+    batch = batch.replace(ref_logprobs=logprobs_fn(params, batch, 1.0) - 0.1)
+    _, m = f(fresh_state(params, optimizer, mesh), batch, KEY)
+    k3 = np.exp(-0.1) + 0.1 - 1
+    np.testing.assert_allclose(m["kl"], k3, rtol=1e-4)
+    np.testing.assert_allclose(m["kl_loss"], k3, rtol=1e-4)
+    np.testing.assert_allclose(m["loss"], 2.5 / 33 + 0.1 * k3, rtol=1e-5)
+    assert float(m["kl_old"]) == 0.0
 
 
 def test_bad_batch_shapes(params, optimizer, mesh):
@@ -275,6 +305,21 @@ def test_micro_batch_accumulation_equals_full_batch(params, mesh, loss_agg):
     np.testing.assert_allclose(acc["grad_sq_full"], full["grad_norm"] ** 2, rtol=1e-5)
     assert float(acc["gns_batch_micro"]) == 2 and float(acc["gns_batch_full"]) == 8
     assert "grad_sq_micro" not in full
+
+
+def test_padding_rows_are_not_counted(params, mesh):
+    # Rows 6 and 7 become padding (empty response). seq_mean_token_mean with ratio 1:
+    # loss = -mean over the 6 real sequences of A = -(1 + 0.5 + 2 + 1 - 1 - 0.5) / 6
+    # = -0.5 (counting the padding rows would give -3 / 8 = -0.375).
+    batch = make_batch(ADV * np.array([1.0] * 6 + [0.0] * 2))
+    batch = batch.replace(response_mask=batch.response_mask.at[6:].set(False))
+    _, m = update_fn_for(mesh, SGD, loss_agg="seq_mean_token_mean")(
+        fresh_state(params, SGD, mesh), batch, KEY
+    )
+    np.testing.assert_allclose(m["loss"], -0.5, rtol=1e-6)
+    assert float(m["sequences"]) == 6.0
+    # Lengths of the real rows: 6 + 3 + 5 + 1 + 6 + 2 = 23 tokens over 6 sequences.
+    np.testing.assert_allclose(m["response_len_mean"], 23 / 6, rtol=1e-6)
 
 
 def test_gradient_noise_statistics(params, mesh):
