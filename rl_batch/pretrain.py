@@ -147,7 +147,7 @@ def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, 
             if progress:
                 print(
                     f"[pretrain] step {step}/{p.steps} loss {float(loss):.3f} "
-                    f"greedy acc {accuracy:.3f} sampled acc {ev['eval_accuracy']:.3f} "
+                    f"greedy acc {ev['eval_greedy_accuracy']:.3f} sampled acc {accuracy:.3f} "
                     f"({time.time() - t0:.0f}s)",
                     flush=True,
                 )

@@ -19,7 +19,8 @@ def run_config() -> ConfigDict:
 
     c.task = ConfigDict()
     c.task.name = "addition"
-    c.task.kwargs = ConfigDict({"n_digits": 3})
+    # Scratchpad responses run to ~31 tokens: generation matters as in LLM RL.
+    c.task.kwargs = ConfigDict({"n_digits": 3, "scratchpad": True})
     c.task.n_train = 20_000
     c.task.n_validation = 512
 
@@ -39,8 +40,8 @@ def run_config() -> ConfigDict:
     c.pretrain.lr = 1e-3
     c.pretrain.warmup_steps = 50
     c.pretrain.seed = 0
-    c.pretrain.eval_every = 50
-    c.pretrain.eval_prompts = 256
+    c.pretrain.eval_every = 25
+    c.pretrain.eval_prompts = 128
     c.pretrain.stop_accuracy = 0.15  # sampled validation accuracy that ends the warm start
 
     # Batch: P prompts x G responses = B responses per optimizer update.
