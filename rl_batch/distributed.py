@@ -5,13 +5,19 @@ process count and process id come from the run config (``distributed.*``), else 
 the environment (``RL_BATCH_COORDINATOR``, ``RL_BATCH_NUM_PROCESSES``,
 ``RL_BATCH_PROCESS_ID``). On TPU VMs and SLURM clusters JAX detects them itself: set
 ``RL_BATCH_DISTRIBUTED=auto`` to call ``initialize()`` without arguments.
+
+Every process runs the same host code on the same host data (same seed, same prompts),
+so host values that decide control flow agree everywhere; ``to_host`` brings arrays
+that span several processes back to every process's host.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import jax
+import numpy as np
 
 _initialized = False
 
@@ -46,6 +52,33 @@ def maybe_initialize(config=None) -> bool:
     args = settings(config)
     if args is None:
         return False
+    # CPU processes exchange collectives through gloo (the option only affects the CPU
+    # backend, so it is harmless on accelerators); it must be set before the backend starts.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**args)
     _initialized = True
     return True
+
+
+def to_host(tree: Any) -> Any:
+    """Numpy copies of a tree of arrays, on every process.
+
+    An array sharded over devices of several processes cannot be read by one process
+    alone (``jax.device_get`` raises); it is gathered with ``process_allgather``, a
+    collective, so every process must call this with the same tree.
+
+    Args:
+      tree: a pytree of ``jax.Array`` (or numpy) leaves.
+
+    Returns:
+      The same tree with numpy leaves holding the global values.
+    """
+
+    def fetch(x):
+        if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(fetch, tree)

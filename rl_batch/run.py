@@ -270,7 +270,12 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         mesh=mesh if mesh.size > 1 else None,
     )
     base_rng = jax.random.key(c.seed)
-    evals = [r for r in artifacts.read_metrics(run_dir, "eval")] if is_writer else []
+    # Every process holds the same evals: they decide when validation (a collective) runs.
+    # A fresh start has none; a resumed run ignores records after its checkpoint (process 0
+    # may still be cutting them away).
+    evals = []
+    if counters.rollouts:
+        evals = [r for r in artifacts.read_metrics(run_dir, "eval") if r["step"] <= counters.step]
 
     def write(record: dict) -> None:
         if is_writer:

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl_batch import distributed
 from rl_batch import model as model_lib
 
 ModelConfig = model_lib.ModelConfig
@@ -619,7 +620,8 @@ class Sampler:
         jax.block_until_ready(state)
         prefilled = time.perf_counter()
         state = self._decode(self.config, params, state)
-        host = jax.device_get(
+        # Every process gets all rows (a gather when the mesh spans several processes).
+        host = distributed.to_host(
             (state.prompt_tokens_bp, state.kv_mask_bs, state.tokens_br, state.mask_br)
             + (state.logprobs_br, state.step)
         )
