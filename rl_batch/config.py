@@ -8,11 +8,12 @@ tokenizer) and raises one ``ValueError`` naming each bad field before any comput
 from __future__ import annotations
 
 import math
+import os
 import platform
 
 from ml_collections import ConfigDict
 
-from rl_batch import lr_rules
+from rl_batch import losses, lr_rules
 from rl_batch import model as model_lib
 from rl_batch.tasks.registry import TASKS, get_task
 from rl_batch.tokenizers import CharTokenizer
@@ -37,8 +38,13 @@ def make_tokenizer(c: ConfigDict):
 
 
 def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
-    """The model shape: a preset with overrides, vocabulary sized to the tokenizer."""
+    """The model shape: the HF checkpoint's (``init.source="hf"``) or a preset with
+    overrides, vocabulary sized to the character tokenizer for synthetic tasks."""
     overrides = dict(c.model.overrides.to_dict())
+    if c.init.source == "hf":
+        from rl_batch import hf
+
+        return hf.config_from_hf(hf.read_hf_config(c.init.path)).replace(head=head, **overrides)
     if c.task.name in SYNTHETIC_TASKS and "vocab_size" not in overrides:
         overrides["vocab_size"] = CharTokenizer().vocab_size
     return model_lib.get_preset(c.model.preset, head=head, **overrides)
@@ -49,6 +55,50 @@ def data_axis_size(c: ConfigDict, device_count: int) -> int:
     fsdp, tensor = c.mesh.fsdp, c.mesh.tensor
     data = c.mesh.data if c.mesh.data > 0 else device_count // max(fsdp * tensor, 1)
     return data * fsdp
+
+
+def _check_ppo(c: ConfigDict, check) -> None:
+    """Validates the ``ppo`` section (``experiments/configs/base.py``) of a PPO run."""
+    check(
+        not c.filter_groups,
+        "filter_groups=True with algo='ppo': PPO's critic gives every response a "
+        "baseline, so no group is dropped (and a group of one always has equal rewards); "
+        "set filter_groups=False",
+    )
+    if "ppo" not in c:
+        check(False, "algo='ppo' needs a ppo section (see experiments/configs/base.py)")
+        return
+    p = c.ppo
+    for name, low in (("warmup_updates", 0), ("critic_batch_scale", 1), ("micro_batches", 1)):
+        value = p[name]
+        check(
+            isinstance(value, int) and not isinstance(value, bool) and value >= low,
+            f"ppo.{name}={value!r}: must be an int >= {low}",
+        )
+    check(p.critic_lr_ref > 0, f"ppo.critic_lr_ref={p.critic_lr_ref}: must be > 0")
+    check(
+        p.critic_lr != 0 and math.isfinite(p.critic_lr),
+        f"ppo.critic_lr={p.critic_lr}: must be > 0 (or -1 to derive)",
+    )
+    check(
+        p.critic_lr_rule in ("",) + lr_rules.RULES,
+        f"ppo.critic_lr_rule={p.critic_lr_rule!r}: expected '' (the actor's) or one of "
+        f"{lr_rules.RULES}",
+    )
+    for name in ("gamma", "lam"):
+        check(0.0 <= p[name] <= 1.0, f"ppo.{name}={p[name]}: must be in [0, 1]")
+    check(p.value_clip >= 0, f"ppo.value_clip={p.value_clip}: must be >= 0 (0 = off)")
+    check(p.kl_coef >= 0, f"ppo.kl_coef={p.kl_coef}: must be >= 0")
+    check(
+        p.kl_estimator in losses.KL_ESTIMATORS,
+        f"ppo.kl_estimator={p.kl_estimator!r}: expected one of {losses.KL_ESTIMATORS}",
+    )
+    check(
+        p.loss_agg in losses.LOSS_AGG_MODES,
+        f"ppo.loss_agg={p.loss_agg!r}: expected one of {losses.LOSS_AGG_MODES}",
+    )
+    check(0.0 <= p.clip_low < 1.0, f"ppo.clip_low={p.clip_low}: must be in [0, 1)")
+    check(p.clip_high >= 0.0, f"ppo.clip_high={p.clip_high}: must be >= 0")
 
 
 def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
@@ -80,6 +130,8 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
             f"group_size={c.group_size}: GRPO needs >= 2 responses per prompt "
             "(group-relative advantages are zero for a group of one)",
         )
+    if c.algo == "ppo":
+        _check_ppo(c, check)
     check(c.lr_ref > 0, f"lr_ref={c.lr_ref}: must be > 0")
     check(c.batch_ref >= 1, f"batch_ref={c.batch_ref}: must be >= 1")
     check(c.lr != 0 and math.isfinite(c.lr), f"lr={c.lr}: must be > 0 (or -1 to derive)")
@@ -105,10 +157,16 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     if errors:
         raise ValueError("invalid config: " + "; ".join(errors))
 
+    if c.task.name not in SYNTHETIC_TASKS:
+        for field in ("train_file", "validation_file"):
+            path = c.task[field]
+            check(bool(path) and os.path.exists(path), f"task.{field}={path!r}: no such file")
+    if errors:
+        raise ValueError("invalid config: " + "; ".join(errors))
     try:
         task = make_task(c)
         model_config = make_model_config(c)
-    except (TypeError, ValueError) as e:
+    except (OSError, TypeError, ValueError) as e:
         raise ValueError(f"invalid config: {e}") from e
 
     max_prompt_len = task.max_prompt_len + 1  # + BOS
@@ -152,10 +210,26 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         )
     except ValueError as e:
         raise ValueError(f"invalid config: lr_rule={c.lr_rule!r}: {e}") from e
+    if c.algo == "ppo":
+        # The critic's own rule and reference LR, at its effective batch k x B (it steps
+        # once per critic_batch_scale rollout batches on their mean gradient).
+        critic_hp = lr_rules.scale_hparams(
+            rule=c.ppo.critic_lr_rule or c.lr_rule,
+            ref_lr=c.ppo.critic_lr_ref,
+            batch=c.prompts * c.group_size * c.ppo.critic_batch_scale,
+            ref_batch=c.batch_ref,
+            b1=c.b1,
+            b2=c.b2,
+            eps=c.eps,
+        )
+        if c.ppo.critic_lr < 0:
+            c.ppo.critic_lr = critic_hp.lr
     if c.lr < 0:
         c.lr, c.b1, c.b2, c.eps = hp.lr, hp.b1, hp.b2, hp.eps
     c.derived = ConfigDict()
     c.derived.lr_arithmetic = hp.describe()
+    if c.algo == "ppo":
+        c.derived.critic = critic_hp.to_dict()
     c.derived.batch_responses = c.prompts * c.group_size
     c.derived.max_prompt_len = max_prompt_len
     c.derived.max_new_tokens = max_new_tokens

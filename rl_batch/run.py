@@ -103,6 +103,30 @@ def _truncate_metrics(path: str, step: int) -> None:
     os.replace(tmp, path)
 
 
+def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
+    """(train, validation) random-access sequences of example dicts.
+
+    Synthetic tasks come from their TFDS splits (prepared in ``<work_dir>/data`` on first
+    use); math data from the local files named by ``task.train_file`` and
+    ``task.validation_file``, prompts rendered with the tokenizer's chat template.
+    """
+    if c.task.name in config_lib.SYNTHETIC_TASKS:
+        data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
+        kwargs = dict(
+            c.task.kwargs.to_dict(), n_train=c.task.n_train, n_validation=c.task.n_validation
+        )
+        return (
+            load_split(c.task.name, "train", data_dir, **kwargs),
+            load_split(c.task.name, "validation", data_dir, **kwargs),
+        )
+    from rl_batch.tasks.math_data import load_math_file
+
+    def load(path):
+        return [ex.to_dict() for ex in load_math_file(path, fmt=c.task.format, tokenizer=tokenizer)]
+
+    return load(c.task.train_file), load(c.task.validation_file)
+
+
 def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:
     """The starting policy named by ``config.init``."""
     source = c.init.source
@@ -115,12 +139,7 @@ def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:
     if source == "hf":
         from rl_batch import hf
 
-        hf_config, params = hf.load_hf_checkpoint(c.init.path)
-        if hf_config.num_params != model_config.num_params:
-            raise ValueError(
-                f"init.path={c.init.path} holds a {hf_config.num_params}-parameter model; "
-                f"the config describes {model_config.num_params}"
-            )
+        _, params = hf.load_hf_checkpoint(c.init.path, dtype=model_config.param_dtype)
         return params
     # A checkpoint directory of an earlier run: take its params only.
     return Checkpointer(c.init.path).restore_params(model_lib.abstract_params(model_config))
@@ -233,12 +252,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     task = config_lib.make_task(c)
     tokenizer = config_lib.make_tokenizer(c)
     model_config = config_lib.make_model_config(c)
-    data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
-    split_kwargs = dict(
-        c.task.kwargs.to_dict(), n_train=c.task.n_train, n_validation=c.task.n_validation
-    )
-    train_data = load_split(c.task.name, "train", data_dir, **split_kwargs)
-    val_data = load_split(c.task.name, "validation", data_dir, **split_kwargs)
+    train_data, val_data = load_task_data(c, tokenizer)
     val_examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
 
     mesh = sharding.make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
@@ -417,6 +431,8 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                         "gen_tokens": ro.gen_tokens,
                         "response_len_mean": ro.gen_tokens / generated,
                         **{k: float(np.asarray(v)) for k, v in metrics.items()},
+                        # PPO's critic warm-up lines are set aside by the analysis.
+                        "phase": "train" if algo.trains_policy(metrics) else "critic_warmup",
                     }
                 )
             counters.consecutive_empty = 0 if retained else counters.consecutive_empty + 1

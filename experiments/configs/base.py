@@ -21,8 +21,13 @@ def run_config() -> ConfigDict:
     c.task.name = "addition"
     # Scratchpad responses run to ~31 tokens: generation matters as in LLM RL.
     c.task.kwargs = ConfigDict({"n_digits": 3, "scratchpad": True})
-    c.task.n_train = 20_000
+    c.task.n_train = 20_000  # synthetic tasks: examples generated per split
     c.task.n_validation = 512
+    # Math data (task.name = "math"): local JSONL/Parquet files in DAPO-Math-17K, GSM8K,
+    # MATH or AIME format, prompts rendered with the HF tokenizer's chat template.
+    c.task.train_file = ""
+    c.task.validation_file = ""
+    c.task.format = "auto"
 
     c.model = ConfigDict()
     c.model.preset = "tiny-1m"
@@ -68,6 +73,29 @@ def run_config() -> ConfigDict:
     c.grpo.micro_batches = 1  # gradient accumulation; same maths
     c.grpo.num_minibatches = 1  # >1 departs from the one-update-per-batch protocol
     c.grpo.num_epochs = 1
+
+    # PPO (algo="ppo"): a critic as large as the policy, trained alone for the first
+    # warmup_updates rollout batches (the sample axis starts when the actor starts).
+    # The study runs G = 1 (B = P) and filter_groups = False (a critic learns from every
+    # response; resolve() rejects filtering for PPO).
+    c.ppo = ConfigDict()
+    c.ppo.warmup_updates = 30  # critic-only updates first (the study's 30)
+    # Critic LR: critic_lr = rule(critic_lr_ref, k * B / batch_ref), k = critic_batch_scale.
+    c.ppo.critic_lr_ref = 1e-3
+    c.ppo.critic_lr_rule = ""  # "" = the actor's lr_rule
+    c.ppo.critic_lr = -1.0  # derived; a positive value here overrides the rule
+    c.ppo.critic_batch_scale = 1  # the critic steps once per k rollout batches (grad mean)
+    c.ppo.critic_from_policy = True  # critic body = a copy of the initial policy's
+    c.ppo.gamma = 1.0
+    c.ppo.lam = 1.0
+    c.ppo.whiten_advantages = True
+    c.ppo.value_clip = 0.2  # 0 = off (inert with one update per batch: V = V_old there)
+    c.ppo.kl_coef = 0.0  # per-token KL-to-initial-policy penalty in the rewards
+    c.ppo.kl_estimator = "k1"
+    c.ppo.clip_low = 0.2
+    c.ppo.clip_high = 0.2
+    c.ppo.loss_agg = "token_mean"  # actor; the value loss is always a token mean
+    c.ppo.micro_batches = 1  # gradient accumulation for both networks; same maths
 
     c.sampling = ConfigDict()
     c.sampling.temperature = 1.0
