@@ -1,0 +1,436 @@
+r"""Throughput benchmarks, one part per component.
+
+  python -m experiments.throughput --part=sampler [--max_batch=1024] [--out=throughput.json]
+
+``--part=sampler``: tokens/s of ``rl_batch.sampler.Sampler`` against Hugging Face
+``generate`` (PyTorch CPU, KV cache, sampling) on the same Qwen3 weights, for a range of
+batch sizes, plus the FLOP/s achieved while decoding against a large jitted matmul
+measured in the same run.
+
+Timing: each (engine, batch) is run once to warm up (the jit compile for ours), then
+repeated until ``--min_repeats`` runs and ``--min_time_s`` seconds are reached; the
+median wall time is reported. Each batch size runs ours then HF back to back so both
+see the same machine load.
+
+The JSON written by ``--out`` has the layout ``rl_batch.analysis`` reads::
+
+    {"device": str,
+     "generation": [{"batch", "tokens_per_s", "time_s", "new_tokens"}],
+     "update": [],
+     "hf_generation": [{"batch", "tokens_per_s", "time_s", "new_tokens"}],
+     "sampler_details": [...], "matmul_flops_per_s": float, "settings": {...}}
+
+An existing file is updated in place: keys written by other parts are kept.
+
+To add a part, write ``run_<part>(settings) -> dict`` (the JSON keys it fills) and
+register it in ``PARTS``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from rl_batch import model as model_lib
+from rl_batch import sampler as sampler_lib
+
+_PART = flags.DEFINE_string("part", "sampler", "Which benchmark to run: a key of PARTS.")
+_PRESET = flags.DEFINE_string("preset", "tiny-5m", "Model preset (rl_batch.model.PRESETS).")
+_VOCAB = flags.DEFINE_integer("vocab_size", 512, "Vocabulary size override.")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per row.")
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 32, "Generated tokens per row.")
+_BATCHES = flags.DEFINE_list("batches", None, "Batch sizes (default: 1, 2, 4, ... max_batch).")
+_MAX_BATCH = flags.DEFINE_integer("max_batch", 1024, "Largest batch of the default list.")
+_HF = flags.DEFINE_bool("hf", True, "Also time Hugging Face generate (needs torch).")
+_MIN_REPEATS = flags.DEFINE_integer("min_repeats", 2, "Timed runs per point, at least.")
+_HF_MIN_REPEATS = flags.DEFINE_integer("hf_min_repeats", 1, "Timed HF runs per point, at least.")
+_HF_THREADS = flags.DEFINE_list(
+    "hf_threads",
+    None,
+    "torch thread counts to try for HF; the fastest counts (default: the core count and 1, "
+    "because torch's OpenMP threads slow down badly when other processes share the cores).",
+)
+_MIN_TIME = flags.DEFINE_float("min_time_s", 1.0, "Timed seconds per point, at least.")
+_MATMUL = flags.DEFINE_integer("matmul_size", 2048, "Square matmul size for the peak FLOP/s.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed for weights, prompts and sampling.")
+_OUT = flags.DEFINE_string("out", None, "Write (merge) results into this JSON file.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Benchmark settings (the flags, as data, so tests can build them directly)."""
+
+    preset: str = "tiny-5m"
+    vocab_size: int = 512
+    prompt_len: int = 16
+    new_tokens: int = 32
+    batches: tuple[int, ...] = tuple(2**i for i in range(11))
+    hf: bool = True
+    min_repeats: int = 2
+    hf_min_repeats: int = 1
+    hf_threads: tuple[int, ...] = (os.cpu_count() or 1, 1)
+    min_time_s: float = 1.0
+    matmul_size: int = 2048
+    seed: int = 0
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+def time_calls(
+    fn: Callable[[int], object], *, min_repeats: int, min_time_s: float, warmup: bool = True
+) -> list[float]:
+    """Calls ``fn(i)`` until ``min_repeats`` calls and ``min_time_s`` seconds; returns seconds.
+
+    With ``warmup``, ``fn(-1)`` runs first, untimed (jit compile, first allocations).
+    """
+    if warmup:
+        fn(-1)
+    times: list[float] = []
+    while len(times) < min_repeats or sum(times) < min_time_s:
+        start = time.perf_counter()
+        fn(len(times))
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def matmul_flops_per_s(size: int, repeats: int = 5) -> float:
+    """Best-of-``repeats`` FLOP/s of a jitted [size, size] @ [size, size] f32 matmul."""
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (size, size), jnp.float32)
+    matmul = jax.jit(jnp.matmul)
+    matmul(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def matmul_params(config: model_lib.ModelConfig) -> int:
+    """Weights used in matmuls per token: every layer's projections plus the LM head.
+
+    The embedding lookup is a gather (no FLOPs); norms are negligible.
+    """
+    d, n, k, h, f = (
+        config.hidden_size,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.intermediate_size,
+    )
+    per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f
+    return config.num_layers * per_layer + d * config.vocab_size
+
+
+def flops_per_token(config: model_lib.ModelConfig, context: int) -> float:
+    """Forward FLOPs for one token attending over ``context`` slots.
+
+    2 per matmul weight, plus 4 * L * S * N * H for attention (QK^T and PV). The
+    sampler's decode attends over the whole fixed-size cache (S = P + R slots), so that
+    is the work it does and the ``context`` used below.
+    """
+    attention = 4 * config.num_layers * context * config.num_heads * config.head_dim
+    return 2 * matmul_params(config) + attention
+
+
+def device_description() -> str:
+    """E.g. ``cpu:cpu x1 (x86_64, 2 cores)``."""
+    dev = jax.devices()[0]
+    host = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    return f"{dev.platform}:{dev.device_kind} x{jax.device_count()} ({host})"
+
+
+# ------------------------------------------------------------------------ Hugging Face
+
+
+def hf_qwen3(config: model_lib.ModelConfig, params: model_lib.Params):
+    """A ``transformers.Qwen3ForCausalLM`` (float32, eval mode) with our weights.
+
+    Our projections are stored input-major (``q_dnh``: [D, N, H]); torch ``Linear``
+    weights are [out, in], so each is reshaped to 2-D and transposed.
+    """
+    import torch
+    import transformers
+
+    if not config.qk_norm or config.qkv_bias:
+        raise ValueError(f"hf_qwen3 needs a Qwen3-style config (qk_norm, no qkv bias): {config}")
+    d, n, k, h = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    hf_config = transformers.Qwen3Config(
+        vocab_size=config.vocab_size,
+        hidden_size=d,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=n,
+        num_key_value_heads=k,
+        head_dim=h,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rms_norm_eps=config.rms_norm_eps,
+        tie_word_embeddings=config.tie_embeddings,
+        max_position_embeddings=config.max_seq_len,
+        attention_bias=False,
+        use_sliding_window=False,
+    )
+    hf_config._attn_implementation = "sdpa"
+    model = transformers.Qwen3ForCausalLM(hf_config).to(torch.float32).eval()
+
+    def t(x) -> torch.Tensor:
+        return torch.from_numpy(np.array(x, dtype=np.float32))
+
+    state = {"model.embed_tokens.weight": t(params["embed_vd"])}
+    state["model.norm.weight"] = t(params["final_norm"]["scale"])
+    if not config.tie_embeddings:
+        state["lm_head.weight"] = t(params["lm_head_dv"]).T
+    for i in range(config.num_layers):
+        layer = params["layers"][i]
+        attn, mlp = layer["attn"], layer["mlp"]
+        pre = f"model.layers.{i}."
+        state[pre + "input_layernorm.weight"] = t(layer["input_norm"]["scale"])
+        state[pre + "post_attention_layernorm.weight"] = t(layer["post_attn_norm"]["scale"])
+        state[pre + "self_attn.q_proj.weight"] = t(attn["q_dnh"]).reshape(d, n * h).T
+        state[pre + "self_attn.k_proj.weight"] = t(attn["k_dkh"]).reshape(d, k * h).T
+        state[pre + "self_attn.v_proj.weight"] = t(attn["v_dkh"]).reshape(d, k * h).T
+        state[pre + "self_attn.o_proj.weight"] = t(attn["o_nhd"]).reshape(n * h, d).T
+        state[pre + "self_attn.q_norm.weight"] = t(attn["q_norm"]["scale"])
+        state[pre + "self_attn.k_norm.weight"] = t(attn["k_norm"]["scale"])
+        state[pre + "mlp.gate_proj.weight"] = t(mlp["gate_df"]).T
+        state[pre + "mlp.up_proj.weight"] = t(mlp["up_df"]).T
+        state[pre + "mlp.down_proj.weight"] = t(mlp["down_fd"]).T
+    missing, unexpected = model.load_state_dict(
+        {key: value.contiguous() for key, value in state.items()}, strict=False
+    )
+    missing = [key for key in missing if key != "lm_head.weight" or not config.tie_embeddings]
+    if missing or unexpected:
+        raise ValueError(f"HF weight conversion: missing {missing}, unexpected {unexpected}")
+    if config.tie_embeddings:
+        model.tie_weights()
+    return model
+
+
+def hf_max_logit_error(
+    config: model_lib.ModelConfig, params: model_lib.Params, hf_model, tokens_bt: np.ndarray
+) -> float:
+    """Largest |logit difference| between our forward pass and the HF model's."""
+    import torch
+
+    ours_btv = np.asarray(model_lib.forward(config, params, jnp.asarray(tokens_bt)))
+    with torch.inference_mode():
+        theirs_btv = hf_model(torch.from_numpy(tokens_bt.astype(np.int64))).logits.numpy()
+    return float(np.abs(ours_btv - theirs_btv).max())
+
+
+# ----------------------------------------------------------------------------- parts
+
+
+def run_sampler(settings: Settings) -> dict:
+    """Sampler tokens/s vs HF generate, and decode FLOP/s vs the matmul peak."""
+    config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
+    params = model_lib.init_params(config, settings.seed)
+    p_len, new = settings.prompt_len, settings.new_tokens
+    # eos_id outside the vocabulary: every row generates exactly `new` tokens, like
+    # HF with min_new_tokens == max_new_tokens.
+    sampler = sampler_lib.Sampler(
+        config, eos_id=config.vocab_size, pad_id=0, max_prompt_len=p_len, max_new_tokens=new
+    )
+    peak = matmul_flops_per_s(settings.matmul_size)
+    print(
+        f"model {settings.preset} (V={config.vocab_size}, {config.num_params / 1e6:.2f}M params), "
+        f"prompt {p_len}, {new} new tokens, device {device_description()}"
+    )
+
+    hf_model = None
+    if settings.hf:
+        import torch
+
+        hf_model = hf_qwen3(config, params)
+        check = np.random.RandomState(settings.seed).randint(0, config.vocab_size, (2, p_len))
+        err = hf_max_logit_error(config, params, hf_model, check)
+        print(f"HF parity: max |logit difference| {err:.2e} on a [2, {p_len}] batch")
+        if err > 1e-3:
+            raise RuntimeError(f"HF model disagrees with ours (max logit error {err})")
+        _hf_generate(hf_model, check, new, settings.seed)  # warm-up; HF has nothing to compile
+
+    # Decode FLOPs per generated token after the first (the first comes from prefill).
+    s_len = p_len + sampler.buckets(1, p_len, new)[2]
+    decode_flops = flops_per_token(config, s_len)
+    prompts_rng = np.random.RandomState(settings.seed + 1)
+    generation, hf_generation, details = [], [], []
+    for batch in settings.batches:
+        prompts_bp = prompts_rng.randint(0, config.vocab_size, (batch, p_len))
+        prompts = prompts_bp.tolist()
+        stats: list[dict] = []
+
+        def ours(i: int, prompts=prompts, stats=stats) -> None:
+            key = jax.random.fold_in(jax.random.key(settings.seed), i + 1)
+            out = sampler(params, prompts, rng=key)
+            assert int(out.lengths.min()) == new, out.lengths
+            if i >= 0:
+                stats.append(dict(sampler.last_stats))
+
+        # The machine is shared: re-measure the matmul peak next to every point.
+        row_peak = matmul_flops_per_s(settings.matmul_size, repeats=3)
+        peak = max(peak, row_peak)
+        times = time_calls(ours, min_repeats=settings.min_repeats, min_time_s=settings.min_time_s)
+        time_s = statistics.median(times)
+        decode_s = statistics.median(s["decode_s"] for s in stats)
+        tokens = batch * new
+        generation.append(
+            {"batch": batch, "tokens_per_s": tokens / time_s, "time_s": time_s, "new_tokens": new}
+        )
+        details.append(
+            {
+                "batch": batch,
+                "prefill_s": statistics.median(s["prefill_s"] for s in stats),
+                "decode_s": decode_s,
+                "decode_tokens_per_s": batch * (new - 1) / decode_s,
+                "decode_flops_per_s": batch * (new - 1) / decode_s * decode_flops,
+                "matmul_flops_per_s_nearby": row_peak,
+                "repeats": len(times),
+            }
+        )
+        line = f"batch {batch}: ours {tokens / time_s:.0f} tok/s ({len(times)} runs)"
+        if hf_model is not None:
+            by_threads = {}
+            for threads in dict.fromkeys(settings.hf_threads):
+                torch.set_num_threads(threads)
+                hf_times = time_calls(
+                    lambda i, x=prompts_bp: _hf_generate(hf_model, x, new, settings.seed + i),
+                    min_repeats=settings.hf_min_repeats,
+                    min_time_s=settings.min_time_s,
+                    warmup=False,
+                )
+                by_threads[threads] = statistics.median(hf_times)
+            threads, hf_time_s = min(by_threads.items(), key=lambda item: item[1])
+            hf_generation.append(
+                {"batch": batch, "tokens_per_s": tokens / hf_time_s, "time_s": hf_time_s}
+                | {"new_tokens": new, "threads": threads}
+                | {"time_s_by_threads": {str(t): v for t, v in by_threads.items()}}
+            )
+            line += ", HF " + ", ".join(
+                f"{tokens / v:.0f} tok/s ({t} threads)" for t, v in by_threads.items()
+            )
+        print(line, flush=True)
+
+    for row in details:
+        row["fraction_of_matmul_peak"] = row["decode_flops_per_s"] / peak
+    print(f"\nmatmul {settings.matmul_size}^2 f32, best in this run: {peak / 1e9:.1f} GFLOP/s")
+    print(format_table(generation, hf_generation, details))
+    return {
+        "device": device_description(),
+        "generation": generation,
+        "hf_generation": hf_generation,
+        "sampler_details": details,
+        "matmul_flops_per_s": peak,
+        "settings": dataclasses.asdict(settings) | {"decode_flops_per_token": decode_flops},
+    }
+
+
+def format_table(generation: list[dict], hf_generation: list[dict], details: list[dict]) -> str:
+    """The sampler table: throughput, HF ratio, decode FLOP/s and % of the matmul peak."""
+    hf = {row["batch"]: row["tokens_per_s"] for row in hf_generation}
+    lines = [
+        f"{'batch':>6} {'ours tok/s':>11} {'decode tok/s':>12} {'HF tok/s':>10} {'ratio':>6} "
+        f"{'decode GFLOP/s':>14} {'% matmul':>8}"
+    ]
+    for row, detail in zip(generation, details):
+        hf_tok_s = hf.get(row["batch"], float("nan"))
+        lines.append(
+            f"{row['batch']:>6} {row['tokens_per_s']:>11.0f} "
+            f"{detail['decode_tokens_per_s']:>12.0f} {hf_tok_s:>10.0f} "
+            f"{row['tokens_per_s'] / hf_tok_s:>6.2f} {detail['decode_flops_per_s'] / 1e9:>14.1f} "
+            f"{100 * detail['fraction_of_matmul_peak']:>7.1f}%"
+        )
+    return "\n".join(lines)
+
+
+def _hf_generate(hf_model, prompts_bp: np.ndarray, new_tokens: int, seed: int) -> None:
+    """HF ``generate``: KV cache, multinomial sampling at temperature 1, no filters."""
+    import torch
+
+    torch.manual_seed(seed)
+    input_ids = torch.from_numpy(prompts_bp.astype(np.int64))
+    with torch.inference_mode():
+        out = hf_model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            use_cache=True,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+    assert out.shape == (prompts_bp.shape[0], prompts_bp.shape[1] + new_tokens), out.shape
+
+
+PARTS: dict[str, Callable[[Settings], dict]] = {"sampler": run_sampler}
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def settings_from_flags() -> Settings:
+    if _BATCHES.value:
+        batches = tuple(int(b) for b in _BATCHES.value)
+    else:
+        batches = tuple(
+            2**i for i in range(_MAX_BATCH.value.bit_length()) if 2**i <= _MAX_BATCH.value
+        )
+    return Settings(
+        preset=_PRESET.value,
+        vocab_size=_VOCAB.value,
+        prompt_len=_PROMPT_LEN.value,
+        new_tokens=_NEW_TOKENS.value,
+        batches=batches,
+        hf=_HF.value,
+        min_repeats=_MIN_REPEATS.value,
+        hf_min_repeats=_HF_MIN_REPEATS.value,
+        hf_threads=tuple(int(t) for t in _HF_THREADS.value)
+        if _HF_THREADS.value
+        else Settings.hf_threads,
+        min_time_s=_MIN_TIME.value,
+        matmul_size=_MATMUL.value,
+        seed=_SEED.value,
+    )
+
+
+def write_results(path: str, results: dict) -> None:
+    """Merges ``results`` into the JSON file at ``path`` (other parts' keys are kept)."""
+    merged = {"device": results.get("device", ""), "generation": [], "update": []}
+    if os.path.exists(path):
+        with open(path) as f:
+            merged.update(json.load(f))
+    merged.update(results)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(merged, f, indent=1)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _PART.value not in PARTS:
+        raise app.UsageError(f"--part={_PART.value!r}; expected one of {sorted(PARTS)}")
+    results = PARTS[_PART.value](settings_from_flags())
+    if _OUT.value:
+        write_results(_OUT.value, results)
+        print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,77 @@
+"""Smoke test of experiments/throughput.py at tiny settings (no timing assertions)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import throughput
+from rl_batch import model
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_sampler_part_runs_and_writes_json(tmp_path):
+    out = tmp_path / "throughput.json"
+    # Another part's results already in the file must survive.
+    out.write_text(json.dumps({"device": "x", "generation": [], "update": [{"batch": 2}]}))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.throughput",
+        "--part=sampler",
+        "--preset=tiny-1m",
+        "--batches=1,3",
+        "--prompt_len=5",
+        "--new_tokens=4",
+        "--min_repeats=1",
+        "--min_time_s=0",
+        "--matmul_size=128",
+        "--hf_threads=1",
+        f"--out={out}",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "HF parity" in proc.stdout and "% matmul" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["update"] == [{"batch": 2}]
+    assert result["device"].startswith("cpu")
+    assert [row["batch"] for row in result["generation"]] == [1, 3]
+    assert [row["batch"] for row in result["hf_generation"]] == [1, 3]
+    for row in result["generation"] + result["hf_generation"]:
+        assert row["new_tokens"] == 4 and row["time_s"] > 0
+        assert row["tokens_per_s"] == pytest.approx(row["batch"] * 4 / row["time_s"])
+    for row in result["sampler_details"]:
+        assert 0 < row["decode_s"] and 0 < row["fraction_of_matmul_peak"]
+
+
+def test_unknown_part_is_rejected():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "experiments.throughput", "--part=nope"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "expected one of ['sampler']" in proc.stderr
+
+
+def test_hf_conversion_matches_our_logits():
+    config = model.get_preset("tiny-1m")
+    params = model.init_params(config, 3)
+    hf_model = throughput.hf_qwen3(config, params)
+    tokens_bt = np.random.RandomState(0).randint(0, config.vocab_size, (2, 9))
+    assert throughput.hf_max_logit_error(config, params, hf_model, tokens_bt) < 1e-4
+
+
+def test_flop_count_by_hand():
+    config = model.get_preset("tiny-1m")  # D=128, N=4, K=2, H=32, F=512, L=4, V=64
+    per_layer = 128 * 128 + 2 * 128 * 64 + 128 * 128 + 3 * 128 * 512
+    assert throughput.matmul_params(config) == 4 * per_layer + 128 * 64
+    # The matmul weights are all parameters except the norm scales (embedding reused).
+    norms = 4 * (2 * 128 + 2 * 32) + 128
+    assert throughput.matmul_params(config) == config.num_params - norms
+    attention = 4 * 4 * 10 * 4 * 32
+    assert (
+        throughput.flops_per_token(config, 10) == 2 * throughput.matmul_params(config) + attention
+    )
