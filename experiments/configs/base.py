@@ -55,7 +55,7 @@ def run_config() -> ConfigDict:
 
     # Learning rate: lr = rule(lr_ref, B / batch_ref). "sqrt" | "linear" | "fixed" | "malladi".
     c.lr_rule = "sqrt"
-    c.lr_ref = 1.5e-4
+    c.lr_ref = 5e-5
     c.batch_ref = 128  # responses (P x G) at which lr_ref was tuned
     c.lr = -1.0  # derived; a positive value here overrides the rule
     c.b1 = 0.9
