@@ -50,11 +50,16 @@ class Checkpointer:
     Args:
       directory: where step subdirectories live (``<run>/checkpoints``).
       max_to_keep: how many most recent steps to keep.
+      cleanup_tmp: delete temporary directories of saves that never completed (a
+        process killed mid-save); only for the directory's own writer, never for a
+        directory another process may be saving into.
     """
 
-    def __init__(self, directory: str, max_to_keep: int = 2):
+    def __init__(self, directory: str, max_to_keep: int = 2, cleanup_tmp: bool = False):
         self.directory = os.path.abspath(directory)
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=cleanup_tmp
+        )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:

@@ -261,7 +261,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     update_fn = algo.update_fn
 
     counters = Counters()
-    ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
+    ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR), cleanup_tmp=True)
     if resume and ckpt.latest_step() is not None:
         tree, meta = ckpt.restore({"state": state})
         state = tree["state"]

@@ -1,0 +1,147 @@
+"""Multi-controller runs: two CPU processes on one mesh match one process with two devices.
+
+Each process is a real ``python -m experiments.train`` with one CPU device, joined
+through ``jax.distributed`` on a free localhost port; the reference is one process that
+sees two CPU devices. Both use the same data-parallel mesh (data=2), so every update
+must produce the same metrics. The two-process run is split into two legs (the second
+one resumes from the first one's checkpoint), so collective checkpoint saving and
+restoring are covered too.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rl_batch import artifacts
+from tests.run_fixtures import tiny_run_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT_S = 240  # per leg; a hung collective fails the test instead of the suite
+TIMING = ("time_", "eval_time")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _env(devices: int) -> dict:
+    env = dict(os.environ)
+    env.update(
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    return env
+
+
+def _write_config(path: str, config) -> str:
+    with open(path, "w") as f:
+        json.dump(config.to_dict(), f)
+    return path
+
+
+def _start(config_json: str, log_path: str, devices: int, extra=(), resume=False):
+    cmd = [sys.executable, "-m", "experiments.train", f"--config_json={config_json}", "--quiet"]
+    cmd += ["--resume"] if resume else []
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        cmd + list(extra), cwd=REPO, env=_env(devices), stdout=log, stderr=subprocess.STDOUT
+    )
+    proc.log_path = log_path
+    log.close()
+    return proc
+
+
+def _wait_all(procs, timeout_s: float) -> None:
+    """Waits for every process; on a failure or the timeout kills the rest and fails."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [p for p in procs if p.poll() not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+    for p in procs:
+        if p.returncode != 0:
+            with open(p.log_path) as f:
+                tail = f.read()[-3000:]
+            pytest.fail(f"{' '.join(p.args[2:4])} exited with {p.returncode}:\n{tail}")
+
+
+def _two_processes(config_json: str, tmp_path, leg: str, resume: bool):
+    port = _free_port()
+    procs = []
+    for i in range(2):
+        flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2"]
+        flags.append(f"--process_id={i}")
+        log_path = str(tmp_path / f"{leg}_process_{i}.log")
+        procs.append(_start(config_json, log_path, devices=1, extra=flags, resume=resume))
+    return procs
+
+
+def _deterministic(records, kind):
+    return [
+        {k: v for k, v in r.items() if not k.startswith(TIMING)}
+        for r in records
+        if r["kind"] == kind
+    ]
+
+
+def _assert_same(a, b, what):
+    assert len(a) == len(b), (what, len(a), len(b))
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys(), what
+        for key in x:
+            assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-6), (what, x["step"], key)
+
+
+def test_two_processes_match_one_process_with_two_devices(tmp_path):
+    work_dir = str(tmp_path / "work")
+    multi_dir, ref_dir = str(tmp_path / "multi"), str(tmp_path / "ref")
+    # No greedy validation: one sampler compilation fewer per process.
+    full = dict(budget_responses=64, checkpoint_every=2, eval_greedy=False)
+    ref_json = _write_config(str(tmp_path / "ref.json"), tiny_run_config(work_dir, ref_dir, **full))
+    leg1 = tiny_run_config(work_dir, multi_dir, **dict(full, budget_responses=32))
+    leg1_json = _write_config(str(tmp_path / "leg1.json"), leg1)
+    leg2_json = _write_config(
+        str(tmp_path / "leg2.json"), tiny_run_config(work_dir, multi_dir, **full)
+    )
+
+    # The reference (one process, two devices) runs beside the first two-process leg.
+    ref = _start(ref_json, str(tmp_path / "ref.log"), devices=2)
+    _wait_all(_two_processes(leg1_json, tmp_path, "leg1", resume=False) + [ref], TIMEOUT_S)
+    assert artifacts.read_json(os.path.join(multi_dir, artifacts.SUMMARY_FILE))["steps"] == 2
+    _wait_all(_two_processes(leg2_json, tmp_path, "leg2", resume=True), TIMEOUT_S)
+
+    multi = artifacts.read_metrics(multi_dir)
+    reference = artifacts.read_metrics(ref_dir)
+    # Only process 0 writes: each step is recorded once.
+    steps = [r["step"] for r in multi if r["kind"] == "update"]
+    assert steps == [1, 2, 3, 4]
+    _assert_same(_deterministic(multi, "update"), _deterministic(reference, "update"), "update")
+    _assert_same(_deterministic(multi, "eval"), _deterministic(reference, "eval"), "eval")
+    config = artifacts.read_json(os.path.join(multi_dir, artifacts.CONFIG_FILE))
+    assert config["derived"]["device_count"] == 2
+    summary = artifacts.read_json(os.path.join(multi_dir, artifacts.SUMMARY_FILE))
+    ref_summary = artifacts.read_json(os.path.join(ref_dir, artifacts.SUMMARY_FILE))
+    assert summary["status"] == ref_summary["status"] == "finished"
+    assert summary["responses_cum"] == ref_summary["responses_cum"] == 64
+    assert summary["final_eval_accuracy"] == ref_summary["final_eval_accuracy"]
+    # The collective checkpoint of the last step is complete and loadable.
+    ckpt_steps = sorted(
+        int(d) for d in os.listdir(os.path.join(multi_dir, artifacts.CHECKPOINT_DIR)) if d.isdigit()
+    )
+    assert ckpt_steps[-1] == 4
