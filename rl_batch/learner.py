@@ -180,7 +180,8 @@ class Batch:
       prompt_mask: [B, P] bool.
       response_tokens: [B, R] int32, right-padded.
       response_mask: [B, R] bool, True on generated tokens up to and including EOS.
-      advantages: [B] float32 per-sequence advantages (GRPO).
+      advantages: [B] float32 per-sequence advantages (GRPO); ``grpo_loss`` also takes
+        [B, R] per-token advantages (the PPO actor).
       old_logprobs: [B, R] behaviour-policy log-probs (the sampler's, at the sampling
         temperature), or None to use ``stop_gradient`` of the current ones (exact with
         one update per batch, where the ratio is 1 at the update).
@@ -479,10 +480,13 @@ def grpo_loss(
         old_br = jax.lax.stop_gradient(logp_br)
     else:
         old_br = batch.old_logprobs.astype(jnp.float32)
+    adv = batch.advantages.astype(jnp.float32)
+    # [B] per sequence (GRPO) or [B, R] per token (the PPO actor).
+    adv_br = adv[:, None] if adv.ndim == 1 else adv
     pg_br, clipped_br = losses.clipped_policy_loss(
         logp_br,
         old_br,
-        batch.advantages.astype(jnp.float32)[:, None],
+        adv_br,
         clip_low=config.clip_low,
         clip_high=config.clip_high,
         dual_clip=config.dual_clip,

@@ -1,0 +1,734 @@
+"""PPO with a separate critic: one pure, jitted ``update_fn(state, batch, rng)``.
+
+The study's PPO (DESIGN §1 item 3): one response per prompt (G = 1, B = P), a value
+model as large as the policy, **critic warm-up** (the first ``warmup_updates`` rollout
+batches train only the critic; the sample axis starts when the actor starts), then one
+actor and one critic optimizer update per rollout batch, no mini-batches, no reuse.
+
+The maths of one update (every piece from ``rl_batch.losses``):
+
+1. Per-token rewards: the sequence's verifier score at its last real response token
+   (``token_level_rewards``), minus ``kl_coef * KL`` on every real token when a
+   reference policy is kept (``kl_coef > 0``; the reference is the initial policy,
+   frozen, and the per-token KL is ``kl_estimator`` (default k1, ``logp_old - logp_ref``)
+   of the behaviour log-probs).
+2. Values: the critic is the same transformer with a scalar head
+   (``model_config.replace(head="value")``). **Alignment**: the value of response token
+   ``j`` is read from the hidden state at index ``P - 1 + j`` of the ``[prompt |
+   response]`` sequence, i.e. the state *before* token ``j`` (prompt and ``y_<j``), the
+   same slice ``[P - 1 : P + R - 1]`` that gives the logits predicting token ``j``
+   (``learner.response_outputs``). ``V_j = V(s_j)`` is the value of the state in which
+   the policy chose ``y_j``; the state after the last real token (after EOS) is
+   terminal with value 0.
+3. GAE (``gae_advantages``, gamma and lambda default 1.0): with the terminal reward and
+   gamma = lambda = 1, ``A_j = score - V_j`` and every return is the score.
+4. Advantages are whitened over the batch's real response tokens (``masked_whiten``).
+5. Actor: the clipped surrogate of ``learner.grpo_loss`` with per-token advantages.
+   Critic: ``clipped_value_loss`` (``value_clip``; 0/None = off), token mean over the
+   batch. With one update per batch both ratios are 1 at the update point, so neither
+   clip changes the gradient; they matter only with reuse (not offered here).
+
+An update is applied whole or not at all: if the actor's or the critic's loss or
+gradient norm is non-finite, neither network changes (``skipped = 1``). The phase clock
+``PPOState.updates`` counts every call, skipped or not, like the run loop's step.
+
+**Critic batch scale** ``k`` (``critic_batch_scale``): the critic averages its gradient
+over ``k`` rollout batches before stepping (``optax.MultiSteps``); its learning rate is
+resolved for its effective batch ``k * B`` (``rl_batch.config.resolve``).
+
+Batch: a ``PPOBatch`` holding the per-sequence reward ``rewards [B]`` (not advantages:
+those need the critic and are computed inside the update). Rows whose response mask is
+all False are padding and weigh nothing.
+
+Shape letters: B sequences, P prompt length, R response length, M micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+from ml_collections import ConfigDict
+
+from rl_batch import learner, losses
+from rl_batch import model as model_lib
+from rl_batch import sharding as sharding_lib
+
+Params = Any
+Metrics = dict[str, jax.Array]
+
+WARMUP_PHASE = "critic_warmup"
+TRAIN_PHASE = "train"
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PPOConfig:
+    """PPO algorithm hyperparameters (learning rates come from ``rl_batch.lr_rules``).
+
+    Attributes:
+      gamma: GAE discount.
+      lam: GAE lambda.
+      whiten_advantages: standardise the advantages over the batch's response tokens.
+      value_clip: clip range of the value loss around the rollout-time values (None or
+        0 = plain squared error).
+      kl_coef: per-token KL-to-reference penalty subtracted from the rewards (needs a
+        reference policy: ``PPOState.ref_params``).
+      kl_estimator: ``k1``, ``k2`` or ``k3`` for that penalty.
+      warmup_updates: the first W updates train only the critic.
+      critic_batch_scale: the critic steps once per k rollout batches (gradient mean).
+      clip_low, clip_high: policy ratio bounds ``1 - clip_low``, ``1 + clip_high``.
+      loss_agg: actor loss aggregation (``losses.LOSS_AGG_MODES``); the critic's value
+        loss is always a token mean.
+      temperature: sampling temperature (log-probs use ``logits / temperature``).
+      micro_batches: gradient-accumulation micro-batches for both networks.
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    whiten_advantages: bool = True
+    value_clip: float | None = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: str = "k1"
+    warmup_updates: int = 0
+    critic_batch_scale: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    loss_agg: str = "token_mean"
+    temperature: float = 1.0
+    micro_batches: int = 1
+
+    def __post_init__(self):
+        def bad(name, expected):
+            raise ValueError(
+                f"PPOConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
+            )
+
+        for name in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                bad(name, "a float in [0, 1]")
+        if self.value_clip is not None and not self.value_clip >= 0.0:
+            bad("value_clip", "None or >= 0")
+        if not self.kl_coef >= 0.0:
+            bad("kl_coef", ">= 0")
+        if self.kl_estimator not in losses.KL_ESTIMATORS:
+            bad("kl_estimator", f"one of {losses.KL_ESTIMATORS}")
+        for name, low in (("warmup_updates", 0), ("critic_batch_scale", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                bad(name, f"an int >= {low}")
+        self.actor_config()  # Validates the actor's clip, aggregation, micro-batches.
+
+    def actor_config(self) -> learner.GRPOConfig:
+        """The actor loss's settings in ``learner.grpo_loss`` terms (its own KL term off:
+        PPO puts the KL into the rewards)."""
+        return learner.GRPOConfig(
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            loss_agg=self.loss_agg,
+            temperature=self.temperature,
+            micro_batches=self.micro_batches,
+            kl_coef=0.0,
+        )
+
+    def replace(self, **changes) -> PPOConfig:
+        return dataclasses.replace(self, **changes)
+
+
+# ----------------------------------------------------------------------- containers
+
+
+@flax.struct.dataclass
+class PPOState:
+    """Everything a PPO update changes.
+
+    Attributes:
+      actor: the policy's ``TrainState`` (its params are the sampler's).
+      critic: the value model's ``TrainState``.
+      ref_params: the frozen reference policy (the initial policy), or None when
+        ``kl_coef == 0``.
+      updates: [] int32, update calls so far (skipped ones included): the phase clock,
+        actor training starts at ``updates == warmup_updates``.
+    """
+
+    actor: learner.TrainState
+    critic: learner.TrainState
+    ref_params: Params | None
+    updates: jax.Array
+
+
+@flax.struct.dataclass
+class PPOBatch:
+    """One rollout batch of B responses (row p * G + g).
+
+    Attributes:
+      prompt_tokens: [B, P] int32, left-padded.
+      prompt_mask: [B, P] bool.
+      response_tokens: [B, R] int32, right-padded.
+      response_mask: [B, R] bool, True on generated tokens up to and including EOS; an
+        all-False row is padding.
+      rewards: [B] float32 terminal (verifier) reward of each sequence.
+      old_logprobs: [B, R] behaviour log-probs (the sampler's, at the temperature), or
+        None to use the current policy's (exact with one update per batch).
+    """
+
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    response_tokens: jax.Array
+    response_mask: jax.Array
+    rewards: jax.Array
+    old_logprobs: jax.Array | None = None
+
+    @property
+    def size(self) -> int:
+        return self.response_tokens.shape[0]
+
+
+@flax.struct.dataclass
+class ValueBatch:
+    """The critic's regression batch: the sequences plus targets (all [B, ...])."""
+
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    response_tokens: jax.Array
+    response_mask: jax.Array
+    returns: jax.Array  # [B, R]
+    old_values: jax.Array  # [B, R]
+
+
+def check_batch(batch: PPOBatch) -> None:
+    """Raises ValueError naming the field when shapes are inconsistent (trace time)."""
+    b, p = batch.prompt_tokens.shape
+    r = batch.response_tokens.shape[1]
+    expected = {
+        "prompt_mask": (b, p),
+        "response_tokens": (b, r),
+        "response_mask": (b, r),
+        "rewards": (b,),
+        "old_logprobs": (b, r),
+    }
+    for name, shape in expected.items():
+        value = getattr(batch, name)
+        if value is not None and tuple(value.shape) != shape:
+            raise ValueError(
+                f"PPOBatch.{name} has shape {tuple(value.shape)}, expected {shape} "
+                f"(B={b}, P={p}, R={r})"
+            )
+
+
+# ------------------------------------------------------------------------- critic
+
+
+def critic_model_config(model_config: model_lib.ModelConfig) -> model_lib.ModelConfig:
+    """The critic's shape: the policy's transformer with a scalar value head."""
+    return model_config.replace(head="value")
+
+
+def critic_params_from_policy(
+    model_config: model_lib.ModelConfig, policy_params: Params, rng: jax.Array
+) -> Params:
+    """Critic parameters whose body (embedding, blocks, final norm) is a *copy* of the
+    policy's, with a new value head (weights normal(0.02), bias 0).
+
+    Args:
+      model_config: the policy's shape.
+      policy_params: the policy's parameters (not aliased: every leaf is copied).
+      rng: PRNG key for the value head.
+
+    Returns:
+      A parameter tree for ``critic_model_config(model_config)``.
+    """
+    critic_config = critic_model_config(model_config)
+    abstract = model_lib.abstract_params(critic_config)
+    body = {k: v for k, v in policy_params.items() if k in abstract and not k.startswith("value")}
+    body = jax.tree.map(lambda x: jnp.array(x, copy=True), body)
+    head_d = abstract["value_d"]
+    return {
+        **body,
+        "value_d": (0.02 * jax.random.normal(rng, head_d.shape, jnp.float32)).astype(head_d.dtype),
+        "value_bias": jnp.zeros((), abstract["value_bias"].dtype),
+    }
+
+
+def make_critic_optimizer(
+    lr: float,
+    *,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = None,
+    batch_scale: int = 1,
+) -> optax.GradientTransformation:
+    """``learner.make_optimizer`` for the critic, stepping once every ``batch_scale``
+    calls on the mean of the accumulated gradients (``optax.MultiSteps``)."""
+    opt = learner.make_optimizer(
+        lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm
+    )
+    if batch_scale == 1:
+        return opt
+    return optax.MultiSteps(opt, every_k_schedule=batch_scale).gradient_transformation()
+
+
+def current_lr(opt_state: optax.OptState) -> jax.Array:
+    """``learner.current_lr``, looking inside an ``optax.MultiSteps`` state."""
+    return learner.current_lr(getattr(opt_state, "inner_opt_state", opt_state))
+
+
+# ---------------------------------------------------------------------- train state
+
+
+def ppo_state_shardings(
+    model_config: model_lib.ModelConfig,
+    actor_optimizer: optax.GradientTransformation,
+    critic_optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    with_ref: bool,
+) -> PPOState:
+    """A ``PPOState`` of ``NamedSharding`` (each network by the rule table)."""
+    return PPOState(
+        actor=learner.train_state_shardings(model_config, actor_optimizer, mesh),
+        critic=learner.train_state_shardings(
+            critic_model_config(model_config), critic_optimizer, mesh
+        ),
+        ref_params=sharding_lib.param_shardings(model_config, mesh) if with_ref else None,
+        updates=sharding_lib.replicated(mesh),
+    )
+
+
+def init_ppo_state(
+    model_config: model_lib.ModelConfig,
+    policy_params: Params,
+    critic_params: Params,
+    actor_optimizer: optax.GradientTransformation,
+    critic_optimizer: optax.GradientTransformation,
+    *,
+    with_ref: bool,
+    mesh: Mesh | None = None,
+) -> PPOState:
+    """Builds the initial state (placed on ``mesh`` when given).
+
+    Args:
+      model_config: the policy's shape.
+      policy_params: the initial policy (donated with the state: use ``state.actor.params``
+        afterwards).
+      critic_params: the critic's parameters (``critic_params_from_policy`` or
+        ``model.init_params(critic_model_config(...))``).
+      actor_optimizer, critic_optimizer: the two optimizers.
+      with_ref: keep a frozen copy of the initial policy as the KL reference.
+      mesh: optional mesh.
+
+    Returns:
+      A ``PPOState`` with ``updates = 0``.
+    """
+    ref = jax.tree.map(lambda x: jnp.array(x, copy=True), policy_params) if with_ref else None
+    actor = learner.init_train_state(model_config, policy_params, actor_optimizer, mesh=mesh)
+    critic = learner.init_train_state(
+        critic_model_config(model_config), critic_params, critic_optimizer, mesh=mesh
+    )
+    updates = jnp.zeros((), jnp.int32)
+    if mesh is not None:
+        if ref is not None:
+            ref = jax.device_put(ref, sharding_lib.param_shardings(model_config, mesh))
+        updates = jax.device_put(updates, sharding_lib.replicated(mesh))
+    return PPOState(actor=actor, critic=critic, ref_params=ref, updates=updates)
+
+
+# ------------------------------------------------------------------------ the maths
+
+
+def token_advantages(
+    config: PPOConfig,
+    scores_b: jax.Array,
+    values_br: jax.Array,
+    mask_br: jax.Array,
+    *,
+    old_logp_br: jax.Array | None = None,
+    ref_logp_br: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-token rewards -> GAE -> (optionally whitened) advantages.
+
+    Args:
+      config: PPO hyperparameters.
+      scores_b: [B] terminal rewards.
+      values_br: [B, R] critic values, ``values_br[:, j] = V(state before token j)``.
+      mask_br: [B, R] real response tokens.
+      old_logp_br, ref_logp_br: [B, R] behaviour and reference log-probs (both needed
+        for the KL penalty; ignored when ``kl_coef == 0``).
+
+    Returns:
+      (advantages_br, returns_br, rewards_br): advantages for the actor (whitened if
+      configured), the critic's targets, and the per-token rewards; all 0 on padding.
+    """
+    kl_br = None
+    if config.kl_coef:
+        if old_logp_br is None or ref_logp_br is None:
+            raise ValueError(f"PPOConfig.kl_coef={config.kl_coef} needs reference log-probs")
+        kl_br = losses.kl_estimate(old_logp_br, ref_logp_br, config.kl_estimator)
+    rewards_br = losses.token_level_rewards(scores_b, mask_br, kl_bt=kl_br, kl_coef=config.kl_coef)
+    adv_br, returns_br = losses.gae_advantages(
+        rewards_br, values_br, mask_br, gamma=config.gamma, lam=config.lam
+    )
+    if config.whiten_advantages:
+        adv_br = losses.masked_whiten(adv_br, mask_br)
+    return adv_br, returns_br, rewards_br
+
+
+def value_loss(
+    critic_config: model_lib.ModelConfig,
+    config: PPOConfig,
+    params: Params,
+    batch: ValueBatch,
+    *,
+    num_tokens: jax.Array,
+) -> tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]:
+    """Clipped value loss of one (micro-)batch, a token mean over the *full* batch.
+
+    Returns:
+      (loss, (sums, maxes, own_scale)) in the form ``learner.accumulate_gradients`` takes.
+    """
+    mask_br = batch.response_mask.astype(bool)
+    values_br = learner.response_outputs(critic_config, params, batch)
+    clip = config.value_clip if config.value_clip else None
+    loss_br, clipped_br = losses.clipped_value_loss(
+        values_br, batch.old_values, batch.returns, clip_range=clip
+    )
+
+    def token_mean(x_br):
+        return losses.masked_sum(x_br, mask_br) / num_tokens
+
+    loss = token_mean(loss_br)
+    sums = {
+        "loss": loss,
+        "value_clip_frac": token_mean(clipped_br),
+        "value_mean": token_mean(jax.lax.stop_gradient(values_br)),
+    }
+    own_scale = num_tokens / jnp.maximum(jnp.sum(mask_br.astype(jnp.float32)), 1.0)
+    return loss, (sums, {}, own_scale)
+
+
+def explained_variance(values_br: jax.Array, returns_br: jax.Array, mask_br: jax.Array):
+    """``1 - Var(returns - values) / Var(returns)`` over real tokens (0 if Var(returns)=0)."""
+
+    def var(x):
+        return losses.masked_mean(jnp.square(x - losses.masked_mean(x, mask_br)), mask_br)
+
+    var_ret = var(returns_br)
+    return jnp.where(var_ret > 0, 1.0 - var(returns_br - values_br) / var_ret, 0.0)
+
+
+def _critic_metric_name(key: str) -> str:
+    """The critic's loss is ``value_loss``; its noise-scale statistics get a prefix."""
+    if key == "loss":
+        return "value_loss"
+    return f"critic_{key}" if key.startswith(("grad_sq", "gns")) else key
+
+
+def _delta_norm(new: Params, old: Params) -> jax.Array:
+    return optax.tree.norm(
+        jax.tree.map(lambda n, o: n.astype(jnp.float32) - o.astype(jnp.float32), new, old)
+    )
+
+
+# ------------------------------------------------------------------------ update_fn
+
+
+def make_update_fn(
+    model_config: model_lib.ModelConfig,
+    config: PPOConfig,
+    actor_optimizer: optax.GradientTransformation,
+    critic_optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    *,
+    with_ref: bool,
+) -> Callable[[PPOState, PPOBatch, jax.Array], tuple[PPOState, Metrics]]:
+    """Builds the jitted PPO ``update_fn(state, batch, rng) -> (state, metrics)``.
+
+    The state is donated; the batch is split along dimension 0 over ``('data', 'fsdp')``;
+    metrics are replicated float32 scalars. During the warm-up (``state.updates <
+    warmup_updates``) the actor is left untouched (``lax.cond``: its forward/backward
+    is not run) and its metrics are 0.
+
+    Metrics: ``actor_trained`` (1.0 in the train phase, 0.0 in the warm-up),
+    ``updates`` (the phase clock after this call); actor: ``loss``, ``pg_loss``,
+    ``clip_frac``, ``kl`` (k3 to the reference when there is one, else to the behaviour
+    policy), ``kl_old``, ``entropy``, ``ratio_mean``, ``ratio_max``, ``logprob_mean``,
+    ``grad_norm``, ``update_norm``, ``param_norm``, ``lr``; critic: ``value_loss``,
+    ``value_clip_frac``, ``value_mean`` (at the update), ``critic_grad_norm``,
+    ``critic_update_norm``, ``critic_param_norm``, ``critic_lr``,
+    ``explained_variance`` (rollout-time values against returns); targets:
+    ``score_mean``, ``return_mean``, ``advantage_mean`` and ``advantage_std`` (before
+    whitening), ``kl_penalty`` (mean per-token ``kl_coef * KL``); ``skipped``;
+    ``response_len_mean``, ``response_tokens``, ``sequences``. With ``micro_batches >
+    1`` the gradient-noise statistics of ``accumulate_gradients`` (critic's prefixed
+    ``critic_``).
+
+    Args:
+      model_config: the policy's shape.
+      config: PPO hyperparameters.
+      actor_optimizer: ``learner.make_optimizer(...)``.
+      critic_optimizer: ``make_critic_optimizer(...)``.
+      mesh: the device mesh.
+      with_ref: whether states carry ``ref_params`` (``kl_coef > 0``).
+
+    Returns:
+      The jitted update function.
+    """
+    if config.kl_coef and not with_ref:
+        raise ValueError(f"PPOConfig.kl_coef={config.kl_coef} needs with_ref=True")
+    critic_config = critic_model_config(model_config)
+    actor_config = config.actor_config()
+    n_shards = sharding_lib.batch_shard_count(mesh)
+    m = config.micro_batches
+
+    def train_actor(actor: learner.TrainState, batch: learner.Batch, critic_ok, counts):
+        num_tokens, num_seqs, r = counts
+        loss_fn = functools.partial(
+            learner.grpo_loss,
+            model_config,
+            actor_config,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            max_len=r,
+        )
+        grads, loss, metrics = learner.accumulate_gradients(loss_fn, actor.params, batch, m, mesh)
+        grad_norm = optax.tree.norm(grads)
+        actor_ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        # An update is applied whole: a non-finite critic also stops the actor.
+        new, update_metrics = learner.apply_update(
+            actor, grads, jnp.where(critic_ok, loss, jnp.nan), actor_optimizer
+        )
+        metrics = {**metrics, "grad_norm": update_metrics["grad_norm"]}
+        metrics["update_norm"] = _delta_norm(new.params, actor.params)
+        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+        return new, metrics, actor_ok
+
+    def update_fn(state: PPOState, batch: PPOBatch, rng: jax.Array):
+        del rng  # One full-batch update: nothing is sampled.
+        check_batch(batch)
+        b, r = batch.response_tokens.shape
+        if b % m or (b // m) % n_shards:
+            raise ValueError(
+                f"batch of {b} sequences cannot be split into micro_batches={m} of a size "
+                f"divisible by the {n_shards} batch shards of the mesh"
+            )
+        mask_br = batch.response_mask.astype(bool)
+        num_tokens = jnp.maximum(jnp.sum(mask_br.astype(jnp.float32)), 1.0)
+        real_b = jnp.any(mask_br, axis=1).astype(jnp.float32)
+        num_seqs = jnp.maximum(jnp.sum(real_b), 1.0)
+
+        # Rollout-time quantities (no gradient): behaviour/ref log-probs, values.
+        if batch.old_logprobs is None:
+            old_logp_br = learner.compute_logprobs(
+                model_config, state.actor.params, batch, config.temperature
+            )
+        else:
+            old_logp_br = jnp.where(mask_br, batch.old_logprobs.astype(jnp.float32), 0.0)
+        ref_logp_br = None
+        if state.ref_params is not None:
+            ref_logp_br = learner.compute_logprobs(
+                model_config, state.ref_params, batch, config.temperature
+            )
+        values_br = learner.response_outputs(critic_config, state.critic.params, batch)
+        values_br = jnp.where(mask_br, jax.lax.stop_gradient(values_br), 0.0)
+        raw_adv_br, returns_br, rewards_br = token_advantages(
+            config.replace(whiten_advantages=False),
+            batch.rewards,
+            values_br,
+            mask_br,
+            old_logp_br=old_logp_br,
+            ref_logp_br=ref_logp_br,
+        )
+        adv_br = raw_adv_br
+        if config.whiten_advantages:
+            adv_br = losses.masked_whiten(raw_adv_br, mask_br)
+        seqs = dict(
+            prompt_tokens=batch.prompt_tokens,
+            prompt_mask=batch.prompt_mask,
+            response_tokens=batch.response_tokens,
+            response_mask=batch.response_mask,
+        )
+
+        # Critic gradient.
+        critic_loss_fn = functools.partial(value_loss, critic_config, config, num_tokens=num_tokens)
+        value_batch = ValueBatch(**seqs, returns=returns_br, old_values=values_br)
+        c_grads, c_loss, c_metrics = learner.accumulate_gradients(
+            critic_loss_fn, state.critic.params, value_batch, m, mesh
+        )
+        critic_ok = jnp.isfinite(c_loss) & jnp.isfinite(optax.tree.norm(c_grads))
+
+        # Actor gradient and update, only after the warm-up.
+        actor_batch = learner.Batch(
+            **seqs, advantages=adv_br, old_logprobs=old_logp_br, ref_logprobs=ref_logp_br
+        )
+        args = (state.actor, actor_batch, critic_ok, (num_tokens, num_seqs, r))
+        _, actor_shapes, _ = jax.eval_shape(train_actor, *args)
+
+        def skip_actor(actor, *_):
+            zeros = {k: jnp.zeros(s.shape, s.dtype) for k, s in actor_shapes.items()}
+            return actor, zeros, jnp.asarray(True)
+
+        actor_on = state.updates >= config.warmup_updates
+        actor, a_metrics, actor_ok = jax.lax.cond(actor_on, train_actor, skip_actor, *args)
+        critic, c_update = learner.apply_update(
+            state.critic, c_grads, jnp.where(actor_ok, c_loss, jnp.nan), critic_optimizer
+        )
+        new_state = PPOState(
+            actor=actor, critic=critic, ref_params=state.ref_params, updates=state.updates + 1
+        )
+
+        lengths_b = jnp.sum(mask_br.astype(jnp.float32), axis=1)
+        metrics = dict(a_metrics)
+        metrics.update({_critic_metric_name(k): v for k, v in c_metrics.items()})
+        metrics.update(
+            actor_trained=actor_on.astype(jnp.float32),
+            updates=new_state.updates.astype(jnp.float32),
+            skipped=c_update["skipped"],
+            param_norm=optax.tree.norm(actor.params),
+            lr=learner.current_lr(actor.opt_state),
+            critic_grad_norm=c_update["grad_norm"],
+            critic_update_norm=_delta_norm(critic.params, state.critic.params),
+            critic_param_norm=optax.tree.norm(critic.params),
+            critic_lr=current_lr(critic.opt_state),
+            explained_variance=explained_variance(values_br, returns_br, mask_br),
+            score_mean=jnp.sum(batch.rewards.astype(jnp.float32) * real_b) / num_seqs,
+            return_mean=losses.masked_sum(returns_br, mask_br) / num_tokens,
+            advantage_mean=losses.masked_sum(raw_adv_br, mask_br) / num_tokens,
+            advantage_std=jnp.sqrt(
+                losses.masked_mean(
+                    jnp.square(raw_adv_br - losses.masked_mean(raw_adv_br, mask_br)), mask_br
+                )
+            ),
+            kl_penalty=-losses.masked_sum(
+                rewards_br - losses.token_level_rewards(batch.rewards, mask_br), mask_br
+            )
+            / num_tokens,
+            response_len_mean=jnp.sum(lengths_b) / num_seqs,
+            response_tokens=jnp.sum(lengths_b),
+            sequences=jnp.sum(real_b),
+        )
+        return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+
+    state_sharding = ppo_state_shardings(
+        model_config, actor_optimizer, critic_optimizer, mesh, with_ref
+    )
+    replicated = sharding_lib.replicated(mesh)
+    return jax.jit(
+        update_fn,
+        in_shardings=(state_sharding, sharding_lib.batch_sharding(mesh), replicated),
+        out_shardings=(state_sharding, replicated),
+        donate_argnums=0,
+    )
+
+
+# -------------------------------------------------------------- run-loop adapter
+
+
+class PPO:
+    """The PPO pieces of the run loop (``rl_batch.run``): the same members as ``GRPO``.
+
+    Reads the run config's ``ppo`` section (``experiments/configs/base.py``); the critic's
+    learning rate ``ppo.critic_lr`` and Adam settings ``derived.critic`` are resolved by
+    ``rl_batch.config.resolve``.
+    """
+
+    filter_groups = False  # A critic learns from every response (validated in resolve).
+
+    def __init__(self, c: ConfigDict, model_config: model_lib.ModelConfig, mesh: Mesh):
+        self.config, self.model_config, self.mesh = c, model_config, mesh
+        p = c.ppo
+        self.ppo_config = PPOConfig(
+            gamma=p.gamma,
+            lam=p.lam,
+            whiten_advantages=p.whiten_advantages,
+            value_clip=p.value_clip or None,
+            kl_coef=p.kl_coef,
+            kl_estimator=p.kl_estimator,
+            warmup_updates=p.warmup_updates,
+            critic_batch_scale=p.critic_batch_scale,
+            clip_low=p.clip_low,
+            clip_high=p.clip_high,
+            loss_agg=p.loss_agg,
+            temperature=c.sampling.temperature,
+            micro_batches=p.micro_batches,
+        )
+        self.with_ref = bool(p.kl_coef)
+        max_grad_norm = c.max_grad_norm or None
+        self.actor_optimizer = learner.make_optimizer(
+            c.lr,
+            b1=c.b1,
+            b2=c.b2,
+            eps=c.eps,
+            weight_decay=c.weight_decay,
+            max_grad_norm=max_grad_norm,
+        )
+        hp = c.derived.critic
+        self.critic_optimizer = make_critic_optimizer(
+            p.critic_lr,
+            b1=hp.b1,
+            b2=hp.b2,
+            eps=hp.eps,
+            weight_decay=c.weight_decay,
+            max_grad_norm=max_grad_norm,
+            batch_scale=p.critic_batch_scale,
+        )
+        self.update_fn = make_update_fn(
+            model_config,
+            self.ppo_config,
+            self.actor_optimizer,
+            self.critic_optimizer,
+            mesh,
+            with_ref=self.with_ref,
+        )
+
+    def init_state(self, params: Params) -> PPOState:
+        """Actor from ``params``; critic from the policy's body or fresh (``ppo.critic_init``)."""
+        rng = jax.random.fold_in(jax.random.key(self.config.seed), 7)
+        if self.config.ppo.critic_from_policy:
+            critic = critic_params_from_policy(self.model_config, params, rng)
+        else:
+            critic = model_lib.init_params(critic_model_config(self.model_config), rng)
+        return init_ppo_state(
+            self.model_config,
+            params,
+            critic,
+            self.actor_optimizer,
+            self.critic_optimizer,
+            with_ref=self.with_ref,
+            mesh=self.mesh,
+        )
+
+    @staticmethod
+    def policy_params(state: PPOState) -> Params:
+        return state.actor.params
+
+    @staticmethod
+    def trains_policy(metrics: dict) -> bool:
+        """False for critic warm-up updates (their responses are not on the sample axis)."""
+        return bool(float(np.asarray(metrics.get("actor_trained", 1.0))) > 0)
+
+    def make_batch(self, ro, keep_p: np.ndarray) -> PPOBatch:
+        """The rollout as a sharded ``PPOBatch`` (rewards per sequence; dropped groups,
+        if any, get an all-False response mask)."""
+        s = ro.samples
+        g = ro.rewards_pg.shape[1]
+        keep_b = np.repeat(np.asarray(keep_p, bool), g)
+        batch = PPOBatch(
+            prompt_tokens=jnp.asarray(s.prompt_tokens, jnp.int32),
+            prompt_mask=jnp.asarray(s.prompt_mask, bool),
+            response_tokens=jnp.asarray(s.response_tokens, jnp.int32),
+            response_mask=jnp.asarray(np.asarray(s.response_mask, bool) & keep_b[:, None]),
+            rewards=jnp.asarray(np.asarray(ro.rewards_pg, np.float32).reshape(-1) * keep_b),
+            old_logprobs=jnp.asarray(s.response_logprobs, jnp.float32),
+        )
+        return sharding_lib.shard_batch(batch, self.mesh)
