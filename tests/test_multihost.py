@@ -32,12 +32,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env(devices: int) -> dict:
+def _env(devices: int, cache_dir: str) -> dict:
     env = dict(os.environ)
     env.update(
         JAX_PLATFORMS="cpu",
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
+        # The resumed leg reuses the first leg's compiled programs.
+        JAX_COMPILATION_CACHE_DIR=cache_dir,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
     return env
 
@@ -52,8 +56,13 @@ def _start(config_json: str, log_path: str, devices: int, extra=(), resume=False
     cmd = [sys.executable, "-m", "experiments.train", f"--config_json={config_json}", "--quiet"]
     cmd += ["--resume"] if resume else []
     log = open(log_path, "w")
+    cache_dir = os.path.join(os.path.dirname(config_json), "jax_cache")
     proc = subprocess.Popen(
-        cmd + list(extra), cwd=REPO, env=_env(devices), stdout=log, stderr=subprocess.STDOUT
+        cmd + list(extra),
+        cwd=REPO,
+        env=_env(devices, cache_dir),
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     proc.log_path = log_path
     log.close()
@@ -108,6 +117,7 @@ def _assert_same(a, b, what):
             assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-6), (what, x["step"], key)
 
 
+@pytest.mark.slow  # three processes of ~30 s on two cores
 def test_two_processes_match_one_process_with_two_devices(tmp_path):
     work_dir = str(tmp_path / "work")
     multi_dir, ref_dir = str(tmp_path / "multi"), str(tmp_path / "ref")
