@@ -400,6 +400,14 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                 counters.skipped_updates += int(skipped)
                 counters.consecutive_skips = counters.consecutive_skips + 1 if skipped else 0
                 counters.step += 1
+                if skipped:
+                    log.warning(
+                        "update %d skipped: non-finite loss or gradients (%d in a row, the run "
+                        "stops at %d)",
+                        counters.step,
+                        counters.consecutive_skips,
+                        c.max_consecutive_skips,
+                    )
                 # The sample axis counts responses the policy learned from (not PPO's
                 # critic warm-up, not a skipped update).
                 if not skipped and algo.trains_policy(metrics):

@@ -6,6 +6,7 @@ for on disk, then resumed. The subprocesses see one CPU device and share a persi
 compilation cache, so only the first one pays for compiling the tiny model.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -194,6 +196,7 @@ def test_killed_run_resumes_from_its_last_checkpoint_with_the_same_metrics(env, 
 # A checkpoint driver: saves steps 1, 2, ... of a 32 MB tree whose every value is the step.
 _SAVER = """
 import sys
+import jax
 import jax.numpy as jnp
 from rl_batch.checkpoint import Checkpointer
 ckpt = Checkpointer(sys.argv[1])
@@ -275,3 +278,57 @@ def test_killed_sweep_skips_finished_points_and_resumes_the_interrupted_one(
     }
     # Same LR, seed and batch: the resumed point matches the uninterrupted one.
     _assert_same_metrics(artifacts.read_metrics(second), artifacts.read_metrics(first))
+
+
+def test_non_finite_updates_are_skipped_then_stop_the_run_with_a_checkpoint(
+    work_dir, tmp_path, monkeypatch, caplog
+):
+    from rl_batch import config as config_lib
+    from rl_batch import model as model_lib
+    from rl_batch import rollout as rollout_lib
+    from rl_batch import run as run_lib
+
+    # NaN rewards in training rollouts 2 and 5, 6, 7, ... (0 is the compile warm-up;
+    # validation rollouts, with k = 2 responses per prompt, stay finite).
+    real_rollout, training_calls = rollout_lib.rollout, []
+
+    def rollout(sampler, params, task, tokenizer, examples, group_size, **kwargs):
+        ro = real_rollout(sampler, params, task, tokenizer, examples, group_size, **kwargs)
+        if group_size == 4:
+            training_calls.append(len(training_calls))
+            if training_calls[-1] == 2 or training_calls[-1] >= 5:
+                ro = dataclasses.replace(ro, rewards_pg=np.full_like(ro.rewards_pg, np.nan))
+        return ro
+
+    monkeypatch.setattr(rollout_lib, "rollout", rollout)
+    run_dir = str(tmp_path / "run")
+    config = tiny_run_config(
+        work_dir,
+        run_dir,
+        budget_responses=320,
+        eval_every_responses=1024,
+        eval_greedy=False,
+        checkpoint_every=4,
+        max_consecutive_skips=3,
+    )
+    message = r"3 consecutive updates had non-finite loss or gradients \(step 7\)"
+    with caplog.at_level("WARNING", logger="rl_batch.run"):
+        with pytest.raises(FloatingPointError, match=message):
+            run_lib.run(config, progress=False)
+
+    updates = artifacts.read_metrics(run_dir, "update")
+    assert [r["skipped"] for r in updates] == [0, 1, 0, 0, 1, 1, 1]
+    # Skipped updates add no samples to the sample axis.
+    assert [r["responses_cum"] for r in updates] == [16, 16, 32, 48, 48, 48, 48]
+    assert "update 2 skipped: non-finite loss or gradients (1 in a row" in caplog.text
+    summary = artifacts.read_json(os.path.join(run_dir, artifacts.SUMMARY_FILE))
+    assert summary["status"] == "failed" and summary["skipped_updates"] == 4
+    assert "3 consecutive updates" in summary["error"]
+    # The stop left a checkpoint; the skipped updates did not touch the parameters.
+    ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
+    assert ckpt.all_steps() == [4, 7]
+    like = model_lib.abstract_params(config_lib.make_model_config(config_lib.resolve(config)))
+    before, after = ckpt.restore_params(like, step=4), ckpt.restore_params(like, step=7)
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ckpt.close()
