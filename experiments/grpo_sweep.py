@@ -17,8 +17,10 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from experiments import configs
+
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", "experiments/configs/grpo_cpu.py", "Sweep config file.", lock_config=False
+    "config", configs.path("grpo_cpu.py"), "Sweep config file.", lock_config=False
 )
 _SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "Output directory (default sweeps/<config>).")
 _ISOLATE = flags.DEFINE_bool("isolate", False, "Run each point in its own process.")

@@ -14,8 +14,10 @@ import shutil
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from experiments import configs
+
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", "experiments/configs/grpo_cpu.py", "Run config file.", lock_config=False
+    "config", configs.path("grpo_cpu.py"), "Run config file.", lock_config=False
 )
 _FORCE = flags.DEFINE_bool("force", False, "Retrain even when a cached base policy exists.")
 

@@ -21,10 +21,11 @@ import os
 from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
 
+from experiments import configs
 from rl_batch import artifacts
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", "experiments/configs/grpo_cpu.py", "Run config file.", lock_config=False
+    "config", configs.path("grpo_cpu.py"), "Run config file.", lock_config=False
 )
 _CONFIG_JSON = flags.DEFINE_string(
     "config_json", None, "A complete run config as JSON (used by sweeps with --isolate)."
