@@ -83,12 +83,23 @@ def _check_resumable(run_dir: str, c: ConfigDict) -> None:
         return
     old = artifacts.read_json(path)
     new = c.to_dict()
-    diffs = [f for f in _IDENTITY_FIELDS if old.get(f) != new.get(f)]
+    diffs = [d for f in _IDENTITY_FIELDS for d in _leaf_diffs(old.get(f), new.get(f), f)]
     if diffs:
         raise ValueError(
-            f"{run_dir} holds a run with a different config ({', '.join(diffs)} differ); "
+            f"{run_dir} holds a run with a different config ({'; '.join(diffs)}); "
             "use a new run_dir or delete it"
         )
+
+
+def _leaf_diffs(old: Any, new: Any, name: str) -> list[str]:
+    """``"name.key: old -> new"`` for every leaf that differs between two config values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            d
+            for key in sorted(old.keys() | new.keys())
+            for d in _leaf_diffs(old.get(key), new.get(key), f"{name}.{key}")
+        ]
+    return [] if old == new else [f"{name}: {old!r} -> {new!r}"]
 
 
 def _truncate_metrics(path: str, step: int) -> None:
@@ -151,6 +162,7 @@ class _Progress:
     def __init__(self, total: int, name: str, enabled: bool):
         self.enabled = enabled and jax.process_index() == 0
         self.total, self.name, self.t0 = total, name, time.time()
+        self.accuracy: float | None = None  # the latest validation accuracy
         self._bar = None
         if self.enabled:
             try:
@@ -163,7 +175,9 @@ class _Progress:
     def update(self, counters: Counters, reward: float, accuracy: float | None) -> None:
         if not self.enabled:
             return
-        acc = "-" if accuracy is None else f"{accuracy:.3f}"
+        if accuracy is not None:
+            self.accuracy = accuracy
+        acc = "-" if self.accuracy is None else f"{self.accuracy:.3f}"
         if self._bar is not None:
             self._bar.n = min(counters.responses_cum, self.total)
             self._bar.set_postfix_str(f"step {counters.step} reward {reward:.3f} acc {acc}")
