@@ -60,7 +60,12 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=cleanup_tmp
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        # Named handlers let a fresh process read a step's tree metadata (shapes) before
+        # restoring it; without them orbax reports no metadata and the shape check is lost.
+        handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_handlers=handlers
+        )
 
     def latest_step(self) -> int | None:
         """The newest complete step, or None when there is none."""
@@ -142,20 +147,23 @@ class Checkpointer:
         stored_tree = getattr(stored_tree, "tree", stored_tree)
         stored = _shapes(stored_tree)
         expected = _shapes(like)
+
+        def order(name):  # parameters first: the optimizer state only mirrors them
+            return ("opt_state" in name, name)
+
         problems = []
-        for name in sorted(expected.keys() - stored.keys())[:5]:
+        for name in sorted(expected.keys() - stored.keys(), key=order)[:5]:
             problems.append(f"missing {name} (expected shape {expected[name]})")
-        for name in sorted(stored.keys() - expected.keys())[:5]:
+        for name in sorted(stored.keys() - expected.keys(), key=order)[:5]:
             problems.append(f"unexpected {name} (shape {stored[name]})")
-        for name in sorted(expected.keys() & stored.keys()):
-            if expected[name] != stored[name] and len(problems) < 10:
-                problems.append(
-                    f"{name}: checkpoint shape {stored[name]}, expected {expected[name]}"
-                )
+        mismatched = [n for n in expected.keys() & stored.keys() if expected[n] != stored[n]]
+        for name in sorted(mismatched, key=order)[: max(10 - len(problems), 0)]:
+            problems.append(f"{name}: checkpoint shape {stored[name]}, expected {expected[name]}")
         if problems:
             raise CheckpointMismatchError(
                 f"checkpoint {self.directory}/{step} does not match the model/optimizer "
-                "being restored:\n  " + "\n  ".join(problems)
+                f"being restored ({len(mismatched)} arrays of different shape; was it written "
+                "with another model config?):\n  " + "\n  ".join(problems)
             )
 
     def close(self) -> None:
