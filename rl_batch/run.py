@@ -257,9 +257,11 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         raise ValueError("run_dir is empty: set --config.run_dir")
     run_dir = os.path.abspath(c.run_dir)
     is_writer = jax.process_index() == 0
+    # Every process checks (process 0 writes only once its check passed), so a mismatch
+    # stops all of them instead of leaving the others waiting in a collective.
+    _check_resumable(run_dir, c)
     if is_writer:
         os.makedirs(run_dir, exist_ok=True)
-        _check_resumable(run_dir, c)
         artifacts.write_json_atomic(os.path.join(run_dir, artifacts.CONFIG_FILE), c.to_dict())
     metrics_path = os.path.join(run_dir, artifacts.METRICS_FILE)
 
