@@ -2,11 +2,11 @@
 
 Every run here is a subprocess (``experiments.train``, ``experiments.grpo_sweep`` or a
 small checkpoint driver) killed by ``os.kill(pid, SIGKILL)`` at a point the test watches
-for on disk, then resumed. The subprocesses see one CPU device and share a persistent
-compilation cache, so only the first one pays for compiling the tiny model.
+for on disk, then resumed; a last one feeds NaN rewards to a run, which must skip those
+updates and stop with a checkpoint. The subprocesses see one CPU device and share a
+persistent compilation cache, so only the first one pays for compiling the tiny model.
 """
 
-import dataclasses
 import json
 import os
 import signal
@@ -170,12 +170,11 @@ def test_killed_run_resumes_from_its_last_checkpoint_with_the_same_metrics(env, 
     with open(os.path.join(leftover, "state", "partial"), "wb") as f:
         f.write(b"\0" * 100)
 
-    # Without --resume the CLI refuses to touch a run directory that holds checkpoints.
-    refused = subprocess.run(
-        _train_cmd(run_json), cwd=REPO, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert refused.returncode != 0 and "pass --resume" in refused.stderr
+    # Without --resume the CLI refuses to touch a run directory that holds checkpoints
+    # (it checks before starting anything, so it may run beside the resumed run).
+    refused = _start(_train_cmd(run_json), env, str(tmp_path / "refused.log"))
     _finish(_start(_train_cmd(run_json, resume=True), env, str(tmp_path / "resumed.log")))
+    assert refused.wait(timeout=TIMEOUT_S) != 0 and "pass --resume" in _log(refused)
 
     after = artifacts.read_metrics(run_dir)
     _assert_same_metrics(after, artifacts.read_metrics(ref_dir))
@@ -280,54 +279,67 @@ def test_killed_sweep_skips_finished_points_and_resumes_the_interrupted_one(
     _assert_same_metrics(artifacts.read_metrics(second), artifacts.read_metrics(first))
 
 
+# A run whose training rollouts 2 and 5, 6, 7, ... have NaN rewards (0 is the compile
+# warm-up; validation rollouts, with k = 2 responses per prompt, stay finite).
+_NAN_RUN = """
+import dataclasses, json, sys
+import numpy as np
+from ml_collections import ConfigDict
+from rl_batch import rollout as rollout_lib
+from rl_batch import run as run_lib
+
+real_rollout, training_calls = rollout_lib.rollout, []
+
+def rollout(sampler, params, task, tokenizer, examples, group_size, **kwargs):
+    ro = real_rollout(sampler, params, task, tokenizer, examples, group_size, **kwargs)
+    if group_size == 4:
+        training_calls.append(len(training_calls))
+        if training_calls[-1] == 2 or training_calls[-1] >= 5:
+            ro = dataclasses.replace(ro, rewards_pg=np.full_like(ro.rewards_pg, np.nan))
+    return ro
+
+rollout_lib.rollout = rollout
+run_lib.run(ConfigDict(json.load(open(sys.argv[1]))), progress=False)
+"""
+
+
 def test_non_finite_updates_are_skipped_then_stop_the_run_with_a_checkpoint(
-    work_dir, tmp_path, monkeypatch, caplog
+    env, work_dir, tmp_path
 ):
     from rl_batch import config as config_lib
     from rl_batch import model as model_lib
-    from rl_batch import rollout as rollout_lib
-    from rl_batch import run as run_lib
 
-    # NaN rewards in training rollouts 2 and 5, 6, 7, ... (0 is the compile warm-up;
-    # validation rollouts, with k = 2 responses per prompt, stay finite).
-    real_rollout, training_calls = rollout_lib.rollout, []
-
-    def rollout(sampler, params, task, tokenizer, examples, group_size, **kwargs):
-        ro = real_rollout(sampler, params, task, tokenizer, examples, group_size, **kwargs)
-        if group_size == 4:
-            training_calls.append(len(training_calls))
-            if training_calls[-1] == 2 or training_calls[-1] >= 5:
-                ro = dataclasses.replace(ro, rewards_pg=np.full_like(ro.rewards_pg, np.nan))
-        return ro
-
-    monkeypatch.setattr(rollout_lib, "rollout", rollout)
     run_dir = str(tmp_path / "run")
     config = tiny_run_config(
-        work_dir,
-        run_dir,
-        budget_responses=320,
-        eval_every_responses=1024,
-        eval_greedy=False,
-        checkpoint_every=4,
-        max_consecutive_skips=3,
+        work_dir, run_dir, **dict(RUN, checkpoint_every=4, max_consecutive_skips=3)
     )
-    message = r"3 consecutive updates had non-finite loss or gradients \(step 7\)"
-    with caplog.at_level("WARNING", logger="rl_batch.run"):
-        with pytest.raises(FloatingPointError, match=message):
-            run_lib.run(config, progress=False)
+    config_json = str(tmp_path / "run.json")
+    artifacts.write_json_atomic(config_json, config.to_dict())
+    proc = _start([sys.executable, "-c", _NAN_RUN, config_json], env, str(tmp_path / "nan.log"))
+    try:
+        proc.wait(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = _log(proc)
+    assert proc.returncode != 0
+    assert (
+        "FloatingPointError: 3 consecutive updates had non-finite loss or gradients (step 7)" in out
+    )
+    assert "update 2 skipped: non-finite loss or gradients (1 in a row" in out
 
     updates = artifacts.read_metrics(run_dir, "update")
     assert [r["skipped"] for r in updates] == [0, 1, 0, 0, 1, 1, 1]
     # Skipped updates add no samples to the sample axis.
     assert [r["responses_cum"] for r in updates] == [16, 16, 32, 48, 48, 48, 48]
-    assert "update 2 skipped: non-finite loss or gradients (1 in a row" in caplog.text
     summary = artifacts.read_json(os.path.join(run_dir, artifacts.SUMMARY_FILE))
     assert summary["status"] == "failed" and summary["skipped_updates"] == 4
     assert "3 consecutive updates" in summary["error"]
     # The stop left a checkpoint; the skipped updates did not touch the parameters.
     ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
     assert ckpt.all_steps() == [4, 7]
-    like = model_lib.abstract_params(config_lib.make_model_config(config_lib.resolve(config)))
+    like = model_lib.abstract_params(config_lib.make_model_config(config_lib.resolve(config, 1)))
     before, after = ckpt.restore_params(like, step=4), ckpt.restore_params(like, step=7)
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
