@@ -1,0 +1,25 @@
+r"""PPO batch-size sweep, then the analysis: ``experiments.grpo_sweep`` for ``algo="ppo"``.
+
+The same command line as ``experiments.grpo_sweep`` (``--sweep_dir``, ``--isolate``,
+``--list_runs``, ``--only``, ``--analyze``, ``--config.*`` overrides); the default config
+is the CPU PPO study ``experiments/configs/ppo_cpu.py`` (output ``sweeps/ppo_cpu``).
+
+  python -m experiments.ppo_sweep
+  python -m experiments.ppo_sweep --sweep_dir=/tmp/ppo_sweep --config.sweep.prompts=32,64
+  python -m experiments.ppo_sweep --list_runs
+"""
+
+from absl import app, flags
+
+from experiments import grpo_sweep
+
+DEFAULT_CONFIG = "experiments/configs/ppo_cpu.py"
+
+
+def main(argv):
+    grpo_sweep.main(argv, algo="ppo")
+
+
+if __name__ == "__main__":
+    flags.FLAGS.set_default("config", DEFAULT_CONFIG)
+    app.run(main)
