@@ -1,5 +1,6 @@
 """Tests for rl_batch.sampler: cache path vs teacher forcing, EOS, limits, buckets, mesh."""
 
+import dataclasses
 import functools
 
 import jax
@@ -15,6 +16,8 @@ CONFIG = model.get_preset("tiny-1m")
 PAD, NO_EOS = 0, CONFIG.vocab_size  # an id outside the vocabulary never stops a row
 # Different lengths, so rows are left-padded by different amounts.
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [3], [20, 21, 22, 23, 24]]
+# Jitted teacher-forced forward pass (eager op-by-op dispatch is slow).
+forward = jax.jit(model.forward, static_argnums=0)
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +32,19 @@ def sampler():
     )
 
 
+@pytest.fixture(scope="module")
+def small_sampler():
+    """Shorter buckets; shared so that its compiled programs are reused across tests."""
+    return sampler_lib.Sampler(
+        CONFIG, eos_id=NO_EOS, pad_id=PAD, max_prompt_len=8, max_new_tokens=8
+    )
+
+
 def teacher_forced_logprobs(params, out, temperature):
     """log p(response token r) from one full forward pass over [prompt | response]."""
     tokens_bt = np.concatenate([out.prompt_tokens, out.response_tokens], axis=1)
     mask_bt = np.concatenate([out.prompt_mask, out.response_mask], axis=1)
-    logits_btv = model.forward(CONFIG, params, jnp.asarray(tokens_bt), input_mask_bt=mask_bt)
+    logits_btv = forward(CONFIG, params, jnp.asarray(tokens_bt), input_mask_bt=mask_bt)
     p = out.prompt_tokens.shape[1]
     # The logits at slot P-1+r predict response token r.
     logits_brv = np.asarray(logits_btv[:, p - 1 : -1]) / temperature
@@ -52,10 +63,15 @@ def test_logprobs_match_teacher_forced_forward(params, sampler):
 
 def test_padded_rows_match_unpadded_single_runs(params, sampler):
     out = sampler(params, PROMPTS, rng=jax.random.key(2), sampling=SamplingConfig(temperature=1.0))
+    # Each row as [prompt | response] starting at slot 0 (no left padding); trailing pad
+    # cannot change earlier logits under the causal mask, so one batch serves all rows.
+    rows = [prompt + out.response_tokens[i].tolist() for i, prompt in enumerate(PROMPTS)]
+    width = max(map(len, rows))
+    tokens_bt = np.array([row + [PAD] * (width - len(row)) for row in rows])
+    logits_btv = forward(CONFIG, params, jnp.asarray(tokens_bt))
     for i, prompt in enumerate(PROMPTS):
-        seq = np.asarray(prompt + out.response_tokens[i].tolist())[None]
-        logits_tv = model.forward(CONFIG, params, jnp.asarray(seq))[0, len(prompt) - 1 : -1]
-        expected_r = model.token_logprobs(logits_tv[None], out.response_tokens[i][None])[0]
+        logits_rv = logits_btv[i, len(prompt) - 1 : len(rows[i]) - 1]
+        expected_r = model.token_logprobs(logits_rv[None], out.response_tokens[i][None])[0]
         np.testing.assert_allclose(out.response_logprobs[i], expected_r, atol=1e-5, rtol=0)
 
 
@@ -140,18 +156,17 @@ def test_top_k_one_and_tiny_top_p_equal_greedy(params, sampler):
     assert (greedy.response_logprobs < -0.1).any()  # i.e. not the filtered prob of 1
 
 
-def test_no_recompilation_within_buckets(params):
-    s = sampler_lib.Sampler(CONFIG, eos_id=NO_EOS, pad_id=PAD, max_prompt_len=16, max_new_tokens=8)
-    rng = jax.random.key(0)
+def test_no_recompilation_within_buckets(params, small_sampler):
+    s, rng = small_sampler, jax.random.key(0)
     s(params, PROMPTS[:3], rng=rng)  # B bucket 4, P bucket 8
-    assert s.num_compilations == 2  # prefill + decode
     assert s.last_stats["batch_bucket"] == 4 and s.last_stats["prompt_bucket"] == 8
+    compiled = s.num_compilations
     s(params, PROMPTS, rng=rng)  # 4 rows, longest prompt 7
     s(params, [[1] * 8, [2] * 5, [3]], rng=rng, max_new_tokens=6)
-    assert s.num_compilations == 2
-    out = s(params, PROMPTS + [[4] * 9], rng=rng)  # B bucket 8, P bucket 16
-    assert s.num_compilations == 4
-    assert out.response_tokens.shape == (5, 8) and out.prompt_tokens.shape == (5, 16)
+    assert s.num_compilations == compiled
+    out = s(params, PROMPTS + [[4] * 6], rng=rng)  # B bucket 8: prefill + decode traced
+    assert s.num_compilations == compiled + 2
+    assert out.response_tokens.shape == (5, 8) and out.prompt_tokens.shape == (5, 8)
 
 
 def test_bucket_rounding():
@@ -204,6 +219,49 @@ def test_mesh_sharded_batch_matches_single_device(params, sampler):
     assert sharded.last_stats["batch_bucket"] == 8  # a multiple of the 8 devices
     np.testing.assert_array_equal(out.response_tokens, ref.response_tokens)
     np.testing.assert_allclose(out.response_logprobs, ref.response_logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # Qwen2-like: QKV bias, no QK-norm, untied LM head; plus plain multi-head attention.
+        dict(qkv_bias=True, qk_norm=False, tie_embeddings=False),
+        dict(num_kv_heads=4, rope_theta=1_000_000.0),
+    ],
+)
+def test_decode_forward_matches_model_for_config_switches(overrides):
+    config = CONFIG.replace(**overrides)
+    params = model.init_params(config, 1)
+    # Biases start at zero; make them matter.
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: (
+            x + 0.1 * jax.random.normal(jax.random.key(len(path)), x.shape)
+            if "bias" in jax.tree_util.keystr(path)
+            else x
+        ),
+        params,
+    )
+    s = sampler_lib.Sampler(config, eos_id=NO_EOS, pad_id=PAD, max_prompt_len=8, max_new_tokens=8)
+    out = s(params, PROMPTS, rng=jax.random.key(4))
+    tokens_bt = np.concatenate([out.prompt_tokens, out.response_tokens], axis=1)
+    mask_bt = np.concatenate([out.prompt_mask, out.response_mask], axis=1)
+    logits_btv = forward(config, params, jnp.asarray(tokens_bt), input_mask_bt=mask_bt)
+    expected_br = model.token_logprobs(logits_btv[:, 7:-1], jnp.asarray(out.response_tokens))
+    np.testing.assert_allclose(out.response_logprobs, expected_br, atol=1e-5, rtol=0)
+
+
+def test_decode_forward_knows_every_model_config_field():
+    # A new ModelConfig switch must be implemented in sampler.decode_forward (and added to
+    # DECODE_CONFIG_FIELDS) before the sampler can be trusted with it.
+    fields = {f.name for f in dataclasses.fields(model.ModelConfig)}
+    assert fields == sampler_lib.DECODE_CONFIG_FIELDS
+
+
+def test_value_head_config_is_rejected(params):
+    config = CONFIG.replace(head="value")
+    s = sampler_lib.Sampler(config, eos_id=1, pad_id=PAD, max_prompt_len=8, max_new_tokens=8)
+    with pytest.raises(ValueError, match="LM head"):
+        s(model.init_params(config, 0), PROMPTS, rng=jax.random.key(0))
 
 
 # ------------------------------------------------------------------- sampling methods alone
