@@ -7,10 +7,14 @@ r"""Throughput benchmarks, one part per component.
 batch sizes, plus the FLOP/s achieved while decoding against a large jitted matmul
 measured in the same run.
 
-Timing: each (engine, batch) is run once to warm up (the jit compile for ours), then
-repeated until ``--min_repeats`` runs and ``--min_time_s`` seconds are reached; the
-median wall time is reported. Each batch size runs ours then HF back to back so both
-see the same machine load.
+Timing: ours runs once per batch size to warm up (the jit compile), HF once in total;
+then each is repeated until ``--min_repeats`` (``--hf_min_repeats``) runs and
+``--min_time_s`` seconds are reached and the median wall time is reported, with the
+median process CPU time (all threads) beside it: on a machine shared with other jobs
+CPU time per token says more about efficiency than wall time. HF runs with each of
+``--hf_threads`` torch thread counts and the fastest counts. Each batch size runs ours
+then HF back to back so both see the same load. The matmul peak is re-measured before
+every batch size and the best value of the run is the denominator of "% matmul".
 
 The JSON written by ``--out`` has the layout ``rl_batch.analysis`` reads::
 
@@ -89,19 +93,25 @@ class Settings:
 
 def time_calls(
     fn: Callable[[int], object], *, min_repeats: int, min_time_s: float, warmup: bool = True
-) -> list[float]:
-    """Calls ``fn(i)`` until ``min_repeats`` calls and ``min_time_s`` seconds; returns seconds.
+) -> tuple[list[float], list[float]]:
+    """Calls ``fn(i)`` until ``min_repeats`` calls and ``min_time_s`` seconds.
 
     With ``warmup``, ``fn(-1)`` runs first, untimed (jit compile, first allocations).
+
+    Returns:
+      (wall seconds, process CPU seconds) per call. CPU seconds (all threads) are less
+      sensitive than wall time to other processes sharing the cores.
     """
     if warmup:
         fn(-1)
     times: list[float] = []
+    cpu_times: list[float] = []
     while len(times) < min_repeats or sum(times) < min_time_s:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         fn(len(times))
         times.append(time.perf_counter() - start)
-    return times
+        cpu_times.append(time.process_time() - cpu_start)
+    return times, cpu_times
 
 
 def matmul_flops_per_s(size: int, repeats: int = 5) -> float:
@@ -281,7 +291,9 @@ def run_sampler(settings: Settings) -> dict:
         # The machine is shared: re-measure the matmul peak next to every point.
         row_peak = matmul_flops_per_s(settings.matmul_size, repeats=3)
         peak = max(peak, row_peak)
-        times = time_calls(ours, min_repeats=settings.min_repeats, min_time_s=settings.min_time_s)
+        times, cpu_times = time_calls(
+            ours, min_repeats=settings.min_repeats, min_time_s=settings.min_time_s
+        )
         time_s = statistics.median(times)
         decode_s = statistics.median(s["decode_s"] for s in stats)
         tokens = batch * new
@@ -291,6 +303,7 @@ def run_sampler(settings: Settings) -> dict:
         details.append(
             {
                 "batch": batch,
+                "cpu_s": statistics.median(cpu_times),
                 "prefill_s": statistics.median(s["prefill_s"] for s in stats),
                 "decode_s": decode_s,
                 "decode_tokens_per_s": batch * (new - 1) / decode_s,
@@ -301,20 +314,21 @@ def run_sampler(settings: Settings) -> dict:
         )
         line = f"batch {batch}: ours {tokens / time_s:.0f} tok/s ({len(times)} runs)"
         if hf_model is not None:
-            by_threads = {}
+            by_threads, cpu_by_threads = {}, {}
             for threads in dict.fromkeys(settings.hf_threads):
                 torch.set_num_threads(threads)
-                hf_times = time_calls(
+                hf_times, hf_cpu_times = time_calls(
                     lambda i, x=prompts_bp: _hf_generate(hf_model, x, new, settings.seed + i),
                     min_repeats=settings.hf_min_repeats,
                     min_time_s=settings.min_time_s,
                     warmup=False,
                 )
                 by_threads[threads] = statistics.median(hf_times)
+                cpu_by_threads[threads] = statistics.median(hf_cpu_times)
             threads, hf_time_s = min(by_threads.items(), key=lambda item: item[1])
             hf_generation.append(
                 {"batch": batch, "tokens_per_s": tokens / hf_time_s, "time_s": hf_time_s}
-                | {"new_tokens": new, "threads": threads}
+                | {"new_tokens": new, "threads": threads, "cpu_s": cpu_by_threads[threads]}
                 | {"time_s_by_threads": {str(t): v for t, v in by_threads.items()}}
             )
             line += ", HF " + ", ".join(
@@ -337,18 +351,24 @@ def run_sampler(settings: Settings) -> dict:
 
 
 def format_table(generation: list[dict], hf_generation: list[dict], details: list[dict]) -> str:
-    """The sampler table: throughput, HF ratio, decode FLOP/s and % of the matmul peak."""
-    hf = {row["batch"]: row["tokens_per_s"] for row in hf_generation}
+    """The sampler table: throughput vs HF (wall and CPU time), decode FLOP/s vs matmul."""
+    hf = {row["batch"]: row for row in hf_generation}
+    nan_row = {"tokens_per_s": float("nan"), "cpu_s": float("nan"), "threads": 0}
     lines = [
-        f"{'batch':>6} {'ours tok/s':>11} {'decode tok/s':>12} {'HF tok/s':>10} {'ratio':>6} "
+        f"{'batch':>6} {'ours tok/s':>11} {'decode tok/s':>12} {'HF tok/s':>9} {'thr':>3} "
+        f"{'ratio':>6} {'ours tok/cpu-s':>14} {'HF tok/cpu-s':>12} {'ratio':>6} "
         f"{'decode GFLOP/s':>14} {'% matmul':>8}"
     ]
     for row, detail in zip(generation, details):
-        hf_tok_s = hf.get(row["batch"], float("nan"))
+        theirs = hf.get(row["batch"], nan_row)
+        tokens = row["batch"] * row["new_tokens"]
+        ours_cpu, hf_cpu = tokens / detail["cpu_s"], tokens / theirs["cpu_s"]
         lines.append(
             f"{row['batch']:>6} {row['tokens_per_s']:>11.0f} "
-            f"{detail['decode_tokens_per_s']:>12.0f} {hf_tok_s:>10.0f} "
-            f"{row['tokens_per_s'] / hf_tok_s:>6.2f} {detail['decode_flops_per_s'] / 1e9:>14.1f} "
+            f"{detail['decode_tokens_per_s']:>12.0f} {theirs['tokens_per_s']:>9.0f} "
+            f"{theirs['threads']:>3} {row['tokens_per_s'] / theirs['tokens_per_s']:>6.2f} "
+            f"{ours_cpu:>14.0f} {hf_cpu:>12.0f} {ours_cpu / hf_cpu:>6.2f} "
+            f"{detail['decode_flops_per_s'] / 1e9:>14.1f} "
             f"{100 * detail['fraction_of_matmul_peak']:>7.1f}%"
         )
     return "\n".join(lines)
