@@ -82,3 +82,25 @@ def to_host(tree: Any) -> Any:
         return np.asarray(jax.device_get(x))
 
     return jax.tree.map(fetch, tree)
+
+
+def rebuild(tree: Any) -> Any:
+    """Well-formed copies of arrays placed on a mesh that spans several processes.
+
+    In this jax (0.10), ``jax.device_put`` of a *device* array (not numpy) onto a
+    replicated sharding over several processes builds an Array whose per-device buffers
+    carry the global sharding: computations accept it, but orbax cannot save it ("the
+    input arrays must have one shard each"). A jitted copy returns proper arrays with
+    the same shardings. Every process must call it (it is a computation on the mesh);
+    in a single process it returns ``tree`` unchanged.
+
+    Args:
+      tree: a pytree of ``jax.Array`` leaves.
+
+    Returns:
+      The same values, freshly computed on the same shardings.
+    """
+    if jax.process_count() == 1:
+        return tree
+    shardings = jax.tree.map(lambda x: x.sharding, tree)
+    return jax.jit(lambda t: jax.tree.map(jax.numpy.copy, t), out_shardings=shardings)(tree)

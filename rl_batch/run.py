@@ -273,7 +273,8 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
 
     mesh = sharding.make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
     algo = make_algorithm(c, model_config, mesh)
-    state = algo.init_state(initial_params(c, model_config))
+    # (Multi-process: rebuilt so that a checkpoint of the initial state can be saved.)
+    state = distributed.rebuild(algo.init_state(initial_params(c, model_config)))
     update_fn = algo.update_fn
 
     counters = Counters()

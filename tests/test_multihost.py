@@ -69,13 +69,14 @@ def _start(config_json: str, log_path: str, devices: int, extra=(), resume=False
     return proc
 
 
-def _wait_all(procs, timeout_s: float) -> None:
-    """Waits for every process; on a failure or the timeout kills the rest and fails."""
+def _wait_all(procs, timeout_s: float, expect_ok: bool = True) -> None:
+    """Waits for every process; on a failure (when success is expected) or the timeout
+    kills the rest and fails the test."""
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p in procs):
             failed = [p for p in procs if p.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
+            if (failed and expect_ok) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
     finally:
@@ -84,7 +85,7 @@ def _wait_all(procs, timeout_s: float) -> None:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait()
     for p in procs:
-        if p.returncode != 0:
+        if p.returncode == -signal.SIGKILL or (expect_ok and p.returncode != 0):
             with open(p.log_path) as f:
                 tail = f.read()[-3000:]
             pytest.fail(f"{' '.join(p.args[2:4])} exited with {p.returncode}:\n{tail}")
@@ -155,3 +156,26 @@ def test_two_processes_match_one_process_with_two_devices(tmp_path):
         int(d) for d in os.listdir(os.path.join(multi_dir, artifacts.CHECKPOINT_DIR)) if d.isdigit()
     )
     assert ckpt_steps[-1] == 4
+
+
+@pytest.mark.slow
+def test_two_processes_save_the_initial_state_when_a_run_stops_before_any_update(tmp_path):
+    # A random policy never solves addition: with filtering, the first rollout batch is
+    # empty and the run stops with a checkpoint of the state it started from.
+    run_dir = str(tmp_path / "run")
+    config = tiny_run_config(
+        str(tmp_path / "work"), run_dir, filter_groups=True, max_empty_rollouts=1
+    )
+    config.eval_greedy = False
+    config_json = _write_config(str(tmp_path / "run.json"), config)
+    procs = _two_processes(config_json, tmp_path, "stop", resume=False)
+    _wait_all(procs, TIMEOUT_S, expect_ok=False)
+    for p in procs:
+        with open(p.log_path) as f:
+            log = f.read()
+        assert p.returncode != 0
+        assert "RuntimeError: 1 rollout batches in a row had no group" in log, log[-3000:]
+    ckpt_dir = os.path.join(run_dir, artifacts.CHECKPOINT_DIR)
+    assert sorted(d for d in os.listdir(ckpt_dir) if d.isdigit()) == ["0"]
+    summary = artifacts.read_json(os.path.join(run_dir, artifacts.SUMMARY_FILE))
+    assert summary["status"] == "failed" and "no group" in summary["error"]
