@@ -24,6 +24,8 @@ Public API:
     run it under their own ``jit`` / mesh.
   * ``prefill``, ``decode``: the two halves of ``sample_batch`` (``SamplingState`` in
     between), which ``Sampler`` jits separately so the decode state can be donated.
+    Prefill runs ``model.forward_with_cache``; decode runs ``decode_forward``, the same
+    maths over a [B, K, S, H] cache (see the note above it).
   * ``Sampler``: host-side wrapper: pads and buckets Python prompt lists, caches
     compiled programs, optionally shards the batch on a mesh, returns numpy arrays.
 """
