@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, distributed, learner, sharding
+from rl_batch import artifacts, distributed, flops, learner, sharding
 from rl_batch import config as config_lib
 from rl_batch import model as model_lib
 from rl_batch import rollout as rollout_lib
@@ -65,6 +65,10 @@ class Counters:
     consecutive_skips: int = 0
     consecutive_empty: int = 0  # rollouts in a row whose groups were all filtered out
     evals_at_target: int = 0
+    gen_tokens_cum: int = 0
+    gen_flops_cum: float = 0.0
+    update_tokens_cum: int = 0  # prompt + response tokens processed by updates
+    update_flops_cum: float = 0.0
 
 
 def _training_order(n: int, seed: int, position: int, count: int) -> np.ndarray:
@@ -223,6 +227,7 @@ def _summary(c: ConfigDict, counters: Counters, evals: list[dict], status: str) 
         "time_checkpoint_s",
     ):
         summary[key.replace("_cum", "")] = getattr(counters, key)
+    summary.update(_run_throughput(counters))
     if n_star is not None:
         t_star = float(np.interp(n_star, xs, times))
         summary["time_to_target_s"] = t_star
@@ -238,6 +243,21 @@ def _summary(c: ConfigDict, counters: Counters, evals: list[dict], status: str) 
         )
         summary["n_star_text"] = artifacts.NOT_REACHED
     return summary
+
+
+def _run_throughput(counters: Counters) -> dict[str, Any]:
+    """Whole-run throughput (tokens/s, FLOP/s vs the matmul rate) from the counters."""
+    return flops.step_throughput(
+        gen_tokens=counters.gen_tokens_cum,
+        gen_flops=counters.gen_flops_cum,
+        time_generate_s=counters.time_generate_s,
+        update_tokens=counters.update_tokens_cum,
+        upd_flops=counters.update_flops_cum,
+        time_update_s=counters.time_update_s,
+        responses=counters.responses_cum,
+        step_time_s=counters.time_train_cum_s,
+        matmul_flops_per_s=flops.measure_matmul_flops(),
+    )
 
 
 def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> dict[str, Any]:
@@ -350,6 +370,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
 
     # Compile the sampler and the update outside of training time (DESIGN §2).
     t0 = time.perf_counter()
+    matmul_rate = flops.measure_matmul_flops()  # once per process: the FLOP/s yardstick
     warm_examples = [train_data[i] for i in range(c.prompts)]
     warm = rollout_lib.rollout(
         sampler,
@@ -402,6 +423,9 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             counters.responses_generated_cum += generated
             counters.time_generate_s += ro.time_generate_s
             counters.time_score_s += ro.time_score_s
+            costs = flops.rollout_costs(model_config, ro.samples)
+            counters.gen_tokens_cum += costs["gen_tokens"]
+            counters.gen_flops_cum += costs["gen_flops"]
             last_reward = float(ro.rewards_pg.mean())
 
             t_update = 0.0
@@ -413,6 +437,8 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                 metrics = jax.device_get(metrics)
                 t_update = time.perf_counter() - t0
                 counters.time_update_s += t_update
+                counters.update_tokens_cum += costs["update_tokens"]
+                counters.update_flops_cum += costs["update_flops"]
                 skipped = bool(metrics.get("skipped", 0))
                 counters.skipped_updates += int(skipped)
                 counters.consecutive_skips = counters.consecutive_skips + 1 if skipped else 0
@@ -455,6 +481,19 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                         "time_train_cum_s": counters.time_train_cum_s,
                         "gen_tokens": ro.gen_tokens,
                         "response_len_mean": ro.gen_tokens / generated,
+                        **flops.step_throughput(
+                            gen_tokens=ro.gen_tokens,
+                            gen_flops=costs["gen_flops"],
+                            time_generate_s=ro.time_generate_s,
+                            update_tokens=costs["update_tokens"],
+                            upd_flops=costs["update_flops"],
+                            time_update_s=t_update,
+                            responses=retained,
+                            step_time_s=step_time,
+                            matmul_flops_per_s=matmul_rate,
+                        ),
+                        # Jit traces so far (sampler + update): constant after the warm-up.
+                        "compilations": sampler.num_compilations + flops.jit_cache_size(update_fn),
                         **{k: float(np.asarray(v)) for k, v in metrics.items()},
                         # PPO's critic warm-up lines are set aside by the analysis.
                         "phase": "train" if algo.trains_policy(metrics) else "critic_warmup",

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from rl_batch import artifacts
+from rl_batch import artifacts, flops
 from rl_batch import run as run_lib
 from tests.run_fixtures import tiny_run_config
 
@@ -15,7 +15,8 @@ UPDATE_FIELDS = (
     "grad_norm loss clip_frac kl"
 ).split()
 # Values that depend on the machine's speed, not on the computation.
-TIMING = ("time_", "eval_time")
+# (and on the process's history: a resumed run compiles the validation sampler later).
+TIMING = ("time_", "eval_time", "compilations", *flops.RATE_KEYS)
 
 
 @pytest.fixture(scope="module")
