@@ -397,7 +397,108 @@ def _hf_generate(hf_model, prompts_bp: np.ndarray, new_tokens: int, seed: int) -
     assert out.shape == (prompts_bp.shape[0], prompts_bp.shape[1] + new_tokens), out.shape
 
 
-PARTS: dict[str, Callable[[Settings], dict]] = {"sampler": run_sampler}
+def run_update(settings: Settings) -> dict:
+    """GRPO update time vs training batch (``settings.batches`` responses of P + R tokens).
+
+    One jitted ``learner.make_update_fn`` step (forward, backward, Adam) on random tokens
+    with every response token real; its FLOPs are ``rl_batch.flops.update_flops`` (3x the
+    forward), compared with the matmul rate measured in the same process.
+    """
+    from rl_batch import flops, learner, sharding
+
+    config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
+    p_len, r_len = settings.prompt_len, settings.new_tokens
+    mesh = sharding.make_mesh()
+    optimizer = learner.make_optimizer(lr=1e-5, max_grad_norm=1.0)
+    update_fn = learner.make_update_fn(config, learner.GRPOConfig(), optimizer, mesh)
+    params = model_lib.init_params(config, settings.seed)
+    state = learner.init_train_state(config, params, optimizer, mesh=mesh)
+    peak = flops.measure_matmul_flops(settings.matmul_size)
+    print(
+        f"update: model {settings.preset} ({config.num_params / 1e6:.2f}M params), prompt "
+        f"{p_len} + response {r_len} tokens, device {device_description()}"
+    )
+    rng = np.random.RandomState(settings.seed + 2)
+    rows = []
+    for batch in settings.batches:
+        shards = sharding.batch_shard_count(mesh)
+        if batch % shards:
+            print(f"batch {batch}: skipped (not divisible by {shards} batch shards)")
+            continue
+        data = learner.Batch(
+            prompt_tokens=jnp.asarray(rng.randint(0, config.vocab_size, (batch, p_len))),
+            prompt_mask=jnp.ones((batch, p_len), bool),
+            response_tokens=jnp.asarray(rng.randint(0, config.vocab_size, (batch, r_len))),
+            response_mask=jnp.ones((batch, r_len), bool),
+            advantages=jnp.asarray(rng.standard_normal(batch), jnp.float32),
+            old_logprobs=jnp.full((batch, r_len), -np.log(config.vocab_size), jnp.float32),
+        )
+        data = sharding.shard_batch(data, mesh)
+
+        def step(i: int, data=data) -> None:
+            nonlocal state  # the update donates its input state
+            state, metrics = update_fn(state, data, jax.random.key(max(i, 0)))
+            jax.block_until_ready(metrics)
+
+        times, cpu_times = time_calls(
+            step, min_repeats=settings.min_repeats, min_time_s=settings.min_time_s
+        )
+        time_s = statistics.median(times)
+        tokens = batch * (p_len + r_len)
+        upd_flops = flops.update_flops(config, tokens=tokens, seq_len=p_len + r_len)
+        rows.append(
+            {
+                "batch": batch,
+                "time_s": time_s,
+                "tokens": tokens,
+                "tokens_per_s": tokens / time_s,
+                "cpu_s": statistics.median(cpu_times),
+                "flops_per_s": upd_flops / time_s,
+                "fraction_of_matmul_peak": upd_flops / time_s / peak,
+                "repeats": len(times),
+            }
+        )
+        print(f"batch {batch}: {time_s:.3f} s, {tokens / time_s:.0f} tok/s", flush=True)
+    print(format_update_table(rows))
+    return {
+        "device": device_description(),
+        "update": rows,
+        "matmul_flops_per_s": peak,
+        "update_settings": dataclasses.asdict(settings)
+        | {"update_flops_per_token": flops.update_flops(config, tokens=1, seq_len=p_len + r_len)},
+    }
+
+
+def format_update_table(rows: list[dict]) -> str:
+    """The update table: time, tokens/s and FLOP/s against the matmul rate per batch."""
+    lines = [
+        f"{'batch':>6} {'time s':>8} {'tokens':>8} {'tok/s':>9} {'tok/cpu-s':>9} "
+        f"{'GFLOP/s':>8} {'% matmul':>8}"
+    ]
+    for row in rows:
+        lines.append(
+            f"{row['batch']:>6} {row['time_s']:>8.3f} {row['tokens']:>8} "
+            f"{row['tokens_per_s']:>9.0f} {row['tokens'] / row['cpu_s']:>9.0f} "
+            f"{row['flops_per_s'] / 1e9:>8.1f} {100 * row['fraction_of_matmul_peak']:>7.1f}%"
+        )
+    return "\n".join(lines)
+
+
+def run_all(settings: Settings) -> dict:
+    """The sampler and update parts, one JSON (generation and update side by side)."""
+    results = run_sampler(settings)
+    update = run_update(settings)
+    results["update"] = update["update"]
+    results["update_settings"] = update["update_settings"]
+    results["matmul_flops_per_s"] = max(results["matmul_flops_per_s"], update["matmul_flops_per_s"])
+    return results
+
+
+PARTS: dict[str, Callable[[Settings], dict]] = {
+    "sampler": run_sampler,
+    "update": run_update,
+    "all": run_all,
+}
 
 
 # ------------------------------------------------------------------------------ main
