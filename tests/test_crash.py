@@ -25,7 +25,11 @@ from tests.run_fixtures import tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 120  # per subprocess
-TIMING = ("time_", "eval_time")
+try:  # Throughput rates divide by wall time: they differ from run to run.
+    from rl_batch.flops import RATE_KEYS
+except ImportError:  # (before rl_batch.flops existed)
+    RATE_KEYS = ()
+TIMING = ("time_", "eval_time", *RATE_KEYS)
 TMP_MARK = ".orbax-checkpoint-tmp"
 # 20 updates, a checkpoint every 2: a window of several saves in which to kill.
 RUN = dict(budget_responses=320, eval_every_responses=128, eval_greedy=False, checkpoint_every=2)

@@ -23,7 +23,11 @@ from tests.run_fixtures import tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 240  # per leg; a hung collective fails the test instead of the suite
-TIMING = ("time_", "eval_time")
+try:  # Throughput rates divide by wall time: they differ from run to run.
+    from rl_batch.flops import RATE_KEYS
+except ImportError:  # (before rl_batch.flops existed)
+    RATE_KEYS = ()
+TIMING = ("time_", "eval_time", *RATE_KEYS)
 
 
 def _free_port() -> int:
