@@ -55,6 +55,47 @@ def _concat_outputs(chunks: Sequence[SampleOutput]) -> SampleOutput:
     )
 
 
+def kv_cache_bytes(config: Any, rows: int, seq_len: int, dtype: str | None = None) -> int:
+    """Bytes of the sampler's KV cache: rows x seq_len slots x layers x (k, v) x K x H.
+
+    Args:
+      config: a ``ModelConfig``.
+      rows: sequences decoded together (the batch bucket).
+      seq_len: cache slots per row (prompt bucket + response bucket).
+      dtype: cache dtype (default: the model's compute dtype).
+    """
+    itemsize = np.dtype(dtype or config.dtype).itemsize
+    per_slot = config.num_layers * 2 * config.num_kv_heads * config.head_dim * itemsize
+    return rows * seq_len * per_slot
+
+
+def check_kv_memory(
+    sampler: Sampler, num_sequences: int, gen_batch: int, max_kv_bytes: int, what: str
+) -> int:
+    """Raises ValueError when one generation chunk's KV cache exceeds ``max_kv_bytes``.
+
+    Args:
+      sampler: the sampler (its buckets and model shape set the cache size).
+      num_sequences: sequences of the whole rollout.
+      gen_batch: chunk size (0 = all at once).
+      max_kv_bytes: the bound; 0 skips the check.
+      what: names the rollout in the error (e.g. "training rollout").
+
+    Returns:
+      The KV-cache bytes of the largest chunk.
+    """
+    chunk = min(gen_batch, num_sequences) if gen_batch > 0 else num_sequences
+    b, p, r = sampler.buckets(chunk, sampler.max_prompt_len, sampler.max_new_tokens)
+    need = kv_cache_bytes(sampler.config, b, p + r, sampler.cache_dtype)
+    if max_kv_bytes > 0 and need > max_kv_bytes:
+        raise ValueError(
+            f"{what}: a generation chunk of {chunk} sequences ({b} bucketed rows x {p + r} "
+            f"slots) needs {need} KV-cache bytes > max_kv_bytes={max_kv_bytes}; lower "
+            f"gen_batch={gen_batch} (0 = the whole batch) or raise max_kv_bytes"
+        )
+    return need
+
+
 def generate(
     sampler: Sampler,
     params: Any,

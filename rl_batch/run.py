@@ -320,6 +320,11 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         max_new_tokens=c.derived.max_new_tokens,
         mesh=mesh if mesh.size > 1 else None,
     )
+    for what, n in (
+        ("training rollout", c.prompts * c.group_size),
+        ("validation", len(val_examples) * c.eval_k),
+    ):
+        rollout_lib.check_kv_memory(sampler, n, c.gen_batch, c.get("max_kv_bytes", 0), what)
     base_rng = jax.random.key(c.seed)
     # Every process holds the same evals: they decide when validation (a collective) runs.
     # A fresh start has none; a resumed run ignores records after its checkpoint (process 0

@@ -1,9 +1,14 @@
 """System efficiency of runs: throughput metrics, no recompilation, generation chunks."""
 
+import jax
 import pytest
 
 from rl_batch import artifacts, flops
+from rl_batch import config as config_lib
+from rl_batch import model as model_lib
+from rl_batch import rollout as rollout_lib
 from rl_batch import run as run_lib
+from rl_batch.sampler import Sampler, SamplingConfig
 from tests.run_fixtures import tiny_run_config
 
 
@@ -38,3 +43,65 @@ def test_a_run_logs_throughput_and_compiles_only_before_its_first_step(work_dir,
         sum(u["update_tokens"] for u in updates) / summary["time_update_s"]
     )
     assert summary["responses_per_s"] == pytest.approx(80 / summary["time_train_s"])
+
+
+def _tiny_parts(work_dir):
+    c = config_lib.resolve(tiny_run_config(work_dir, "unused"))
+    tokenizer = config_lib.make_tokenizer(c)
+    model_config = config_lib.make_model_config(c)
+    train, _ = run_lib.load_task_data(c, tokenizer)
+    sampler = Sampler(
+        model_config,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        max_prompt_len=c.derived.max_prompt_len,
+        max_new_tokens=c.derived.max_new_tokens,
+    )
+    params = model_lib.init_params(model_config, 0)
+    return c, tokenizer, model_config, train, sampler, params
+
+
+def test_chunked_rollout_returns_every_response_and_counts(work_dir):
+    c, tokenizer, _, train, sampler, params = _tiny_parts(work_dir)
+    task = config_lib.make_task(c)
+    examples = [train[i] for i in range(4)]
+    ro = rollout_lib.rollout(
+        sampler,
+        params,
+        task,
+        tokenizer,
+        examples,
+        4,
+        rng=jax.random.key(0),
+        sampling=SamplingConfig(),
+        gen_batch=6,  # 16 responses in chunks of 6, 6 and 4
+    )
+    s = ro.samples
+    assert s.response_tokens.shape[0] == s.prompt_tokens.shape[0] == 16
+    assert ro.rewards_pg.shape == (4, 4)
+    assert ro.gen_tokens == int(s.lengths.sum()) == int(s.response_mask.sum())
+    assert (s.lengths >= 1).all()
+    # Row p * G + g holds prompt p: every group repeats its prompt.
+    prompts = s.prompt_tokens.reshape(4, 4, -1)
+    assert (prompts == prompts[:, :1]).all() and not (prompts[0, 0] == prompts[1, 0]).all()
+    # The chunk's sampler call was bucketed to 8 rows (the last chunk to 4).
+    assert sampler.last_stats["batch_bucket"] == 4
+
+
+def test_kv_memory_bound_by_hand(work_dir):
+    c, _, model_config, _, sampler, _ = _tiny_parts(work_dir)
+    # 1 layer x (k, v) x 1 KV head x 16 dims x 4 bytes = 128 bytes per slot.
+    assert rollout_lib.kv_cache_bytes(model_config, 1, 1) == 128
+    # Prompt bucket 7 (capped at the longest prompt) + response bucket 4 = 11 slots;
+    # a chunk of 6 rounds up to 8 rows: 8 x 11 x 128 bytes.
+    need = 8 * 11 * 128
+    assert rollout_lib.check_kv_memory(sampler, 16, 6, need, "training rollout") == need
+    assert rollout_lib.check_kv_memory(sampler, 16, 0, 0, "training rollout") == 16 * 11 * 128
+    with pytest.raises(ValueError, match=r"chunk of 6 sequences.*max_kv_bytes=11263.*gen_batch=6"):
+        rollout_lib.check_kv_memory(sampler, 16, 6, need - 1, "training rollout")
+
+
+def test_a_run_whose_generation_chunk_exceeds_the_kv_bound_stops_at_start(work_dir, tmp_path):
+    config = tiny_run_config(work_dir, str(tmp_path / "run"), gen_batch=0, max_kv_bytes=10_000)
+    with pytest.raises(ValueError, match="training rollout: a generation chunk of 16"):
+        run_lib.run(config, progress=False)

@@ -102,7 +102,20 @@ def run_config() -> ConfigDict:
     c.sampling.top_k = 0
     c.sampling.top_p = 1.0
     c.max_new_tokens = 0  # 0 = the task's max response length + EOS
-    c.gen_batch = 0  # sequences generated concurrently; 0 = the whole batch at once
+    # Sequences generated concurrently; 0 = the whole batch at once. Independent of the
+    # training batch (the rollout is generated in chunks): sweep it by running the batch
+    # sweep once per value, e.g. ``--config.gen_batch=64`` into its own sweep directory.
+    c.gen_batch = 0
+    # KV-cache bound of one generation chunk (bucketed rows x (prompt + response) slots x
+    # layers x 2 x kv heads x head dim x bytes); 0 = unchecked. The run stops at start-up
+    # when a chunk (training or validation) would exceed it: lower gen_batch.
+    c.max_kv_bytes = 0
+    # Asynchronous rollout: a background thread generates batch k+1 with the params of the
+    # last finished update while the learner updates on batch k. The update then uses the
+    # behaviour policy's log-probs (the sampler's) in its ratio, so clipping matters.
+    c.async_rollout = ConfigDict()
+    c.async_rollout.enabled = False
+    c.async_rollout.max_staleness = 1  # updates between the generating and the updated policy
 
     c.filter_groups = True  # drop groups whose rewards are all equal (DAPO)
 
