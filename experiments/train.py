@@ -15,7 +15,6 @@ Multi-process (one command per process; on TPU VMs / SLURM use
       --num_processes=2 --process_id=0
 """
 
-import json
 import os
 
 from absl import app, flags, logging
@@ -40,8 +39,7 @@ _QUIET = flags.DEFINE_bool("quiet", False, "No progress bar.")
 def main(argv):
     del argv
     if _CONFIG_JSON.value:
-        with open(_CONFIG_JSON.value) as f:
-            config = ConfigDict(json.load(f))
+        config = ConfigDict(artifacts.read_json(_CONFIG_JSON.value))
     else:
         config = _CONFIG.value
         if "sweep" in config:

@@ -111,15 +111,20 @@ class Checkpointer:
     def restore_params(self, params_like: Any, step: int | None = None) -> Any:
         """Restores only the parameters of a checkpoint (e.g. to start a new run from it).
 
-        Works for run checkpoints (``{"state": TrainState}``) and base policies
-        (``{"params": ...}``); the shapes are checked against ``params_like``.
+        Works for run checkpoints (``{"state": TrainState}``, or a PPO state whose policy
+        is ``state.actor``) and base policies (``{"params": ...}``); the shapes are checked
+        against ``params_like``.
         """
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         args = ocp.args.Composite(state=ocp.args.StandardRestore())
         tree = self._manager.restore(step, args=args).state
-        params = tree["state"]["params"] if "state" in tree else tree["params"]
+        if "state" in tree:  # a run: GRPO keeps state.params, PPO state.actor.params
+            state = tree["state"]
+            params = state["actor"]["params"] if "actor" in state else state["params"]
+        else:
+            params = tree["params"]
         problems = []
         got, expected = _shapes(params), _shapes(params_like)
         for name in sorted(expected.keys() | got.keys()):

@@ -134,7 +134,10 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         _check_ppo(c, check)
     check(c.lr_ref > 0, f"lr_ref={c.lr_ref}: must be > 0")
     check(c.batch_ref >= 1, f"batch_ref={c.batch_ref}: must be >= 1")
-    check(c.lr != 0 and math.isfinite(c.lr), f"lr={c.lr}: must be > 0 (or -1 to derive)")
+    check(
+        c.lr == -1 or (c.lr > 0 and math.isfinite(c.lr)),
+        f"lr={c.lr}: must be > 0 (or -1 to derive it from lr_rule)",
+    )
     check(c.budget_responses >= 1, f"budget_responses={c.budget_responses}: must be >= 1")
     check(
         c.eval_every_responses >= 1,
@@ -224,7 +227,7 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         )
         if c.ppo.critic_lr < 0:
             c.ppo.critic_lr = critic_hp.lr
-    if c.lr < 0:
+    if c.lr == -1:
         c.lr, c.b1, c.b2, c.eps = hp.lr, hp.b1, hp.b2, hp.eps
     c.derived = ConfigDict()
     c.derived.lr_arithmetic = hp.describe()

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 Params = dict[str, Any]
-# Per-layer KV cache: {"k": [B, S, K, H], "v": [B, S, K, H]}.
+# Per-layer KV cache: {"k": [B, K, S, H], "v": [B, K, S, H]} (heads before slots, so
+# attention reads the cache without transposing it on every decode step).
 LayerCache = dict[str, jax.Array]
 Cache = list[LayerCache]
 
@@ -355,28 +356,30 @@ class Attention(nnx.Module):
         q_btnh = rope(q_btnh, positions_bt, c.rope_theta)
         k_btkh = rope(k_btkh, positions_bt, c.rope_theta)
 
+        k_bkth = jnp.swapaxes(k_btkh, 1, 2)
+        v_bkth = jnp.swapaxes(v_btkh, 1, 2)
         if cache is not None:
             # Write the T new keys/values at slots [cache_index, cache_index + T).
             zero = jnp.zeros((), jnp.int32)
-            start = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
-            k_bskh = jax.lax.dynamic_update_slice(
-                cache["k"], k_btkh.astype(cache["k"].dtype), start
+            start = (zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
+            k_bksh = jax.lax.dynamic_update_slice(
+                cache["k"], k_bkth.astype(cache["k"].dtype), start
             )
-            v_bskh = jax.lax.dynamic_update_slice(
-                cache["v"], v_btkh.astype(cache["v"].dtype), start
+            v_bksh = jax.lax.dynamic_update_slice(
+                cache["v"], v_bkth.astype(cache["v"].dtype), start
             )
-            cache = {"k": k_bskh, "v": v_bskh}
+            cache = {"k": k_bksh, "v": v_bksh}
         else:
-            k_bskh, v_bskh = k_btkh, v_btkh
+            k_bksh, v_bksh = k_bkth, v_bkth
 
         b, t, n, h = q_btnh.shape
         kv = c.num_kv_heads
         q_btkgh = q_btnh.reshape(b, t, kv, n // kv, h)
-        logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh.astype(dt))
+        logits_bkgts = jnp.einsum("btkgh,bksh->bkgts", q_btkgh, k_bksh.astype(dt))
         logits_bkgts = logits_bkgts.astype(jnp.float32) * (h**-0.5)
         logits_bkgts = jnp.where(mask_bts[:, None, None, :, :], logits_bkgts, _MASK_VALUE)
         probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(dt)
-        out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_bskh.astype(dt))
+        out_btkgh = jnp.einsum("bkgts,bksh->btkgh", probs_bkgts, v_bksh.astype(dt))
         out_btd = jnp.einsum(
             "btnh,nhd->btd", out_btkgh.reshape(b, t, n, h), self.o_nhd[...].astype(dt)
         )
@@ -584,9 +587,9 @@ def forward_with_cache(
 
 
 def init_cache(config: ModelConfig, batch: int, length: int, dtype: str | None = None) -> Cache:
-    """Allocates a zero KV cache: per layer {"k", "v"} of shape [B, S, K, H]."""
+    """Allocates a zero KV cache: per layer {"k", "v"} of shape [B, K, S, H]."""
     dt = _DTYPES[dtype or config.dtype]
-    shape = (batch, length, config.num_kv_heads, config.head_dim)
+    shape = (batch, config.num_kv_heads, length, config.head_dim)
     return [
         {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)} for _ in range(config.num_layers)
     ]

@@ -24,8 +24,8 @@ Public API:
     run it under their own ``jit`` / mesh.
   * ``prefill``, ``decode``: the two halves of ``sample_batch`` (``SamplingState`` in
     between), which ``Sampler`` jits separately so the decode state can be donated.
-    Prefill runs ``model.forward_with_cache``; decode runs ``decode_forward``, the same
-    maths over a [B, K, S, H] cache (see the note above it).
+    Both run ``model.forward_with_cache``: prefill over the P prompt slots, then one
+    token per decode step over the [B, K, S, H] cache.
   * ``Sampler``: host-side wrapper: pads and buckets Python prompt lists, caches
     compiled programs, optionally shards the batch on a mesh, returns numpy arrays.
 """
@@ -229,123 +229,12 @@ class SampleOutput:
     lengths: Any  # [B] int32 generated tokens (EOS included)
 
 
-# ---------------------------------------------------------------- decode-time forward pass
-#
-# ``model.forward_with_cache`` keeps the cache as [B, S, K, H]; its attention einsums then
-# transpose the whole cache to [B, K, S, H] (and [B, K, H, S]) on every call, which cost
-# 25-40% of a decode step's operation time on the CPU (profiled at B=64 and B=1024). The
-# decode loop therefore keeps its own [B, K, S, H] cache and runs this one-token forward
-# pass, which is the model's arithmetic op for op (``tests/test_sampler.py`` checks it
-# against ``model.forward`` for every config switch). Prefill still uses the model.
-
-_MASK_VALUE = -1e30  # as in rl_batch.model: finite, so fully masked rows stay NaN-free
-# ModelConfig fields decode_forward implements; a new field must be added here on purpose.
-DECODE_CONFIG_FIELDS = frozenset(
-    {
-        "vocab_size",
-        "hidden_size",
-        "num_layers",
-        "num_heads",
-        "num_kv_heads",
-        "head_dim",
-        "intermediate_size",
-        "rope_theta",
-        "rms_norm_eps",
-        "qk_norm",
-        "qkv_bias",
-        "tie_embeddings",
-        "max_seq_len",
-        "param_dtype",
-        "dtype",
-        "head",
+def _pad_slots(layer: model_lib.LayerCache, length: int) -> model_lib.LayerCache:
+    """Zero-pads a prefill cache {"k", "v"}: [B, K, P, H] to ``length`` slots."""
+    return {
+        name: jnp.pad(x_bkph, ((0, 0), (0, 0), (0, length - x_bkph.shape[2]), (0, 0)))
+        for name, x_bkph in layer.items()
     }
-)
-
-
-def _decode_layout(layer: model_lib.LayerCache, length: int) -> model_lib.LayerCache:
-    """Model cache {"k", "v"}: [B, P, K, H] -> decode cache [B, K, length, H] (zero-padded)."""
-    out = {}
-    for name, x_bpkh in layer.items():
-        if x_bpkh.ndim != 4:
-            raise ValueError(f"expected a [B, S, K, H] model cache, got {name}: {x_bpkh.shape}")
-        x_bkph = jnp.transpose(x_bpkh, (0, 2, 1, 3))
-        out[name] = jnp.pad(x_bkph, ((0, 0), (0, 0), (0, length - x_bkph.shape[2]), (0, 0)))
-    return out
-
-
-def decode_forward(
-    config: ModelConfig,
-    params: Params,
-    tokens_b: jax.Array,
-    positions_b: jax.Array,
-    kv_mask_bs: jax.Array,
-    cache: model_lib.Cache,
-    slot: jax.Array,
-) -> tuple[jax.Array, model_lib.Cache]:
-    """One-token forward pass over a decode-layout cache (same maths as ``model``).
-
-    Args:
-      config: model shape (an LM head).
-      params: the parameter tree.
-      tokens_b: [B] tokens to feed.
-      positions_b: [B] their RoPE positions.
-      kv_mask_bs: [B, S] True where a slot holds a real token (including ``slot``).
-      cache: per layer {"k", "v"}: [B, K, S, H].
-      slot: the slot the new keys/values are written to.
-
-    Returns:
-      (logits [B, V] float32, updated cache).
-    """
-    c = config
-    dt = jnp.dtype(c.dtype)
-    n, k, h = c.num_heads, c.num_kv_heads, c.head_dim
-    b = tokens_b.shape[0]
-    eps = c.rms_norm_eps
-    zero = jnp.zeros((), jnp.int32)
-    # The query at `slot` sees every real slot up to itself.
-    visible_bs = kv_mask_bs & (jnp.arange(kv_mask_bs.shape[1]) <= slot)[None]
-    positions_b1 = positions_b[:, None]
-    x_bd = jnp.take(params["embed_vd"], tokens_b, axis=0).astype(dt)
-    new_cache = []
-    for i in range(c.num_layers):
-        layer, layer_cache = params["layers"][i], cache[i]
-        attn = layer["attn"]
-        y_bd = model_lib.rms_norm(x_bd, layer["input_norm"]["scale"], eps)
-        q_bnh = jnp.einsum("bd,dnh->bnh", y_bd, attn["q_dnh"].astype(dt))
-        k_bkh = jnp.einsum("bd,dkh->bkh", y_bd, attn["k_dkh"].astype(dt))
-        v_bkh = jnp.einsum("bd,dkh->bkh", y_bd, attn["v_dkh"].astype(dt))
-        if c.qkv_bias:
-            q_bnh = q_bnh + attn["q_bias_nh"].astype(dt)
-            k_bkh = k_bkh + attn["k_bias_kh"].astype(dt)
-            v_bkh = v_bkh + attn["v_bias_kh"].astype(dt)
-        if c.qk_norm:
-            q_bnh = model_lib.rms_norm(q_bnh, attn["q_norm"]["scale"], eps)
-            k_bkh = model_lib.rms_norm(k_bkh, attn["k_norm"]["scale"], eps)
-        q_bnh = model_lib.rope(q_bnh[:, None], positions_b1, c.rope_theta)[:, 0]
-        k_bkh = model_lib.rope(k_bkh[:, None], positions_b1, c.rope_theta)[:, 0]
-        start = (zero, zero, slot, zero)
-        k_bksh = jax.lax.dynamic_update_slice(
-            layer_cache["k"], k_bkh[:, :, None].astype(layer_cache["k"].dtype), start
-        )
-        v_bksh = jax.lax.dynamic_update_slice(
-            layer_cache["v"], v_bkh[:, :, None].astype(layer_cache["v"].dtype), start
-        )
-        new_cache.append({"k": k_bksh, "v": v_bksh})
-        q_bkgh = q_bnh.reshape(b, k, n // k, h)
-        logits_bkgs = jnp.einsum("bkgh,bksh->bkgs", q_bkgh, k_bksh.astype(dt))
-        logits_bkgs = logits_bkgs.astype(jnp.float32) * (h**-0.5)
-        logits_bkgs = jnp.where(visible_bs[:, None, None, :], logits_bkgs, _MASK_VALUE)
-        probs_bkgs = jax.nn.softmax(logits_bkgs, axis=-1).astype(dt)
-        out_bkgh = jnp.einsum("bkgs,bksh->bkgh", probs_bkgs, v_bksh.astype(dt))
-        x_bd = x_bd + jnp.einsum("bnh,nhd->bd", out_bkgh.reshape(b, n, h), attn["o_nhd"].astype(dt))
-        mlp = layer["mlp"]
-        y_bd = model_lib.rms_norm(x_bd, layer["post_attn_norm"]["scale"], eps)
-        gate_bf = y_bd @ mlp["gate_df"].astype(dt)
-        up_bf = y_bd @ mlp["up_df"].astype(dt)
-        x_bd = x_bd + (jax.nn.silu(gate_bf) * up_bf) @ mlp["down_fd"].astype(dt)
-    x_bd = model_lib.rms_norm(x_bd, params["final_norm"]["scale"], eps)
-    head_dv = params["embed_vd"].T if c.tie_embeddings else params["lm_head_dv"]
-    return (x_bd @ head_dv.astype(dt)).astype(jnp.float32), new_cache
 
 
 # ---------------------------------------------------------------------------- pure functions
@@ -434,7 +323,7 @@ def prefill(
         prompt_cache,
         0,
     )
-    cache = [_decode_layout(layer, p + r) for layer in prompt_cache]
+    cache = [_pad_slots(layer, p + r) for layer in prompt_cache]
     kv_mask_bs = jnp.concatenate([prompt_mask_bp, jnp.zeros((b, r), bool)], axis=1)
     prompt_len_b = jnp.sum(prompt_mask_bp, axis=1, dtype=jnp.int32)
     state = SamplingState(
@@ -466,11 +355,11 @@ def _decode_step(config: ModelConfig, params: Params, state: SamplingState) -> S
     slot = p + prev
     kv_mask_bs = jax.lax.dynamic_update_slice(state.kv_mask_bs, real_b1, (zero, slot))
     positions_b = state.prompt_len_b + prev
-    logits_bv, cache = decode_forward(
-        config, params, token_b1[:, 0], positions_b, kv_mask_bs, state.cache, slot
+    logits_b1v, cache = model_lib.forward_with_cache(
+        config, params, token_b1, positions_b[:, None], kv_mask_bs, state.cache, slot
     )
     state = state.replace(kv_mask_bs=kv_mask_bs, cache=cache)
-    return _record(state, logits_bv)
+    return _record(state, logits_b1v[:, 0])
 
 
 def decode(config: ModelConfig, params: Params, state: SamplingState) -> SamplingState:

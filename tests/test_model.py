@@ -219,7 +219,7 @@ def test_kv_cache_bytes_and_shape():
     assert model_lib.kv_cache_bytes(config, batch=1, length=1) == 114_688
     assert model_lib.kv_cache_bytes(config, 4, 10, dtype="float32") == 114_688 * 2 * 40
     cache = model_lib.init_cache(_config(), 3, 5)
-    assert len(cache) == 2 and cache[0]["k"].shape == (3, 5, 2, 8)
+    assert len(cache) == 2 and cache[0]["k"].shape == (3, 2, 5, 8)  # [B, K, S, H]
 
 
 # ---------------------------------------------------------------------------- forward
