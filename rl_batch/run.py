@@ -14,6 +14,8 @@ every step is derived from the seed and the step index, the data order from the 
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -69,6 +71,8 @@ class Counters:
     gen_flops_cum: float = 0.0
     update_tokens_cum: int = 0  # prompt + response tokens processed by updates
     update_flops_cum: float = 0.0
+    time_learner_wait_s: float = 0.0  # learner waiting for a rollout (all of it when sync)
+    time_generator_idle_s: float = 0.0  # generator not generating or scoring
 
 
 def _training_order(n: int, seed: int, position: int, count: int) -> np.ndarray:
@@ -257,7 +261,10 @@ def _run_throughput(counters: Counters) -> dict[str, Any]:
         responses=counters.responses_cum,
         step_time_s=counters.time_train_cum_s,
         matmul_flops_per_s=flops.measure_matmul_flops(),
-    )
+    ) | {
+        "time_learner_wait_s": counters.time_learner_wait_s,
+        "time_generator_idle_s": counters.time_generator_idle_s,
+    }
 
 
 def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> dict[str, Any]:
@@ -400,25 +407,49 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     bar = _Progress(c.budget_responses, c.name, progress)
     status = "running"
     last_reward = 0.0
+    # Asynchronous rollout: one background thread generates (and scores) the next batches
+    # with a snapshot of the params of the last finished update, ``max_staleness`` ahead.
+    async_cfg = c.get("async_rollout", {}) or {}
+    depth = int(async_cfg.get("max_staleness", 1)) if async_cfg.get("enabled", False) else 0
+    executor = concurrent.futures.ThreadPoolExecutor(1, "rollout") if depth else None
+    pending: collections.deque = collections.deque()
+
+    def start_rollout():
+        """Draws the next prompts and generates them: (rng, policy step, rollout or future)."""
+        rng = jax.random.fold_in(base_rng, counters.rollouts)
+        idx = _training_order(len(train_data), c.seed, counters.data_position, c.prompts)
+        examples = [train_data[int(i)] for i in idx]
+        counters.data_position += c.prompts
+        counters.rollouts += 1
+        params = algo.policy_params(state)
+        if executor is not None:  # The update donates its state: generate from a copy.
+            params = jax.block_until_ready(jax.tree.map(jnp.copy, params))
+        args = (sampler, params, task, tokenizer, examples, c.group_size)
+        kwargs = dict(rng=jax.random.fold_in(rng, 0), sampling=sampling, gen_batch=c.gen_batch)
+        if executor is None:
+            return rng, counters.step, rollout_lib.rollout(*args, **kwargs)
+        return rng, counters.step, executor.submit(rollout_lib.rollout, *args, **kwargs)
+
+    def drain() -> float:
+        """Waits for the rollouts in flight (before validation); returns the seconds waited."""
+        t0 = time.perf_counter()
+        concurrent.futures.wait([f for _, _, f in pending])
+        return time.perf_counter() - t0
+
     try:
         while counters.responses_cum < c.budget_responses:
             t_step = time.perf_counter()
-            rng = jax.random.fold_in(base_rng, counters.rollouts)
-            idx = _training_order(len(train_data), c.seed, counters.data_position, c.prompts)
-            examples = [train_data[int(i)] for i in idx]
-            counters.data_position += c.prompts
-            counters.rollouts += 1
-            ro = rollout_lib.rollout(
-                sampler,
-                algo.policy_params(state),
-                task,
-                tokenizer,
-                examples,
-                c.group_size,
-                rng=jax.random.fold_in(rng, 0),
-                sampling=sampling,
-                gen_batch=c.gen_batch,
-            )
+            if executor is None:
+                rng, gen_step, ro = start_rollout()
+                learner_wait = time.perf_counter() - t_step
+            else:
+                while len(pending) < depth:
+                    pending.append(start_rollout())
+                rng, gen_step, future = pending.popleft()
+                ro = future.result()
+                learner_wait = time.perf_counter() - t_step
+                pending.append(start_rollout())  # overlaps the update below
+            staleness = counters.step - gen_step
             if algo.filter_groups:
                 keep_p = dynamic_sampling_filter(ro.rewards_pg).keep_p
             else:
@@ -461,9 +492,15 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                 if not skipped and algo.trains_policy(metrics):
                     counters.responses_cum += retained
             step_time = time.perf_counter() - t_step
-            idle = max(step_time - ro.time_generate_s - ro.time_score_s - t_update, 0.0)
+            busy = ro.time_generate_s + ro.time_score_s
+            if executor is not None:  # generation overlaps the update: learner-side idle
+                busy = learner_wait
+            idle = max(step_time - busy - t_update, 0.0)
             counters.time_idle_s += idle
             counters.time_train_cum_s += step_time
+            generator_idle = max(step_time - ro.time_generate_s - ro.time_score_s, 0.0)
+            counters.time_learner_wait_s += learner_wait
+            counters.time_generator_idle_s += generator_idle
 
             if retained > 0:
                 write(
@@ -498,6 +535,9 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                             matmul_flops_per_s=matmul_rate,
                         ),
                         # Jit traces so far (sampler + update): constant after the warm-up.
+                        "staleness": staleness,
+                        "time_learner_wait_s": learner_wait,
+                        "time_generator_idle_s": generator_idle,
                         "compilations": sampler.num_compilations + flops.jit_cache_size(update_fn),
                         **{k: float(np.asarray(v)) for k, v in metrics.items()},
                         # PPO's critic warm-up lines are set aside by the analysis.
@@ -522,6 +562,10 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
 
             accuracy = None
             if counters.responses_cum >= counters.next_eval:
+                if pending:  # Validation alone on the device; the wait is training time.
+                    waited = drain()
+                    counters.time_train_cum_s += waited
+                    counters.time_learner_wait_s += waited
                 accuracy = run_eval()["eval_accuracy"]
                 if c.stop_at_target and counters.evals_at_target >= c.confirm_evals:
                     bar.update(counters, last_reward, accuracy)
@@ -529,6 +573,8 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             if counters.step and counters.step % c.checkpoint_every == 0 and retained > 0:
                 save_checkpoint()
             bar.update(counters, last_reward, accuracy)
+        if executor is not None:  # Rollouts still in flight are dropped.
+            executor.shutdown(wait=True, cancel_futures=True)
         if not evals or evals[-1]["responses_cum"] != counters.responses_cum:
             run_eval()
         save_checkpoint()
@@ -542,6 +588,8 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         raise
     finally:
         bar.close()
+        if executor is not None:  # Rollouts still in flight are dropped.
+            executor.shutdown(wait=True, cancel_futures=True)
     summary = _summary(c, counters, evals, status)
     if is_writer:
         artifacts.write_json_atomic(os.path.join(run_dir, artifacts.SUMMARY_FILE), summary)
