@@ -205,27 +205,34 @@ class Batch:
         return self.response_tokens.shape[0]
 
 
-def check_batch(batch: Batch) -> None:
-    """Raises ValueError naming the field when shapes are inconsistent (trace time)."""
+def check_rollout_shapes(
+    batch: Any, per_sequence: tuple[str, ...], per_token: tuple[str, ...], name: str
+) -> None:
+    """Raises ValueError naming the field when a rollout batch's shapes disagree.
+
+    Every rollout batch has ``prompt_tokens`` [B, P], ``prompt_mask`` [B, P],
+    ``response_tokens`` / ``response_mask`` [B, R]; ``per_sequence`` fields must be [B]
+    and ``per_token`` fields [B, R] (None is allowed for optional fields). Trace time.
+    """
     b, p = batch.prompt_tokens.shape
     r = batch.response_tokens.shape[1]
-    expected = {
-        "prompt_mask": (b, p),
-        "response_tokens": (b, r),
-        "response_mask": (b, r),
-        "advantages": (b,),
-        "old_logprobs": (b, r),
-        "ref_logprobs": (b, r),
-    }
-    for name, shape in expected.items():
-        value = getattr(batch, name)
+    expected = {"prompt_mask": (b, p), "response_tokens": (b, r), "response_mask": (b, r)}
+    expected |= {field: (b,) for field in per_sequence}
+    expected |= {field: (b, r) for field in per_token}
+    for field, shape in expected.items():
+        value = getattr(batch, field)
         if value is not None and tuple(value.shape) != shape:
             raise ValueError(
-                f"Batch.{name} has shape {tuple(value.shape)}, expected {shape} "
+                f"{name}.{field} has shape {tuple(value.shape)}, expected {shape} "
                 f"(B={b}, P={p}, R={r})"
             )
     if p < 1 or r < 1:
-        raise ValueError(f"Batch needs P >= 1 and R >= 1, got P={p}, R={r}")
+        raise ValueError(f"{name} needs P >= 1 and R >= 1, got P={p}, R={r}")
+
+
+def check_batch(batch: Batch) -> None:
+    """Shape check of a GRPO ``Batch`` (see ``check_rollout_shapes``)."""
+    check_rollout_shapes(batch, ("advantages",), ("old_logprobs", "ref_logprobs"), "Batch")
 
 
 # ------------------------------------------------------------------------ optimizer

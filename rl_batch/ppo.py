@@ -207,23 +207,8 @@ class ValueBatch:
 
 
 def check_batch(batch: PPOBatch) -> None:
-    """Raises ValueError naming the field when shapes are inconsistent (trace time)."""
-    b, p = batch.prompt_tokens.shape
-    r = batch.response_tokens.shape[1]
-    expected = {
-        "prompt_mask": (b, p),
-        "response_tokens": (b, r),
-        "response_mask": (b, r),
-        "rewards": (b,),
-        "old_logprobs": (b, r),
-    }
-    for name, shape in expected.items():
-        value = getattr(batch, name)
-        if value is not None and tuple(value.shape) != shape:
-            raise ValueError(
-                f"PPOBatch.{name} has shape {tuple(value.shape)}, expected {shape} "
-                f"(B={b}, P={p}, R={r})"
-            )
+    """Shape check of a ``PPOBatch`` (see ``learner.check_rollout_shapes``)."""
+    learner.check_rollout_shapes(batch, ("rewards",), ("old_logprobs",), "PPOBatch")
 
 
 # ------------------------------------------------------------------------- critic
