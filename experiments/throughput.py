@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from rl_batch import flops
 from rl_batch import model as model_lib
 from rl_batch import sampler as sampler_lib
 
@@ -126,33 +127,6 @@ def matmul_flops_per_s(size: int, repeats: int = 5) -> float:
         matmul(a, b).block_until_ready()
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
-
-
-def matmul_params(config: model_lib.ModelConfig) -> int:
-    """Weights used in matmuls per token: every layer's projections plus the LM head.
-
-    The embedding lookup is a gather (no FLOPs); norms are negligible.
-    """
-    d, n, k, h, f = (
-        config.hidden_size,
-        config.num_heads,
-        config.num_kv_heads,
-        config.head_dim,
-        config.intermediate_size,
-    )
-    per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f
-    return config.num_layers * per_layer + d * config.vocab_size
-
-
-def flops_per_token(config: model_lib.ModelConfig, context: int) -> float:
-    """Forward FLOPs for one token attending over ``context`` slots.
-
-    2 per matmul weight, plus 4 * L * S * N * H for attention (QK^T and PV). The
-    sampler's decode attends over the whole fixed-size cache (S = P + R slots), so that
-    is the work it does and the ``context`` used below.
-    """
-    attention = 4 * config.num_layers * context * config.num_heads * config.head_dim
-    return 2 * matmul_params(config) + attention
 
 
 def device_description() -> str:
@@ -273,7 +247,9 @@ def run_sampler(settings: Settings) -> dict:
 
     # Decode FLOPs per generated token after the first (the first comes from prefill).
     s_len = p_len + sampler.buckets(1, p_len, new)[2]
-    decode_flops = flops_per_token(config, s_len)
+    # The decode attends over the whole fixed-size cache (S = P + R slots): that is the
+    # work it does.
+    decode_flops = flops.model_flops_per_token(config, s_len)
     prompts_rng = np.random.RandomState(settings.seed + 1)
     generation, hf_generation, details = [], [], []
     for batch in settings.batches:
@@ -404,7 +380,7 @@ def run_update(settings: Settings) -> dict:
     with every response token real; its FLOPs are ``rl_batch.flops.update_flops`` (3x the
     forward), compared with the matmul rate measured in the same process.
     """
-    from rl_batch import flops, learner, sharding
+    from rl_batch import learner, sharding
 
     config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
     p_len, r_len = settings.prompt_len, settings.new_tokens

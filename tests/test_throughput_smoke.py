@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import throughput
-from rl_batch import model
+from rl_batch import flops, model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,7 +53,7 @@ def test_unknown_part_is_rejected():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "experiments.throughput", "--part=nope"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "expected one of ['sampler']" in proc.stderr
+    assert proc.returncode != 0 and "expected one of ['all', 'sampler', 'update']" in proc.stderr
 
 
 def test_hf_conversion_matches_our_logits():
@@ -67,11 +67,9 @@ def test_hf_conversion_matches_our_logits():
 def test_flop_count_by_hand():
     config = model.get_preset("tiny-1m")  # D=128, N=4, K=2, H=32, F=512, L=4, V=64
     per_layer = 128 * 128 + 2 * 128 * 64 + 128 * 128 + 3 * 128 * 512
-    assert throughput.matmul_params(config) == 4 * per_layer + 128 * 64
+    assert flops.matmul_weights(config) == 4 * per_layer + 128 * 64
     # The matmul weights are all parameters except the norm scales (embedding reused).
     norms = 4 * (2 * 128 + 2 * 32) + 128
-    assert throughput.matmul_params(config) == config.num_params - norms
+    assert flops.matmul_weights(config) == config.num_params - norms
     attention = 4 * 4 * 10 * 4 * 32
-    assert (
-        throughput.flops_per_token(config, 10) == 2 * throughput.matmul_params(config) + attention
-    )
+    assert flops.model_flops_per_token(config, 10) == 2 * flops.matmul_weights(config) + attention
