@@ -233,7 +233,11 @@ def run_sweep(
     record["name"] = os.path.basename(os.path.normpath(sweep_dir))
     if only is not None:
         sweep_path = os.path.join(resolved[only].run_dir, "sweep_point.json")
-    artifacts.write_json_atomic(sweep_path, record)
+    # Other processes of a multi-process run compute but write and print nothing.
+    writer = _is_writer()
+    save = artifacts.write_json_atomic if writer else _discard
+    log = log if writer else _discard
+    save(sweep_path, record)
 
     if run_fn is None and not isolate:
         from rl_batch import run as run_lib  # Imported late: analysis-only users skip jax.
@@ -248,7 +252,7 @@ def run_sweep(
         status = _run_status(config.run_dir)
         if status == FINISHED:
             entry["status"], entry["error"] = FINISHED, None
-            artifacts.write_json_atomic(sweep_path, record)
+            save(sweep_path, record)
             log(f"[sweep {i + 1}/{len(todo)}] {point.name}: already finished, skipped")
             continue
         eta = ""
@@ -262,7 +266,7 @@ def run_sweep(
             f"{' (resuming)' if resume else ''}{eta}"
         )
         entry["status"] = "running"
-        artifacts.write_json_atomic(sweep_path, record)
+        save(sweep_path, record)
         t0 = time.time()
         try:
             if isolate:
@@ -275,22 +279,33 @@ def run_sweep(
             entry["error"] = None
         except KeyboardInterrupt:
             entry["status"] = "interrupted"
-            artifacts.write_json_atomic(sweep_path, record)
+            save(sweep_path, record)
             raise
         except Exception as e:  # A failed point is recorded; the sweep goes on.
             logging.exception("run %s failed", point.name)
             entry["status"] = "failed"
             entry["error"] = f"{type(e).__name__}: {e}"
-            with open(os.path.join(sweep_dir, "errors.log"), "a") as f:
-                f.write(f"== {point.name}\n{traceback.format_exc()}\n")
+            if writer:
+                with open(os.path.join(sweep_dir, "errors.log"), "a") as f:
+                    f.write(f"== {point.name}\n{traceback.format_exc()}\n")
         entry["wall_s"] = time.time() - t0
         done_walls.append(entry["wall_s"])
-        artifacts.write_json_atomic(sweep_path, record)
+        save(sweep_path, record)
         log(
             f"[sweep {i + 1}/{len(todo)}] {point.name}: {entry['status']} in {entry['wall_s']:.0f}s"
         )
     log(f"sweep finished in {(time.time() - t_start) / 60:.1f} min: {sweep_path}")
     return record
+
+
+def _is_writer() -> bool:
+    """True unless this is a non-zero process of a multi-process (jax.distributed) run."""
+    jax = sys.modules.get("jax")  # Never import jax just to ask.
+    return jax is None or jax.process_index() == 0
+
+
+def _discard(*args) -> None:
+    del args
 
 
 def list_runs(base: ConfigDict, sweep_dir: str) -> str:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 
 import pytest
 from ml_collections import ConfigDict
@@ -116,3 +117,24 @@ def test_isolated_point_runs_in_a_subprocess(tmp_path):
     ).read()[-2000:]
     updates = artifacts.read_metrics(str(tmp_path / "sweep/runs/p4_g4_sqrt_s0"), "update")
     assert len(updates) == 1
+
+
+def test_only_process_zero_writes_sweep_files(tmp_path, monkeypatch):
+    class OtherProcess:  # stands in for jax inside process 1 of a multi-process run
+        @staticmethod
+        def process_index():
+            return 1
+
+        @staticmethod
+        def device_count():
+            return 1
+
+    monkeypatch.setitem(sys.modules, "jax", OtherProcess)
+    c = _sweep_config(prompts="2", group_sizes="4")
+    run_fn, calls = _fake_run(fail={"p2_g4_sqrt_s0"})
+    printed = []
+    sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, log=printed.append)
+    assert calls == ["p2_g4_sqrt_s0"]  # it still computes its share
+    assert not printed
+    assert not (tmp_path / artifacts.SWEEP_FILE).exists()
+    assert not (tmp_path / "errors.log").exists()
