@@ -54,6 +54,10 @@ class Counters:
     data_position: int = 0  # prompts consumed from the training order
     responses_cum: int = 0  # retained responses used in updates
     responses_generated_cum: int = 0
+    # Where the sample axis starts (PPO: after the critic warm-up; GRPO: at 0): the
+    # optimizer updates and training time spent before the first policy update.
+    policy_start_step: int = -1
+    policy_start_time_s: float = -1.0
     next_eval: int = 0  # responses_cum at which the next validation runs
     time_train_cum_s: float = 0.0
     time_generate_s: float = 0.0
@@ -201,10 +205,13 @@ class _Progress:
 
 
 def _summary(c: ConfigDict, counters: Counters, evals: list[dict], status: str) -> dict:
+    # Time and updates count from the first policy update (after any critic warm-up).
+    t0 = max(counters.policy_start_time_s, 0.0)
+    s0 = max(counters.policy_start_step, 0)
     xs = [e["responses_cum"] for e in evals]
     ys = [e["eval_accuracy"] for e in evals]
-    times = [e["time_train_cum_s"] for e in evals]
-    steps = [e["step"] for e in evals]
+    times = [max(e["time_train_cum_s"] - t0, 0.0) for e in evals]
+    steps = [max(e["step"] - s0, 0) for e in evals]
     n_star = first_crossing(xs, ys, c.target) if evals else None
     summary: dict[str, Any] = {
         "status": status,
@@ -240,11 +247,8 @@ def _summary(c: ConfigDict, counters: Counters, evals: list[dict], status: str) 
     else:
         summary["time_to_target_s"] = None
         summary["updates_to_target"] = None
-        summary["q"] = (
-            counters.responses_cum / counters.time_train_cum_s
-            if counters.time_train_cum_s
-            else None
-        )
+        policy_time = counters.time_train_cum_s - t0
+        summary["q"] = counters.responses_cum / policy_time if policy_time > 0 else None
         summary["n_star_text"] = artifacts.NOT_REACHED
     return summary
 
@@ -490,6 +494,9 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                 # The sample axis counts responses the policy learned from (not PPO's
                 # critic warm-up, not a skipped update).
                 if not skipped and algo.trains_policy(metrics):
+                    if counters.policy_start_step < 0:
+                        counters.policy_start_step = counters.step - 1
+                        counters.policy_start_time_s = counters.time_train_cum_s
                     counters.responses_cum += retained
             step_time = time.perf_counter() - t_step
             busy = ro.time_generate_s + ro.time_score_s

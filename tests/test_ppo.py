@@ -357,6 +357,11 @@ def test_tiny_ppo_run_starts_the_sample_axis_after_warmup(tmp_path):
     saved = artifacts.read_json(os.path.join(run_dir, artifacts.CONFIG_FILE))
     assert saved["ppo"]["critic_lr"] > 0 and saved["derived"]["critic"]["batch"] == 8
 
+    # The run's own q counts training time from the first actor update, like the analysis.
+    warmup_time = updates[1]["time_train_cum_s"]
+    policy_time = updates[-1]["time_train_cum_s"] - warmup_time
+    assert summary["q"] == pytest.approx(16 / policy_time)
+
     # The analysis sets the warm-up aside.
     data = curves.load_run(run_dir)
     assert data.warmup_updates == 2 and list(data.responses) == [8, 16]
