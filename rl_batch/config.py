@@ -180,6 +180,22 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         f"context max_seq_len={model_config.max_seq_len}",
     )
 
+    if c.partial_rollout.enabled:
+        check(
+            c.partial_rollout.tokens_per_iter >= 1,
+            f"partial_rollout.tokens_per_iter={c.partial_rollout.tokens_per_iter}: must be >= 1",
+        )
+        check(
+            not c.async_rollout.enabled,
+            "partial_rollout and async_rollout cannot both be enabled",
+        )
+        check(
+            max_prompt_len + max_new_tokens + c.partial_rollout.tokens_per_iter
+            <= model_config.max_seq_len,
+            "partial rollout continues prompt + response + tokens_per_iter tokens, more than "
+            f"the model context max_seq_len={model_config.max_seq_len}",
+        )
+
     if device_count is None:
         import jax
 

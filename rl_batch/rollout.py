@@ -30,6 +30,9 @@ class Rollout:
     time_generate_s: float
     time_score_s: float
     gen_tokens: int
+    # Partial rollout: which groups have finished ([P] bool); None when all have.
+    complete_p: np.ndarray | None = None
+    time_compile_s: float = 0.0  # compilation met while generating (not training time)
 
 
 def _concat_outputs(chunks: Sequence[SampleOutput]) -> SampleOutput:

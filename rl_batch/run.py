@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, distributed, flops, learner, sharding
+from rl_batch import artifacts, distributed, flops, learner, partial_rollout, sharding
 from rl_batch import config as config_lib
 from rl_batch import model as model_lib
 from rl_batch import rollout as rollout_lib
@@ -309,11 +309,13 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     update_fn = algo.update_fn
 
     counters = Counters()
+    carry: list[partial_rollout.Group] = []  # partial rollout: unfinished groups
     ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR), cleanup_tmp=True)
     if resume and ckpt.latest_step() is not None:
         tree, meta = ckpt.restore({"state": state})
         state = tree["state"]
         counters = Counters(**meta["counters"])
+        carry = partial_rollout.from_json(meta.get("partial_carry", []))
         if is_writer:
             _truncate_metrics(metrics_path, counters.step)
         log.info("resumed %s at step %d", run_dir, counters.step)
@@ -331,6 +333,20 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         max_new_tokens=c.derived.max_new_tokens,
         mesh=mesh if mesh.size > 1 else None,
     )
+    partial = c.partial_rollout.enabled
+    if partial:  # continues responses: prompt + tokens so far, a few tokens at a time
+        partial_sampler = Sampler(
+            model_config,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
+            max_prompt_len=c.derived.max_prompt_len + c.derived.max_new_tokens,
+            max_new_tokens=c.partial_rollout.tokens_per_iter,
+            mesh=mesh if mesh.size > 1 else None,
+        )
+        # The batch keeps the shapes of a whole rollout (no recompiles of the update).
+        _, batch_prompt_len, batch_response_len = sampler.buckets(
+            c.prompts * c.group_size, c.derived.max_prompt_len, c.derived.max_new_tokens
+        )
     for what, n in (
         ("training rollout", c.prompts * c.group_size),
         ("validation", len(val_examples) * c.eval_k),
@@ -352,7 +368,9 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         if ckpt.latest_step() == counters.step:
             return  # This step is already on disk.
         t0 = time.perf_counter()
-        ckpt.save(counters.step, {"state": state}, {"counters": dataclasses.asdict(counters)})
+        meta = {"counters": dataclasses.asdict(counters)}
+        meta["partial_carry"] = partial_rollout.to_json(carry)
+        ckpt.save(counters.step, {"state": state}, meta)
         counters.time_checkpoint_s += time.perf_counter() - t0
 
     def run_eval() -> dict:
@@ -418,8 +436,48 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     executor = concurrent.futures.ThreadPoolExecutor(1, "rollout") if depth else None
     pending: collections.deque = collections.deque()
 
+    def start_partial_rollout():
+        """Continues the carried groups, starts new ones; (rng, oldest start step, rollout)."""
+        rng = jax.random.fold_in(base_rng, counters.rollouts)
+        n_new = c.prompts - len(carry)
+        idx = _training_order(len(train_data), c.seed, counters.data_position, n_new)
+        counters.data_position += n_new
+        counters.rollouts += 1
+        groups = carry + [
+            partial_rollout.new_group(tokenizer, train_data[int(i)], c.group_size, counters.step)
+            for i in idx
+        ]
+        t0, compiled = time.perf_counter(), partial_sampler.num_compilations
+        gen_tokens = partial_rollout.advance(
+            partial_sampler,
+            algo.policy_params(state),
+            groups,
+            eos_id=tokenizer.eos_id,
+            max_new_tokens=c.derived.max_new_tokens,
+            tokens_per_iter=c.partial_rollout.tokens_per_iter,
+            rng=jax.random.fold_in(rng, 0),
+            sampling=sampling,
+        )
+        time_generate = time.perf_counter() - t0
+        ro = partial_rollout.to_rollout(
+            groups,
+            task,
+            tokenizer,
+            prompt_len=batch_prompt_len,
+            response_len=batch_response_len,
+            pad_id=tokenizer.pad_id,
+        )
+        ro.time_generate_s, ro.gen_tokens = time_generate, gen_tokens
+        if partial_sampler.num_compilations != compiled:  # a new (batch, length) bucket
+            ro.time_generate_s, ro.time_compile_s = 0.0, time_generate
+        carry[:] = [g for g in groups if not g.complete]
+        done_steps = [g.started_at_step for g in groups if g.complete]
+        return rng, min(done_steps, default=counters.step), ro
+
     def start_rollout():
         """Draws the next prompts and generates them: (rng, policy step, rollout or future)."""
+        if partial:
+            return start_partial_rollout()
         rng = jax.random.fold_in(base_rng, counters.rollouts)
         idx = _training_order(len(train_data), c.seed, counters.data_position, c.prompts)
         examples = [train_data[int(i)] for i in idx]
@@ -458,8 +516,13 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                 keep_p = dynamic_sampling_filter(ro.rewards_pg).keep_p
             else:
                 keep_p = np.ones(c.prompts, bool)
+            if ro.complete_p is not None:  # partial rollout: only finished groups train
+                keep_p = keep_p & ro.complete_p
             retained = int(keep_p.sum()) * c.group_size
-            generated = c.prompts * c.group_size
+            # Responses that ended in this rollout (partial rollout: finished groups only).
+            generated = c.group_size * (
+                c.prompts if ro.complete_p is None else int(ro.complete_p.sum())
+            )
             counters.responses_generated_cum += generated
             counters.time_generate_s += ro.time_generate_s
             counters.time_score_s += ro.time_score_s
@@ -498,7 +561,9 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                         counters.policy_start_step = counters.step - 1
                         counters.policy_start_time_s = counters.time_train_cum_s
                     counters.responses_cum += retained
-            step_time = time.perf_counter() - t_step
+            # Compilation met during the step is timed but not training time.
+            step_time = time.perf_counter() - t_step - ro.time_compile_s
+            counters.time_compile_s += ro.time_compile_s
             busy = ro.time_generate_s + ro.time_score_s
             if executor is not None:  # generation overlaps the update: learner-side idle
                 busy = learner_wait

@@ -116,6 +116,11 @@ def run_config() -> ConfigDict:
     c.async_rollout = ConfigDict()
     c.async_rollout.enabled = False
     c.async_rollout.max_staleness = 1  # updates between the generating and the updated policy
+    # Partial rollout: at most tokens_per_iter new tokens per response and iteration;
+    # unfinished responses continue in the next iteration under the updated policy.
+    c.partial_rollout = ConfigDict()
+    c.partial_rollout.enabled = False
+    c.partial_rollout.tokens_per_iter = 16
 
     c.filter_groups = True  # drop groups whose rewards are all equal (DAPO)
 
