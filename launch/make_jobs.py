@@ -365,16 +365,28 @@ def tpu_script(
         "set -uo pipefail",
         "",
         _bash_array("RUN_NAMES", [r["name"] for r in runs]),
+        *_point_loop(
+            " ".join(shlex.quote(w) for w in point)
+            + ' "$name"'
+            + "".join(" " + shlex.quote(f) for f in extra_flags)
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def _point_loop(command: str) -> list[str]:
+    """Bash lines running ``command`` (which reads ``$name``) for each selected grid point.
+
+    The points are the script's arguments (indices into ``RUN_NAMES``) or all of them;
+    a failed point is reported and the loop goes on; the exit status says if any failed.
+    """
+    return [
         'if (($#)); then INDICES=("$@"); else INDICES=("${!RUN_NAMES[@]}"); fi',
         "FAILED=()",
         'for i in "${INDICES[@]}"; do',
         '  name="${RUN_NAMES[$i]:?no grid point with index $i}"',
         '  echo "=== [$i] $name"',
-        "  if ! "
-        + " ".join(shlex.quote(w) for w in point)
-        + ' "$name"'
-        + "".join(" " + shlex.quote(f) for f in extra_flags)
-        + "; then",
+        f"  if ! {command}; then",
         '    echo "=== [$i] $name FAILED" >&2',
         '    FAILED+=("$i:$name")',
         "  fi",
@@ -382,7 +394,6 @@ def tpu_script(
         'if ((${#FAILED[@]})); then echo "failed points: ${FAILED[*]}" >&2; exit 1; fi',
         "",
     ]
-    return "\n".join(lines)
 
 
 def local_script(
@@ -441,18 +452,7 @@ def local_script(
         f"cd {shlex.quote(repo_dir)}",
         'export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"',
         f"export PYTHON={shlex.quote(python)}",
-        'if (($#)); then INDICES=("$@"); else INDICES=("${!RUN_NAMES[@]}"); fi',
-        "FAILED=()",
-        'for i in "${INDICES[@]}"; do',
-        '  name="${RUN_NAMES[$i]:?no grid point with index $i}"',
-        '  echo "=== [$i] $name"',
-        f"  if ! {point}; then",
-        '    echo "=== [$i] $name FAILED" >&2',
-        '    FAILED+=("$i:$name")',
-        "  fi",
-        "done",
-        'if ((${#FAILED[@]})); then echo "failed points: ${FAILED[*]}" >&2; exit 1; fi',
-        "",
+        *_point_loop(point),
     ]
     return "\n".join(lines)
 

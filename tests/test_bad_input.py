@@ -14,13 +14,12 @@ import sys
 
 import pytest
 
-from rl_batch import artifacts, hf
-from rl_batch import model as model_lib
+from rl_batch import artifacts
 from rl_batch import run as run_lib
 from rl_batch.checkpoint import CheckpointMismatchError
-from rl_batch.tokenizers import CharTokenizer, HFTokenizer
+from rl_batch.tokenizers import CharTokenizer
+from tests.hf_fixtures import make_tiny_hf_dir
 from tests.run_fixtures import tiny_run_config
-from tests.test_tokenizers import make_hf_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,21 +79,7 @@ def test_cli_rejects_bad_configs_before_writing_anything(tmp_path):
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     """A random tiny Qwen3 checkpoint with a byte-level BPE tokenizer."""
-    directory = tmp_path_factory.mktemp("qwen3-tiny")
-    make_hf_tokenizer(directory)
-    config = model_lib.ModelConfig(
-        vocab_size=HFTokenizer(directory).vocab_size,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        qk_norm=True,
-        max_seq_len=256,
-    )
-    hf.save_hf_checkpoint(config, model_lib.init_params(config, 0), str(directory))
-    return directory
+    return make_tiny_hf_dir(tmp_path_factory.mktemp("qwen3-tiny"))
 
 
 def _write_gsm8k(path, n):
