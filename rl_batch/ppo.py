@@ -1,6 +1,6 @@
 """PPO with a separate critic: one pure, jitted ``update_fn(state, batch, rng)``.
 
-The study's PPO (DESIGN §1 item 3): one response per prompt (G = 1, B = P), a value
+The study's PPO: one response per prompt (G = 1, B = P), a value
 model as large as the policy, **critic warm-up** (the first ``warmup_updates`` rollout
 batches train only the critic; the sample axis starts when the actor starts), then one
 actor and one critic optimizer update per rollout batch, no mini-batches, no reuse.

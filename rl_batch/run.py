@@ -2,7 +2,7 @@
 
 ``run(config)`` executes one resolved configuration and writes the run directory of
 ``rl_batch.artifacts`` (config.json, metrics.jsonl, checkpoints/, summary.json). The
-protocol (DESIGN §2): one optimizer update per rollout batch; validation at fixed
+protocol: one optimizer update per rollout batch; validation at fixed
 intervals of cumulative *retained* responses; generation, scoring, update and
 host-side glue are timed separately, while evaluation, compilation and checkpointing
 are timed but excluded from training time.
@@ -402,7 +402,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         counters.evals_at_target += int(m["eval_accuracy"] >= c.target)
         return record
 
-    # Compile the sampler and the update outside of training time (DESIGN §2).
+    # Compile the sampler and the update outside of training time (the protocol).
     t0 = time.perf_counter()
     matmul_rate = flops.measure_matmul_flops()  # once per process: the FLOP/s yardstick
     warm_examples = [train_data[i] for i in range(c.prompts)]

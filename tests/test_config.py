@@ -80,3 +80,14 @@ def test_default_study_config_resolves():
     del c["sweep"]
     c.run_dir = "/tmp/unused"
     assert config_lib.resolve(c, 1).lr > 0
+
+
+@pytest.mark.parametrize("name", ["grpo_cpu", "ppo_cpu", "grpo_gpu", "grpo_tpu"])
+def test_every_study_grid_resolves(name, tmp_path):
+    import importlib
+
+    from rl_batch import sweep
+
+    config = importlib.import_module(f"experiments.configs.{name}").get_config()
+    points, resolved = sweep.plan(config, str(tmp_path))
+    assert points and all(r.lr > 0 for r in resolved.values())

@@ -1,6 +1,6 @@
 """Time-to-target: N*, q, T per run, seed means with bootstrap CIs, ratios to a reference.
 
-Definitions (DESIGN.md section 2):
+Definitions (the measurement protocol):
 
 - ``N*``: retained responses when validation accuracy first reaches the target, linearly
   interpolated between the two evaluations that bracket the first crossing. When the
