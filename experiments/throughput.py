@@ -69,6 +69,12 @@ _MIN_TIME = flags.DEFINE_float("min_time_s", 1.0, "Timed seconds per point, at l
 _MATMUL = flags.DEFINE_integer("matmul_size", 2048, "Square matmul size for the peak FLOP/s.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights, prompts and sampling.")
 _OUT = flags.DEFINE_string("out", None, "Write (merge) results into this JSON file.")
+_DATA_DEVICES = flags.DEFINE_integer(
+    "data_devices",
+    1,
+    "Sample data-parallel over this many devices (on a CPU, run with "
+    "XLA_FLAGS=--xla_force_host_platform_device_count=N to get N host devices).",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,6 +93,7 @@ class Settings:
     min_time_s: float = 1.0
     matmul_size: int = 2048
     seed: int = 0
+    data_devices: int = 1  # sampler batch split over a mesh ``data`` axis of this size
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -224,8 +231,21 @@ def run_sampler(settings: Settings) -> dict:
     p_len, new = settings.prompt_len, settings.new_tokens
     # eos_id outside the vocabulary: every row generates exactly `new` tokens, like
     # HF with min_new_tokens == max_new_tokens.
+    mesh = None
+    if settings.data_devices > 1:
+        from rl_batch import sharding
+
+        mesh = sharding.make_mesh(
+            data=settings.data_devices, devices=jax.devices()[: settings.data_devices]
+        )
+        params = jax.device_put(params, sharding.param_shardings(config, mesh))
     sampler = sampler_lib.Sampler(
-        config, eos_id=config.vocab_size, pad_id=0, max_prompt_len=p_len, max_new_tokens=new
+        config,
+        eos_id=config.vocab_size,
+        pad_id=0,
+        max_prompt_len=p_len,
+        max_new_tokens=new,
+        mesh=mesh,
     )
     peak = matmul_flops_per_s(settings.matmul_size)
     print(
@@ -502,6 +522,7 @@ def settings_from_flags() -> Settings:
         min_time_s=_MIN_TIME.value,
         matmul_size=_MATMUL.value,
         seed=_SEED.value,
+        data_devices=_DATA_DEVICES.value,
     )
 
 
