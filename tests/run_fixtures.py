@@ -1,6 +1,10 @@
 """A tiny run config shared by the run, sweep and resume tests (seconds on a CPU)."""
 
+import jax
+import numpy as np
+
 from experiments.configs import base
+from rl_batch import model as model_lib
 
 TINY_MODEL = {
     "num_layers": 1,
@@ -38,3 +42,17 @@ def tiny_run_config(work_dir: str, run_dir: str = "", **changes):
             node = node[p]
         node[leaf] = value
     return c
+
+
+def numpy_params(config, seed: int = 0):
+    """Params drawn with numpy like ``model.init_params`` (normal(0.02) weights, unit norm
+    scales), without NNX initialisation, which costs seconds of dispatch on a CPU."""
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(
+        lambda s: (
+            np.ones(s.shape, np.float32)
+            if len(s.shape) == 1
+            else rng.normal(0.0, 0.02, s.shape).astype(np.float32)
+        ),
+        model_lib.abstract_params(config),
+    )

@@ -14,6 +14,7 @@ import pytest
 
 from rl_batch import learner, losses, sharding
 from rl_batch import model as model_lib
+from tests.run_fixtures import numpy_params
 
 CFG = model_lib.get_preset(
     "tiny-1m",
@@ -54,17 +55,7 @@ def mesh():
 
 @pytest.fixture(scope="module")
 def params():
-    # Drawn with numpy like model.init_params (normal(0.02) weights, unit norm scales):
-    # NNX initialisation costs ~10 s of dispatch or compilation on this CPU.
-    rng = np.random.default_rng(0)
-    return jax.tree.map(
-        lambda s: (
-            np.ones(s.shape, np.float32)
-            if len(s.shape) == 1
-            else rng.normal(0.0, 0.02, s.shape).astype(np.float32)
-        ),
-        model_lib.abstract_params(CFG),
-    )
+    return numpy_params(CFG)
 
 
 @pytest.fixture(scope="module")

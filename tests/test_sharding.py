@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from rl_batch import learner, sharding
 from rl_batch import model as model_lib
+from tests.run_fixtures import numpy_params
 
 CFG = model_lib.get_preset(
     "tiny-1m",
@@ -108,15 +109,7 @@ def test_batch_sharding_and_divisibility():
 
 @pytest.fixture(scope="module")
 def params():
-    rng = np.random.default_rng(0)
-    return jax.tree.map(
-        lambda s: (
-            np.ones(s.shape, np.float32)
-            if len(s.shape) == 1
-            else rng.normal(0.0, 0.02, s.shape).astype(np.float32)
-        ),
-        model_lib.abstract_params(CFG),
-    )
+    return numpy_params(CFG)
 
 
 def test_train_state_is_sharded(params):
