@@ -28,7 +28,7 @@
 # Examples:
 #   launch/local.sh train experiments/configs/grpo_cpu.py /tmp/run0 --config.seed=1
 #   launch/local.sh -n 2 train experiments/configs/grpo_cpu.py /tmp/run_2proc
-#   launch/local.sh point experiments/configs/grpo_sweep_cpu.py /tmp/sweep p64_g8_sqrt_s0
+#   launch/local.sh point experiments/configs/grpo_cpu.py /tmp/sweep p64_g8_sqrt_s0
 set -euo pipefail
 
 usage() {

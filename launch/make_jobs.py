@@ -16,7 +16,7 @@ Schedulers:
 
 Usage::
 
-    python -m launch.make_jobs --sweep_config=experiments/configs/grpo_sweep.py \
+    python -m launch.make_jobs --sweep_config=experiments/configs/grpo_gpu.py \
         --sweep_dir=/shared/sweeps/grpo --scheduler=slurm --nodes=2 --gpus_per_node=8 \
         --time=08:00:00 --partition=gpu --account=myproj
     sbatch /shared/sweeps/grpo/jobs/sweep.sbatch

@@ -39,7 +39,7 @@
 # Example:
 #   export TPU_NAME=my-v5e-16 TPU_ZONE=us-west4-a
 #   launch/tpu_vm.sh setup
-#   launch/tpu_vm.sh point experiments/configs/grpo_sweep.py /mnt/shared/sweep p256_g8_sqrt_s0
+#   launch/tpu_vm.sh point experiments/configs/grpo_tpu.py /mnt/shared/sweep p256_g8_sqrt_s0
 #   launch/tpu_vm.sh fetch /mnt/shared/sweep ./sweeps/grpo
 set -euo pipefail
 
