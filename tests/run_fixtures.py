@@ -44,6 +44,18 @@ def tiny_run_config(work_dir: str, run_dir: str = "", **changes):
     return c
 
 
+# A 2-layer GQA model for the learner and sharding tests (4 query heads, 2 KV heads).
+LEARNER_MODEL = model_lib.get_preset(
+    "tiny-1m",
+    num_layers=2,
+    hidden_size=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    intermediate_size=64,
+)
+
+
 def numpy_params(config, seed: int = 0):
     """Params drawn with numpy like ``model.init_params`` (normal(0.02) weights, unit norm
     scales), without NNX initialisation, which costs seconds of dispatch on a CPU."""

@@ -14,17 +14,9 @@ import pytest
 
 from rl_batch import learner, losses, sharding
 from rl_batch import model as model_lib
-from tests.run_fixtures import numpy_params
+from tests.run_fixtures import LEARNER_MODEL, numpy_params
 
-CFG = model_lib.get_preset(
-    "tiny-1m",
-    num_layers=2,
-    hidden_size=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    intermediate_size=64,
-)
+CFG = LEARNER_MODEL
 B, P, R = 8, 4, 6
 LR = 1e-3
 # Response lengths differ a lot, so micro-batches hold different token counts.

@@ -11,17 +11,9 @@ from jax.sharding import PartitionSpec as P
 
 from rl_batch import learner, sharding
 from rl_batch import model as model_lib
-from tests.run_fixtures import numpy_params
+from tests.run_fixtures import LEARNER_MODEL, numpy_params
 
-CFG = model_lib.get_preset(
-    "tiny-1m",
-    num_layers=2,
-    hidden_size=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    intermediate_size=64,
-)
+CFG = LEARNER_MODEL
 B, P_LEN, R = 8, 4, 6
 KEY = jax.random.key(0)
 OPT = learner.make_optimizer(1e-3, max_grad_norm=1.0)
