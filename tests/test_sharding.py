@@ -174,7 +174,9 @@ def assert_same_update(a, b):
     assert np.linalg.norm(flat_a - flat_b) / np.linalg.norm(flat_b) < 1e-5
     np.testing.assert_allclose(flat_a, flat_b, rtol=1e-5, atol=1e-6)
     for x, y in zip(jax.tree.leaves(opt_a), jax.tree.leaves(opt_b)):
-        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-9)
+        # Float32 sums in another order: near-zero moments differ by ~1e-5 of the leaf's
+        # scale, so the absolute tolerance follows that scale.
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5 * float(np.abs(y).max()) + 1e-12)
     assert metrics_a.keys() == metrics_b.keys()
     for key in metrics_a:
         np.testing.assert_allclose(
