@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import model
+from rl_batch import model, sharding
 from rl_batch import sampler as sampler_lib
 from rl_batch.sampler import SamplingConfig
 
@@ -205,19 +205,34 @@ def test_sample_batch_under_user_jit_matches_sampler(params, sampler):
     np.testing.assert_allclose(np.asarray(out.response_logprobs), ref.response_logprobs, atol=1e-6)
 
 
-def test_mesh_sharded_batch_matches_single_device(params, sampler):
-    devices = jax.devices()
-    assert len(devices) == 8, "tests/conftest.py should provide 8 fake CPU devices"
-    mesh = jax.sharding.Mesh(np.array(devices), ("data",))
-    sharded = sampler_lib.Sampler(
-        CONFIG, eos_id=NO_EOS, pad_id=PAD, max_prompt_len=16, max_new_tokens=16, mesh=mesh
-    )
-    greedy = SamplingConfig(greedy=True)
-    ref = sampler(params, PROMPTS, rng=jax.random.key(0), sampling=greedy)
-    out = sharded(params, PROMPTS, rng=jax.random.key(0), sampling=greedy)
-    assert sharded.last_stats["batch_bucket"] == 8  # a multiple of the 8 devices
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+@pytest.mark.parametrize("sampling", [SamplingConfig(greedy=True), SamplingConfig(top_k=20)])
+def test_mesh_sharded_batch_matches_single_device(params, mesh_shape, sampling):
+    assert len(jax.devices()) == 8, "tests/conftest.py should provide 8 fake CPU devices"
+    mesh = sharding.make_mesh(*mesh_shape)
+    # EOS inside the vocabulary: shards finish at different steps, each in its own loop.
+    kwargs = dict(eos_id=5, pad_id=PAD, max_prompt_len=16, max_new_tokens=16)
+    single = sampler_lib.Sampler(CONFIG, **kwargs)
+    sharded = sampler_lib.Sampler(CONFIG, mesh=mesh, **kwargs)
+    prompts = PROMPTS + [[9, 8, 7], [3] * 12]
+    ref = single(params, prompts, rng=jax.random.key(0), sampling=sampling)
+    if not sampling.greedy:
+        assert len(set(ref.lengths)) > 1, "expected some rows to stop at EOS early"
+    sharded_params = jax.device_put(params, sharding.param_shardings(CONFIG, mesh))
+    out = sharded(sharded_params, prompts, rng=jax.random.key(0), sampling=sampling)
+    assert sharded.last_stats["batch_bucket"] == 8  # a multiple of the data axis
     np.testing.assert_array_equal(out.response_tokens, ref.response_tokens)
+    np.testing.assert_array_equal(out.response_mask, ref.response_mask)
     np.testing.assert_allclose(out.response_logprobs, ref.response_logprobs, atol=1e-5)
+    assert sharded.last_stats["decode_steps"] == single.last_stats["decode_steps"]
+
+
+def test_row_samples_do_not_depend_on_the_batch_around_them(params, sampler):
+    # Row b draws from fold_in(rng, b): adding rows (a bigger batch bucket) leaves it as is.
+    few = sampler(params, PROMPTS[:2], rng=jax.random.key(3))
+    many = sampler(params, PROMPTS + [[4] * 6] * 4, rng=jax.random.key(3))
+    assert few.response_tokens.shape[0] == 2 and many.response_tokens.shape[0] == 8
+    np.testing.assert_array_equal(many.response_tokens[:2], few.response_tokens)
 
 
 @pytest.mark.parametrize(
@@ -291,9 +306,24 @@ def test_top_p_filter_hand_values():
 )
 def test_sampling_method_frequencies(sampling, expected):
     logits_bv = jnp.tile(jnp.arange(4.0)[None], (40_000, 1))
-    tokens_b = np.asarray(sampling.method()(logits_bv, jax.random.key(0)))
+    tokens_b = np.asarray(sampling.method()(logits_bv, jax.random.split(jax.random.key(0), 40_000)))
     freq = np.bincount(tokens_b, minlength=4) / tokens_b.size
     np.testing.assert_allclose(freq, expected, atol=0.01)
+
+
+def test_first_argmax_matches_jnp_argmax_with_ties():
+    x = jnp.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [-jnp.inf, -1.0, -jnp.inf, -5.0]])
+    np.testing.assert_array_equal(sampler_lib.first_argmax(x), [1, 0, 1])
+    x = jax.random.normal(jax.random.key(0), (64, 512))
+    np.testing.assert_array_equal(sampler_lib.first_argmax(x), jnp.argmax(x, axis=-1))
+
+
+def test_categorical_matches_jax_categorical_per_row_key():
+    # Gumbel-max with each row's own key: the same draw as jax.random.categorical.
+    logits_bv = jax.random.normal(jax.random.key(1), (16, 50))
+    rng_b = jax.random.split(jax.random.key(2), 16)
+    expected = [int(jax.random.categorical(k, row)) for k, row in zip(rng_b, logits_bv)]
+    np.testing.assert_array_equal(sampler_lib.categorical(logits_bv, rng_b), expected)
 
 
 def test_sampling_config_from_dict_and_validation():
