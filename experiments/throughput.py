@@ -13,7 +13,10 @@ then each is repeated until ``--min_repeats`` (``--hf_min_repeats``) runs and
 median process CPU time (all threads) beside it: on a machine shared with other jobs
 CPU time per token says more about efficiency than wall time. HF runs with each of
 ``--hf_threads`` torch thread counts and the fastest counts. Each batch size runs ours
-then HF back to back so both see the same load. The matmul peak is re-measured before
+then HF back to back so both see the same load. On a CPU host JAX gets one device per
+core (``--cpu_devices``) and our sampler splits the batch over them
+(``--data_devices``), as HF's torch threads split its work over the cores; the same
+sampler on one device is timed beside it. The matmul peak is re-measured before
 every batch size and the best value of the run is the denominator of "% matmul".
 
 The JSON written by ``--out`` has the layout ``rl_batch.analysis`` reads::
@@ -69,11 +72,18 @@ _MIN_TIME = flags.DEFINE_float("min_time_s", 1.0, "Timed seconds per point, at l
 _MATMUL = flags.DEFINE_integer("matmul_size", 2048, "Square matmul size for the peak FLOP/s.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights, prompts and sampling.")
 _OUT = flags.DEFINE_string("out", None, "Write (merge) results into this JSON file.")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices",
+    0,
+    "CPU host devices to create (jax_num_cpu_devices): 0 = $JAX_NUM_CPU_DEVICES if set, "
+    "else one per core, so that a CPU host samples data-parallel over its cores. No effect "
+    "on accelerators.",
+)
 _DATA_DEVICES = flags.DEFINE_integer(
     "data_devices",
-    1,
-    "Sample data-parallel over this many devices (on a CPU, run with "
-    "XLA_FLAGS=--xla_force_host_platform_device_count=N to get N host devices).",
+    -1,
+    "Sample data-parallel over this many devices (-1: all of them). With more than one, "
+    "the single-device sampler is timed beside it.",
 )
 
 
@@ -93,7 +103,7 @@ class Settings:
     min_time_s: float = 1.0
     matmul_size: int = 2048
     seed: int = 0
-    data_devices: int = 1  # sampler batch split over a mesh ``data`` axis of this size
+    data_devices: int = 1  # sampler batch split over a mesh ``data`` axis of this size (-1: all)
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -229,28 +239,21 @@ def run_sampler(settings: Settings) -> dict:
     config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
     params = model_lib.init_params(config, settings.seed)
     p_len, new = settings.prompt_len, settings.new_tokens
-    # eos_id outside the vocabulary: every row generates exactly `new` tokens, like
-    # HF with min_new_tokens == max_new_tokens.
-    mesh = None
-    if settings.data_devices > 1:
+    data_devices = jax.device_count() if settings.data_devices == -1 else settings.data_devices
+    samplers = {1: _make_sampler(config, p_len, new)}
+    placed = {1: params}
+    if data_devices > 1:
         from rl_batch import sharding
 
-        mesh = sharding.make_mesh(
-            data=settings.data_devices, devices=jax.devices()[: settings.data_devices]
-        )
-        params = jax.device_put(params, sharding.param_shardings(config, mesh))
-    sampler = sampler_lib.Sampler(
-        config,
-        eos_id=config.vocab_size,
-        pad_id=0,
-        max_prompt_len=p_len,
-        max_new_tokens=new,
-        mesh=mesh,
-    )
+        mesh = sharding.make_mesh(data=data_devices, devices=jax.devices()[:data_devices])
+        samplers[data_devices] = _make_sampler(config, p_len, new, mesh)
+        placed[data_devices] = jax.device_put(params, sharding.param_shardings(config, mesh))
+    sampler = samplers[data_devices]  # the headline: every device this run was given
     peak = matmul_flops_per_s(settings.matmul_size)
     print(
         f"model {settings.preset} (V={config.vocab_size}, {config.num_params / 1e6:.2f}M params), "
-        f"prompt {p_len}, {new} new tokens, device {device_description()}"
+        f"prompt {p_len}, {new} new tokens, device {device_description()}, "
+        f"sampling data-parallel over {data_devices} device(s)"
     )
 
     hf_model = None
@@ -275,22 +278,14 @@ def run_sampler(settings: Settings) -> dict:
     for batch in settings.batches:
         prompts_bp = prompts_rng.randint(0, config.vocab_size, (batch, p_len))
         prompts = prompts_bp.tolist()
-        stats: list[dict] = []
-
-        def ours(i: int, prompts=prompts, stats=stats) -> None:
-            key = jax.random.fold_in(jax.random.key(settings.seed), i + 1)
-            out = sampler(params, prompts, rng=key)
-            assert int(out.lengths.min()) == new, out.lengths
-            if i >= 0:
-                stats.append(dict(sampler.last_stats))
-
         # The machine is shared: re-measure the matmul peak next to every point.
         row_peak = matmul_flops_per_s(settings.matmul_size, repeats=3)
         peak = max(peak, row_peak)
-        times, cpu_times = time_calls(
-            ours, min_repeats=settings.min_repeats, min_time_s=settings.min_time_s
-        )
-        time_s = statistics.median(times)
+        timed = {
+            n: _time_sampler(samplers[n], placed[n], prompts, new, settings)
+            for n in sorted(samplers, reverse=True)
+        }
+        time_s, cpu_s, stats, repeats = timed[data_devices]
         decode_s = statistics.median(s["decode_s"] for s in stats)
         tokens = batch * new
         generation.append(
@@ -299,16 +294,20 @@ def run_sampler(settings: Settings) -> dict:
         details.append(
             {
                 "batch": batch,
-                "cpu_s": statistics.median(cpu_times),
+                "data_devices": data_devices,
+                "single_device_time_s": timed[1][0],
+                "cpu_s": cpu_s,
                 "prefill_s": statistics.median(s["prefill_s"] for s in stats),
                 "decode_s": decode_s,
                 "decode_tokens_per_s": batch * (new - 1) / decode_s,
                 "decode_flops_per_s": batch * (new - 1) / decode_s * decode_flops,
                 "matmul_flops_per_s_nearby": row_peak,
-                "repeats": len(times),
+                "repeats": repeats,
             }
         )
-        line = f"batch {batch}: ours {tokens / time_s:.0f} tok/s ({len(times)} runs)"
+        line = f"batch {batch}: ours {tokens / time_s:.0f} tok/s ({repeats} runs)"
+        if data_devices > 1:
+            line += f", ours on 1 device {tokens / timed[1][0]:.0f} tok/s"
         if hf_model is not None:
             by_threads, cpu_by_threads = {}, {}
             for threads in dict.fromkeys(settings.hf_threads):
@@ -346,12 +345,56 @@ def run_sampler(settings: Settings) -> dict:
     }
 
 
+def _make_sampler(
+    config: model_lib.ModelConfig, prompt_len: int, new_tokens: int, mesh=None
+) -> sampler_lib.Sampler:
+    # eos_id outside the vocabulary: every row generates exactly `new_tokens` tokens,
+    # like HF with min_new_tokens == max_new_tokens.
+    return sampler_lib.Sampler(
+        config,
+        eos_id=config.vocab_size,
+        pad_id=0,
+        max_prompt_len=prompt_len,
+        max_new_tokens=new_tokens,
+        mesh=mesh,
+    )
+
+
+def _time_sampler(
+    sampler: sampler_lib.Sampler,
+    params: model_lib.Params,
+    prompts: list[list[int]],
+    new_tokens: int,
+    settings: Settings,
+) -> tuple[float, float, list[dict], int]:
+    """(median wall s, median CPU s, per-call ``last_stats``, timed calls) of one batch."""
+    stats: list[dict] = []
+
+    def call(i: int) -> None:
+        key = jax.random.fold_in(jax.random.key(settings.seed), i + 1)
+        out = sampler(params, prompts, rng=key)
+        assert int(out.lengths.min()) == new_tokens, out.lengths
+        if i >= 0:
+            stats.append(dict(sampler.last_stats))
+
+    times, cpu_times = time_calls(
+        call, min_repeats=settings.min_repeats, min_time_s=settings.min_time_s
+    )
+    return statistics.median(times), statistics.median(cpu_times), stats, len(times)
+
+
 def format_table(generation: list[dict], hf_generation: list[dict], details: list[dict]) -> str:
-    """The sampler table: throughput vs HF (wall and CPU time), decode FLOP/s vs matmul."""
+    """The sampler table: throughput vs HF (wall and CPU time), decode FLOP/s vs matmul.
+
+    "ours" samples data-parallel over every device the run was given (the CPU host's
+    cores, see ``--cpu_devices``); "1-dev" is the same sampler on one device, timed
+    in the same run; "decode" leaves out the prefill. Ratios are ours / HF.
+    """
     hf = {row["batch"]: row for row in hf_generation}
     nan_row = {"tokens_per_s": float("nan"), "cpu_s": float("nan"), "threads": 0}
     lines = [
-        f"{'batch':>6} {'ours tok/s':>11} {'decode tok/s':>12} {'HF tok/s':>9} {'thr':>3} "
+        f"{'batch':>6} {'ours tok/s':>11} {'1-dev tok/s':>11} {'decode tok/s':>12} "
+        f"{'HF tok/s':>9} {'thr':>3} "
         f"{'ratio':>6} {'ours tok/cpu-s':>14} {'HF tok/cpu-s':>12} {'ratio':>6} "
         f"{'decode GFLOP/s':>14} {'% matmul':>8}"
     ]
@@ -361,6 +404,7 @@ def format_table(generation: list[dict], hf_generation: list[dict], details: lis
         ours_cpu, hf_cpu = tokens / detail["cpu_s"], tokens / theirs["cpu_s"]
         lines.append(
             f"{row['batch']:>6} {row['tokens_per_s']:>11.0f} "
+            f"{tokens / detail['single_device_time_s']:>11.0f} "
             f"{detail['decode_tokens_per_s']:>12.0f} {theirs['tokens_per_s']:>9.0f} "
             f"{theirs['threads']:>3} {row['tokens_per_s'] / theirs['tokens_per_s']:>6.2f} "
             f"{ours_cpu:>14.0f} {hf_cpu:>12.0f} {ours_cpu / hf_cpu:>6.2f} "
@@ -544,6 +588,12 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _PART.value not in PARTS:
         raise app.UsageError(f"--part={_PART.value!r}; expected one of {sorted(PARTS)}")
+    if _CPU_DEVICES.value < 0:
+        raise app.UsageError(f"--cpu_devices={_CPU_DEVICES.value}; expected >= 0")
+    # Before JAX creates its CPU client: as asked, else JAX_NUM_CPU_DEVICES if set, else
+    # one host device per core.
+    if _CPU_DEVICES.value or "JAX_NUM_CPU_DEVICES" not in os.environ:
+        jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value or os.cpu_count() or 1)
     results = PARTS[_PART.value](settings_from_flags())
     if _OUT.value:
         write_results(_OUT.value, results)

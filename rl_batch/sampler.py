@@ -26,8 +26,14 @@ Public API:
     between), which ``Sampler`` jits separately so the decode state can be donated.
     Both run ``model.forward_with_cache``: prefill over the P prompt slots, then one
     token per decode step over the [B, K, S, H] cache.
+  * ``decode_sharded``: ``decode`` with the batch split over a mesh axis, one loop per
+    shard (each stops when its own rows are done; no per-token collective).
   * ``Sampler``: host-side wrapper: pads and buckets Python prompt lists, caches
     compiled programs, optionally shards the batch on a mesh, returns numpy arrays.
+
+Randomness is per row: row b of a batch draws step i's token with
+``fold_in(fold_in(rng, b), i)``, so a row's sample does not depend on the batch bucket,
+the padding rows or the device shard it lands in.
 """
 
 from __future__ import annotations

@@ -32,11 +32,13 @@ def test_sampler_part_runs_and_writes_json(tmp_path):
         "--min_time_s=0",
         "--matmul_size=128",
         "--hf_threads=1",
+        "--cpu_devices=2",
         f"--out={out}",
     ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "HF parity" in proc.stdout and "% matmul" in proc.stdout
+    assert "data-parallel over 2 device(s)" in proc.stdout and "1-dev tok/s" in proc.stdout
     result = json.loads(out.read_text())
     assert result["update"] == [{"batch": 2}]
     assert result["device"].startswith("cpu")
@@ -47,6 +49,7 @@ def test_sampler_part_runs_and_writes_json(tmp_path):
         assert row["tokens_per_s"] == pytest.approx(row["batch"] * 4 / row["time_s"])
     for row in result["sampler_details"]:
         assert 0 < row["decode_s"] and 0 < row["fraction_of_matmul_peak"]
+        assert row["data_devices"] == 2 and row["single_device_time_s"] > 0
 
 
 def test_unknown_part_is_rejected():
