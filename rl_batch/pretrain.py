@@ -2,9 +2,9 @@
 
 RL needs a starting policy whose groups contain both successes and failures (the study
 starts from an instruct model). ``train_base`` fits the model to reference responses
-(``BOS prompt answer EOS``, loss on the answer and EOS only) and stops as soon as greedy
-validation accuracy reaches ``pretrain.stop_accuracy`` (or after ``pretrain.steps``), so
-the base policy leaves room for RL. ``base_params`` caches the result under
+(``BOS prompt answer EOS``, loss on the answer and EOS only) and stops as soon as the
+sampled (temperature 1) validation accuracy reaches ``pretrain.stop_accuracy`` (or after
+``pretrain.steps``), so the base policy leaves room for RL. ``base_params`` caches the result under
 ``<work_dir>/base/<key>/``, keyed by everything that determines it.
 """
 
