@@ -205,7 +205,7 @@ def test_sample_batch_under_user_jit_matches_sampler(params, sampler):
     np.testing.assert_allclose(np.asarray(out.response_logprobs), ref.response_logprobs, atol=1e-6)
 
 
-@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2), (1, 4, 2)])
 @pytest.mark.parametrize("sampling", [SamplingConfig(greedy=True), SamplingConfig(top_k=20)])
 def test_mesh_sharded_batch_matches_single_device(params, mesh_shape, sampling):
     assert len(jax.devices()) == 8, "tests/conftest.py should provide 8 fake CPU devices"
