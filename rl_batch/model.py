@@ -386,7 +386,11 @@ class Attention(nnx.Module):
         probs_bkqs = jax.nn.softmax(logits_bkgts, axis=-1).astype(dt).reshape(b, kv, g * t, -1)
         out_bkqh = jnp.einsum("bkqs,bksh->bkqh", probs_bkqs, v_bksh.astype(dt))
         out_btnh = out_bkqh.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
-        out_btd = jnp.einsum("btnh,nhd->btd", out_btnh, self.o_nhd[...].astype(dt))
+        # A plain 2-D matmul over the flattened (n, h) axis: as a two-axis contraction
+        # XLA's CPU layout pass contracted in (h, n) order and transposed o_nhd (a
+        # weight copy per decode step).
+        o_qd = self.o_nhd[...].reshape(n * h, -1).astype(dt)
+        out_btd = out_btnh.reshape(b, t, n * h) @ o_qd
         return out_btd, cache
 
 
