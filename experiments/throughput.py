@@ -146,6 +146,63 @@ def matmul_flops_per_s(size: int, repeats: int = 5) -> float:
     return 2 * size**3 / best
 
 
+def weight_matmul_seconds(
+    config: model_lib.ModelConfig,
+    rows: int,
+    steps: int,
+    mesh: jax.sharding.Mesh | None = None,
+    repeats: int = 3,
+) -> float:
+    """Best-of-``repeats`` seconds of the model's weight matmuls alone, ``steps`` in a row.
+
+    A step runs every layer's q, k, v, o, gate, up and down projections and the LM head
+    on [rows, D] activations (rows split over the mesh's ``data`` axis when a mesh is
+    given), each matmul feeding the next as in the model, with no attention, norms,
+    cache or sampling: a floor, on this machine's matmul kernels, for any sampler that
+    computes the same projections in the same batch layout.
+    """
+    d, n, k, h, f = (
+        config.hidden_size,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.intermediate_size,
+    )
+    shapes = {"q": (d, n * h), "k": (d, k * h), "v": (d, k * h), "o": (n * h, d)}
+    shapes |= {"gate": (d, f), "up": (d, f), "down": (f, d)}
+    keys = iter(jax.random.split(jax.random.key(0), 7 * config.num_layers + 2))
+    layers = [
+        {name: 0.02 * jax.random.normal(next(keys), shape) for name, shape in shapes.items()}
+        for _ in range(config.num_layers)
+    ]
+    head_dv = 0.02 * jax.random.normal(next(keys), (d, config.vocab_size))
+
+    def step(_, x_rd):
+        for w in layers:
+            q_rq, k_rk, v_rk = x_rd @ w["q"], x_rd @ w["k"], x_rd @ w["v"]
+            a_rq = q_rq + jnp.tile(k_rk + v_rk, (1, n // k))  # keeps k and v live
+            x_rd = x_rd + a_rq @ w["o"]
+            x_rd = x_rd + (jax.nn.silu(x_rd @ w["gate"]) * (x_rd @ w["up"])) @ w["down"]
+        return x_rd + jnp.mean(x_rd @ head_dv, axis=-1, keepdims=True)
+
+    def chain(x_rd):
+        return jax.lax.fori_loop(0, steps, step, x_rd)
+
+    x_rd = jax.random.normal(next(keys), (rows, d))
+    if mesh is not None:
+        spec = jax.sharding.PartitionSpec("data")
+        chain = jax.shard_map(chain, mesh=mesh, in_specs=spec, out_specs=spec)
+        x_rd = jax.device_put(x_rd, jax.sharding.NamedSharding(mesh, spec))
+    fn = jax.jit(chain)
+    fn(x_rd).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(x_rd).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def device_description() -> str:
     """E.g. ``cpu:cpu x1 (x86_64, 2 cores)``."""
     dev = jax.devices()[0]
@@ -287,6 +344,12 @@ def run_sampler(settings: Settings) -> dict:
         }
         time_s, cpu_s, stats, repeats = timed[data_devices]
         decode_s = statistics.median(s["decode_s"] for s in stats)
+        # The same projections with nothing else: prefill's B x P rows once, then R - 1
+        # decode steps of B rows (bucketed sizes, split over the same devices).
+        rows, p_bucket, _ = sampler.buckets(batch, p_len, new)
+        floor_s = weight_matmul_seconds(
+            config, rows * p_bucket, 1, sampler.mesh
+        ) + weight_matmul_seconds(config, rows, new - 1, sampler.mesh)
         tokens = batch * new
         generation.append(
             {"batch": batch, "tokens_per_s": tokens / time_s, "time_s": time_s, "new_tokens": new}
@@ -296,6 +359,7 @@ def run_sampler(settings: Settings) -> dict:
                 "batch": batch,
                 "data_devices": data_devices,
                 "single_device_time_s": timed[1][0],
+                "matmul_floor_s": floor_s,
                 "cpu_s": cpu_s,
                 "prefill_s": statistics.median(s["prefill_s"] for s in stats),
                 "decode_s": decode_s,
@@ -308,6 +372,7 @@ def run_sampler(settings: Settings) -> dict:
         line = f"batch {batch}: ours {tokens / time_s:.0f} tok/s ({repeats} runs)"
         if data_devices > 1:
             line += f", ours on 1 device {tokens / timed[1][0]:.0f} tok/s"
+        line += f", its matmuls alone {tokens / floor_s:.0f} tok/s"
         if hf_model is not None:
             by_threads, cpu_by_threads = {}, {}
             for threads in dict.fromkeys(settings.hf_threads):
@@ -388,13 +453,15 @@ def format_table(generation: list[dict], hf_generation: list[dict], details: lis
 
     "ours" samples data-parallel over every device the run was given (the CPU host's
     cores, see ``--cpu_devices``); "1-dev" is the same sampler on one device, timed
-    in the same run; "decode" leaves out the prefill. Ratios are ours / HF.
+    in the same run; "matmuls" is the rate if a call cost only its weight matmuls
+    (``weight_matmul_seconds``: a ceiling for this layout on this machine's kernels);
+    "decode" leaves out the prefill. Ratios are ours / HF.
     """
     hf = {row["batch"]: row for row in hf_generation}
     nan_row = {"tokens_per_s": float("nan"), "cpu_s": float("nan"), "threads": 0}
     lines = [
-        f"{'batch':>6} {'ours tok/s':>11} {'1-dev tok/s':>11} {'decode tok/s':>12} "
-        f"{'HF tok/s':>9} {'thr':>3} "
+        f"{'batch':>6} {'ours tok/s':>11} {'1-dev tok/s':>11} {'matmuls tok/s':>13} "
+        f"{'decode tok/s':>12} {'HF tok/s':>9} {'thr':>3} "
         f"{'ratio':>6} {'ours tok/cpu-s':>14} {'HF tok/cpu-s':>12} {'ratio':>6} "
         f"{'decode GFLOP/s':>14} {'% matmul':>8}"
     ]
@@ -405,6 +472,7 @@ def format_table(generation: list[dict], hf_generation: list[dict], details: lis
         lines.append(
             f"{row['batch']:>6} {row['tokens_per_s']:>11.0f} "
             f"{tokens / detail['single_device_time_s']:>11.0f} "
+            f"{tokens / detail['matmul_floor_s']:>13.0f} "
             f"{detail['decode_tokens_per_s']:>12.0f} {theirs['tokens_per_s']:>9.0f} "
             f"{theirs['threads']:>3} {row['tokens_per_s'] / theirs['tokens_per_s']:>6.2f} "
             f"{ours_cpu:>14.0f} {hf_cpu:>12.0f} {ours_cpu / hf_cpu:>6.2f} "

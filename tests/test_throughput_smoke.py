@@ -39,6 +39,7 @@ def test_sampler_part_runs_and_writes_json(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "HF parity" in proc.stdout and "% matmul" in proc.stdout
     assert "data-parallel over 2 device(s)" in proc.stdout and "1-dev tok/s" in proc.stdout
+    assert "matmuls tok/s" in proc.stdout
     result = json.loads(out.read_text())
     assert result["update"] == [{"batch": 2}]
     assert result["device"].startswith("cpu")
@@ -50,6 +51,7 @@ def test_sampler_part_runs_and_writes_json(tmp_path):
     for row in result["sampler_details"]:
         assert 0 < row["decode_s"] and 0 < row["fraction_of_matmul_peak"]
         assert row["data_devices"] == 2 and row["single_device_time_s"] > 0
+        assert 0 < row["matmul_floor_s"]
 
 
 def test_unknown_part_is_rejected():
