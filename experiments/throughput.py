@@ -161,15 +161,8 @@ def weight_matmul_seconds(
     cache or sampling: a floor, on this machine's matmul kernels, for any sampler that
     computes the same projections in the same batch layout.
     """
-    d, n, k, h, f = (
-        config.hidden_size,
-        config.num_heads,
-        config.num_kv_heads,
-        config.head_dim,
-        config.intermediate_size,
-    )
-    shapes = {"q": (d, n * h), "k": (d, k * h), "v": (d, k * h), "o": (n * h, d)}
-    shapes |= {"gate": (d, f), "up": (d, f), "down": (f, d)}
+    d, n, k = config.hidden_size, config.num_heads, config.num_kv_heads
+    shapes = flops.layer_matmul_shapes(config)
     keys = iter(jax.random.split(jax.random.key(0), 7 * config.num_layers + 2))
     layers = [
         {name: 0.02 * jax.random.normal(next(keys), shape) for name, shape in shapes.items()}

@@ -41,8 +41,8 @@ RATE_KEYS = (
 )
 
 
-def matmul_weights(config: model_lib.ModelConfig) -> int:
-    """Weights used in matmuls per token: the layers' projections plus the LM head."""
+def layer_matmul_shapes(config: model_lib.ModelConfig) -> dict[str, tuple[int, int]]:
+    """One layer's projections as 2-D matmul weights [in, out], in the order they run."""
     d, n, k, h, f = (
         config.hidden_size,
         config.num_heads,
@@ -50,8 +50,21 @@ def matmul_weights(config: model_lib.ModelConfig) -> int:
         config.head_dim,
         config.intermediate_size,
     )
-    per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f
-    head = d if config.head == "value" else d * config.vocab_size
+    return {
+        "q": (d, n * h),
+        "k": (d, k * h),
+        "v": (d, k * h),
+        "o": (n * h, d),
+        "gate": (d, f),
+        "up": (d, f),
+        "down": (f, d),
+    }
+
+
+def matmul_weights(config: model_lib.ModelConfig) -> int:
+    """Weights used in matmuls per token: the layers' projections plus the LM head."""
+    per_layer = sum(a * b for a, b in layer_matmul_shapes(config).values())
+    head = config.hidden_size if config.head == "value" else config.hidden_size * config.vocab_size
     return config.num_layers * per_layer + head
 
 
