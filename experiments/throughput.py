@@ -132,20 +132,6 @@ def time_calls(
     return times, cpu_times
 
 
-def matmul_flops_per_s(size: int, repeats: int = 5) -> float:
-    """Best-of-``repeats`` FLOP/s of a jitted [size, size] @ [size, size] f32 matmul."""
-    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (size, size), jnp.float32)
-    matmul = jax.jit(jnp.matmul)
-    matmul(a, b).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a, b).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
-
-
 def weight_matmul_seconds(
     config: model_lib.ModelConfig,
     rows: int,
@@ -299,7 +285,7 @@ def run_sampler(settings: Settings) -> dict:
         samplers[data_devices] = _make_sampler(config, p_len, new, mesh)
         placed[data_devices] = jax.device_put(params, sharding.param_shardings(config, mesh))
     sampler = samplers[data_devices]  # the headline: every device this run was given
-    peak = matmul_flops_per_s(settings.matmul_size)
+    peak = flops.time_matmul_flops(settings.matmul_size, repeats=5)
     print(
         f"model {settings.preset} (V={config.vocab_size}, {config.num_params / 1e6:.2f}M params), "
         f"prompt {p_len}, {new} new tokens, device {device_description()}, "
@@ -329,7 +315,7 @@ def run_sampler(settings: Settings) -> dict:
         prompts_bp = prompts_rng.randint(0, config.vocab_size, (batch, p_len))
         prompts = prompts_bp.tolist()
         # The machine is shared: re-measure the matmul peak next to every point.
-        row_peak = matmul_flops_per_s(settings.matmul_size, repeats=3)
+        row_peak = flops.time_matmul_flops(settings.matmul_size, repeats=3)
         peak = max(peak, row_peak)
         timed = {
             n: _time_sampler(samplers[n], placed[n], prompts, new, settings)

@@ -113,9 +113,8 @@ def _default_matmul_size() -> int:
     return 2048 if jax.default_backend() == "cpu" else 8192
 
 
-@functools.cache
-def measure_matmul_flops(size: int = 0, dtype: str = "float32", repeats: int = 3) -> float:
-    """Best-of-``repeats`` FLOP/s of a jitted [size, size] @ [size, size] matmul (cached).
+def time_matmul_flops(size: int = 0, dtype: str = "float32", repeats: int = 3) -> float:
+    """Best-of-``repeats`` FLOP/s of a jitted [size, size] @ [size, size] matmul, now.
 
     Args:
       size: matrix size; 0 picks 2048 on a CPU, 8192 on an accelerator.
@@ -123,7 +122,7 @@ def measure_matmul_flops(size: int = 0, dtype: str = "float32", repeats: int = 3
       repeats: timed calls after a warm-up; the fastest counts.
 
     Returns:
-      FLOP/s (``2 size^3 / seconds``), measured once per process and argument set.
+      FLOP/s (``2 size^3 / seconds``).
     """
     size = size or _default_matmul_size()
     a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32).astype(dtype)
@@ -136,6 +135,12 @@ def measure_matmul_flops(size: int = 0, dtype: str = "float32", repeats: int = 3
         matmul(a, b).block_until_ready()
         best = min(best, time.perf_counter() - start)
     return 2.0 * size**3 / best
+
+
+@functools.cache
+def measure_matmul_flops(size: int = 0, dtype: str = "float32", repeats: int = 3) -> float:
+    """``time_matmul_flops``, measured once per process and argument set (cached)."""
+    return time_matmul_flops(size, dtype, repeats)
 
 
 def _rate(amount: float, seconds: float) -> float | None:
