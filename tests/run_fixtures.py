@@ -35,6 +35,11 @@ def tiny_run_config(work_dir: str, run_dir: str = "", **changes):
     c.filter_groups = False  # a random model rarely solves anything: keep every group
     c.checkpoint_every = 2
     c.target = 0.01
+    return set_fields(c, changes)
+
+
+def set_fields(c, changes):
+    """Sets dotted config keys (``{"ppo.kl_coef": 0.1}``) in place; returns ``c``."""
     for key, value in changes.items():
         node = c
         *parents, leaf = key.split(".")

@@ -6,18 +6,13 @@ import pytest
 
 from experiments.configs import base, grpo_cpu
 from rl_batch import config as config_lib
+from tests.run_fixtures import set_fields
 
 
 def _config(**changes):
     c = base.run_config()
     c.run_dir = "/tmp/unused"
-    for key, value in changes.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return c
+    return set_fields(c, changes)
 
 
 def test_sqrt_rule_derives_the_lr():

@@ -21,25 +21,12 @@ from rl_batch import model as model_lib
 from rl_batch import run as run_lib
 from rl_batch.analysis import curves
 from rl_batch.checkpoint import Checkpointer
-from tests.run_fixtures import TINY_MODEL, tiny_run_config
+from tests.run_fixtures import TINY_MODEL, numpy_params, set_fields, tiny_run_config
 
 CFG = model_lib.get_preset("tiny-1m", **TINY_MODEL)
 CRITIC_CFG = ppo.critic_model_config(CFG)
 B, P, R = 16, 4, 6
 KEY = jax.random.key(0)
-
-
-def numpy_params(config, seed=0):
-    """normal(0.02) matrices and unit vectors, drawn with numpy (NNX init is slow here)."""
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(
-        lambda s: (
-            np.ones(s.shape, np.float32)
-            if len(s.shape) == 1
-            else rng.normal(0.0, 0.02, s.shape).astype(np.float32)
-        ),
-        model_lib.abstract_params(config),
-    )
 
 
 POLICY = numpy_params(CFG)
@@ -303,13 +290,7 @@ def ppo_run_config(**changes):
     c = base.run_config()
     c.algo, c.group_size, c.prompts, c.filter_groups = "ppo", 1, 32, False
     c.lr_ref, c.batch_ref, c.ppo.critic_lr_ref = 1.5e-4, 64, 1e-3
-    for key, value in changes.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return c
+    return set_fields(c, changes)
 
 
 def test_resolve_derives_the_critic_lr():

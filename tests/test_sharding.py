@@ -146,16 +146,7 @@ def run_update(mesh_shape, **config):
     """One update from the same params on a mesh; returns host params and metrics."""
     devices = jax.devices()[: int(np.prod(mesh_shape))]
     mesh = sharding.make_mesh(*mesh_shape, devices=devices)
-    rng = np.random.default_rng(0)
-    params = jax.tree.map(
-        lambda s: (
-            np.ones(s.shape, np.float32)
-            if len(s.shape) == 1
-            else rng.normal(0.0, 0.02, s.shape).astype(np.float32)
-        ),
-        model_lib.abstract_params(CFG),
-    )
-    state = learner.init_train_state(CFG, params, OPT, mesh=mesh)
+    state = learner.init_train_state(CFG, numpy_params(CFG), OPT, mesh=mesh)
     update_fn = learner.make_update_fn(CFG, learner.GRPOConfig(**config), OPT, mesh)
     state, metrics = update_fn(state, sharding.shard_batch(make_batch(), mesh), KEY)
     specs = {
