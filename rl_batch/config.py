@@ -15,6 +15,7 @@ from ml_collections import ConfigDict
 
 from rl_batch import losses, lr_rules
 from rl_batch import model as model_lib
+from rl_batch.sampler import Sampler
 from rl_batch.tasks.registry import TASKS, get_task
 from rl_batch.tokenizers import CharTokenizer
 
@@ -48,6 +49,19 @@ def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
     if c.task.name in SYNTHETIC_TASKS and "vocab_size" not in overrides:
         overrides["vocab_size"] = CharTokenizer().vocab_size
     return model_lib.get_preset(c.model.preset, head=head, **overrides)
+
+
+def make_sampler(c: ConfigDict, tokenizer, model_config: model_lib.ModelConfig, mesh=None):
+    """The rollout sampler of a resolved config: the task's prompt and response limits,
+    the tokenizer's EOS and PAD, the batch sharded over ``mesh`` when it has > 1 device."""
+    return Sampler(
+        model_config,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        max_prompt_len=c.derived.max_prompt_len,
+        max_new_tokens=c.derived.max_new_tokens,
+        mesh=mesh if mesh is not None and mesh.size > 1 else None,
+    )
 
 
 def data_axis_size(c: ConfigDict, device_count: int) -> int:

@@ -28,7 +28,7 @@ from rl_batch import config as config_lib
 from rl_batch import model as model_lib
 from rl_batch import rollout as rollout_lib
 from rl_batch.checkpoint import Checkpointer
-from rl_batch.sampler import Sampler, SamplingConfig
+from rl_batch.sampler import SamplingConfig
 from rl_batch.tasks.tfds_builders import load_split
 from rl_batch.tokenizers import encode_prompt
 
@@ -114,13 +114,7 @@ def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, 
     params = model_lib.init_params(model_config, p.seed)
     opt_state = optimizer.init(params)
     step_fn = make_train_step(model_config, optimizer)
-    sampler = Sampler(
-        model_config,
-        eos_id=tokenizer.eos_id,
-        pad_id=tokenizer.pad_id,
-        max_prompt_len=c.derived.max_prompt_len,
-        max_new_tokens=c.derived.max_new_tokens,
-    )
+    sampler = config_lib.make_sampler(c, tokenizer, model_config)
     rng = np.random.default_rng(p.seed)
     t0 = time.time()
     losses, evals, accuracy, step = [], [], 0.0, 0

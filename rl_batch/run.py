@@ -325,14 +325,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     sampling = SamplingConfig(
         temperature=c.sampling.temperature, top_k=c.sampling.top_k, top_p=c.sampling.top_p
     )
-    sampler = Sampler(
-        model_config,
-        eos_id=tokenizer.eos_id,
-        pad_id=tokenizer.pad_id,
-        max_prompt_len=c.derived.max_prompt_len,
-        max_new_tokens=c.derived.max_new_tokens,
-        mesh=mesh if mesh.size > 1 else None,
-    )
+    sampler = config_lib.make_sampler(c, tokenizer, model_config, mesh)
     partial = c.partial_rollout.enabled
     if partial:  # continues responses: prompt + tokens so far, a few tokens at a time
         partial_sampler = Sampler(

@@ -8,7 +8,7 @@ from rl_batch import config as config_lib
 from rl_batch import model as model_lib
 from rl_batch import rollout as rollout_lib
 from rl_batch import run as run_lib
-from rl_batch.sampler import Sampler, SamplingConfig
+from rl_batch.sampler import SamplingConfig
 from tests.run_fixtures import tiny_run_config
 
 
@@ -50,13 +50,7 @@ def _tiny_parts(work_dir):
     tokenizer = config_lib.make_tokenizer(c)
     model_config = config_lib.make_model_config(c)
     train, _ = run_lib.load_task_data(c, tokenizer)
-    sampler = Sampler(
-        model_config,
-        eos_id=tokenizer.eos_id,
-        pad_id=tokenizer.pad_id,
-        max_prompt_len=c.derived.max_prompt_len,
-        max_new_tokens=c.derived.max_new_tokens,
-    )
+    sampler = config_lib.make_sampler(c, tokenizer, model_config)
     params = model_lib.init_params(model_config, 0)
     return c, tokenizer, model_config, train, sampler, params
 
