@@ -353,7 +353,7 @@ def run_sampler(settings: Settings) -> dict:
             line += f", ours on 1 device {tokens / timed[1][0]:.0f} tok/s"
         line += f", its matmuls alone {tokens / floor_s:.0f} tok/s"
         if hf_model is not None:
-            by_threads, cpu_by_threads = {}, {}
+            by_threads, cpu_by_threads, prefill_by_threads = {}, {}, {}
             for threads in dict.fromkeys(settings.hf_threads):
                 torch.set_num_threads(threads)
                 hf_times, hf_cpu_times = time_calls(
@@ -364,10 +364,22 @@ def run_sampler(settings: Settings) -> dict:
                 )
                 by_threads[threads] = statistics.median(hf_times)
                 cpu_by_threads[threads] = statistics.median(hf_cpu_times)
+                # HF's prefill: the same call with one new token (prompt forward, one
+                # sample), the counterpart of our prefill_s.
+                hf_prefill_times, _ = time_calls(
+                    lambda i, x=prompts_bp: _hf_generate(hf_model, x, 1, settings.seed + i),
+                    min_repeats=max(3, settings.hf_min_repeats),
+                    min_time_s=settings.min_time_s / 4,
+                    warmup=False,
+                )
+                prefill_by_threads[threads] = statistics.median(hf_prefill_times)
             threads, hf_time_s = min(by_threads.items(), key=lambda item: item[1])
+            hf_decode_s = hf_time_s - prefill_by_threads[threads]
             hf_generation.append(
                 {"batch": batch, "tokens_per_s": tokens / hf_time_s, "time_s": hf_time_s}
                 | {"new_tokens": new, "threads": threads, "cpu_s": cpu_by_threads[threads]}
+                | {"prefill_s": prefill_by_threads[threads], "decode_s": hf_decode_s}
+                | {"decode_tokens_per_s": batch * (new - 1) / hf_decode_s}
                 | {"time_s_by_threads": {str(t): v for t, v in by_threads.items()}}
             )
             line += ", HF " + ", ".join(
@@ -434,26 +446,32 @@ def format_table(generation: list[dict], hf_generation: list[dict], details: lis
     cores, see ``--cpu_devices``); "1-dev" is the same sampler on one device, timed
     in the same run; "matmuls" is the rate if a call cost only its weight matmuls
     (``weight_matmul_seconds``: a ceiling for this layout on this machine's kernels);
-    "decode" leaves out the prefill. Ratios are ours / HF.
+    "ratio" is ours / HF for the whole call (prefill included, the headline); the
+    "decode" columns leave out the prefill on both sides (HF's prefill is timed as the
+    same ``generate`` call with one new token) and "dec ratio" compares those.
     """
     hf = {row["batch"]: row for row in hf_generation}
-    nan_row = {"tokens_per_s": float("nan"), "cpu_s": float("nan"), "threads": 0}
+    nan = float("nan")
+    nan_row = {"tokens_per_s": nan, "cpu_s": nan, "threads": 0, "decode_tokens_per_s": nan}
     lines = [
         f"{'batch':>6} {'ours tok/s':>11} {'1-dev tok/s':>11} {'matmuls tok/s':>13} "
-        f"{'decode tok/s':>12} {'HF tok/s':>9} {'thr':>3} "
-        f"{'ratio':>6} {'ours tok/cpu-s':>14} {'HF tok/cpu-s':>12} {'ratio':>6} "
+        f"{'HF tok/s':>9} {'thr':>3} {'ratio':>6} "
+        f"{'decode tok/s':>12} {'HF decode':>9} {'dec ratio':>9} "
+        f"{'ours tok/cpu-s':>14} {'HF tok/cpu-s':>12} {'ratio':>6} "
         f"{'decode GFLOP/s':>14} {'% matmul':>8}"
     ]
     for row, detail in zip(generation, details):
         theirs = hf.get(row["batch"], nan_row)
         tokens = row["batch"] * row["new_tokens"]
         ours_cpu, hf_cpu = tokens / detail["cpu_s"], tokens / theirs["cpu_s"]
+        ours_dec, hf_dec = detail["decode_tokens_per_s"], theirs["decode_tokens_per_s"]
         lines.append(
             f"{row['batch']:>6} {row['tokens_per_s']:>11.0f} "
             f"{tokens / detail['single_device_time_s']:>11.0f} "
             f"{tokens / detail['matmul_floor_s']:>13.0f} "
-            f"{detail['decode_tokens_per_s']:>12.0f} {theirs['tokens_per_s']:>9.0f} "
+            f"{theirs['tokens_per_s']:>9.0f} "
             f"{theirs['threads']:>3} {row['tokens_per_s'] / theirs['tokens_per_s']:>6.2f} "
+            f"{ours_dec:>12.0f} {hf_dec:>9.0f} {ours_dec / hf_dec:>9.2f} "
             f"{ours_cpu:>14.0f} {hf_cpu:>12.0f} {ours_cpu / hf_cpu:>6.2f} "
             f"{detail['decode_flops_per_s'] / 1e9:>14.1f} "
             f"{100 * detail['fraction_of_matmul_peak']:>7.1f}%"

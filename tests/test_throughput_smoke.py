@@ -39,7 +39,7 @@ def test_sampler_part_runs_and_writes_json(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "HF parity" in proc.stdout and "% matmul" in proc.stdout
     assert "data-parallel over 2 device(s)" in proc.stdout and "1-dev tok/s" in proc.stdout
-    assert "matmuls tok/s" in proc.stdout
+    assert "matmuls tok/s" in proc.stdout and "dec ratio" in proc.stdout
     result = json.loads(out.read_text())
     assert result["update"] == [{"batch": 2}]
     assert result["device"].startswith("cpu")
@@ -48,6 +48,10 @@ def test_sampler_part_runs_and_writes_json(tmp_path):
     for row in result["generation"] + result["hf_generation"]:
         assert row["new_tokens"] == 4 and row["time_s"] > 0
         assert row["tokens_per_s"] == pytest.approx(row["batch"] * 4 / row["time_s"])
+    for row in result["hf_generation"]:  # HF's decode phase: the call less its prefill
+        assert 0 < row["prefill_s"] and row["threads"] == 1
+        assert row["decode_s"] == pytest.approx(row["time_s"] - row["prefill_s"])
+        assert row["decode_tokens_per_s"] == pytest.approx(row["batch"] * 3 / row["decode_s"])
     for row in result["sampler_details"]:
         assert 0 < row["decode_s"] and 0 < row["fraction_of_matmul_peak"]
         assert row["data_devices"] == 2 and row["single_device_time_s"] > 0
