@@ -255,7 +255,7 @@ def throughput_json(batches=tuple(2**i for i in range(13))) -> dict[str, Any]:
                 "batch": c,
                 "tokens_per_s": c * DECODE_STEPS / time_s,
                 "time_s": time_s,
-                "new_tokens": c * DECODE_STEPS,
+                "new_tokens": DECODE_STEPS,
             }
         )
     upd = [{"batch": b, "time_s": 0.02 + 1e-5 * b * 48, "tokens": b * 48} for b in (64, 128, 256)]

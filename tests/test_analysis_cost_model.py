@@ -94,9 +94,9 @@ def test_throughput_validation_names_the_bad_entry(tmp_path):
         cm.load_throughput(str(path))
     with pytest.raises(ValueError, match="must be > 0"):
         cm.parse_throughput({"generation": [{"batch": 0, "time_s": 1, "new_tokens": 5}]})
-    # tokens_per_s is derived from new_tokens / time_s when omitted.
+    # tokens_per_s is derived from batch * new_tokens / time_s when omitted.
     t = cm.parse_throughput({"generation": [{"batch": 4, "time_s": 2.0, "new_tokens": 80}]})
-    assert t.generation[0].tokens_per_s == 40.0
+    assert t.generation[0].tokens_per_s == 160.0
 
 
 def test_generation_report_from_run_metrics(tmp_path):

@@ -16,12 +16,12 @@ The update (forward + backward + optimizer) is about linear in tokens:
 ``t_update = u0 + u1 tokens``.
 
 Throughput file (``<sweep>/throughput.json``, written by ``python -m
-experiments.throughput`` with ``write_throughput``)::
+experiments.throughput --out=<sweep>/throughput.json`` or by ``write_throughput``)::
 
     {
       "device": "NVIDIA H200",                       # free text
       "generation": [                                # one entry per concurrency
-        {"batch": 64, "tokens_per_s": 1.2e4, "time_s": 3.4, "new_tokens": 40960}, ...],
+        {"batch": 64, "tokens_per_s": 1.2e4, "time_s": 3.4, "new_tokens": 640}, ...],
       "update": [                                    # one entry per training batch
         {"batch": 64, "time_s": 0.8, "tokens": 12288}, ...],
       # optional, for the KV-cache bound:
@@ -31,7 +31,8 @@ experiments.throughput`` with ``write_throughput``)::
     }
 
 ``generation[i].batch`` is the number of sequences decoded together, ``new_tokens`` the
-tokens they generated in ``time_s`` seconds (``tokens_per_s = new_tokens / time_s``);
+tokens each of them generated in ``time_s`` seconds (``tokens_per_s = batch * new_tokens
+/ time_s``);
 ``update[i].tokens`` the tokens (prompt + response) of one update of ``batch`` responses.
 """
 
@@ -131,7 +132,7 @@ def parse_throughput(obj: Any, source: str = "<throughput>") -> Throughput:
         batch, time_s = int(_require(g, "batch", where)), float(_require(g, "time_s", where))
         new_tokens = int(_require(g, "new_tokens", where))
         tps = g.get("tokens_per_s")
-        tps = float(tps) if tps is not None else new_tokens / time_s
+        tps = float(tps) if tps is not None else batch * new_tokens / time_s
         if batch <= 0 or time_s <= 0 or tps <= 0:
             raise ValueError(f"{where}: batch, time_s and tokens_per_s must be > 0, got {g}")
         gen.append(GenPoint(batch, tps, time_s, new_tokens))
