@@ -11,9 +11,9 @@ is the CPU PPO study ``experiments/configs/ppo_cpu.py`` (output ``sweeps/ppo_cpu
 
 from absl import app, flags
 
-from experiments import grpo_sweep
+from experiments import configs, grpo_sweep
 
-DEFAULT_CONFIG = "experiments/configs/ppo_cpu.py"
+DEFAULT_CONFIG = configs.path("ppo_cpu.py")
 
 
 def main(argv):

@@ -1,4 +1,6 @@
-"""Orbax checkpoints of a run: arrays (params, optimizer state, rng) plus JSON metadata.
+"""Orbax checkpoints of a run: arrays (the train state) plus JSON metadata (counters).
+
+No PRNG state is stored: a run derives every key from its seed and the counters.
 
 Orbax writes each step into a temporary directory and renames it when complete, so a
 process killed mid-save leaves no checkpoint that ``latest_step`` would return. Saves

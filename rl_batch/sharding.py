@@ -208,8 +208,8 @@ def check_batch_divisible(batch_size: int, mesh: Mesh, what: str = "batch") -> N
 def shard_batch(batch: Any, mesh: Mesh) -> Any:
     """Places a (host) batch pytree on the mesh, split along dimension 0.
 
-    Single-process only (every process would need the full batch); multi-host runs
-    should assemble global arrays with ``jax.make_array_from_process_local_data``.
+    With several processes every process passes the same full host batch and keeps
+    the shards of its own devices (the run loop gathers rollouts to every process).
 
     Raises:
       ValueError: if a leaf's leading dimension is not divisible by the batch shards.

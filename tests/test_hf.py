@@ -17,6 +17,7 @@ from safetensors.numpy import load_file, save_file
 
 from rl_batch import hf
 from rl_batch import model as model_lib
+from rl_batch import sampler as sampler_lib
 
 TINY = dict(
     vocab_size=128,
@@ -504,7 +505,6 @@ def test_greedy_generation_matches_hf(tmp_path, family):
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_sampler_greedy_matches_hf(tmp_path, family):
-    sampler_lib = pytest.importorskip("rl_batch.sampler")
     model = _hf_model(family, tied=family != "llama", seed=22)
     model.save_pretrained(tmp_path, safe_serialization=True)
     config, params = hf.load_hf_checkpoint(tmp_path)

@@ -8,8 +8,8 @@ Hugging Face checkpoint (Qwen3 / Qwen2 / Llama family) and trains on a local mat
 
   python -m experiments.grpo_sweep \
       --config=experiments/configs/grpo_study.py:/models/Qwen3-1.7B \
-      --config.task.kwargs.train_file=/data/dapo-math-17k.parquet \
-      --config.task.kwargs.validation_file=/data/aime24.jsonl
+      --config.task.train_file=/data/dapo-math-17k.parquet \
+      --config.task.validation_file=/data/aime24.jsonl
 """
 
 from ml_collections import ConfigDict
@@ -21,7 +21,9 @@ def get_config(arg=None):
     c = base.sweep_config(base.run_config())
     c.init.source = "hf"
     c.init.path = arg or ""
-    c.model.preset = "qwen3-1.7b"  # shape check against the checkpoint; weights from init.path
+    # With init.source="hf" the model shape comes from the checkpoint's config.json;
+    # the preset only names the intended size in config.json.
+    c.model.preset = "qwen3-1.7b"
     c.task.name = "math"
     c.task.kwargs = ConfigDict({"max_prompt_len": 1024, "max_response_len": 8192})
     c.sampling.temperature = 1.0
