@@ -677,7 +677,10 @@ class PPO:
         )
 
     def init_state(self, params: Params) -> PPOState:
-        """Actor from ``params``; critic from the policy's body or fresh (``ppo.critic_from_policy``)."""
+        """Actor from ``params``; critic from the policy's body or fresh.
+
+        ``ppo.critic_from_policy`` chooses.
+        """
         rng = jax.random.fold_in(jax.random.key(self.config.seed), 7)
         if self.config.ppo.critic_from_policy:
             critic = critic_params_from_policy(self.model_config, params, rng)
