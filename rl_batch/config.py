@@ -3,6 +3,12 @@
 ``resolve(config)`` returns a copy with the derived fields filled in (the LR under the
 batch rule, the response length from the task, the model's vocabulary from the
 tokenizer) and raises one ``ValueError`` naming each bad field before any compute.
+
+Resolving is idempotent: ``resolve(resolve(c)) == resolve(c)``. The optimizer reads
+``lr``, ``b1``, ``b2``, ``eps`` and ``ppo.critic_lr`` where the user set them, so resolve
+writes the derived values there and records each replaced input in
+``derived.replaced``; resolving again starts from those inputs, not from the values
+derived from them (which would scale the betas and epsilon twice).
 """
 
 from __future__ import annotations
@@ -13,15 +19,30 @@ import platform
 
 from ml_collections import ConfigDict
 
-from rl_batch import losses, lr_rules
+from rl_batch import learner, losses, lr_rules
 from rl_batch import model as model_lib
-from rl_batch.sampler import Sampler
+from rl_batch.sampler import Sampler, SamplingConfig
 from rl_batch.tasks.registry import TASKS, get_task
 from rl_batch.tokenizers import CharTokenizer
 
 ALGOS = ("grpo", "ppo")
 INIT_SOURCES = ("pretrain", "scratch", "checkpoint", "hf")
 SYNTHETIC_TASKS = ("addition", "multiplication", "countdown")
+# "-1": derive the value (``lr`` from ``lr_rule``, ``ppo.critic_lr`` from its rule).
+DERIVE = -1
+# Config keys that resolve() may replace with derived values (see ``derived.replaced``).
+DERIVED_KEYS = ("lr", "b1", "b2", "eps", "ppo.critic_lr")
+# The ``learner.GRPOConfig`` field behind each key of a GRPO run's ``grpo`` section.
+GRPO_FIELDS = (
+    "clip_low",
+    "clip_high",
+    "kl_coef",
+    "loss_agg",
+    "advantage",
+    "micro_batches",
+    "num_minibatches",
+    "num_epochs",
+)
 
 
 def make_task(c: ConfigDict):
@@ -71,6 +92,118 @@ def data_axis_size(c: ConfigDict, device_count: int) -> int:
     return data * fsdp
 
 
+def _is_int(value) -> bool:
+    """True for an int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _get_key(c: ConfigDict, key: str, default=None):
+    """The value at a dotted key (``"ppo.critic_lr"``), or ``default`` when absent."""
+    node = c
+    for part in key.split("."):
+        if part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _set_key(c: ConfigDict, key: str, value) -> None:
+    """Sets the value at a dotted key in place."""
+    *parents, leaf = key.split(".")
+    node = c
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+
+
+def unresolved(config: ConfigDict) -> ConfigDict:
+    """A copy of ``config`` with the inputs of an earlier ``resolve`` back in place.
+
+    Each key listed in ``derived.replaced`` that still holds the value resolve wrote gets
+    back the user's input (``lr=-1``, the reference ``b1``, ...); a key changed since
+    keeps its new value, which becomes the input. A config never resolved is copied as is.
+    """
+    c = ConfigDict(config.to_dict())
+    for record in _get_key(c, "derived.replaced", ()):
+        if _get_key(c, record["key"]) == record["value"]:
+            _set_key(c, record["key"], record["input"])
+    return c
+
+
+def _replaced(inputs: dict, c: ConfigDict) -> list[dict]:
+    """``{"key", "input", "value"}`` for each key of ``inputs`` whose value resolve changed."""
+    return [
+        {"key": key, "input": value, "value": _get_key(c, key)}
+        for key, value in inputs.items()
+        if _get_key(c, key) != value
+    ]
+
+
+def _dataclass_errors(cls, fields: dict[str, tuple[str, object]]) -> list[str]:
+    """Runs ``cls``'s own validation on each config key alone.
+
+    Args:
+      cls: a dataclass that validates its fields (``GRPOConfig``, ``SamplingConfig``).
+      fields: config key -> (field of ``cls``, value).
+
+    Returns:
+      ``"key=value: cls's error"`` for each key ``cls`` rejects.
+    """
+    errors = []
+    for key, (field, value) in fields.items():
+        try:
+            cls(**{field: value})
+        except (TypeError, ValueError) as e:
+            errors.append(f"{key}={value!r}: {e}")
+    return errors
+
+
+def _check_run_fields(c: ConfigDict, check) -> None:
+    """Validates the optimizer, run-loop and rollout fields (their 0 sentinels kept)."""
+    for name in ("b1", "b2"):
+        check(0.0 <= c[name] < 1.0, f"{name}={c[name]}: must be in [0, 1)")
+    check(c.eps >= 0, f"eps={c.eps}: must be >= 0")
+    check(c.weight_decay >= 0, f"weight_decay={c.weight_decay}: must be >= 0")
+    check(c.max_grad_norm >= 0, f"max_grad_norm={c.max_grad_norm}: must be >= 0 (0 = off)")
+    for name in (
+        "checkpoint_every",
+        "confirm_evals",
+        "max_consecutive_skips",
+        "max_empty_rollouts",
+    ):
+        check(_is_int(c[name]) and c[name] >= 1, f"{name}={c[name]!r}: must be an int >= 1")
+    check(
+        _is_int(c.gen_batch) and c.gen_batch >= 0,
+        f"gen_batch={c.gen_batch!r}: must be an int >= 0 (0 = the whole batch at once)",
+    )
+    check(
+        _is_int(c.max_new_tokens) and c.max_new_tokens >= 0,
+        f"max_new_tokens={c.max_new_tokens!r}: must be an int >= 0 "
+        "(0 = the task's longest response + EOS)",
+    )
+    async_rollout = c.get("async_rollout", None)
+    if async_rollout is not None and async_rollout.enabled:
+        staleness = async_rollout.max_staleness
+        check(
+            _is_int(staleness) and staleness >= 1,
+            f"async_rollout.max_staleness={staleness!r}: must be an int >= 1 when "
+            "async_rollout.enabled=True (disable async_rollout for synchronous rollouts)",
+        )
+    errors = _dataclass_errors(
+        SamplingConfig,
+        {
+            f"sampling.{name}": (name, c.sampling[name])
+            for name in ("temperature", "top_k", "top_p")
+        },
+    )
+    if c.algo == "grpo":
+        errors += _dataclass_errors(
+            learner.GRPOConfig, {f"grpo.{name}": (name, c.grpo[name]) for name in GRPO_FIELDS}
+        )
+    for message in errors:
+        check(False, message)
+
+
 def _check_ppo(c: ConfigDict, check) -> None:
     """Validates the ``ppo`` section (``experiments/configs/base.py``) of a PPO run."""
     check(
@@ -91,8 +224,8 @@ def _check_ppo(c: ConfigDict, check) -> None:
         )
     check(p.critic_lr_ref > 0, f"ppo.critic_lr_ref={p.critic_lr_ref}: must be > 0")
     check(
-        p.critic_lr != 0 and math.isfinite(p.critic_lr),
-        f"ppo.critic_lr={p.critic_lr}: must be > 0 (or -1 to derive)",
+        p.critic_lr == DERIVE or (p.critic_lr > 0 and math.isfinite(p.critic_lr)),
+        f"ppo.critic_lr={p.critic_lr}: must be > 0 (or -1 to derive it from critic_lr_rule)",
     )
     check(
         p.critic_lr_rule in ("",) + lr_rules.RULES,
@@ -123,12 +256,14 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
       device_count: devices the mesh spans (default ``jax.device_count()``).
 
     Returns:
-      A new, resolved ConfigDict (``lr`` set, ``derived`` section added).
+      A new, resolved ConfigDict (``lr`` set, ``derived`` section added). Resolving it
+      again gives an equal config (see ``unresolved``).
 
     Raises:
       ValueError: naming every invalid field.
     """
-    c = ConfigDict(config.to_dict())
+    c = unresolved(config)
+    inputs = {key: _get_key(c, key) for key in DERIVED_KEYS}
     errors: list[str] = []
 
     def check(ok: bool, message: str) -> None:
@@ -149,9 +284,10 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     check(c.lr_ref > 0, f"lr_ref={c.lr_ref}: must be > 0")
     check(c.batch_ref >= 1, f"batch_ref={c.batch_ref}: must be >= 1")
     check(
-        c.lr == -1 or (c.lr > 0 and math.isfinite(c.lr)),
+        c.lr == DERIVE or (c.lr > 0 and math.isfinite(c.lr)),
         f"lr={c.lr}: must be > 0 (or -1 to derive it from lr_rule)",
     )
+    _check_run_fields(c, check)
     check(c.budget_responses >= 1, f"budget_responses={c.budget_responses}: must be >= 1")
     check(
         c.eval_every_responses >= 1,
@@ -160,7 +296,6 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     check(c.eval_k >= 1, f"eval_k={c.eval_k}: must be >= 1")
     check(c.eval_prompts >= 1, f"eval_prompts={c.eval_prompts}: must be >= 1")
     check(0 < c.target <= 1, f"target={c.target}: must be an accuracy in (0, 1]")
-    check(c.sampling.temperature > 0, f"sampling.temperature={c.sampling.temperature}: must be > 0")
     check(c.init.source in INIT_SOURCES, f"init.source={c.init.source!r}: expected {INIT_SOURCES}")
     check(
         c.init.source in ("pretrain", "scratch") or bool(c.init.path),
@@ -255,11 +390,12 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
             b2=c.b2,
             eps=c.eps,
         )
-        if c.ppo.critic_lr < 0:
+        if c.ppo.critic_lr == DERIVE:
             c.ppo.critic_lr = critic_hp.lr
-    if c.lr == -1:
+    if c.lr == DERIVE:
         c.lr, c.b1, c.b2, c.eps = hp.lr, hp.b1, hp.b2, hp.eps
     c.derived = ConfigDict()
+    c.derived.replaced = _replaced(inputs, c)
     c.derived.lr_arithmetic = hp.describe()
     if c.algo == "ppo":
         c.derived.critic = critic_hp.to_dict()

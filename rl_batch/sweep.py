@@ -6,7 +6,9 @@ point is a full run config (the sweep's base config with ``prompts``, ``group_si
 anything starts, so a bad grid fails at once with one message.
 
 All points share the base config's ``budget_responses`` and ``eval_every_responses``,
-so their curves are on the same runway of cumulative responses.
+so their curves are on the same runway of cumulative responses. Each point's ``lr``
+comes from its rule and ``lr_ref``: a base config with a fixed ``lr`` is rejected (the
+``fixed`` rule trains every point at ``lr_ref``).
 
 State lives in ``<sweep>/sweep.json`` (rewritten atomically after each change): a
 re-run skips finished points and resumes interrupted ones from their checkpoints; a
@@ -122,6 +124,22 @@ def point_config(base: ConfigDict, point: Point, sweep_dir: str) -> ConfigDict:
     return c
 
 
+def check_base_lr(base: ConfigDict) -> None:
+    """Rejects a fixed ``lr`` in a sweep's base config, which the points would ignore.
+
+    Raises:
+      ValueError: naming ``lr`` and its value, and how to train every point at one LR.
+    """
+    if base.lr != config_lib.DERIVE:
+        raise ValueError(
+            f"lr={base.lr}: a sweep sets lr at each point from its rule in "
+            f"sweep.lr_rules={base.sweep.lr_rules!r} and lr_ref, so a fixed base lr would "
+            "be ignored; leave lr=-1, or train every point at one learning rate with "
+            f"--config.sweep.lr_rules=fixed --config.lr_ref={base.lr} "
+            "(the fixed rule keeps lr = lr_ref at every batch size)"
+        )
+
+
 def plan(base: ConfigDict, sweep_dir: str) -> tuple[list[Point], dict[str, ConfigDict]]:
     """Expands and validates the whole grid; nothing is started.
 
@@ -129,8 +147,10 @@ def plan(base: ConfigDict, sweep_dir: str) -> tuple[list[Point], dict[str, Confi
       (points, resolved run config per point name).
 
     Raises:
-      ValueError: listing every invalid point and why.
+      ValueError: for a fixed base ``lr`` (see ``check_base_lr``), or listing every
+        invalid point and why.
     """
+    check_base_lr(base)
     points = expand_grid(base.sweep)
     resolved, errors = {}, []
     for point in points:

@@ -1,11 +1,15 @@
 """Run-config validation: one clear error per bad field, derived values computed once."""
 
+import json
 import math
+import re
 
 import pytest
+from ml_collections import ConfigDict
 
 from experiments.configs import base, grpo_cpu
 from rl_batch import config as config_lib
+from rl_batch import lr_rules
 from tests.run_fixtures import set_fields
 
 
@@ -33,6 +37,54 @@ def test_explicit_lr_overrides_the_rule():
     assert c.lr == 3e-4
 
 
+# A batch of 256 responses, twice the base config's batch_ref of 128 (k = 2).
+BATCH_256 = {
+    "grpo": {"prompts": 32, "group_size": 8},
+    "ppo": {"algo": "ppo", "prompts": 256, "group_size": 1, "filter_groups": False},
+}
+
+
+def _resolve_again(c):
+    """What a sweep point meets: its resolved config, through JSON, resolved again."""
+    return config_lib.resolve(ConfigDict(json.loads(json.dumps(c.to_dict()))), 1)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_malladi_rule_scales_adam_once_however_often_resolved(algo):
+    once = config_lib.resolve(_config(lr_rule="malladi", **BATCH_256[algo]), 1)
+    twice = _resolve_again(once)
+    # k = 2: lr = 5e-5 * sqrt(2), 1 - b -> 2 (1 - b), eps -> 1e-8 / sqrt(2).
+    for c in (once, twice, _resolve_again(twice)):
+        assert c.lr == pytest.approx(5e-5 * math.sqrt(2))
+        assert (c.b1, c.b2, c.eps) == pytest.approx((0.8, 0.998, 1e-8 / math.sqrt(2)))
+        assert "b1 = 1 - k * (1 - 0.9) = 1 - 2 * 0.1 = 0.8" in c.derived.lr_arithmetic
+        assert "b2 = 1 - k * (1 - 0.999) = 1 - 2 * 0.001 = 0.998" in c.derived.lr_arithmetic
+        if algo == "ppo":  # the critic's rule starts from the reference betas too
+            critic = c.derived.critic
+            assert c.ppo.critic_lr == pytest.approx(1e-3 * math.sqrt(2))
+            assert (critic.ref_b1, critic.ref_b2, critic.ref_eps) == (0.9, 0.999, 1e-8)
+            assert (critic.b1, critic.b2) == pytest.approx((0.8, 0.998))
+            assert critic.eps == pytest.approx(1e-8 / math.sqrt(2))
+
+
+@pytest.mark.parametrize("rule", lr_rules.RULES)
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+@pytest.mark.parametrize("fixed", [{}, {"lr": 3e-4, "ppo.critic_lr": 2e-3}])
+def test_resolve_is_idempotent(rule, algo, fixed):
+    once = config_lib.resolve(_config(lr_rule=rule, **BATCH_256[algo], **fixed), 1)
+    assert _resolve_again(once).to_dict() == once.to_dict()
+    assert config_lib.resolve(once, 1).to_dict() == once.to_dict()
+
+
+def test_a_field_changed_after_resolve_is_the_new_input():
+    once = config_lib.resolve(_config(lr_rule="malladi", prompts=32, group_size=8), 1)
+    once.b1, once.prompts = 0.95, 64  # B = 512: k = 4
+    again = config_lib.resolve(once, 1)
+    assert again.lr == pytest.approx(5e-5 * 2)  # re-derived, not kept from k = 2
+    assert again.b1 == pytest.approx(1 - 4 * 0.05)  # the new reference b1
+    assert again.b2 == pytest.approx(1 - 4 * 0.001)  # the original reference b2
+
+
 def test_response_length_comes_from_the_task():
     c = config_lib.resolve(_config(), 1)
     # 3-digit addition: "abc+def=" (8 chars) + BOS. Scratchpad response: three column
@@ -58,6 +110,66 @@ def test_response_length_comes_from_the_task():
 def test_bad_values_are_named(changes, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         config_lib.resolve(_config(**changes), 1)
+
+
+PPO = {"algo": "ppo", "group_size": 1, "filter_groups": False}
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"grpo.loss_agg": "sum"}, "grpo.loss_agg='sum'"),
+        ({"grpo.advantage": "ppo"}, "grpo.advantage='ppo'"),
+        ({"grpo.clip_low": 1.0}, "grpo.clip_low=1.0"),
+        ({"grpo.clip_low": -0.1}, "grpo.clip_low=-0.1"),
+        ({"grpo.num_epochs": 0}, "grpo.num_epochs=0"),
+        ({"checkpoint_every": 0}, "checkpoint_every=0: must be an int >= 1"),
+        ({"confirm_evals": 0}, "confirm_evals=0: must be an int >= 1"),
+        ({"max_consecutive_skips": 0}, "max_consecutive_skips=0: must be an int >= 1"),
+        ({"max_empty_rollouts": -1}, "max_empty_rollouts=-1: must be an int >= 1"),
+        (
+            {"async_rollout.enabled": True, "async_rollout.max_staleness": 0},
+            "async_rollout.max_staleness=0: must be an int >= 1",
+        ),
+        ({"gen_batch": -1}, "gen_batch=-1: must be an int >= 0"),
+        ({"max_new_tokens": -5}, "max_new_tokens=-5: must be an int >= 0"),
+        ({"sampling.top_p": 0.0}, "sampling.top_p=0.0"),
+        ({"sampling.top_p": 1.5}, "sampling.top_p=1.5"),
+        ({"sampling.top_k": -1}, "sampling.top_k=-1"),
+        ({"sampling.temperature": 0.0}, "sampling.temperature=0.0"),
+        ({"b1": 1.0}, "b1=1.0: must be in [0, 1)"),
+        ({"eps": -1e-8}, "eps=-1e-08: must be >= 0"),
+        ({**PPO, "ppo.critic_lr": -0.5}, "ppo.critic_lr=-0.5: must be > 0 (or -1 to derive"),
+        ({**PPO, "ppo.critic_lr": 0.0}, "ppo.critic_lr=0.0: must be > 0 (or -1 to derive"),
+    ],
+)
+def test_bad_fields_are_rejected_by_key_and_value(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
+        config_lib.resolve(_config(**changes), 1)
+    assert str(e.value).startswith("invalid config: ")
+
+
+def test_every_bad_field_is_named_at_once():
+    bad = {"checkpoint_every": 0, "sampling.top_k": -2, "grpo.loss_agg": "sum"}
+    with pytest.raises(ValueError) as e:
+        config_lib.resolve(_config(**bad), 1)
+    for key, value in bad.items():
+        assert f"{key}={value!r}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"gen_batch": 0},  # the whole batch at once
+        {"max_new_tokens": 0},  # the task's response length
+        {"sampling.top_k": 0, "sampling.top_p": 1.0},  # filters off
+        {"async_rollout.enabled": False, "async_rollout.max_staleness": 0},  # unused
+        {"max_grad_norm": 0.0},  # clipping off
+        {**PPO, "ppo.critic_lr": -1.0},  # derived
+    ],
+)
+def test_documented_sentinels_are_accepted(changes):
+    config_lib.resolve(_config(**changes), 1)
 
 
 def test_batch_must_divide_over_the_data_axis():

@@ -9,6 +9,7 @@ from ml_collections import ConfigDict
 
 from experiments.configs import base
 from rl_batch import artifacts, sweep
+from rl_batch import config as config_lib
 from tests.run_fixtures import tiny_run_config
 
 
@@ -40,6 +41,33 @@ def test_each_point_gets_its_lr_from_the_rule(tmp_path):
     assert resolved["p16_g4_sqrt_s0"].lr == pytest.approx(2e-3)
     assert resolved["p16_g4_fixed_s0"].lr == pytest.approx(1e-3)
     assert resolved["p4_g4_sqrt_s0"].lr == pytest.approx(1e-3)
+
+
+def test_a_fixed_base_lr_is_rejected_and_the_fixed_rule_is_the_fix(tmp_path):
+    c = _sweep_config(prompts="4,16", group_sizes="4")
+    c.lr = 3e-4
+    started = []
+    with pytest.raises(ValueError) as e:
+        sweep.run_sweep(c, str(tmp_path), run_fn=started.append, log=lambda s: None)
+    message = str(e.value)
+    assert message.startswith("lr=0.0003: a sweep sets lr at each point from its rule")
+    assert "--config.sweep.lr_rules=fixed --config.lr_ref=0.0003" in message
+    assert not started and not os.path.exists(tmp_path / artifacts.SWEEP_FILE)
+    # The suggested fix trains every point at that learning rate.
+    c.lr, c.sweep.lr_rules, c.lr_ref = -1.0, "fixed", 3e-4
+    _, resolved = sweep.plan(c, str(tmp_path))
+    assert [r.lr for r in resolved.values()] == pytest.approx([3e-4, 3e-4])
+
+
+def test_a_planned_point_resolves_to_itself_in_the_run(tmp_path):
+    # run.run resolves the config plan() resolved: PPO's malladi critic must not rescale.
+    c = _sweep_config(prompts="8,32", group_sizes="1", lr_rules="malladi")
+    c.algo = "ppo"
+    _, resolved = sweep.plan(c, str(tmp_path))
+    for name, point in resolved.items():
+        assert config_lib.resolve(point).to_dict() == point.to_dict(), name
+    critic = resolved["p32_g1_malladi_s0"].derived.critic  # k = 32 / 16 = 2
+    assert (critic.b1, critic.b2) == pytest.approx((0.8, 0.998))
 
 
 def test_invalid_grid_fails_before_anything_starts(tmp_path):
