@@ -584,15 +584,23 @@ def accumulate_gradients(
     Args:
       loss_fn: ``(params, batch) -> (loss, (sums, maxes, own_scale))``.
       params: differentiated parameters.
-      batch: the batch (leaves [B, ...]).
+      batch: the batch (leaves [B, ...], with a [B, R] ``response_mask``).
       micro_batches: M; B must be divisible by M.
       mesh: optional, to keep micro-batches sharded.
 
     Returns:
       (grads, loss, metrics). With M > 1 the metrics include the gradient-noise-scale
-      statistics ``grad_sq_micro`` (mean over micro-batches of the squared norm of each
-      micro-batch's own gradient), ``grad_sq_full`` and ``gns_batch_micro`` /
-      ``gns_batch_full`` (sequences).
+      statistics (see ``rl_batch.analysis.noise_scale``), counted in real sequences:
+      rows whose ``response_mask`` is all False (padding of filtered groups) are not
+      examples, and micro-batches holding none are left out:
+
+      - ``grad_sq_micro``: mean over the non-empty micro-batches of the squared norm of
+        each one's own gradient ``|g_m|^2``;
+      - ``grad_sq_full``: the full batch's ``|g_B|^2``;
+      - ``gns_batch_micro``: the harmonic mean of the non-empty micro-batches' sequence
+        counts ``b_m`` (B / M without padding), the size b for which
+        ``E[grad_sq_micro] = |G|^2 + tr(Sigma) / b``; 0 when every row is padding;
+      - ``gns_batch_full``: real sequences in the batch.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if micro_batches == 1:
@@ -600,16 +608,18 @@ def accumulate_gradients(
         return grads, loss, {**sums, **maxes}
 
     stacked = split_batch(batch, micro_batches, mesh)
-    b = jax.tree.leaves(batch)[0].shape[0]
+    # Real sequences per micro-batch [M]: rows with at least one response token.
+    seqs_m = jnp.sum(jnp.any(stacked.response_mask.astype(bool), axis=2), axis=1)
+    seqs_m = seqs_m.astype(jnp.float32)
 
     def body(carry, micro):
-        grads_acc, sums_acc, maxes_acc, own_sq_acc = carry
+        grads_acc, sums_acc, maxes_acc = carry
         (_, (sums, maxes, own_scale)), grads = grad_fn(params, micro)
         grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
         sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
         maxes_acc = jax.tree.map(jnp.maximum, maxes_acc, maxes)
-        own_sq_acc = own_sq_acc + jnp.square(own_scale) * _tree_sq_norm(grads)
-        return (grads_acc, sums_acc, maxes_acc, own_sq_acc), None
+        own_sq = jnp.square(own_scale) * _tree_sq_norm(grads)
+        return (grads_acc, sums_acc, maxes_acc), own_sq
 
     first = jax.tree.map(lambda x: x[0], stacked)
     _, (sums0, maxes0, _) = jax.eval_shape(loss_fn, params, first)
@@ -617,16 +627,22 @@ def accumulate_gradients(
         jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params),
         jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0),
         jax.tree.map(lambda s: jnp.full(s.shape, -jnp.inf, s.dtype), maxes0),
-        jnp.zeros((), jnp.float32),
     )
-    (grads, sums, maxes, own_sq), _ = jax.lax.scan(body, init, stacked)
+    (grads, sums, maxes), own_sq_m = jax.lax.scan(body, init, stacked)
+    # E|g_m|^2 = |G|^2 + tr(Sigma) / b_m, so the mean over non-empty micro-batches goes
+    # with b = 1 / mean(1 / b_m), the harmonic mean (an empty one has no gradient).
+    nonempty_m = seqs_m > 0
+    n_nonempty = jnp.sum(nonempty_m.astype(jnp.float32))
+    inv_seqs = jnp.sum(jnp.where(nonempty_m, 1.0 / jnp.maximum(seqs_m, 1.0), 0.0))
+    grad_sq_micro = jnp.sum(jnp.where(nonempty_m, own_sq_m, 0.0)) / jnp.maximum(n_nonempty, 1.0)
+    seqs_micro = jnp.where(n_nonempty > 0, n_nonempty / jnp.maximum(inv_seqs, 1e-30), 0.0)
     metrics = {
         **sums,
         **maxes,
-        "grad_sq_micro": own_sq / micro_batches,
+        "grad_sq_micro": grad_sq_micro,
         "grad_sq_full": _tree_sq_norm(grads),
-        "gns_batch_micro": jnp.asarray(b // micro_batches, jnp.float32),
-        "gns_batch_full": jnp.asarray(b, jnp.float32),
+        "gns_batch_micro": seqs_micro,
+        "gns_batch_full": jnp.sum(seqs_m),
     }
     # Accumulated in float32; hand back gradients in the parameters' dtype.
     grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)

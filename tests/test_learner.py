@@ -305,23 +305,32 @@ def test_padding_rows_are_not_counted(params, mesh):
     np.testing.assert_allclose(m["response_len_mean"], 23 / 6, rtol=1e-6)
 
 
+@jax.jit
+def _own_grad(p, micro):
+    """Gradient of a micro-batch's own token-mean GRPO loss (its own token count)."""
+
+    def loss(p):
+        n = jnp.sum(micro.response_mask.astype(jnp.float32))
+        config = learner.GRPOConfig()
+        return learner.grpo_loss(CFG, config, p, micro, num_tokens=n, num_seqs=2, max_len=R)[0]
+
+    return jax.grad(loss)(p)
+
+
+def own_micro_grads(params, batch, micro_batches=4):
+    """Each strided micro-batch's own gradient g_m, in micro-batch order."""
+    micros = learner.split_batch(batch, micro_batches)
+    return [
+        _own_grad(params, jax.tree.map(lambda x, m=m: x[m], micros)) for m in range(micro_batches)
+    ]
+
+
 def test_gradient_noise_statistics(params, mesh):
     # grad_sq_micro must be the mean over the 4 strided micro-batches (rows m, m + 4) of
     # the squared norm of each micro-batch's own token-mean gradient g_m.
     batch = make_batch()
     _, acc = update_fn_for(mesh, SGD, micro_batches=4)(fresh_state(params, SGD, mesh), batch, KEY)
-    config = learner.GRPOConfig()
-
-    @jax.jit
-    def own_grad(p, micro):
-        def loss(p):
-            n = jnp.sum(micro.response_mask.astype(jnp.float32))
-            return learner.grpo_loss(CFG, config, p, micro, num_tokens=n, num_seqs=2, max_len=R)[0]
-
-        return jax.grad(loss)(p)
-
-    micros = learner.split_batch(batch, 4)
-    own = [own_grad(params, jax.tree.map(lambda x, m=m: x[m], micros)) for m in range(4)]
+    own = own_micro_grads(params, batch)
     own_sq = [float(optax.tree.norm(g, squared=True)) for g in own]
     np.testing.assert_allclose(acc["grad_sq_micro"], np.mean(own_sq), rtol=1e-5)
     # The full token-mean gradient weighs g_m by its token share n_m / 33
@@ -333,6 +342,35 @@ def test_gradient_noise_statistics(params, mesh):
     # ... while the naive mean of per-micro-batch means is a different gradient.
     naive = jax.tree.map(lambda *g: sum(g) / 4, *own)
     assert abs(float(optax.tree.norm(naive, squared=True)) - full_sq) > 1e-3 * full_sq
+
+
+def test_gradient_noise_batch_sizes_count_real_sequences(params, mesh):
+    """Padding rows (filtered groups) are not examples of the noise model."""
+    f = update_fn_for(mesh, SGD, micro_batches=4)
+    # Rows 6 and 7 are padding. The strided micro-batches (rows m, m + 4) hold 2, 2, 1
+    # and 1 real sequences: b = harmonic mean = 4 / (1/2 + 1/2 + 1 + 1) = 4/3 and B = 6
+    # (the raw row counts would say 8 / 4 = 2 and 8).
+    keep = np.array([1.0] * 6 + [0.0] * 2)
+    batch = make_batch(ADV * keep)
+    batch = batch.replace(response_mask=batch.response_mask & (keep[:, None] > 0))
+    _, m = f(fresh_state(params, SGD, mesh), batch, KEY)
+    np.testing.assert_allclose(m["gns_batch_micro"], 4 / 3, rtol=1e-6)
+    assert float(m["gns_batch_full"]) == 6.0 == float(m["sequences"])
+    own_sq = [float(optax.tree.norm(g, squared=True)) for g in own_micro_grads(params, batch)]
+    np.testing.assert_allclose(m["grad_sq_micro"], np.mean(own_sq), rtol=1e-5)
+
+    # Rows 3 and 7 too: micro-batch 3 (rows 3, 7) is empty and left out, so b is the
+    # harmonic mean of 2, 2, 1 = 3 / (1/2 + 1/2 + 1) = 1.5, B = 5 and grad_sq_micro the
+    # mean of |g_m|^2 over micro-batches 0, 1, 2 only.
+    keep = np.array([1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    batch = make_batch(ADV * keep)
+    batch = batch.replace(response_mask=batch.response_mask & (keep[:, None] > 0))
+    _, m = f(fresh_state(params, SGD, mesh), batch, KEY)
+    np.testing.assert_allclose(m["gns_batch_micro"], 1.5, rtol=1e-6)
+    assert float(m["gns_batch_full"]) == 5.0
+    own_sq = [float(optax.tree.norm(g, squared=True)) for g in own_micro_grads(params, batch)]
+    assert own_sq[3] == 0.0 and min(own_sq[:3]) > 0.0
+    np.testing.assert_allclose(m["grad_sq_micro"], np.mean(own_sq[:3]), rtol=1e-5)
 
 
 # ------------------------------------------------------------- minibatches / epochs
