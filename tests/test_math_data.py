@@ -2,6 +2,7 @@
 math_verify reward (including outside the main thread)."""
 
 import json
+import logging
 import threading
 
 import pyarrow as pa
@@ -21,11 +22,14 @@ def write_jsonl(path, records):
     return path
 
 
-def tiny_chat_tokenizer(directory):
-    vocab = {"[UNK]": 0, "<|endoftext|>": 1, "<|im_start|>": 2, "<|im_end|>": 3}
+def tiny_chat_tokenizer(directory, bos=False):
+    """One token per word or special token (ChatML template); with ``bos``, a ``<s>``
+    BOS token that `encode_prompt` prepends."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + (["<s>"] if bos else [])
+    vocab = {"[UNK]": 0, **{t: i for i, t in enumerate(specials, start=1)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok.add_special_tokens(specials)
     directory.mkdir()
     tok.save(str(directory / "tokenizer.json"))
     return HFTokenizer(directory)
@@ -231,3 +235,81 @@ def test_malformed_parquet_row_is_named(tmp_path):
 def test_unknown_format(tmp_path):
     with pytest.raises(ValueError, match="unknown math data format 'svamp'"):
         load_math_file(tmp_path / "x.jsonl", "svamp")
+
+
+# ---------------------------------------------------------------------------------------
+# Prompt budget
+
+
+def write_questions(path, questions):
+    """A GSM8K file with one question per line (answers all 1)."""
+    return write_jsonl(path, [{"question": q, "answer": "#### 1"} for q in questions])
+
+
+# With instruction="" a k-word question renders to
+# "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n": the tiny tokenizer
+# makes that <|im_start|> user w1 .. wk <|im_end|> <|im_start|> assistant = k + 5 tokens.
+QUESTIONS = ["a", "a b c d", "a b", "a b c d e"]  # lines 1-4: 6, 9, 7, 10 tokens
+
+
+def test_prompt_over_budget_names_file_line_tokens_and_limit(tmp_path):
+    path = write_questions(tmp_path / "g.jsonl", QUESTIONS)
+    tok = tiny_chat_tokenizer(tmp_path / "tok")
+    with pytest.raises(ValueError) as info:
+        load_math_file(path, "gsm8k", tokenizer=tok, instruction="", max_prompt_tokens=7)
+    assert str(info.value).startswith(
+        f"{path}:2: prompt has 9 tokens, over the limit of 7 (BOS included); 2 prompt(s) of "
+        "this file are over it (lines 2, 4)."
+    )
+    # At the limit is within it: 10 tokens admit every prompt.
+    examples = load_math_file(path, "gsm8k", tokenizer=tok, instruction="", max_prompt_tokens=10)
+    assert [e.meta["line"] for e in examples] == [1, 2, 3, 4]
+    assert examples == load_math_file(path, "gsm8k", tokenizer=tok, instruction="")
+
+
+def test_prompt_budget_counts_bos(tmp_path):
+    path = write_questions(tmp_path / "g.jsonl", QUESTIONS)
+    tok = tiny_chat_tokenizer(tmp_path / "tok", bos=True)  # 7, 10, 8, 11 tokens
+    with pytest.raises(ValueError, match=r"g\.jsonl:2: prompt has 10 tokens, over the limit of 8"):
+        load_math_file(path, "gsm8k", tokenizer=tok, instruction="", max_prompt_tokens=8)
+    examples = load_math_file(path, "gsm8k", tokenizer=tok, instruction="", max_prompt_tokens=11)
+    assert len(examples) == 4
+
+
+def test_drop_long_prompts_keeps_the_rest_and_logs_the_count(tmp_path, caplog):
+    path = write_questions(tmp_path / "g.jsonl", QUESTIONS)
+    tok = tiny_chat_tokenizer(tmp_path / "tok")
+    load = dict(tokenizer=tok, instruction="", max_prompt_tokens=7, drop_long_prompts=True)
+    with caplog.at_level(logging.WARNING, logger="rl_batch.tasks.math_data"):
+        examples = load_math_file(path, "gsm8k", **load)
+    assert [e.meta["line"] for e in examples] == [1, 3]
+    assert [e.prompt for e in examples] == [
+        "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\n",
+    ]
+    assert f"{path}: dropped 2 of 4 prompts over 7 tokens (lines 2, 4)" in caplog.text
+    # limit counts the examples kept.
+    assert [e.meta["line"] for e in load_math_file(path, "gsm8k", limit=2, **load)] == [1, 3]
+    # Nothing over the budget: nothing dropped, nothing logged.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rl_batch.tasks.math_data"):
+        assert len(load_math_file(path, "gsm8k", **{**load, "max_prompt_tokens": 10})) == 4
+    assert caplog.text == ""
+
+
+def test_prompt_budget_lists_at_most_five_lines(tmp_path):
+    path = write_questions(tmp_path / "g.jsonl", ["a b c"] * 7)  # 8 tokens each
+    tok = tiny_chat_tokenizer(tmp_path / "tok")
+    with pytest.raises(
+        ValueError, match=r"7 prompt\(s\) of this file are over it \(lines 1, 2, 3, 4, 5, \.\.\.\)"
+    ):
+        load_math_file(path, "gsm8k", tokenizer=tok, instruction="", max_prompt_tokens=7)
+
+
+def test_prompt_budget_needs_a_tokenizer_and_a_positive_limit(tmp_path):
+    path = write_questions(tmp_path / "g.jsonl", QUESTIONS)
+    with pytest.raises(ValueError, match="max_prompt_tokens=7 needs the tokenizer"):
+        load_math_file(path, "gsm8k", max_prompt_tokens=7)
+    tok = tiny_chat_tokenizer(tmp_path / "tok")
+    with pytest.raises(ValueError, match="max_prompt_tokens=0: must be >= 1"):
+        load_math_file(path, "gsm8k", tokenizer=tok, max_prompt_tokens=0)

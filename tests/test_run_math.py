@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from rl_batch import artifacts
+from rl_batch import config as config_lib
 from rl_batch import run as run_lib
-from rl_batch.tokenizers import HFTokenizer
+from rl_batch.tasks.math_data import load_math_file
+from rl_batch.tokenizers import HFTokenizer, encode_prompt
 from tests.hf_fixtures import make_tiny_hf_dir
 from tests.run_fixtures import tiny_run_config
 
@@ -52,3 +54,67 @@ def test_missing_math_file_is_named(hf_dir, tmp_path):
     c.init.source, c.init.path = "hf", str(hf_dir)
     with pytest.raises(ValueError, match=r"task.train_file='.*nope.jsonl': no such file"):
         run_lib.run(c, progress=False)
+
+
+def _math_config(hf_dir, tmp_path, train_file, **task_kwargs):
+    c = tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run"))
+    c.task.name, c.task.kwargs = "math", task_kwargs
+    c.task.train_file = c.task.validation_file = train_file
+    c.init.source, c.init.path = "hf", str(hf_dir)
+    c.model.overrides = {}
+    c.prompts, c.group_size = 4, 2
+    return c
+
+
+def test_prompt_budget_is_the_samplers(hf_dir, tmp_path):
+    """With a run's ``derived.max_prompt_len`` the loader keeps exactly the prompts the
+    run's sampler accepts (the same encoding, BOS and chat template included)."""
+    questions = ["What is 1+1?", "What is 12+1? Think.", "What is 1+1? " * 8]
+    path = tmp_path / "train.jsonl"
+    path.write_text(
+        "".join(json.dumps({"question": q, "answer": "#### 2"}) + "\n" for q in questions)
+    )
+    tokenizer = HFTokenizer(hf_dir)
+    examples = load_math_file(path, "auto", tokenizer=tokenizer)
+    lengths = [len(encode_prompt(tokenizer, e.prompt)) for e in examples]
+    assert lengths[0] < lengths[1] < lengths[2]
+    # A task budget that the second prompt meets exactly and the third exceeds.
+    c = config_lib.resolve(
+        _math_config(
+            hf_dir, tmp_path, str(path), max_prompt_len=lengths[1] - 1, max_response_len=12
+        )
+    )
+    assert c.derived.max_prompt_len == lengths[1]
+    sampler = config_lib.make_sampler(c, tokenizer, config_lib.make_model_config(c))
+    kept = load_math_file(
+        path,
+        c.task.format,
+        tokenizer=tokenizer,
+        max_prompt_tokens=c.derived.max_prompt_len,
+        drop_long_prompts=True,
+    )
+    assert [e.meta["line"] for e in kept] == [1, 2]
+    for example in kept:
+        sampler._validate([encode_prompt(tokenizer, example.prompt)], 1)
+    with pytest.raises(ValueError, match=f"prompt 0 has {lengths[2]} tokens"):
+        sampler._validate([encode_prompt(tokenizer, examples[2].prompt)], 1)
+    with pytest.raises(ValueError, match=f"train.jsonl:3: prompt has {lengths[2]} tokens"):
+        load_math_file(path, tokenizer=tokenizer, max_prompt_tokens=c.derived.max_prompt_len)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs run.load_task_data to pass max_prompt_tokens=c.derived.max_prompt_len to "
+    "load_math_file; remove this marker with that change",
+)
+def test_over_long_math_prompt_fails_at_load_time(hf_dir, tmp_path):
+    train = _write_gsm8k(tmp_path / "train.jsonl", 16)
+    with open(train, "a") as f:  # line 17
+        f.write(json.dumps({"question": "step " * 200, "answer": "#### 1"}) + "\n")
+    c = config_lib.resolve(
+        _math_config(hf_dir, tmp_path, train, max_prompt_len=96, max_response_len=12)
+    )
+    with pytest.raises(
+        ValueError, match=r"train\.jsonl:17: prompt has \d+ tokens, over the limit of 97"
+    ):
+        run_lib.load_task_data(c, HFTokenizer(hf_dir))

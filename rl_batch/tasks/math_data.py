@@ -14,12 +14,18 @@ Supported layouts (JSONL, or Parquet when the file name ends in ``.parquet``):
 `Example` objects whose ``answer`` is the ground truth and whose ``meta["messages"]`` is the
 chat conversation; ``prompt`` is that conversation rendered through the tokenizer's chat
 template when a tokenizer is given, else the user message text.
+
+With ``max_prompt_tokens`` the loader also enforces the prompt budget at load time: each
+prompt is encoded exactly as a rollout will encode it (`rl_batch.tokenizers.encode_prompt`,
+BOS included) and a prompt over the budget is an error naming its file and line, or, with
+``drop_long_prompts=True``, is dropped and counted in a logged warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -28,10 +34,14 @@ import numpy as np
 
 from rl_batch.tasks.base import Example, Score, to_example
 from rl_batch.tasks.rewards import extract_boxed, math_score
-from rl_batch.tokenizers import HFTokenizer
+from rl_batch.tokenizers import HFTokenizer, encode_prompt
+
+log = logging.getLogger(__name__)
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 FORMATS = ("dapo", "gsm8k", "math", "aime")
+# Line numbers of over-long prompts quoted in an error or warning.
+_LINES_SHOWN = 5
 
 
 class _RecordError(ValueError):
@@ -163,6 +173,8 @@ def load_math_file(
     instruction: str = DEFAULT_INSTRUCTION,
     system: str | None = None,
     limit: int | None = None,
+    max_prompt_tokens: int | None = None,
+    drop_long_prompts: bool = False,
 ) -> list[Example]:
     """Loads math problems from a local JSONL or Parquet file.
 
@@ -172,7 +184,13 @@ def load_math_file(
         tokenizer: renders prompts through its chat template when given.
         instruction: appended to each question (not to DAPO prompts, which carry their own).
         system: optional system message.
-        limit: keep only the first ``limit`` records.
+        limit: keep only the first ``limit`` examples (after any dropped prompts).
+        max_prompt_tokens: when given, the most tokens a prompt may have as a rollout
+            encodes it (`encode_prompt`: BOS included when the tokenizer has one), i.e.
+            the sampler's limit, ``config.derived.max_prompt_len`` of a run. Needs
+            ``tokenizer``.
+        drop_long_prompts: drop prompts over ``max_prompt_tokens`` (their count and
+            first lines are logged as a warning) instead of raising.
 
     Returns:
         Examples with ``answer`` = ground truth and ``meta`` = {"messages", "format",
@@ -180,12 +198,24 @@ def load_math_file(
 
     Raises:
         ValueError: bad JSON or a missing/malformed field, naming the file and the 1-based
-            line (row, for Parquet); an unknown ``fmt``.
+            line (row, for Parquet); a prompt over ``max_prompt_tokens`` (unless
+            ``drop_long_prompts``), naming the file, the line of the first one, its token
+            count, the limit and how many prompts of the file are over it; an unknown
+            ``fmt``; ``max_prompt_tokens`` without a tokenizer or below 1.
     """
     path = os.fspath(path)
     if fmt != "auto" and fmt not in _PARSERS:
         raise ValueError(f"unknown math data format {fmt!r}; known: {', '.join(FORMATS)}, auto")
+    if max_prompt_tokens is not None:
+        if tokenizer is None:
+            raise ValueError(
+                f"max_prompt_tokens={max_prompt_tokens} needs the tokenizer that encodes the "
+                "prompts; got tokenizer=None"
+            )
+        if max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens={max_prompt_tokens}: must be >= 1")
     examples = []
+    too_long: list[tuple[int, int]] = []  # (line, tokens) of prompts over the budget
     for line, record in _iter_records(path):
         if limit is not None and len(examples) >= limit:
             break
@@ -196,8 +226,34 @@ def load_math_file(
             messages, answer = _PARSERS[record_fmt](record, instruction, system)
         except _RecordError as e:
             raise ValueError(f"{path}:{line}: {e}") from None
+        prompt = format_prompt(messages, tokenizer)
+        if max_prompt_tokens is not None:
+            n_tokens = len(encode_prompt(tokenizer, prompt))
+            if n_tokens > max_prompt_tokens:
+                too_long.append((line, n_tokens))
+                continue
         meta = {"messages": messages, "format": record_fmt, "line": line}
-        examples.append(Example(format_prompt(messages, tokenizer), answer, meta))
+        examples.append(Example(prompt, answer, meta))
+    if too_long:
+        lines = ", ".join(str(line) for line, _ in too_long[:_LINES_SHOWN])
+        more = ", ..." if len(too_long) > _LINES_SHOWN else ""
+        if not drop_long_prompts:
+            first_line, first_tokens = too_long[0]
+            raise ValueError(
+                f"{path}:{first_line}: prompt has {first_tokens} tokens, over the limit of "
+                f"{max_prompt_tokens} (BOS included); {len(too_long)} prompt(s) of this file "
+                f"are over it (lines {lines}{more}). Raise the task's max_prompt_len or drop "
+                "them (drop_long_prompts)"
+            )
+        log.warning(
+            "%s: dropped %d of %d prompts over %d tokens (lines %s%s)",
+            path,
+            len(too_long),
+            len(too_long) + len(examples),
+            max_prompt_tokens,
+            lines,
+            more,
+        )
     return examples
 
 
@@ -208,7 +264,9 @@ class MathTask:
     Examples come from files (`load_math_file`), not from a generator.
 
     Attributes:
-        max_prompt_len: prompt budget in tokens of the model's tokenizer.
+        max_prompt_len: prompt budget in tokens of the model's tokenizer, BOS excluded
+            (a run's sampler, and the load-time check of `load_math_file` given
+            ``config.derived.max_prompt_len``, allow one more token for BOS).
         max_response_len: response budget in tokens.
         timeout_s: math_verify timeout per call (main thread only).
     """
