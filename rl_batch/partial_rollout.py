@@ -8,6 +8,10 @@ responses enters a training batch when all of its responses have ended; the batc
 P groups (carried ones first, new prompts to fill), so its shapes never change and only
 the completed groups are trained on (the others are masked like filtered groups).
 
+Throughput counts what each iteration does (``Advanced``): a token is generated once,
+in the iteration that decoded it, and the re-prefill of carried tokens is prefill work;
+the batch's samples (which hold every carried token) are no measure of generation.
+
 The per-token log-probs come from whichever policy generated each token, so the update's
 importance ratio departs from 1 for carried tokens (the decoupled objective); the
 ``staleness`` of a group is the number of updates between its first token and training.
@@ -23,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from rl_batch import flops
 from rl_batch.rollout import Rollout, decode_responses
 from rl_batch.sampler import SampleOutput, Sampler, SamplingConfig
 from rl_batch.tasks.rewards import score_responses
@@ -56,6 +61,23 @@ def new_group(tokenizer, example: dict[str, Any], group_size: int, step: int) ->
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Advanced:
+    """The work of one ``advance`` call (the throughput counts this, not the batch).
+
+    Attributes:
+      gen_tokens: new tokens kept in the responses (EOS included).
+      prefill_tokens: real tokens prefilled: every unfinished response's prompt plus
+        the tokens it carried in (decoded before, prefilled again now).
+      gen_flops: forward FLOPs of that prefill and of decoding the kept tokens
+        (``flops.generation_flops`` over the call's prompt and response buckets).
+    """
+
+    gen_tokens: int = 0
+    prefill_tokens: int = 0
+    gen_flops: float = 0.0
+
+
 def advance(
     sampler: Sampler,
     params: Any,
@@ -66,15 +88,18 @@ def advance(
     tokens_per_iter: int,
     rng: jax.Array,
     sampling: SamplingConfig,
-) -> int:
+) -> Advanced:
     """Generates up to ``tokens_per_iter`` more tokens for every unfinished response.
 
     ``sampler`` must accept prompts of up to prompt + ``max_new_tokens`` tokens and
-    ``tokens_per_iter`` new tokens. Returns the number of tokens generated.
+    ``tokens_per_iter`` new tokens. Returns the work done: the tokens generated and the
+    FLOPs of this call only (the carried tokens of earlier calls are not counted again
+    as generated, but their re-prefill is counted as prefill work). Tokens the sampler
+    decodes past ``max_new_tokens`` are dropped and not counted.
     """
     rows = [(g, i) for g in groups for i in range(len(g.done)) if not g.done[i]]
     if not rows:
-        return 0
+        return Advanced()
     prompts = [g.prompt_ids + g.tokens[i] for g, i in rows]
     out = sampler(params, prompts, rng=rng, sampling=sampling, max_new_tokens=tokens_per_iter)
     generated = 0
@@ -85,7 +110,16 @@ def advance(
         g.logprobs[i].extend(out.response_logprobs[row, :n].tolist())
         g.done[i] = eos_id in new or len(g.tokens[i]) >= max_new_tokens
         generated += n
-    return generated
+    prefill_tokens = sum(len(p) for p in prompts)
+    prompt_len = out.prompt_tokens.shape[1]  # the buckets the sampler ran with
+    gen_flops = flops.generation_flops(
+        sampler.config,
+        prompt_tokens=prefill_tokens,
+        gen_tokens=generated,
+        prompt_len=prompt_len,
+        seq_len=prompt_len + out.response_tokens.shape[1],
+    )
+    return Advanced(gen_tokens=generated, prefill_tokens=prefill_tokens, gen_flops=gen_flops)
 
 
 def to_rollout(

@@ -7,6 +7,7 @@ batch into generation chunks (``gen_batch`` concurrent sequences) and score text
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -33,6 +34,62 @@ class Rollout:
     # Partial rollout: which groups have finished ([P] bool); None when all have.
     complete_p: np.ndarray | None = None
     time_compile_s: float = 0.0  # compilation met while generating (not training time)
+    # Forward FLOPs of the generation when ``samples`` also holds tokens generated
+    # earlier (partial rollout); None: every response token in ``samples`` is new.
+    gen_flops: float | None = None
+
+
+def _array_to_json(x: np.ndarray) -> dict[str, Any]:
+    x = np.ascontiguousarray(x)
+    return {
+        "dtype": x.dtype.str,
+        "shape": list(x.shape),
+        "data": base64.b64encode(x.tobytes()).decode("ascii"),
+    }
+
+
+def _array_from_json(d: dict[str, Any]) -> np.ndarray:
+    flat = np.frombuffer(base64.b64decode(d["data"]), dtype=np.dtype(d["dtype"]))
+    return flat.reshape(d["shape"]).copy()
+
+
+def rollout_to_json(ro: Rollout) -> dict[str, Any]:
+    """A rollout as JSON-serialisable data (arrays as exact base64 bytes).
+
+    An asynchronous run saves its rollouts in flight with each checkpoint this way; the
+    examples must be JSON-serialisable (the task data's dicts are).
+    """
+    return {
+        "examples": list(ro.examples),
+        "samples": {
+            f.name: _array_to_json(np.asarray(getattr(ro.samples, f.name)))
+            for f in dataclasses.fields(ro.samples)
+        },
+        "rewards_pg": _array_to_json(np.asarray(ro.rewards_pg)),
+        "time_generate_s": ro.time_generate_s,
+        "time_score_s": ro.time_score_s,
+        "gen_tokens": int(ro.gen_tokens),
+        "complete_p": None if ro.complete_p is None else _array_to_json(ro.complete_p),
+        "time_compile_s": ro.time_compile_s,
+        "gen_flops": ro.gen_flops,
+    }
+
+
+def rollout_from_json(data: dict[str, Any]) -> Rollout:
+    """The ``Rollout`` written by ``rollout_to_json`` (bit-exact arrays)."""
+    samples = SampleOutput(**{k: _array_from_json(v) for k, v in data["samples"].items()})
+    complete_p = data.get("complete_p")
+    return Rollout(
+        examples=list(data["examples"]),
+        samples=samples,
+        rewards_pg=_array_from_json(data["rewards_pg"]),
+        time_generate_s=float(data["time_generate_s"]),
+        time_score_s=float(data["time_score_s"]),
+        gen_tokens=int(data["gen_tokens"]),
+        complete_p=None if complete_p is None else _array_from_json(complete_p),
+        time_compile_s=float(data.get("time_compile_s", 0.0)),
+        gen_flops=data.get("gen_flops"),
+    )
 
 
 def _concat_outputs(chunks: Sequence[SampleOutput]) -> SampleOutput:

@@ -9,7 +9,16 @@ are timed but excluded from training time.
 
 A run resumes from its latest checkpoint: the metrics file is cut back to that step
 and, with the same seed, the resumed run reproduces the uninterrupted one (the rng of
-every step is derived from the seed and the step index, the data order from the seed).
+every rollout is derived from the seed and the rollout index, the data order from the
+seed). With asynchronous rollout, the batches in flight at a save were started from
+*older* params than the checkpoint's, so they cannot be regenerated from it: the save
+waits for them (learner wait, counted as training time: the next updates would have
+waited for them anyway) and stores them with the checkpoint (``rollouts_in_flight``),
+and the resumed run trains on them first, with the same prompts, samples, rng and
+staleness as the uninterrupted run. (Storing their generating params instead would
+cost a copy of the params per batch in flight; the batches themselves are smaller.)
+A run that finishes waits for its batches in flight the same way (outside training
+time) so that a longer run can resume from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -71,12 +80,32 @@ class Counters:
     consecutive_skips: int = 0
     consecutive_empty: int = 0  # rollouts in a row whose groups were all filtered out
     evals_at_target: int = 0
+    # Tokens (and their FLOPs) of the generation timed in time_generate_s: the numerator
+    # of the run's generation throughput. A token counts once (partial rollout: in the
+    # iteration that decoded it); a rollout whose time was booked as compilation adds
+    # neither tokens nor time.
     gen_tokens_cum: int = 0
     gen_flops_cum: float = 0.0
     update_tokens_cum: int = 0  # prompt + response tokens processed by updates
     update_flops_cum: float = 0.0
     time_learner_wait_s: float = 0.0  # learner waiting for a rollout (all of it when sync)
     time_generator_idle_s: float = 0.0  # generator not generating or scoring
+
+
+class _InFlight(NamedTuple):
+    """A rollout batch drawn and generated (async: maybe still generating), not yet used."""
+
+    index: int  # counters.rollouts when drawn: its rng is fold_in(base_rng, index)
+    position: int  # counters.data_position when drawn (its first training prompt)
+    gen_step: int  # optimizer step of the params that generated it (partial: the oldest)
+    result: Any  # the Rollout; async: a Future of it
+
+
+def _done(ro: rollout_lib.Rollout) -> concurrent.futures.Future:
+    """A finished future holding ``ro`` (a rollout in flight restored from a checkpoint)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(ro)
+    return future
 
 
 def _training_order(n: int, seed: int, position: int, count: int) -> np.ndarray:
@@ -145,7 +174,14 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
     from rl_batch.tasks.math_data import load_math_file
 
     def load(path):
-        return [ex.to_dict() for ex in load_math_file(path, fmt=c.task.format, tokenizer=tokenizer)]
+        # Prompts over the sampler's budget fail here, naming the file and line.
+        examples = load_math_file(
+            path,
+            fmt=c.task.format,
+            tokenizer=tokenizer,
+            max_prompt_tokens=c.derived.max_prompt_len,
+        )
+        return [ex.to_dict() for ex in examples]
 
     return load(c.task.train_file), load(c.task.validation_file)
 
@@ -308,14 +344,27 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     state = distributed.rebuild(algo.init_state(initial_params(c, model_config)))
     update_fn = algo.update_fn
 
+    # Asynchronous rollout: one background thread generates (and scores) the next batches
+    # with a snapshot of the params of the last finished update, ``max_staleness`` ahead.
+    async_cfg = c.get("async_rollout", {}) or {}
+    depth = int(async_cfg.get("max_staleness", 1)) if async_cfg.get("enabled", False) else 0
+
     counters = Counters()
     carry: list[partial_rollout.Group] = []  # partial rollout: unfinished groups
+    in_flight: list[dict] = []  # async: the rollouts in flight at the checkpoint
     ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR), cleanup_tmp=True)
     if resume and ckpt.latest_step() is not None:
         tree, meta = ckpt.restore({"state": state})
         state = tree["state"]
         counters = Counters(**meta["counters"])
         carry = partial_rollout.from_json(meta.get("partial_carry", []))
+        in_flight = meta.get("rollouts_in_flight", [])
+        if in_flight and not depth:
+            # Resumed without async rollout: draw those batches again (same prompts and
+            # rng), generated from the checkpoint's params.
+            counters.rollouts = in_flight[0]["index"]
+            counters.data_position = in_flight[0]["position"]
+            in_flight = []
         if is_writer:
             _truncate_metrics(metrics_path, counters.step)
         log.info("resumed %s at step %d", run_dir, counters.step)
@@ -358,11 +407,30 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             artifacts.append_jsonl(metrics_path, record)
 
     def save_checkpoint() -> None:
+        """Saves the state, the counters and the rollouts not yet trained on."""
         if ckpt.latest_step() == counters.step:
             return  # This step is already on disk.
+        # Async: the batches in flight came from older params than the state's; they are
+        # saved themselves (the resumed run trains on them as the uninterrupted run does),
+        # so wait for them: the learner's wait, as before validation (training time unless
+        # the budget is spent and this run will not train on them).
+        if pending:
+            waited = drain()
+            if counters.responses_cum < c.budget_responses:
+                counters.time_train_cum_s += waited
+                counters.time_learner_wait_s += waited
         t0 = time.perf_counter()
         meta = {"counters": dataclasses.asdict(counters)}
         meta["partial_carry"] = partial_rollout.to_json(carry)
+        meta["rollouts_in_flight"] = [
+            {
+                "index": job.index,
+                "position": job.position,
+                "gen_step": job.gen_step,
+                "rollout": rollout_lib.rollout_to_json(job.result.result()),
+            }
+            for job in pending
+        ]
         ckpt.save(counters.step, {"state": state}, meta)
         counters.time_checkpoint_s += time.perf_counter() - t0
 
@@ -422,18 +490,20 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     bar = _Progress(c.budget_responses, c.name, progress)
     status = "running"
     last_reward = 0.0
-    # Asynchronous rollout: one background thread generates (and scores) the next batches
-    # with a snapshot of the params of the last finished update, ``max_staleness`` ahead.
-    async_cfg = c.get("async_rollout", {}) or {}
-    depth = int(async_cfg.get("max_staleness", 1)) if async_cfg.get("enabled", False) else 0
     executor = concurrent.futures.ThreadPoolExecutor(1, "rollout") if depth else None
-    pending: collections.deque = collections.deque()
+    # Async: the rollouts drawn and not yet trained on, oldest first (a resumed run starts
+    # with those of its checkpoint, already generated).
+    pending: collections.deque[_InFlight] = collections.deque()
+    for job in in_flight:
+        ro = rollout_lib.rollout_from_json(job["rollout"])
+        pending.append(_InFlight(job["index"], job["position"], job["gen_step"], _done(ro)))
 
-    def start_partial_rollout():
-        """Continues the carried groups, starts new ones; (rng, oldest start step, rollout)."""
-        rng = jax.random.fold_in(base_rng, counters.rollouts)
+    def start_partial_rollout() -> _InFlight:
+        """Continues the carried groups and starts new ones (gen_step: the oldest finished)."""
+        index, position = counters.rollouts, counters.data_position
+        rng = jax.random.fold_in(base_rng, index)
         n_new = c.prompts - len(carry)
-        idx = _training_order(len(train_data), c.seed, counters.data_position, n_new)
+        idx = _training_order(len(train_data), c.seed, position, n_new)
         counters.data_position += n_new
         counters.rollouts += 1
         groups = carry + [
@@ -441,7 +511,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             for i in idx
         ]
         t0, compiled = time.perf_counter(), partial_sampler.num_compilations
-        gen_tokens = partial_rollout.advance(
+        work = partial_rollout.advance(
             partial_sampler,
             algo.policy_params(state),
             groups,
@@ -460,19 +530,25 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             response_len=batch_response_len,
             pad_id=tokenizer.pad_id,
         )
-        ro.time_generate_s, ro.gen_tokens = time_generate, gen_tokens
+        # Only this iteration's work: ro.samples also holds the carried groups' tokens.
+        ro.time_generate_s, ro.gen_tokens, ro.gen_flops = (
+            time_generate,
+            work.gen_tokens,
+            work.gen_flops,
+        )
         if partial_sampler.num_compilations != compiled:  # a new (batch, length) bucket
             ro.time_generate_s, ro.time_compile_s = 0.0, time_generate
         carry[:] = [g for g in groups if not g.complete]
         done_steps = [g.started_at_step for g in groups if g.complete]
-        return rng, min(done_steps, default=counters.step), ro
+        return _InFlight(index, position, min(done_steps, default=counters.step), ro)
 
-    def start_rollout():
-        """Draws the next prompts and generates them: (rng, policy step, rollout or future)."""
+    def start_rollout() -> _InFlight:
+        """Draws the next prompts and generates them (async: submits them to the thread)."""
         if partial:
             return start_partial_rollout()
-        rng = jax.random.fold_in(base_rng, counters.rollouts)
-        idx = _training_order(len(train_data), c.seed, counters.data_position, c.prompts)
+        index, position = counters.rollouts, counters.data_position
+        rng = jax.random.fold_in(base_rng, index)
+        idx = _training_order(len(train_data), c.seed, position, c.prompts)
         examples = [train_data[int(i)] for i in idx]
         counters.data_position += c.prompts
         counters.rollouts += 1
@@ -482,29 +558,33 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         args = (sampler, params, task, tokenizer, examples, c.group_size)
         kwargs = dict(rng=jax.random.fold_in(rng, 0), sampling=sampling, gen_batch=c.gen_batch)
         if executor is None:
-            return rng, counters.step, rollout_lib.rollout(*args, **kwargs)
-        return rng, counters.step, executor.submit(rollout_lib.rollout, *args, **kwargs)
+            return _InFlight(index, position, counters.step, rollout_lib.rollout(*args, **kwargs))
+        future = executor.submit(rollout_lib.rollout, *args, **kwargs)
+        return _InFlight(index, position, counters.step, future)
 
     def drain() -> float:
-        """Waits for the rollouts in flight (before validation); returns the seconds waited."""
+        """Waits for the rollouts in flight (validation, checkpoints); the seconds waited."""
         t0 = time.perf_counter()
-        concurrent.futures.wait([f for _, _, f in pending])
+        concurrent.futures.wait([job.result for job in pending])
         return time.perf_counter() - t0
 
     try:
         while counters.responses_cum < c.budget_responses:
             t_step = time.perf_counter()
             if executor is None:
-                rng, gen_step, ro = start_rollout()
+                job = start_rollout()
+                ro = job.result
                 learner_wait = time.perf_counter() - t_step
             else:
                 while len(pending) < depth:
                     pending.append(start_rollout())
-                rng, gen_step, future = pending.popleft()
-                ro = future.result()
+                job = pending.popleft()
+                ro = job.result.result()
                 learner_wait = time.perf_counter() - t_step
-                pending.append(start_rollout())  # overlaps the update below
-            staleness = counters.step - gen_step
+                if len(pending) < depth:  # (a resume with a smaller depth uses its backlog)
+                    pending.append(start_rollout())  # overlaps the update below
+            rng = jax.random.fold_in(base_rng, job.index)
+            staleness = counters.step - job.gen_step
             if algo.filter_groups:
                 keep_p = dynamic_sampling_filter(ro.rewards_pg).keep_p
             else:
@@ -520,8 +600,11 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             counters.time_generate_s += ro.time_generate_s
             counters.time_score_s += ro.time_score_s
             costs = flops.rollout_costs(model_config, ro.samples)
-            counters.gen_tokens_cum += costs["gen_tokens"]
-            counters.gen_flops_cum += costs["gen_flops"]
+            if ro.gen_flops is not None:  # partial: the samples also hold earlier tokens
+                costs["gen_tokens"], costs["gen_flops"] = ro.gen_tokens, ro.gen_flops
+            if not ro.time_compile_s:  # (else its time is compilation, not generation)
+                counters.gen_tokens_cum += costs["gen_tokens"]
+                counters.gen_flops_cum += costs["gen_flops"]
             last_reward = float(ro.rewards_pg.mean())
 
             t_update = 0.0
@@ -586,10 +669,10 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                         "time_update_s": t_update,
                         "time_idle_s": idle,
                         "time_train_cum_s": counters.time_train_cum_s,
-                        "gen_tokens": ro.gen_tokens,
+                        "gen_tokens": costs["gen_tokens"],
                         "response_len_mean": ro.gen_tokens / generated,
                         **flops.step_throughput(
-                            gen_tokens=ro.gen_tokens,
+                            gen_tokens=costs["gen_tokens"],
                             gen_flops=costs["gen_flops"],
                             time_generate_s=ro.time_generate_s,
                             update_tokens=costs["update_tokens"],
@@ -638,8 +721,10 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             if counters.step and counters.step % c.checkpoint_every == 0 and retained > 0:
                 save_checkpoint()
             bar.update(counters, last_reward, accuracy)
-        if executor is not None:  # Rollouts still in flight are dropped.
-            executor.shutdown(wait=True, cancel_futures=True)
+        # The rollouts in flight go into the last checkpoint (a longer run resumed from it
+        # trains on them); they are generated past the budget: not training time.
+        if pending:
+            drain()
         if not evals or evals[-1]["responses_cum"] != counters.responses_cum:
             run_eval()
         save_checkpoint()
@@ -653,7 +738,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         raise
     finally:
         bar.close()
-        if executor is not None:  # Rollouts still in flight are dropped.
+        if executor is not None:  # (a failed run drops the rollouts still queued)
             executor.shutdown(wait=True, cancel_futures=True)
     summary = _summary(c, counters, evals, status)
     if is_writer:
