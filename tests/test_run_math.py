@@ -102,11 +102,6 @@ def test_prompt_budget_is_the_samplers(hf_dir, tmp_path):
         load_math_file(path, tokenizer=tokenizer, max_prompt_tokens=c.derived.max_prompt_len)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs run.load_task_data to pass max_prompt_tokens=c.derived.max_prompt_len to "
-    "load_math_file; remove this marker with that change",
-)
 def test_over_long_math_prompt_fails_at_load_time(hf_dir, tmp_path):
     train = _write_gsm8k(tmp_path / "train.jsonl", 16)
     with open(train, "a") as f:  # line 17
