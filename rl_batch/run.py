@@ -781,9 +781,25 @@ class GRPO:
         self.update_fn = learner.make_update_fn(
             model_config, self.grpo_config, self.optimizer, mesh
         )
+        # KL to a reference (``grpo.kl_coef > 0``): the initial policy, kept frozen; its
+        # log-probs join every batch (``Batch.ref_logprobs``).
+        self.ref_params = None
+        self._ref_logprobs_fn = None
+        if c.grpo.kl_coef:
+            self._ref_logprobs_fn = learner.make_logprobs_fn(
+                model_config, mesh, c.sampling.temperature
+            )
 
     def init_state(self, params) -> learner.TrainState:
-        return learner.init_train_state(self.model_config, params, self.optimizer, mesh=self.mesh)
+        """The train state from the initial policy (also the KL reference, if any).
+
+        A resumed run calls this with the same initial policy before restoring its
+        checkpoint, so its reference is the same as the uninterrupted run's.
+        """
+        state = learner.init_train_state(self.model_config, params, self.optimizer, mesh=self.mesh)
+        if self._ref_logprobs_fn is not None:  # a copy: updates donate the state's buffers
+            self.ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), state.params)
+        return state
 
     @staticmethod
     def policy_params(state: learner.TrainState):
@@ -800,7 +816,10 @@ class GRPO:
             np.asarray(group_advantages(ro.rewards_pg, mode=self.config.grpo.advantage))
             * keep_p[:, None]
         )
-        return rollout_batch(ro, advantages_pg.reshape(-1), keep_p, self.mesh)
+        batch = rollout_batch(ro, advantages_pg.reshape(-1), keep_p, self.mesh)
+        if self.ref_params is not None:
+            batch = batch.replace(ref_logprobs=self._ref_logprobs_fn(self.ref_params, batch))
+        return batch
 
 
 def make_algorithm(c: ConfigDict, model_config: model_lib.ModelConfig, mesh):

@@ -86,3 +86,20 @@ def test_a_run_whose_groups_are_all_filtered_stops_with_a_clear_error(work_dir, 
         run_lib.run(config, progress=False)
     summary = json.load(open(tmp_path / "run" / artifacts.SUMMARY_FILE))
     assert summary["status"] == "failed" and "no group" in summary["error"]
+
+
+def test_grpo_kl_to_the_initial_policy(work_dir, tmp_path):
+    # grpo.kl_coef > 0 keeps the initial policy as the reference. The logged KL is k3 to
+    # the reference, else to the behaviour policy, which with one epoch is the policy
+    # being updated: 0 at every update. Against the frozen reference it grows once the
+    # policy has moved away from it.
+    kls = {}
+    for kl_coef in (0.0, 0.5):
+        run_dir = str(tmp_path / f"kl{kl_coef}")
+        changes = {"grpo.kl_coef": kl_coef, "weight_decay": 1.0}
+        summary = run_lib.run(tiny_run_config(work_dir, run_dir, **changes), progress=False)
+        assert summary["status"] == "finished"
+        kls[kl_coef] = [r["kl"] for r in artifacts.read_metrics(run_dir, "update")]
+    assert kls[0.0] == pytest.approx([0.0] * 4, abs=1e-7)
+    assert kls[0.5][0] == pytest.approx(0.0, abs=1e-7)  # policy == reference
+    assert min(kls[0.5][2:]) > 1e-6, kls
