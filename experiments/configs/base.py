@@ -67,7 +67,7 @@ def run_config() -> ConfigDict:
     c.grpo = ConfigDict()
     c.grpo.clip_low = 0.2
     c.grpo.clip_high = 0.28
-    c.grpo.kl_coef = 0.0
+    c.grpo.kl_coef = 0.0  # KL-to-initial-policy loss term (k3; 0 = no reference kept)
     c.grpo.loss_agg = "token_mean"
     c.grpo.advantage = "grpo"
     c.grpo.micro_batches = 1  # gradient accumulation; same maths
