@@ -670,7 +670,6 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                         "time_idle_s": idle,
                         "time_train_cum_s": counters.time_train_cum_s,
                         "gen_tokens": costs["gen_tokens"],
-                        "response_len_mean": ro.gen_tokens / generated,
                         **flops.step_throughput(
                             gen_tokens=costs["gen_tokens"],
                             gen_flops=costs["gen_flops"],
