@@ -9,8 +9,8 @@ Two implementations:
 
 Every tokenizer exposes ``encode(text) -> list[int]``, ``decode(ids) -> str``,
 ``vocab_size``, ``bos_id`` (``None`` when the model family uses no BOS token, e.g. Qwen),
-``eos_id`` and ``pad_id``. Use `encode_prompt` to get the ids a sampler should prefill,
-BOS included when the tokenizer has one.
+``eos_id`` and ``pad_id``. Use `encode_prompt` to get the ids a sampler should prefill:
+one BOS when the tokenizer has one (not doubled when the chat template renders it).
 """
 
 from __future__ import annotations
@@ -53,7 +53,12 @@ class Tokenizer(Protocol):
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Ids to prefill for a prompt: BOS (when the tokenizer has one) then the text.
+    """Ids to prefill for a prompt: exactly one BOS (when the tokenizer has one), then the text.
+
+    A chat template may already render the BOS token (Llama-3's starts with
+    ``{{ bos_token }}``); `Tokenizer.encode` maps that string to ``bos_id`` and adds no
+    specials of its own, so BOS is prepended only when the encoded text does not already
+    start with it. Tokenizers without BOS (Qwen) get none.
 
     Args:
         tokenizer: any `Tokenizer`.
@@ -63,7 +68,10 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
         The token ids, without EOS.
     """
     ids = tokenizer.encode(text)
-    return ids if tokenizer.bos_id is None else [tokenizer.bos_id, *ids]
+    bos = tokenizer.bos_id
+    if bos is None or ids[:1] == [bos]:
+        return ids
+    return [bos, *ids]
 
 
 class CharTokenizer:
@@ -202,9 +210,10 @@ class HFTokenizer:
 
     Special tokens come from ``tokenizer_config.json`` beside the file when present
     (``bos_token``, ``eos_token``, ``pad_token``), else from well-known token strings in the
-    vocabulary. The chat template is, in order of preference: the ``chat_template``
-    argument; the jinja template in ``tokenizer_config.json`` / ``chat_template.jinja``
-    (rendered only when jinja2 is importable); the ChatML layout `CHATML`.
+    vocabulary; ``"bos_token": null`` there means no BOS. The chat template is, in order
+    of preference: the ``chat_template`` argument; the jinja template in
+    ``tokenizer_config.json`` / ``chat_template.jinja`` (rendered only when jinja2 is
+    importable); the ChatML layout `CHATML`.
 
     Args:
         path: ``tokenizer.json`` or the directory that holds it.
@@ -228,7 +237,10 @@ class HFTokenizer:
                 f"cannot find an EOS token in {file}: set eos_token in tokenizer_config.json "
                 f"or add one of {_KNOWN_EOS}"
             )
-        self._bos_id = self._resolve(config.get("bos_token"), _KNOWN_BOS, "bos")
+        if "bos_token" in config and config["bos_token"] is None:
+            self._bos_id = None  # the config says the family has no BOS (Qwen)
+        else:
+            self._bos_id = self._resolve(config.get("bos_token"), _KNOWN_BOS, "bos")
         pad = self._resolve(config.get("pad_token"), _KNOWN_PAD, "pad")
         self._pad_id = self._eos_id if pad is None else pad
         self._eos_token = self._tok.id_to_token(self._eos_id)
@@ -319,7 +331,9 @@ class HFTokenizer:
             add_generation_prompt: append the assistant header so the model answers next.
 
         Returns:
-            The prompt text (encode it with `encode`).
+            The prompt text (encode it with `encode_prompt`). A jinja template's
+            ``{{ bos_token }}`` renders the BOS string, which `encode_prompt` keeps as the
+            single BOS.
         """
         _check_messages(messages)
         if isinstance(self.chat_template, ChatTemplate):

@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from rl_batch.tasks import get_task
+from rl_batch.tasks import get_task, load_math_file
 from rl_batch.tokenizers import (
     BOS_ID,
     CHATML,
@@ -162,6 +162,20 @@ def test_hf_tokenizer_uses_config_tokens_and_jinja_template(tmp_path):
     assert text == "[user]hi<|endoftext|>[assistant]"
 
 
+def test_hf_tokenizer_null_bos_in_config_means_no_bos(tmp_path):
+    # "<s>" is in the vocabulary, but the config says the family has no BOS.
+    config = {"eos_token": "<|endoftext|>", "bos_token": None}
+    specials = SPECIALS + ["<s>"]
+    tok = HFTokenizer(make_hf_tokenizer(tmp_path / "tok", specials=specials, config=config))
+    assert tok.bos_id is None
+    assert encode_prompt(tok, "hi") == tok.encode("hi")
+    # Without the config entry the well-known "<s>" is taken as BOS.
+    del config["bos_token"]
+    tok = HFTokenizer(make_hf_tokenizer(tmp_path / "tok2", specials=specials, config=config))
+    assert tok.bos_id == tok._tok.token_to_id("<s>")
+    assert encode_prompt(tok, "hi") == [tok.bos_id] + tok.encode("hi")
+
+
 def test_hf_tokenizer_explicit_template_wins_over_config(tmp_path):
     config = {"chat_template": "{{ raise_exception('should not render') }}"}
     plain = ChatTemplate(message="{role}: {content}\n", generation_prompt="assistant:")
@@ -192,3 +206,97 @@ def test_hf_tokenizer_without_any_eos(tmp_path):
     directory = make_hf_tokenizer(tmp_path / "tok", specials=["<unk>"])
     with pytest.raises(ValueError, match="cannot find an EOS token"):
         HFTokenizer(directory)
+
+
+# ---------------------------------------------------------------------------------------
+# BOS: exactly one per prompt, whether or not the chat template renders it.
+
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"]
+# The Llama-3 chat layout without its leading {{ bos_token }}.
+LLAMA3_TURNS = (
+    "{% for m in messages %}"
+    "<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
+    "{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+LLAMA3_TEMPLATE = "{{ bos_token }}" + LLAMA3_TURNS
+
+
+def make_llama3_tokenizer(directory, chat_template=LLAMA3_TEMPLATE):
+    """A Llama-3-style tokenizer: BOS ``<|begin_of_text|>``, and, as in Llama-3's
+    tokenizer.json, a TemplateProcessing post-processor that prepends BOS when
+    ``add_special_tokens`` is on."""
+    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    make_hf_tokenizer(directory, specials=LLAMA3_SPECIALS, config=config)
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)]
+    )
+    tok.save(str(directory / "tokenizer.json"))
+    return HFTokenizer(directory)
+
+
+def test_llama3_template_bos_is_not_doubled(tmp_path):
+    tok = make_llama3_tokenizer(tmp_path / "tok")
+    bos = tok._tok.token_to_id("<|begin_of_text|>")
+    assert tok.bos_id == bos
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 1+1?"}])
+    assert text.startswith("<|begin_of_text|><|start_header_id|>user")
+    ids = encode_prompt(tok, text)
+    assert ids[0] == bos and ids.count(bos) == 1
+    assert ids[1] == tok._tok.token_to_id("<|start_header_id|>")
+    # encode adds no specials of its own: the post-processor would prepend a second BOS.
+    assert tok._tok.encode(text).ids[:2] == [bos, bos]
+    assert ids == tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids
+    assert tok.encode("What is 1+1?")[0] != bos
+
+
+def test_template_without_bos_token_gets_one_bos_prepended(tmp_path):
+    # Same model (it has a BOS), but the template does not render {{ bos_token }}.
+    tok = make_llama3_tokenizer(tmp_path / "tok", chat_template=LLAMA3_TURNS)
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 1+1?"}])
+    assert text.startswith("<|start_header_id|>user")
+    ids = encode_prompt(tok, text)
+    assert ids == [tok.bos_id, *tok.encode(text)]
+    assert ids.count(tok.bos_id) == 1
+    # Plain text (no template at all) also gets exactly one BOS.
+    assert encode_prompt(tok, "What is 1+1?") == [tok.bos_id, *tok.encode("What is 1+1?")]
+
+
+def test_qwen_style_template_gets_no_bos(tmp_path):
+    # No BOS token in the vocabulary, as Qwen: the ChatML layout, and a jinja template that
+    # does mention {{ bos_token }} (rendered as the empty string).
+    specials = ["<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"]
+    config = {"eos_token": "<|eot_id|>", "chat_template": LLAMA3_TEMPLATE}
+    for tok in (
+        HFTokenizer(make_hf_tokenizer(tmp_path / "chatml")),
+        HFTokenizer(make_hf_tokenizer(tmp_path / "jinja", specials, config)),
+    ):
+        assert tok.bos_id is None
+        text = tok.apply_chat_template([{"role": "user", "content": "What is 1+1?"}])
+        assert text.startswith(("<|im_start|>", "<|start_header_id|>"))
+        assert encode_prompt(tok, text) == tok.encode(text)
+
+
+def test_char_tokenizer_prompt_gets_one_bos():
+    # The character vocabulary never encodes text to BOS, so BOS is always prepended.
+    tok = CharTokenizer()
+    ids = encode_prompt(tok, "1+1=")
+    assert ids[0] == BOS_ID and ids.count(BOS_ID) == 1
+
+
+def test_math_prompt_budget_counts_one_bos_with_llama3_template(tmp_path):
+    tok = make_llama3_tokenizer(tmp_path / "tok")
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"question": "What is 1+1?", "answer": "#### 2"}) + "\n")
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 1+1?"}])
+    n = len(tok.encode(text))  # The template's own BOS is the only one.
+    assert len(encode_prompt(tok, text)) == n
+    load = dict(fmt="gsm8k", tokenizer=tok, instruction="")
+    [example] = load_math_file(path, max_prompt_tokens=n, **load)
+    assert example.prompt == text
+    with pytest.raises(ValueError, match=f"prompt has {n} tokens, over the limit of {n - 1}"):
+        load_math_file(path, max_prompt_tokens=n - 1, **load)
