@@ -18,6 +18,12 @@ directories, unless ``--prefer=newest`` picks the one most recently written. A r
 ``SWEEP_DIR/jobs/runs.json`` that ``launch.make_jobs`` writes) with no run directory gets
 status ``"missing"`` (``"incomplete"`` if its directory exists without ``config.json``).
 ``--analyze`` then calls ``rl_batch.analysis.write_all(sweep_dir)``.
+
+The reference configuration (what every ratio of the analysis is relative to) is
+``--reference``, else the existing ``sweep.json``'s, else the one the sweep config set
+(``sweep.reference``) as the jobs recorded it: a source's ``sweep.json`` or, for the jobs
+of an array (``--only``), each run's ``sweep_point.json``. Runs or sources that record
+different references are refused unless ``--reference`` chooses one.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from __future__ import annotations
 import dataclasses
 import glob
 import hashlib
+import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -45,6 +53,12 @@ RUNWAY_KEYS = ("budget_responses", "eval_every_responses")
 ENTRY_CONFIG_KEYS = ("prompts", "group_size", "lr_rule", "lr", "seed")
 ENTRY_FIELDS = ("name", *ENTRY_CONFIG_KEYS, "batch_responses", "status", "error")
 _FINGERPRINT_FILES = (artifacts.CONFIG_FILE, artifacts.SUMMARY_FILE, artifacts.METRICS_FILE)
+# What ``rl_batch.sweep.run_sweep(only=...)`` writes into its run directory: the sweep record
+# (``reference`` run name, ``reference_key``, ``grid``, ``runs``) the shared sweep.json would
+# have held. A job-array sweep has no sweep.json, so this is where its reference is kept.
+SWEEP_POINT_FILE = "sweep_point.json"
+_POINT_KEY_RE = re.compile(r"^(\d+)x(\d+):(\S+)$")
+_MAX_NAMES = 6  # Run names listed per group in a message.
 
 Log = Callable[[str], None]
 
@@ -410,6 +424,125 @@ def load_grid(path: str) -> list[dict[str, Any]]:
         return make_jobs.parse_runs(f.read(), path)
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepRecord:
+    """The sweep-level fields one job recorded (a source's sweep.json, a run's sweep_point.json).
+
+    Attributes:
+      where: who recorded it, for messages: ``"run NAME"`` or the sweep.json path.
+      reference: the reference run name the sweep program chose (``sweep.reference``, or its
+        default: the smallest batch's first rule).
+      reference_key: that run's configuration, ``"PxG:rule"``; None if not recorded.
+      grid: the sweep config's ``sweep`` section; None if not recorded.
+    """
+
+    where: str
+    reference: str
+    reference_key: str | None = None
+    grid: dict[str, Any] | None = None
+
+
+def sweep_record(obj: Any, where: str) -> SweepRecord | None:
+    """The `SweepRecord` of a sweep.json / sweep_point.json object; None without a reference."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("reference"), str):
+        return None
+    if not obj["reference"]:
+        return None
+    key, grid = obj.get("reference_key"), obj.get("grid")
+    return SweepRecord(
+        where,
+        obj["reference"],
+        key if isinstance(key, str) and key else None,
+        grid if isinstance(grid, dict) else None,
+    )
+
+
+def read_sweep_point(
+    run_dir: str, name: str, log: Log = _stderr_log
+) -> tuple[SweepRecord | None, dict[str, Any]]:
+    """Reads the ``sweep_point.json`` a job-array run (``--only``) wrote into its directory.
+
+    Args:
+      run_dir: the run directory.
+      name: its run name.
+      log: where warnings go.
+
+    Returns:
+      ``(its SweepRecord or None, the extra fields of its own entry, e.g. "key", "wall_s")``;
+      ``(None, {})`` when the run has no sweep_point.json (it was not an array job).
+    """
+    path = os.path.join(run_dir, SWEEP_POINT_FILE)
+    if not os.path.isfile(path):
+        return None, {}
+    obj = artifacts.read_json(path)
+    record = sweep_record(obj, f"run {name}")
+    if record is None:
+        log(f"warning: {path}: no 'reference' recorded; not used to find the reference")
+        return None, {}
+    return record, _entry_extras(obj).get(name, {})
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_MAX_NAMES])
+    return shown + (f" and {len(names) - _MAX_NAMES} more" if len(names) > _MAX_NAMES else "")
+
+
+def agreed_reference(records: Sequence[SweepRecord]) -> tuple[SweepRecord | None, str | None]:
+    """The reference the records agree on.
+
+    Args:
+      records: what the jobs recorded (sources' sweep.json, runs' sweep_point.json).
+
+    Returns:
+      ``(a record of the agreed reference, None)``; ``(None, None)`` without records; or
+      ``(None, message)`` naming who recorded which reference when they disagree.
+    """
+    groups: dict[str, list[SweepRecord]] = {}
+    for r in records:
+        groups.setdefault(r.reference, []).append(r)
+    if len(groups) <= 1:
+        for same in groups.values():
+            # A record with the configuration key, if any has one.
+            return next((r for r in same if r.reference_key), same[0]), None
+        return None, None
+    lines = []
+    for ref, rs in groups.items():
+        key = next((r.reference_key for r in rs if r.reference_key), None)
+        lines.append(f"    {ref!r}{f' ({key})' if key else ''}: {_names([r.where for r in rs])}")
+    return None, (
+        "the runs were launched with different reference configurations (sweep.reference, "
+        f"as each job recorded it in {SWEEP_POINT_FILE} or sweep.json), so they share no one "
+        "reference batch:\n" + "\n".join(lines)
+    )
+
+
+def agreed_grid(records: Sequence[SweepRecord], log: Log = _stderr_log) -> dict[str, Any] | None:
+    """The ``grid`` the records agree on; None (with a warning) if they differ or have none."""
+    groups: dict[str, list[SweepRecord]] = {}
+    for r in records:
+        if r.grid is not None:
+            groups.setdefault(json.dumps(r.grid, sort_keys=True), []).append(r)
+    if len(groups) > 1:
+        detail = "; ".join(f"{g} in {_names([r.where for r in rs])}" for g, rs in groups.items())
+        log(
+            f"warning: the runs were launched from different sweep grids ({detail}); "
+            "sweep.json gets no 'grid'"
+        )
+        return None
+    return next((rs[0].grid for rs in groups.values()), None)
+
+
+def _key_of(reference: str, entries: dict[str, dict[str, Any]]) -> str | None:
+    """The configuration ``"PxG:rule"`` a reference names (a run name or a key), if known."""
+    entry = entries.get(reference)
+    if entry is not None:
+        if all(entry.get(k) is not None for k in ("prompts", "group_size", "lr_rule")):
+            return _point_key(entry)
+        return None
+    match = _POINT_KEY_RE.match(reference.strip())
+    return f"{int(match[1])}x{int(match[2])}:{match[3]}" if match else None
+
+
 def collect(
     sweep_dir: str,
     sources: Sequence[str] = (),
@@ -435,14 +568,19 @@ def collect(
       prefer: ``"error"`` (conflicting runs are an error) or ``"newest"``.
       name_from: ``"config"`` or ``"dir"``; see `run_name`.
       sweep_name: sweep.json ``name``; default: the old sweep.json's, else the directory's.
-      reference: run name of the reference configuration; default: the old sweep.json's,
-        else the first one a source's sweep.json names.
+      reference: run name (or ``"PxG:rule"`` key) of the reference configuration; default:
+        the old sweep.json's, else the one the jobs recorded (sources' sweep.json, runs'
+        sweep_point.json), which must agree.
       grid: the sweep's grid points; points with no run directory get status "missing".
       exclude_checkpoints: copy runs without their ``checkpoints/`` directory.
       log: where progress and warnings go.
 
     Returns:
       What was written and done.
+
+    Raises:
+      ValueError: conflicting runs, runs of different algorithms or targets, or (without
+        ``reference`` or an old sweep.json reference) jobs that recorded different references.
     """
     if name_from not in NAME_FROM_CHOICES:
         raise ValueError(f"name_from must be one of {NAME_FROM_CHOICES}, got {name_from!r}")
@@ -463,12 +601,16 @@ def collect(
             extras[run] = old_extras.get(run.name, {})
             in_place.add(os.path.realpath(path))
     source_sweeps = []
+    records: list[SweepRecord] = []  # What the jobs recorded about the sweep's reference.
     for source in sources:
         source_sweep_path = os.path.join(source, artifacts.SWEEP_FILE)
         source_sweep = {}
         if os.path.isfile(source_sweep_path):
             source_sweep = artifacts.read_json(source_sweep_path)
             source_sweeps.append(source_sweep)
+            record = sweep_record(source_sweep, source_sweep_path)
+            if record is not None:
+                records.append(record)
         source_extras = _entry_extras(source_sweep)
         for path in find_run_dirs(source, log):
             if os.path.realpath(path) in in_place:
@@ -492,8 +634,14 @@ def collect(
         for name, run in chosen.items()
     }
     fields = sweep_fields(configs, log)
+    # Jobs of an array (--only) left the sweep record in each run's sweep_point.json.
+    point_extras: dict[str, dict[str, Any]] = {}
+    for name, run in sorted(chosen.items()):
+        record, point_extras[name] = read_sweep_point(run.path, name, log)
+        if record is not None:
+            records.append(record)
     entries = {
-        name: {**extras.get(run, {}), **run_entry(run.path, name, log)}
+        name: {**point_extras[name], **extras.get(run, {}), **run_entry(run.path, name, log)}
         for name, run in chosen.items()
     }
     for point in grid or ():
@@ -505,20 +653,10 @@ def collect(
                 **missing_entry(point, INCOMPLETE if started else MISSING),
             }
 
-    source_references = [sw["reference"] for sw in source_sweeps if sw.get("reference")]
-    if reference is None:
-        reference = old_sweep.get("reference")
-    if reference is None and source_references:
-        reference = source_references[0]
-        if len(set(source_references)) > 1:
-            log(
-                f"warning: sources name several references {sorted(set(source_references))}; "
-                f"using {reference!r}"
-            )
-    if reference is None:
-        log("warning: no reference run known; pass --reference=RUN_NAME")
-    elif reference not in entries and reference not in {_point_key(e) for e in entries.values()}:
-        log(f"warning: reference {reference!r} is neither a run nor a grid key (PxG:rule)")
+    reference, reference_key = _choose_reference(
+        reference, old_sweep, records, entries, chosen, log
+    )
+    _check_reference_runs(reference, reference_key, chosen, entries, log)
 
     # Every check passed: now change the sweep directory.
     actions = []
@@ -540,9 +678,105 @@ def collect(
         or os.path.basename(os.path.normpath(os.path.abspath(sweep_dir)))
     )
     sweep["reference"] = reference
+    if reference_key is not None:
+        sweep["reference_key"] = reference_key
+    else:
+        sweep.pop("reference_key", None)  # It would describe another reference.
+    if sweep.get("grid") is None:
+        recorded_grid = agreed_grid(records, log)
+        if recorded_grid is not None:
+            sweep["grid"] = recorded_grid
     sweep["runs"] = order_entries(entries, grid)
     artifacts.write_json_atomic(sweep_path, sweep)
     return CollectResult(sweep=sweep, actions=actions)
+
+
+def _choose_reference(
+    reference: str | None,
+    old_sweep: dict[str, Any],
+    records: Sequence[SweepRecord],
+    entries: dict[str, dict[str, Any]],
+    chosen: dict[str, FoundRun],
+    log: Log,
+) -> tuple[str | None, str | None]:
+    """The sweep's reference: ``reference``, else the old sweep.json's, else the recorded one.
+
+    Returns:
+      ``(reference, its configuration "PxG:rule" or None)``.
+
+    Raises:
+      ValueError: neither ``reference`` nor an old one is given and the records disagree.
+    """
+    agreed, disagreement = agreed_reference(records)
+    recorded = (agreed.reference, agreed.reference_key) if agreed else ()
+    if reference is not None or old_sweep.get("reference"):
+        how = "--reference" if reference is not None else "the existing sweep.json's reference"
+        reference = reference if reference is not None else old_sweep["reference"]
+        if disagreement:
+            log(f"warning: {disagreement}\nusing {how} {reference!r}")
+        elif agreed and reference not in recorded:
+            log(
+                f"warning: using {how} {reference!r}, not the reference the jobs were launched "
+                f"with ({agreed.reference!r} from {agreed.where})"
+                + ("" if how == "--reference" else f"; pass --reference={agreed.reference}")
+            )
+        key = _key_of(reference, entries)
+        if key is None and agreed and reference in recorded:
+            key = agreed.reference_key
+        if key is None and reference == old_sweep.get("reference"):
+            key = old_sweep.get("reference_key")
+        return reference, key
+    if disagreement:
+        raise ValueError(
+            f"{disagreement}\npass --reference=RUN_NAME (or a PxG:rule key) to choose the "
+            "reference, or collect these runs into separate sweeps"
+        )
+    if agreed is None:
+        log(
+            "warning: no reference run known (no --reference, no sweep.json reference, no "
+            f"{SWEEP_POINT_FILE} in the runs): the analysis will use the smallest-batch sqrt "
+            "configuration; pass --reference=RUN_NAME"
+        )
+        return None, None
+    key = agreed.reference_key or _key_of(agreed.reference, entries)
+    if key is not None and agreed.reference not in chosen:
+        # The analysis matches a run name only among run directories: name the
+        # configuration, so its other seeds stand for it.
+        log(
+            f"reference run {agreed.reference!r} (from {agreed.where}) has no run directory; "
+            f"recording its configuration {key!r} as the reference"
+        )
+        return key, key
+    return agreed.reference, key
+
+
+def _check_reference_runs(
+    reference: str | None,
+    reference_key: str | None,
+    chosen: dict[str, FoundRun],
+    entries: dict[str, dict[str, Any]],
+    log: Log,
+) -> None:
+    """Warns when the analysis could not find the reference among the runs."""
+    if reference is None:
+        return
+    keys = {_point_key(e) for e in entries.values()}
+    if reference not in entries and reference not in keys and reference_key not in keys:
+        log(f"warning: reference {reference!r} is neither a run nor a grid key (PxG:rule)")
+        return
+    same = [n for n in chosen if _point_key(entries[n]) == reference_key]
+    if reference_key is not None and not any(entries[n]["status"] != "failed" for n in same):
+        log(
+            f"warning: no run of the reference configuration {reference_key!r} is here "
+            f"({'all failed' if same else 'none collected'}); the analysis cannot compare "
+            "against it and falls back to the smallest-batch sqrt configuration"
+        )
+    elif reference_key is not None and reference not in chosen and reference != reference_key:
+        log(
+            f"warning: reference run {reference!r} has no run directory; the analysis looks "
+            f"the reference up by run name and falls back to the smallest-batch sqrt "
+            f"configuration; pass --reference={reference_key} to use its other seeds"
+        )
 
 
 def _entry_extras(sweep: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -654,11 +888,17 @@ def _define_flags() -> None:
         "Run name from config.json's 'name' or from the directory name.",
     )
     flags.DEFINE_string("name", None, "sweep.json name (default: kept, else the directory's).")
-    flags.DEFINE_string("reference", None, "Run name of the reference configuration.")
+    flags.DEFINE_string(
+        "reference",
+        None,
+        "Run name (or PxG:rule key) of the reference configuration; default: the existing "
+        "sweep.json's, else the one the jobs recorded (sweep.json, runs' sweep_point.json).",
+    )
     flags.DEFINE_string(
         "runs_json",
         None,
-        "Grid (runs.json or --list_runs output); default SWEEP_DIR/jobs/runs.json when present.",
+        "Grid (runs.json or --list_runs output); default SWEEP_DIR/jobs/runs.json when present "
+        "(make_jobs' OUT_DIR/runs.json: for --scheduler=tpu, ./jobs/<sweep name>/runs.json).",
     )
     flags.DEFINE_boolean("exclude_checkpoints", False, "Copy runs without checkpoints/.")
     flags.DEFINE_boolean("analyze", False, "Then call rl_batch.analysis.write_all(sweep_dir).")

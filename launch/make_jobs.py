@@ -22,7 +22,9 @@ Usage::
     sbatch /shared/sweeps/grpo/jobs/sweep.sbatch
 
 Besides the script, ``OUT_DIR/runs.json`` maps each array index (or loop index) to its run
-name and overrides.
+name and overrides; the printed ``collect:`` command passes it to ``launch.collect
+--runs_json`` so that grid points without a run are reported as missing. The reference
+configuration needs no index: each job records it in ``runs/RUN_NAME/sweep_point.json``.
 """
 
 from __future__ import annotations
@@ -497,6 +499,40 @@ def write_jobs(out_dir: str, scheduler: str, script_text: str, index: dict[str, 
     return script_path
 
 
+def collect_command(
+    *,
+    scheduler: str,
+    sweep_dir: str,
+    runs_json: str,
+    tpu_vm_sh: str = os.path.join(REPO_DIR, "launch", "tpu_vm.sh"),
+    tpu_options: Sequence[str] = (),
+) -> str:
+    """The shell command that gathers the jobs' runs into a sweep with ``launch.collect``.
+
+    It passes ``--runs_json`` so that grid points without a run are reported as missing,
+    wherever ``runs.json`` was written (``--out_dir``; for TPU, ``./jobs/<sweep name>``).
+
+    Args:
+      scheduler: one of ``SCHEDULERS``.
+      sweep_dir: the sweep directory the jobs write into (for TPU: on the workers).
+      runs_json: the ``runs.json`` this module wrote.
+      tpu_vm_sh: TPU: ``launch/tpu_vm.sh`` on the workstation.
+      tpu_options: TPU: its options (``--tpu``, ``--zone``, ...).
+
+    Returns:
+      The command line; for TPU, a fetch from worker 0 into ``fetched/`` and then the
+      collect into ``sweeps/<sweep name>`` (both relative to the current directory).
+    """
+    collect = ["python", "-m", "launch.collect"]
+    if scheduler != "tpu":
+        collect += [f"--sweep_dir={sweep_dir}", f"--runs_json={runs_json}"]
+        return shlex.join(collect)
+    base = os.path.basename(sweep_dir.rstrip("/"))
+    fetch = [tpu_vm_sh, *tpu_options, "fetch", sweep_dir, "fetched/"]
+    collect += [f"--sweep_dir=sweeps/{base}", f"--from=fetched/{base}", f"--runs_json={runs_json}"]
+    return f"{shlex.join(fetch)} && {shlex.join(collect)}"
+
+
 def main(argv: Sequence[str]) -> None:
     """Command-line entry point (absl)."""
     from absl import app, flags
@@ -523,6 +559,7 @@ def main(argv: Sequence[str]) -> None:
     else:
         out_dir = os.path.join(sweep_dir, "jobs")
 
+    tpu_options: list[str] = []
     if scheduler == "slurm":
         log_dir = os.path.join(out_dir, "logs")
         os.makedirs(log_dir, exist_ok=True)  # SLURM does not create --output directories.
@@ -551,6 +588,9 @@ def main(argv: Sequence[str]) -> None:
     elif scheduler == "tpu":
         if not f.tpu or not f.zone:
             raise app.UsageError("--scheduler=tpu needs --tpu and --zone")
+        tpu_options += [f"--tpu={f.tpu}", f"--zone={f.zone}", f"--remote_dir={f.remote_dir}"]
+        if f.project:
+            tpu_options.append(f"--project={f.project}")
         text = tpu_script(
             runs,
             sweep_module=sweep_module,
@@ -584,19 +624,20 @@ def main(argv: Sequence[str]) -> None:
         script=script_path,
     )
     write_jobs(out_dir, scheduler, text, index)
-    print(f"wrote {script_path} ({len(runs)} grid points) and {os.path.join(out_dir, 'runs.json')}")
+    runs_json = os.path.join(out_dir, RUNS_INDEX_FILE)
+    print(f"wrote {script_path} ({len(runs)} grid points) and {runs_json}")
     if scheduler == "slurm":
         print(f"submit:  sbatch {shlex.quote(script_path)}")
     else:
         print(f"run:     bash {shlex.quote(script_path)}")
-    if scheduler == "tpu":
-        base = os.path.basename(sweep_dir.rstrip("/"))
-        print(
-            f"collect: launch/tpu_vm.sh fetch {shlex.quote(sweep_dir)} fetched/ && "
-            f"python -m launch.collect --sweep_dir=sweeps/{base} --from=fetched/{base}"
-        )
-    else:
-        print(f"collect: python -m launch.collect --sweep_dir={shlex.quote(sweep_dir)}")
+    hint = collect_command(
+        scheduler=scheduler,
+        sweep_dir=sweep_dir,
+        runs_json=runs_json,
+        tpu_vm_sh=os.path.join(f.repo_dir, "launch", "tpu_vm.sh"),
+        tpu_options=tpu_options,
+    )
+    print(f"collect: {hint}")
 
 
 def _define_flags() -> None:
