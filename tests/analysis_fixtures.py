@@ -3,6 +3,8 @@
 Curves: ``acc(n) = a_max - (a_max - a0) exp(-n / tau)`` against retained responses n.
 Time per update: ``DECODE_STEPS * (GEN_A_S + GEN_B_S * B) + UPDATE_S_PER_RESPONSE * B``
 (generation saturating in the batch, update linear), so ``q(B) = B / time_per_update(B)``
+Each response has ``PROMPT_TOKENS`` prompt and ``DECODE_STEPS`` generated tokens, so an
+update processes ``B (PROMPT_TOKENS + DECODE_STEPS)`` tokens (``update_tokens``)
 and the generation plateau (90% of the asymptote) is at ``9 GEN_A_S / GEN_B_S = 900``.
 Gradient norms follow ``|g_B|^2 = G2 + TRACE_SIGMA / B`` (noise scale 256).
 """
@@ -20,6 +22,7 @@ from rl_batch.analysis import noise_scale
 GEN_A_S = 0.05
 GEN_B_S = 0.0005
 DECODE_STEPS = 32
+PROMPT_TOKENS = 16
 UPDATE_S_PER_RESPONSE = 0.001
 G2 = 1.0
 TRACE_SIGMA = 256.0
@@ -78,8 +81,14 @@ def write_run(
     noise_fields: bool = True,
     noise_names: tuple[str, str, str, str] = noise_scale.FIELD_SCHEMES[0],
     critic: bool = False,
+    update_tokens: bool = True,
+    config_extra: dict[str, Any] | None = None,
 ) -> None:
-    """Writes config.json, metrics.jsonl and summary.json of one synthetic run."""
+    """Writes config.json, metrics.jsonl and summary.json of one synthetic run.
+
+    ``update_tokens=False`` writes update lines without ``update_tokens`` (older metrics
+    files); ``config_extra`` is merged into config.json (e.g. ``model.preset``).
+    """
     os.makedirs(run_dir, exist_ok=True)
     batch = prompts * group_size
     tpu = time_per_update_s(batch)
@@ -90,6 +99,7 @@ def write_run(
             "seed": seed,
             "batch": {"prompts": prompts, "group_size": group_size},
             "optim": {"lr_rule": lr_rule},
+            **(config_extra or {}),
         },
     )
     path = os.path.join(run_dir, artifacts.METRICS_FILE)
@@ -142,6 +152,7 @@ def write_run(
             "time_update_s": UPDATE_S_PER_RESPONSE * batch,
             "time_train_cum_s": t,
             "gen_tokens": batch * DECODE_STEPS,
+            **({"update_tokens": batch * (PROMPT_TOKENS + DECODE_STEPS)} if update_tokens else {}),
             "grad_norm": math.sqrt(G2 + TRACE_SIGMA / batch),
             "loss": 0.0,
             "clip_frac": 0.0,

@@ -109,9 +109,111 @@ def test_generation_report_from_run_metrics(tmp_path):
     assert rep.source == "run metrics"
     np.testing.assert_allclose(rep.fit.batches, [64, 256, 1024])
     assert rep.fit.a_s == pytest.approx(fx.GEN_A_S) and rep.fit.b_s == pytest.approx(fx.GEN_B_S)
-    # Fixture update time = 0.001 s/response = 0.001/32 s per generated token.
-    assert rep.update_fit.s_per_token == pytest.approx(fx.UPDATE_S_PER_RESPONSE / fx.DECODE_STEPS)
+    # Update time 0.001 s/response over 16 prompt + 32 response tokens: 0.001/48 s per
+    # update token, 2.083e-5 (per generated token it would be 0.001/32 = 3.125e-5).
+    # Points (3072, 0.064), (12288, 0.256), (49152, 1.024): intercept 0.
+    assert rep.update_fit.s_per_token == pytest.approx(0.001 / 48)
+    assert rep.update_fit.intercept_s == pytest.approx(0.0, abs=1e-12)
+    assert rep.update_fit_note == ""
     assert cm.generation_report(None, runs[:1]) is None
+
+
+def test_update_fit_uses_update_tokens_not_gen_tokens(tmp_path):
+    # Hand-made lines: update_tokens 1000/2000/4000 in 0.5 + 2e-4 * tokens seconds, with
+    # gen_tokens (generated only, dropped responses too) unrelated to the update size.
+    runs = []
+    for i, (tokens, gen) in enumerate([(1000, 900), (2000, 700), (4000, 3000)]):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        line = {
+            "kind": "update",
+            "step": 0,
+            "responses_cum": 8,
+            "time_train_cum_s": 1.0,
+            "prompts": 2,
+            "group_size": 4,
+            "gen_tokens": gen,
+            "time_generate_s": 1.0,
+            "update_tokens": tokens,
+            "time_update_s": 0.5 + 2e-4 * tokens,
+        }
+        (d / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+        runs.append(curves.load_run(str(d)))
+    tokens, times, lacking = cm.run_update_points(runs)
+    assert tokens == [1000.0, 2000.0, 4000.0] and lacking == []
+    fit = cm.fit_update(tokens, times)
+    assert fit.s_per_token == pytest.approx(2e-4) and fit.intercept_s == pytest.approx(0.5)
+
+
+def test_old_metrics_without_update_tokens_say_so(tmp_path):
+    runs = []
+    for p in (8, 32):
+        d = str(tmp_path / f"p{p}")
+        fx.write_run(d, prompts=p, group_size=8, tau=1000.0, budget=1024, update_tokens=False)
+        runs.append(curves.load_run(d))
+    rep = cm.generation_report(None, runs)
+    assert rep.fit is not None  # Generation still fits from gen_tokens / time_generate_s.
+    assert rep.update_fit is None
+    assert "2 of 2 runs log no update_tokens" in rep.update_fit_note
+    assert "gen_tokens (generated tokens only) is not a substitute" in rep.update_fit_note
+    # One new run beside them: still no fit (one size), and the note says why.
+    d = str(tmp_path / "new")
+    fx.write_run(d, prompts=16, group_size=8, tau=1000.0, budget=1024)
+    rep = cm.generation_report(None, [*runs, curves.load_run(d)])
+    assert rep.update_fit is None and "2 of 3 runs log no update_tokens" in rep.update_fit_note
+
+
+def _runs_with_config(tmp_path, config_extra):
+    runs = []
+    for p in (8, 16):
+        d = str(tmp_path / f"p{p}")
+        fx.write_run(d, prompts=p, group_size=8, tau=1000.0, budget=512, config_extra=config_extra)
+        runs.append(curves.load_run(d))
+    return runs
+
+
+SETTINGS = {"preset": "tiny-5m", "vocab_size": 512, "prompt_len": 16, "new_tokens": 32}
+RUN_CONFIG = {
+    "model": {"preset": "tiny-1m", "overrides": {}},
+    "init": {"source": "pretrain", "path": "/ckpt"},
+    "derived": {"max_prompt_len": 9, "max_new_tokens": 32, "model": {"vocab_size": 55}},
+}
+
+
+def test_throughput_file_model_mismatch_warns(tmp_path):
+    obj = fx.throughput_json()
+    tp = cm.parse_throughput(dict(obj, settings=SETTINGS))
+    assert tp.settings == SETTINGS
+    assert cm.throughput_to_json(tp)["settings"] == SETTINGS  # Round trip keeps it.
+    rep = cm.generation_report(tp, _runs_with_config(tmp_path, RUN_CONFIG))
+    assert rep.source == cm.THROUGHPUT_FILE
+    assert rep.measured == "preset tiny-5m, vocab 512, 16 prompt tokens, 32 new tokens per sequence"
+    assert rep.model_notes[0] == (
+        "The runs: preset tiny-1m, vocab 55, prompts <= 9 tokens, responses <= 32 tokens."
+    )
+    (warning,) = rep.model_warnings
+    assert "measured preset tiny-5m, but the runs use model.preset tiny-1m" in warning
+
+
+def test_throughput_file_model_match_and_hf_runs(tmp_path):
+    obj = fx.throughput_json()
+    same = dict(RUN_CONFIG, model={"preset": "tiny-5m"})
+    rep = cm.generation_report(
+        cm.parse_throughput(dict(obj, settings=SETTINGS)), _runs_with_config(tmp_path, same)
+    )
+    assert rep.model_warnings == ()
+    # init.source='hf': the shape comes from the checkpoint, no preset to match: a note.
+    hf = dict(RUN_CONFIG, init={"source": "hf", "path": "/models/qwen"})
+    rep = cm.generation_report(
+        cm.parse_throughput(dict(obj, settings=SETTINGS)), _runs_with_config(tmp_path / "h", hf)
+    )
+    assert rep.model_warnings == ()
+    assert any("init.source='hf': /models/qwen" in n and "no preset" in n for n in rep.model_notes)
+    # A file without settings says it does not know its model.
+    rep = cm.generation_report(cm.parse_throughput(obj), _runs_with_config(tmp_path / "n", same))
+    assert rep.measured == "model not recorded (no settings.preset in the file)"
+    assert rep.model_warnings == ()
+    assert any("does not record its model" in n for n in rep.model_notes)
 
 
 def test_generation_point_capped_by_gen_batch(tmp_path):

@@ -82,3 +82,24 @@ def test_grad_norm_trend_actor_and_critic(tmp_path):
     assert critic.knee_batch == pytest.approx(64.0 / 4.0)  # Fixture critic: 4 + 64 / B.
     assert critic.slope > actor.slope  # The critic's norm falls more slowly with batch.
     assert cb.grad_norm_trend(a, "no_such_field") is None
+
+
+def test_one_seed_has_no_ci_walk(tmp_path):
+    from rl_batch.analysis import report
+
+    # One seed per configuration (the default CPU configs): r_N has no interval, so the
+    # critical batch has a point value but no CI walk, and the report says so.
+    d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:4], seed_factors=(1.0,))
+    a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=100)
+    ref = a.stats[a.reference]
+    assert ref.n_seeds == 1 and not ref.n_star.has_interval
+    crit = cb.critical_training_batch(a, tol=0.2)
+    assert crit.critical_batch == 256 and crit.first_outside == 512  # r_N 1, 1.05, 1.6.
+    assert crit.critical_batch_lo is None and crit.critical_batch_hi is None
+    assert not crit.has_interval
+    text = report.build_report(a)
+    assert "CI walk: unavailable" in text
+    assert "(1 seed, no CI)" in text
+    assert "[" + f"{ref.n_star.mean:.4g}" + "," not in text  # No "x [x, x]" interval.
+    row = next(line for line in text.splitlines() if line.startswith("| grpo-P8-G8-sqrt"))
+    assert f"| {ref.n_star.mean:.4g} (1 seed, no CI) |" in row

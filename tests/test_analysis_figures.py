@@ -105,3 +105,48 @@ def test_analysis_never_imports_jax():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def _errorbar_containers(fig):
+    from matplotlib.container import ErrorbarContainer
+
+    return [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
+
+
+def test_no_error_bars_from_one_seed(tmp_path):
+    from rl_batch.analysis import curves
+    from rl_batch.analysis import time_to_target as ttt
+
+    configs = [(p, 8, "sqrt", m) for p, m in ((8, 1.0), (16, 1.0), (32, 1.05))]
+    one = fx.write_sweep(str(tmp_path / "one"), configs=configs, seed_factors=(1.0,))
+    a = ttt.analyze_sweep(curves.load_sweep(one), n_boot=50)
+    for fig in (figures.figure_critical_batches(a, None), figures.figure_time_to_target(a)):
+        assert _errorbar_containers(fig) == []  # Hollow markers only, no zero-length bars.
+        labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().texts]
+        assert any("no CI" in t for t in labels), labels
+    two = fx.write_sweep(str(tmp_path / "two"), configs=configs)
+    a = ttt.analyze_sweep(curves.load_sweep(two), n_boot=50)
+    assert _errorbar_containers(figures.figure_critical_batches(a, None))
+    assert _errorbar_containers(figures.figure_time_to_target(a))
+
+
+def test_report_warns_when_throughput_measured_another_preset(tmp_path):
+    d = fx.write_sweep(
+        str(tmp_path / "s"),
+        configs=fx.STANDARD_CONFIGS[:3],
+        seed_factors=(1.0,),
+        config_extra={"model": {"preset": "tiny-1m"}, "init": {"source": "pretrain"}},
+    )
+    obj = dict(
+        fx.throughput_json(),
+        settings={"preset": "tiny-5m", "vocab_size": 512, "prompt_len": 16, "new_tokens": 32},
+    )
+    with open(os.path.join(d, "throughput.json"), "w") as f:
+        json.dump(obj, f)
+    report = open(figures.write_all(d, n_boot=20)[-1]).read()
+    assert (
+        "The throughput file measured: preset tiny-5m, vocab 512, 16 prompt tokens, "
+        "32 new tokens per sequence." in report
+    )
+    warn = "**Warning:** throughput.json measured preset tiny-5m, but the runs use model.preset"
+    assert report.count(warn) == 2  # At the top and in its section.

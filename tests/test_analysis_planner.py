@@ -143,3 +143,86 @@ def test_pilot_too_short_to_see_learning(sweep_dir, full):
     obj = planner.plan_to_json(plan)
     json.dumps(obj)
     assert obj["pilot"]["best"] == "grpo-P32-G8-sqrt"
+
+
+def test_pilot_lower_bound_hand_values():
+    # Seeds N = 1000 and not reached in a 3600-response window; N_ref = 1000, 1200:
+    # r_N >= mean(1000, 3600) / 1100 = 2.0909 (not 3600 / 1100 = 3.27).
+    assert planner.pilot_lower_bound([1000.0, None], [3600.0, 3600.0], [1000.0, 1200.0]) == (
+        pytest.approx(2300.0 / 1100.0)
+    )
+    # A seed still running, watched for 2000 responses only, counts as 2000.
+    assert planner.pilot_lower_bound([None, None], [3600.0, 2000.0], [1100.0]) == pytest.approx(
+        2800.0 / 1100.0
+    )
+
+
+def _linear_run(run_dir, prompts, slope, budget=4000, q=10.0):
+    """acc = n / slope (evaluated after every update), time = n / q."""
+    os.makedirs(run_dir, exist_ok=True)
+    batch, n, step = prompts * 8, 0, 0
+    lines = [{"kind": "eval", "step": 0, "responses_cum": 0, "eval_accuracy": 0.0}]
+    while n < budget:
+        n += batch
+        step += 1
+        lines.append(
+            {
+                "kind": "update",
+                "step": step,
+                "responses_cum": n,
+                "time_train_cum_s": n / q,
+                "prompts": prompts,
+                "group_size": 8,
+            }
+        )
+        lines.append({"kind": "eval", "step": step, "responses_cum": n, "eval_accuracy": n / slope})
+    with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(x) + "\n" for x in lines)
+
+
+def test_pilot_bound_averages_min_of_n_and_window(tmp_path):
+    from rl_batch import artifacts
+
+    # Reference P=16 (B=128): both seeds acc = n/4000. Candidate P=64 (B=512): seed 0
+    # acc = n/4000, seed 1 acc = n/40000 (misses the level in the window).
+    runs = []
+    for name, prompts, slope in [
+        ("ref_s0", 16, 4000.0),
+        ("ref_s1", 16, 4000.0),
+        ("big_s0", 64, 4000.0),
+        ("big_s1", 64, 40000.0),
+    ]:
+        _linear_run(str(tmp_path / "runs" / name), prompts, slope)
+        runs.append(
+            {
+                "name": name,
+                "prompts": prompts,
+                "group_size": 8,
+                "lr_rule": "sqrt",
+                "seed": int(name[-1]),
+                "status": "finished",
+            }
+        )
+    artifacts.write_json_atomic(
+        str(tmp_path / "sweep.json"),
+        {
+            "name": "lin",
+            "algo": "grpo",
+            "target": 0.9,
+            "reference": "ref_s0",
+            "budget_responses": 4000,
+            "runs": runs,
+        },
+    )
+    plan = planner.plan_pilot(curves.load_sweep(str(tmp_path)), 0.5, n_boot=20)
+    # Window 2000. Best accuracy in it: reference 1920/4000 = 0.48; candidate seeds
+    # 1536/4000 = 0.384 and 1536/40000 = 0.0384, mean 0.2112. Level = 0.8 x median of
+    # (0.48, 0.2112) = 0.27648, reached at N = 0.27648 x 4000 = 1105.92 on acc = n/4000.
+    assert plan.pilot.window_responses == pytest.approx(2000.0)
+    assert plan.pilot.level == pytest.approx(0.8 * (0.48 + 0.2112) / 2)
+    n_lvl = 0.27648 * 4000.0
+    big = next(r for r in plan.rows if r.key.prompts == 64)
+    assert big.r_n is None and not big.reached
+    assert big.r_n_lower_bound == pytest.approx((n_lvl + 2000.0) / 2 / n_lvl)  # 1.4042
+    assert "by 1/2 seeds" in big.note
+    assert ">= 1.4" in planner.format_plan_table(plan)

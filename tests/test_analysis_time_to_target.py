@@ -110,8 +110,22 @@ def test_bootstrap_mean_interval_matches_normal_theory():
     assert (e.hi - e.lo) / 2 == pytest.approx(half, rel=0.15)
     assert e.lo < e.mean < e.hi
     assert ttt.bootstrap_mean(x, n_boot=500, seed=7) == ttt.bootstrap_mean(x, n_boot=500, seed=7)
-    one = ttt.bootstrap_mean([5.0])
-    assert (one.mean, one.lo, one.hi) == (5.0, 5.0, 5.0)
+
+
+def test_one_seed_has_no_interval():
+    one = ttt.bootstrap_mean([1234.0])
+    assert one.mean == 1234.0 and one.n == 1
+    assert np.isnan(one.lo) and np.isnan(one.hi) and not one.has_interval
+    assert one.fmt(".4g") == "1234 (1 seed, no CI)"
+    assert one.to_json() == {"mean": 1234.0, "lo": None, "hi": None, "n": 1}
+    two = ttt.bootstrap_mean([1.0, 3.0], n_boot=200)
+    assert two.has_interval and two.lo >= 1.0 and two.hi <= 3.0 and two.lo < two.hi
+    # A ratio with one seed on either side has no interval either.
+    r_n, r_q, r_t = ttt.ratio_estimates([100.0, 120.0], [2.0, 2.2], [50.0], [1.0])
+    assert r_n.mean == pytest.approx(110.0 / 50.0)
+    assert not (r_n.has_interval or r_q.has_interval or r_t.has_interval)
+    r_n, _, _ = ttt.ratio_estimates([100.0], [2.0], [50.0, 60.0], [1.0, 1.0])
+    assert not r_n.has_interval and r_n.fmt() == "1.82 (1 seed, no CI)"
 
 
 def _target(name, n, t, b=128, updates=None):
@@ -233,3 +247,90 @@ def test_reference_resolution_and_exclusion(tmp_path):
     a = ttt.analyze_sweep(sweep, target=1.5, n_boot=10)
     assert all(s.n_star is None and s.q is not None for s in a.stats.values())
     assert all(r.r_t is None and r.r_q is not None for r in a.ratios.values())
+
+
+def _unfinished_sweep(tmp_path, reach_before_stop):
+    """P=8 and P=16 (G=8), 2 seeds; seed 1 of P=16 is still running.
+
+    tau = 2000: the target 0.8 is crossed at n = 2000 ln 5 = 3219. With
+    ``reach_before_stop`` the running seed has 4096 responses (past it), else 1024.
+    """
+    d = fx.write_sweep(str(tmp_path / "s"), configs=[(8, 8, "sqrt", 1.0), (16, 8, "sqrt", 1.0)])
+    name = fx.run_name(16, 8, "sqrt", 1)
+    fx.write_run(
+        os.path.join(d, "runs", name),
+        prompts=16,
+        group_size=8,
+        tau=fx.TAU0 * fx.SEED_TAU_FACTORS[1],
+        seed=1,
+        budget=4096 if reach_before_stop else 1024,
+        status="running",
+    )
+    raw = artifacts.read_json(os.path.join(d, "sweep.json"))
+    for r in raw["runs"]:
+        if r["name"] == name:
+            r["status"] = "running"
+    artifacts.write_json_atomic(os.path.join(d, "sweep.json"), raw)
+    return d
+
+
+def test_unfinished_seed_keeps_config_incomplete(tmp_path):
+    from rl_batch.analysis import critical_batch, planner, report
+
+    d = _unfinished_sweep(tmp_path, reach_before_stop=False)
+    a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=50)
+    k = curves.ConfigKey("grpo", 16, 8, "sqrt")
+    s = a.stats[k]
+    # Both seeds count; the finished one reached, the running one not yet: no N*, T.
+    assert a.excluded == ()
+    assert (s.n_seeds, s.n_reached, s.n_pending) == (2, 1, 1)
+    assert s.incomplete and not s.reached
+    assert s.n_star is None and s.time_to_target_s is None and s.updates_to_target is None
+    assert s.q is not None and s.q.n == 2  # Throughput is measured on both.
+    assert a.ratios[k].r_n is None and a.ratios[k].r_t is None
+    text = report.build_report(a)
+    row = next(line for line in text.splitlines() if line.startswith("| grpo-P16-G8-sqrt"))
+    assert "| 1/2 (1 running) | incomplete |" in row
+    assert "not reached" not in row
+    run_row = next(
+        line for line in text.splitlines() if line.startswith("| P16_G8_sqrt_s1 | grpo-")
+    )
+    assert run_row.count("not reached yet") == 3 and "| running |" in run_row
+    # The critical batch walk stops at the incomplete B = 128: only a lower bound.
+    crit = critical_batch.critical_training_batch(a)
+    assert crit.critical_batch == 64 and crit.first_outside == 128
+    assert crit.first_outside_incomplete
+    assert "at least **64** responses (the walk stops at B = 128, incomplete)" in text
+    plan = planner.plan_full(a)
+    prow = next(r for r in plan.rows if r.key == k)
+    assert prow.note == "incomplete (1/2 seeds reached, 1 still running)"
+    assert plan.recommendation == curves.ConfigKey("grpo", 8, 8, "sqrt")
+    table_row = next(
+        line for line in planner.format_plan_table(plan).splitlines() if "grpo-P16-G8-sqrt" in line
+    )
+    assert "| 128 | incomplete |" in table_row and "not reached" not in table_row
+    assert planner.plan_to_json(plan)["rows"][-1]["r_n"] == "incomplete"
+
+
+def test_running_seed_that_reached_counts(tmp_path):
+    d = _unfinished_sweep(tmp_path, reach_before_stop=True)
+    a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=50)
+    s = a.stats[curves.ConfigKey("grpo", 16, 8, "sqrt")]
+    assert (s.n_seeds, s.n_reached, s.n_pending) == (2, 2, 0) and s.reached
+    # Mean over both seeds of the interpolated crossings (tau = 1980 and 2020).
+    expected = np.mean([a.targets[r.name].n_star for r in a.runs_by_key[s.key]])
+    assert s.n_star.mean == pytest.approx(expected)
+    assert 0.99 * 2000 * np.log(5) < s.n_star.mean < 1.01 * 2000 * np.log(5) + 128
+
+
+def test_finished_seed_that_never_reached_is_not_reached(tmp_path):
+    # Same as above but the short seed finished (its budget ended): "not reached".
+    d = _unfinished_sweep(tmp_path, reach_before_stop=False)
+    raw = artifacts.read_json(os.path.join(d, "sweep.json"))
+    for r in raw["runs"]:
+        r["status"] = "finished"
+    artifacts.write_json_atomic(os.path.join(d, "sweep.json"), raw)
+    a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=50)
+    s = a.stats[curves.ConfigKey("grpo", 16, 8, "sqrt")]
+    assert (s.n_seeds, s.n_reached, s.n_pending) == (2, 1, 0)
+    assert not s.incomplete and s.n_star is None and s.missing_label == "not reached"

@@ -49,6 +49,7 @@ from rl_batch.analysis.noise_scale import (
 )
 from rl_batch.analysis.planner import Plan, plan_full, plan_pilot, plan_to_json
 from rl_batch.analysis.time_to_target import (
+    INCOMPLETE,
     NOT_REACHED,
     Analysis,
     Estimate,
@@ -66,6 +67,7 @@ def write_all(sweep_dir, target=None, **kwargs):
 
 
 __all__ = [
+    "INCOMPLETE",
     "NOT_REACHED",
     "THROUGHPUT_FILE",
     "Analysis",

@@ -13,7 +13,9 @@ reaches ``frac`` (default 0.9) of the asymptote, ``c_frac = frac a / ((1 - frac)
 of ``c`` sequences must fit beside the parameters and optimizer state.
 
 The update (forward + backward + optimizer) is about linear in tokens:
-``t_update = u0 + u1 tokens``.
+``t_update = u0 + u1 tokens``, with ``tokens`` the prompt + response tokens of the
+update (from run metrics: the update lines' ``update_tokens``, not ``gen_tokens``, which
+counts generated response tokens only).
 
 Throughput file (``<sweep>/throughput.json``, written by ``python -m
 experiments.throughput --out=<sweep>/throughput.json`` or by ``write_throughput``)::
@@ -27,13 +29,18 @@ experiments.throughput --out=<sweep>/throughput.json`` or by ``write_throughput`
       # optional, for the KV-cache bound:
       "device_memory_bytes": 150000000000,
       "model": {"layers": 28, "kv_heads": 8, "head_dim": 128, "max_seq_len": 4096,
-                "dtype_bytes": 2, "n_params": 1500000000, "train_bytes_per_param": 16}
+                "dtype_bytes": 2, "n_params": 1500000000, "train_bytes_per_param": 16},
+      # optional, what was measured (experiments.throughput writes it; other keys kept):
+      "settings": {"preset": "tiny-5m", "vocab_size": 512, "prompt_len": 16,
+                   "new_tokens": 32, ...}
     }
 
 ``generation[i].batch`` is the number of sequences decoded together, ``new_tokens`` the
 tokens each of them generated in ``time_s`` seconds (``tokens_per_s = batch * new_tokens
 / time_s``);
 ``update[i].tokens`` the tokens (prompt + response) of one update of ``batch`` responses.
+The report states the ``settings`` model and lengths and warns when ``settings.preset``
+differs from the runs' ``model.preset`` (``model_check``).
 """
 
 from __future__ import annotations
@@ -106,6 +113,7 @@ class Throughput:
     update: tuple[UpdatePoint, ...]
     device_memory_bytes: int | None = None
     model: ModelShape | None = None
+    settings: dict[str, Any] | None = None
 
 
 def _require(obj: dict[str, Any], key: str, where: str) -> Any:
@@ -153,12 +161,16 @@ def parse_throughput(obj: Any, source: str = "<throughput>") -> Throughput:
             raise ValueError(f"{source}: model has unknown fields {sorted(unknown)}")
         model = ModelShape(**model)
     mem = obj.get("device_memory_bytes")
+    settings = obj.get("settings")
+    if settings is not None and not isinstance(settings, dict):
+        raise ValueError(f"{source}: settings must be an object, got {type(settings).__name__}")
     return Throughput(
         device=str(obj.get("device", "unknown")),
         generation=tuple(sorted(gen, key=lambda p: p.batch)),
         update=tuple(sorted(upd, key=lambda p: p.batch)),
         device_memory_bytes=None if mem is None else int(mem),
         model=model,
+        settings=None if settings is None else dict(settings),
     )
 
 
@@ -178,6 +190,8 @@ def throughput_to_json(t: Throughput) -> dict[str, Any]:
         obj["device_memory_bytes"] = t.device_memory_bytes
     if t.model is not None:
         obj["model"] = dataclasses.asdict(t.model)
+    if t.settings is not None:
+        obj["settings"] = dict(t.settings)
     return obj
 
 
@@ -188,6 +202,7 @@ def write_throughput(
     update: Sequence[dict[str, Any] | UpdatePoint] = (),
     device_memory_bytes: int | None = None,
     model: ModelShape | dict[str, Any] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> Throughput:
     """Validates and writes a throughput file (atomically).
 
@@ -198,6 +213,8 @@ def write_throughput(
       update: entries ``{"batch", "time_s", "tokens"}``.
       device_memory_bytes: device memory, for the KV-cache bound (optional).
       model: model shape, for the KV-cache bound (optional).
+      settings: what was measured (``preset``, ``vocab_size``, ``prompt_len``,
+        ``new_tokens``; optional, checked against the runs by the report).
 
     Returns:
       The parsed ``Throughput`` that was written.
@@ -215,6 +232,8 @@ def write_throughput(
         obj["device_memory_bytes"] = int(device_memory_bytes)
     if model is not None:
         obj["model"] = as_dict(model)
+    if settings is not None:
+        obj["settings"] = dict(settings)
     t = parse_throughput(obj, source=path)
     artifacts.write_json_atomic(path, throughput_to_json(t))
     return t
@@ -388,7 +407,14 @@ class GenerationReport:
       plateau_batch_fit: smallest c reaching ``frac`` of the fitted asymptote.
       plateau_batch_measured: smallest measured c reaching ``frac`` of the best measured.
       max_kv_batch: KV-cache bound (``None`` without model shape and device memory).
-      update_fit: update time against tokens (``None`` without update measurements).
+      update_fit: update time against prompt + response tokens (``None`` without
+        update measurements).
+      update_fit_note: why the update fit is missing or partial ("" when complete).
+      measured: throughput file only: the model and lengths it measured.
+      model_notes: throughput file only: the runs' model, and checks that could not be
+        made (e.g. runs initialised from a Hugging Face checkpoint).
+      model_warnings: throughput file only: mismatches with the runs (its preset
+        differs from theirs).
     """
 
     source: str
@@ -399,12 +425,133 @@ class GenerationReport:
     plateau_batch_measured: int
     max_kv_batch: int | None
     update_fit: UpdateFit | None
+    update_fit_note: str = ""
+    measured: str = ""
+    model_notes: tuple[str, ...] = ()
+    model_warnings: tuple[str, ...] = ()
 
     @property
     def critical_generation_batch(self) -> float:
         """The measured plateau, capped by the KV-cache bound when known."""
         c = float(self.plateau_batch_measured)
         return min(c, float(self.max_kv_batch)) if self.max_kv_batch is not None else c
+
+
+def _nested(tree: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(tree, dict):
+            return None
+        tree = tree.get(k)
+    return tree
+
+
+def _join(values: set[Any]) -> str:
+    return "/".join(str(v) for v in sorted(values, key=str))
+
+
+def describe_settings(settings: dict[str, Any] | None) -> str:
+    """What a throughput file measured, e.g. ``preset tiny-5m, vocab 512, 16 prompt
+    tokens, 32 new tokens per sequence``."""
+    if not settings or settings.get("preset") is None:
+        return "model not recorded (no settings.preset in the file)"
+    parts = [f"preset {settings['preset']}"]
+    if settings.get("vocab_size") is not None:
+        parts.append(f"vocab {settings['vocab_size']}")
+    if settings.get("prompt_len") is not None:
+        parts.append(f"{settings['prompt_len']} prompt tokens")
+    if settings.get("new_tokens") is not None:
+        parts.append(f"{settings['new_tokens']} new tokens per sequence")
+    return ", ".join(parts)
+
+
+def model_check(
+    throughput: Throughput, runs: Sequence[RunData]
+) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """Compares the model a throughput file measured with the runs' model.
+
+    Reads ``settings`` of the file and each run's ``config.json``: ``model.preset``,
+    ``init.source``/``init.path``, ``derived.max_prompt_len``, ``derived.max_new_tokens``
+    and ``derived.model.vocab_size``. Runs with ``init.source == "hf"`` have no preset
+    to match (their shape comes from the checkpoint): that is noted, not warned.
+
+    Args:
+      throughput: the parsed throughput file.
+      runs: the sweep's runs.
+
+    Returns:
+      (what the file measured, notes, warnings); a warning when the file's preset
+      differs from a run's ``model.preset``.
+    """
+    settings = throughput.settings or {}
+    measured = describe_settings(settings)
+    preset = settings.get("preset")
+    presets, hf_paths, prompt, resp, vocab = set(), set(), set(), set(), set()
+    unknown = 0
+    for r in runs:
+        if _nested(r.config, "init", "source") == "hf":
+            hf_paths.add(_nested(r.config, "init", "path") or "?")
+        elif _nested(r.config, "model", "preset") is not None:
+            presets.add(_nested(r.config, "model", "preset"))
+        else:
+            unknown += 1
+        for dst, keys in (
+            (prompt, ("derived", "max_prompt_len")),
+            (resp, ("derived", "max_new_tokens")),
+            (vocab, ("derived", "model", "vocab_size")),
+        ):
+            v = _nested(r.config, *keys)
+            if v is not None:
+                dst.add(v)
+    notes, warnings = [], []
+    if presets or prompt or resp or vocab:
+        parts = [f"preset {_join(presets)}"] if presets else []
+        parts += [f"vocab {_join(vocab)}"] if vocab else []
+        parts += [f"prompts <= {_join(prompt)} tokens"] if prompt else []
+        parts += [f"responses <= {_join(resp)} tokens"] if resp else []
+        notes.append("The runs: " + ", ".join(parts) + ".")
+    if hf_paths:
+        notes.append(
+            f"Runs initialised from a Hugging Face checkpoint (init.source='hf': "
+            f"{_join(hf_paths)}) have no preset to match against the throughput file; "
+            "check by hand that it measured that model."
+        )
+    if unknown:
+        notes.append(f"{unknown} run(s) record no model.preset: not checked.")
+    if preset is None and presets:
+        notes.append(
+            "The throughput file does not record its model, so it cannot be checked "
+            "against the runs' preset."
+        )
+    other = sorted(p for p in presets if p != preset) if preset is not None else []
+    if other:
+        warnings.append(
+            f"{THROUGHPUT_FILE} measured preset {preset}, but the runs use model.preset "
+            f"{', '.join(map(str, other))}: its throughput, plateau and KV-cache bound "
+            "describe another model than the runs'."
+        )
+    return measured, tuple(notes), tuple(warnings)
+
+
+def run_update_points(runs: Sequence[RunData]) -> tuple[list[float], list[float], list[str]]:
+    """Per-run (median update tokens, median update seconds) from the update lines.
+
+    Tokens are ``update_tokens`` (prompt + response tokens of the update); ``gen_tokens``
+    (generated tokens only) is never used in its place.
+
+    Returns:
+      (tokens, seconds, names of runs that log no ``update_tokens``).
+    """
+    tokens, times, lacking = [], [], []
+    for r in runs:
+        if not r.has_field("update_tokens"):
+            lacking.append(r.name)
+            continue
+        t, tok = r.field("time_update_s"), r.field("update_tokens")
+        ok = np.isfinite(t) & np.isfinite(tok) & (tok > 0)
+        if ok.any():
+            tokens.append(float(np.median(tok[ok])))
+            times.append(float(np.median(t[ok])))
+    return tokens, times, lacking
 
 
 def generation_report(
@@ -416,17 +563,21 @@ def generation_report(
     """Critical generation batch from a throughput file, else from run metrics.
 
     Args:
-      throughput: parsed throughput file (preferred when it has >= 2 batches).
-      runs: runs whose update lines carry ``gen_tokens`` and ``time_generate_s``.
+      throughput: parsed throughput file (preferred when it has >= 2 batches; its model
+        is checked against the runs', see ``model_check``).
+      runs: runs whose update lines carry ``gen_tokens`` and ``time_generate_s`` (and
+        ``update_tokens``, ``time_update_s`` for the update fit).
       frac: plateau fraction.
       usable_frac: memory fraction for ``max_kv_batch``.
 
     Returns:
       The report, or ``None`` with fewer than two distinct concurrencies.
     """
-    update_fit, kv, device = None, None, "unknown"
+    update_fit, kv, device, update_note = None, None, "unknown", ""
+    measured, notes, warnings = "", (), ()
     if throughput is not None and len({p.batch for p in throughput.generation}) >= 2:
         source, device = THROUGHPUT_FILE, throughput.device
+        measured, notes, warnings = model_check(throughput, runs)
         c = [p.batch for p in throughput.generation]
         tps = [p.tokens_per_s for p in throughput.generation]
         if len({p.tokens for p in throughput.update}) >= 2:
@@ -446,15 +597,22 @@ def generation_report(
             return None
         c = sorted(by_c)
         tps = [float(np.mean(by_c[x])) for x in c]
-        tokens, times = [], []
-        for r in runs:
-            t, tok = r.field("time_update_s"), r.field("gen_tokens")
-            ok = np.isfinite(t) & np.isfinite(tok)
-            if ok.any():
-                tokens.append(float(np.median(tok[ok])))
-                times.append(float(np.median(t[ok])))
+        tokens, times, lacking = run_update_points(runs)
         if len(set(tokens)) >= 2:
             update_fit = fit_update(tokens, times)
+        if lacking and update_fit is None:
+            update_note = (
+                f"no update-time fit: {len(lacking)} of {len(runs)} runs log no "
+                "update_tokens (prompt + response tokens per update; older metrics "
+                "files), and gen_tokens (generated tokens only) is not a substitute"
+            )
+        elif lacking:
+            update_note = (
+                f"update-time fit from {len(runs) - len(lacking)} runs; {len(lacking)} "
+                "log no update_tokens (older metrics files) and are left out"
+            )
+        elif update_fit is None:
+            update_note = "no update-time fit: fewer than two distinct update sizes"
     fit = fit_generation(c, tps)
     return GenerationReport(
         source=source,
@@ -465,4 +623,8 @@ def generation_report(
         plateau_batch_measured=measured_plateau_batch(c, tps, frac),
         max_kv_batch=kv,
         update_fit=update_fit,
+        update_fit_note=update_note,
+        measured=measured,
+        model_notes=notes,
+        model_warnings=warnings,
     )

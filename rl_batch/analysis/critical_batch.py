@@ -6,6 +6,8 @@ is the largest batch before the first one whose sample cost ``r_N`` exceeds ``1 
 (or that does not reach the target): where the learning curves against cumulative
 responses leave the reference family. The interval uses the bootstrap bounds of r_N: the
 conservative end walks with r_N's upper bound, the optimistic end with its lower bound.
+A walk that meets an r_N without an interval (fewer than two seeds on either side) has
+no bound to walk with, so that end is unavailable (``None``), never the point estimate.
 
 Gradient-norm trend: each run's mean ``grad_norm`` (and ``critic_grad_norm``) over the
 same training window of responses, averaged over seeds, against batch on log-log axes.
@@ -82,10 +84,14 @@ class CriticalTrainingBatch:
       tol: tolerance on r_N (inside the family while ``r_N <= 1 + tol``).
       r_n: r_N per family configuration (``None``: not reached).
       critical_batch: largest batch before the first that leaves the family.
-      critical_batch_lo: the same walk with r_N's upper bootstrap bound (conservative).
-      critical_batch_hi: the same walk with r_N's lower bootstrap bound (optimistic).
+      critical_batch_lo: the same walk with r_N's upper bootstrap bound (conservative);
+        ``None`` when the walk meets an r_N without an interval.
+      critical_batch_hi: the same walk with r_N's lower bootstrap bound (optimistic);
+        ``None`` likewise.
       first_outside: the first batch that leaves the family (``None``: none does).
       r_n_at_critical: r_N at the critical batch.
+      first_outside_incomplete: the first batch outside has no r_N only because some of
+        its (or the reference's) seeds are still running: it may yet turn out inside.
     """
 
     family: tuple[ConfigKey, ...]
@@ -93,10 +99,16 @@ class CriticalTrainingBatch:
     tol: float
     r_n: tuple[Estimate | None, ...]
     critical_batch: int
-    critical_batch_lo: int
-    critical_batch_hi: int
+    critical_batch_lo: int | None
+    critical_batch_hi: int | None
     first_outside: int | None
     r_n_at_critical: Estimate | None
+    first_outside_incomplete: bool = False
+
+    @property
+    def has_interval(self) -> bool:
+        """Whether both ends of the CI walk are available."""
+        return self.critical_batch_lo is not None and self.critical_batch_hi is not None
 
 
 def _walk(fam: Sequence[ConfigKey], r_vals: Sequence[float | None], start: int, tol: float):
@@ -108,6 +120,21 @@ def _walk(fam: Sequence[ConfigKey], r_vals: Sequence[float | None], start: int, 
             return last, i
         last = i
     return last, None
+
+
+def _walk_bound(r_n: Sequence[Estimate | None], bound: str, start: int, tol: float) -> int | None:
+    """``_walk`` on r_N's ``lo`` or ``hi``; ``None`` if it meets an r_N without interval."""
+    last = start
+    for i in range(start + 1, len(r_n)):
+        e = r_n[i]
+        if e is None:
+            return last
+        if not e.has_interval:
+            return None  # No bound to compare: this end of the interval is unknown.
+        if getattr(e, bound) > 1.0 + tol:
+            return last
+        last = i
+    return last
 
 
 def critical_training_batch(
@@ -126,7 +153,7 @@ def critical_training_batch(
 
     Returns:
       The critical training batch, or ``None`` when the family has fewer than two
-      batches or its reference does not reach the target.
+      batches or its reference does not reach the target (every seed).
     """
     fam = family_keys(list(analysis.stats), group_size, lr_rule, reference=analysis.reference)
     if len(fam) < 2:
@@ -138,21 +165,22 @@ def critical_training_batch(
     r_n = [ratios[k].r_n for k in fam]
     start = fam.index(ref)
     mean = [None if e is None else e.mean for e in r_n]
-    upper = [None if e is None else e.hi for e in r_n]
-    lower = [None if e is None else e.lo for e in r_n]
     i_mid, i_out = _walk(fam, mean, start, tol)
-    i_lo, _ = _walk(fam, upper, start, tol)
-    i_hi, _ = _walk(fam, lower, start, tol)
+    i_lo = _walk_bound(r_n, "hi", start, tol)
+    i_hi = _walk_bound(r_n, "lo", start, tol)
     return CriticalTrainingBatch(
         family=tuple(fam),
         reference=ref,
         tol=tol,
         r_n=tuple(r_n),
         critical_batch=fam[i_mid].batch,
-        critical_batch_lo=fam[i_lo].batch,
-        critical_batch_hi=fam[i_hi].batch,
+        critical_batch_lo=None if i_lo is None else fam[i_lo].batch,
+        critical_batch_hi=None if i_hi is None else fam[i_hi].batch,
         first_outside=None if i_out is None else fam[i_out].batch,
         r_n_at_critical=r_n[i_mid],
+        first_outside_incomplete=(
+            i_out is not None and r_n[i_out] is None and analysis.stats[fam[i_out]].incomplete
+        ),
     )
 
 

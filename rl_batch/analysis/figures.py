@@ -14,6 +14,9 @@ Figures (each skipped, with a logged note, when the sweep has no data for it):
   KV-cache bound) marked; ``r_N`` against batch with the critical training batch marked.
 - ``time_to_target``: ``T / T_ref`` against batch, best configuration starred.
 
+Error bars are the bootstrap intervals over seeds; an estimate without one (a single
+seed) is drawn as a hollow marker with no bar, never a zero-length bar.
+
 Only the object-oriented matplotlib API is used (``Figure`` with an Agg canvas), so
 nothing changes the global backend and every function also works in a notebook: the
 ``figure_*`` functions return the ``Figure`` (or ``None``), ``write_all`` saves everything.
@@ -55,6 +58,58 @@ def _batch_colors(batches: Sequence[int]) -> dict[int, tuple[float, ...]]:
     cmap = colormaps["viridis"]
     n = max(len(uniq) - 1, 1)
     return {b: cmap(0.9 * i / n) for i, b in enumerate(uniq)}
+
+
+def _errorbars(ax, b, ests, color, marker, label, linestyle="none", capsize=3) -> None:
+    """Means with their bootstrap intervals as error bars.
+
+    An estimate without an interval (fewer than two seeds) is a hollow marker with no
+    bar; one with a zero-width interval (the reference's exact ratio to itself) a filled
+    marker with no bar: never a zero-length bar that reads like a measured interval.
+    """
+    b = np.asarray(b, dtype=float)
+    m = np.array([e.mean for e in ests])
+    has = np.array([e.has_interval for e in ests], dtype=bool)
+    bar = np.array([e.has_interval and e.hi > e.lo for e in ests], dtype=bool)
+    if linestyle != "none":
+        ax.plot(b, m, linestyle=linestyle, color=color, marker="none")
+    if bar.any():
+        err = np.array(
+            [
+                [e.mean - e.lo for e, k in zip(ests, bar) if k],
+                [e.hi - e.mean for e, k in zip(ests, bar) if k],
+            ]
+        )
+        ax.errorbar(
+            b[bar],
+            m[bar],
+            yerr=err,
+            fmt=marker,
+            capsize=capsize,
+            color=color,
+            label=label,
+            linestyle="none",
+        )
+    exact = has & ~bar
+    if exact.any():
+        ax.plot(
+            b[exact],
+            m[exact],
+            marker,
+            color=color,
+            linestyle="none",
+            label=None if bar.any() else label,
+        )
+    if (~has).any():
+        ax.plot(
+            b[~has],
+            m[~has],
+            marker,
+            markerfacecolor="none",
+            color=color,
+            linestyle="none",
+            label=f"{label} (no CI: < 2 seeds)",
+        )
 
 
 def _grid(runs: Sequence[RunData], points: int = 200) -> np.ndarray:
@@ -258,10 +313,19 @@ def figure_lr_rule(analysis: Analysis) -> Figure | None:
             ax2.text(i, 0.02, "not reached", rotation=90, ha="center", va="bottom", fontsize=8)
             continue
         e = ra.r_updates
-        ax2.bar(
-            i, e.mean, color=color, alpha=0.8, yerr=[[e.mean - e.lo], [e.hi - e.mean]], capsize=3
-        )
-        ax2.text(i, e.hi, f"{e.mean:.2f}", ha="center", va="bottom", fontsize=8)
+        if e.has_interval:
+            ax2.bar(
+                i,
+                e.mean,
+                color=color,
+                alpha=0.8,
+                yerr=[[e.mean - e.lo], [e.hi - e.mean]],
+                capsize=3,
+            )
+            ax2.text(i, e.hi, f"{e.mean:.2f}", ha="center", va="bottom", fontsize=8)
+        else:  # One seed: no interval to draw.
+            ax2.bar(i, e.mean, color=color, alpha=0.8, hatch="//")
+            ax2.text(i, e.mean, f"{e.mean:.2f}\nno CI", ha="center", va="bottom", fontsize=8)
         ax2.hlines(ra.ideal_updates, i - 0.4, i + 0.4, colors="k", linestyles="--")
     ax2.set_xticks(x, [f"B={k.batch}\n{k.lr_rule}" for k in bars])
     ax2.set_ylabel(f"updates to target / reference (B={ref.batch})")
@@ -353,7 +417,10 @@ def figure_critical_batches(
         ax.set_xscale("log", base=2)
         ax.set_xlabel("generation concurrency (sequences)")
         ax.set_ylabel("generated tokens / s")
-        ax.set_title(f"critical generation batch ({g.source})")
+        title = f"critical generation batch ({g.source})"
+        if g.model_warnings:
+            title += "\nWARNING: throughput.json measured another model preset"
+        ax.set_title(title)
         ax.legend(fontsize=7)
     else:
         ax.text(0.5, 0.5, "no throughput data", ha="center", va="center", transform=ax.transAxes)
@@ -362,20 +429,29 @@ def figure_critical_batches(
         est = [e for e in crit.r_n if e is not None]
         b = np.array([k.batch for k in fam], dtype=float)
         m = np.array([e.mean for e in est])
-        err = np.array([[e.mean - e.lo for e in est], [e.hi - e.mean for e in est]])
-        ax2.errorbar(b, m, yerr=err, fmt="o-", color="C0", capsize=3, label="r_N (sqrt LR)")
-        missing = [k.batch for k, e in zip(crit.family, crit.r_n) if e is None]
-        for mb in missing:
+        _errorbars(ax2, b, est, "C0", "o", "r_N (sqrt LR)", linestyle="-")
+        missing = [k for k, e in zip(crit.family, crit.r_n) if e is None]
+        for mk in missing:
             ax2.annotate(
-                "not reached", (mb, 1.0 + tol), rotation=90, fontsize=7, ha="center", va="bottom"
+                analysis.stats[mk].missing_label,
+                (mk.batch, 1.0 + tol),
+                rotation=90,
+                fontsize=7,
+                ha="center",
+                va="bottom",
             )
         ax2.axhspan(0.0, 1.0 + tol, color="0.85", alpha=0.5, label=f"r_N <= 1 + {tol:g}")
+        if crit.first_outside_incomplete:
+            walk = f" or more (B={crit.first_outside} incomplete)"
+        elif crit.has_interval:
+            walk = f" [{crit.critical_batch_lo}, {crit.critical_batch_hi}]"
+        else:
+            walk = " (no CI walk)"
         ax2.axvline(
             crit.critical_batch,
             color="k",
             linestyle="--",
-            label=f"critical training batch {crit.critical_batch} "
-            f"[{crit.critical_batch_lo}, {crit.critical_batch_hi}]",
+            label=f"critical training batch {crit.critical_batch}{walk}",
         )
         bs = [
             s.median_second_half
@@ -418,22 +494,17 @@ def figure_time_to_target(analysis: Analysis) -> Figure | None:
     fig = _figure(1, width=6.5)
     ax = fig.subplots()
     reached = [(k, e) for k, e in rows if e is not None]
-    top = max(e.hi for _, e in reached)
+    top = max(e.hi if e.has_interval else e.mean for _, e in reached)
     for rule in sorted({k.lr_rule for k, _ in rows}):
         pts = sorted([(k, e) for k, e in reached if k.lr_rule == rule], key=lambda p: p[0].batch)
         if pts:
-            b = np.array([k.batch for k, _ in pts], dtype=float)
-            m = np.array([e.mean for _, e in pts])
-            err = np.array([[e.mean - e.lo for _, e in pts], [e.hi - e.mean for _, e in pts]])
-            ax.errorbar(
-                b,
-                m,
-                yerr=err,
-                fmt=RULE_MARKERS.get(rule, "v"),
-                capsize=3,
-                color=RULE_COLORS.get(rule),
-                label=f"{rule} LR",
-                linestyle="none",
+            _errorbars(
+                ax,
+                [k.batch for k, _ in pts],
+                [e for _, e in pts],
+                RULE_COLORS.get(rule),
+                RULE_MARKERS.get(rule, "v"),
+                f"{rule} LR",
             )
             for k, e in pts:
                 if k.group_size != analysis.reference.group_size:
@@ -446,9 +517,15 @@ def figure_time_to_target(analysis: Analysis) -> Figure | None:
                     )
         for k, e in rows:
             if e is None and k.lr_rule == rule:
+                s, ref = analysis.stats[k], analysis.stats[analysis.reference]
+                miss = (
+                    "incomplete"
+                    if s.incomplete or (s.reached and ref.incomplete)
+                    else "not reached"
+                )
                 ax.plot([k.batch], [top * 1.1], "x", color="C3")
                 ax.annotate(
-                    f"{rule}: not reached",
+                    f"{rule}: {miss}",
                     (k.batch, top * 1.1),
                     fontsize=7,
                     xytext=(4, -10),

@@ -12,9 +12,11 @@ and measures ``q`` over the same window, i.e. what short pilot runs would tell.
 - ``method="intermediate"``: responses needed to reach a lower level, the same for all
   candidates: ``level_frac`` of the way from the initial accuracy to the median (over
   configurations) of the best seed-mean accuracy within the window, capped at the target
-  and at the reference's best (so the reference reaches it). A candidate that does not
-  reach it within the window gets only a bound, ``r_N > window / N_ref(level)``, and
-  ranks after the predicted ones.
+  and at the reference's best (so the reference reaches it). A candidate with a seed
+  that does not reach it within the window gets only a lower bound,
+  ``r_N >= mean_i min(N_i, window) / mean N_ref(level)`` (seeds that did not reach
+  count as the window; a seed still running that has not covered the window yet counts
+  as the responses of its last evaluation), and ranks after the predicted ones.
 - ``method="fit"``: fits ``acc(n) = A - (A - a0) exp(-n / tau)`` (``A <= 1``) to each
   run's window and extrapolates N* at the target (``A <= target``: predicted never).
 
@@ -36,6 +38,8 @@ from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, truncate_run
 from rl_batch.analysis.time_to_target import (
     DEFAULT_N_BOOT,
     DEFAULT_SEED,
+    FINISHED_STATUSES,
+    INCOMPLETE,
     NOT_REACHED,
     Analysis,
     Estimate,
@@ -59,9 +63,12 @@ class PlanRow:
       r_q: (measured) throughput gain against the reference.
       r_t: ``r_N / r_q``, the time-to-target ratio.
       reached: full mode: every seed reached the target; pilot mode: r_N was predicted.
-      r_n_lower_bound: pilot mode, a candidate that did not reach the level: ``r_N > this``.
+      r_n_lower_bound: pilot mode, a candidate with a seed that did not reach the level:
+        ``r_N >= this`` (see the module docstring).
       note: free-text remark.
       time_to_target_s: full mode, the mean time-to-target in seconds.
+      incomplete: full mode: its (or the reference's) missing r_N waits for seeds still
+        running (shown "incomplete" rather than "not reached").
     """
 
     key: ConfigKey
@@ -72,6 +79,11 @@ class PlanRow:
     r_n_lower_bound: float | None = None
     note: str = ""
     time_to_target_s: Estimate | None = None
+    incomplete: bool = False
+
+    @property
+    def missing_label(self) -> str:
+        return INCOMPLETE if self.incomplete else NOT_REACHED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,14 +164,40 @@ def plan_full(analysis: Analysis) -> Plan:
       The plan.
     """
     rows = []
-    ref_reached = analysis.stats[analysis.reference].reached
+    ref_stats = analysis.stats[analysis.reference]
+    ref_reached = ref_stats.reached
     for k, s in analysis.stats.items():
         ra = analysis.ratios[k]
-        note = "" if s.reached else f"{NOT_REACHED} ({s.n_reached}/{s.n_seeds} seeds)"
-        rows.append(PlanRow(k, ra.r_n, ra.r_q, ra.r_t, s.reached, None, note, s.time_to_target_s))
+        if s.reached:
+            note = ""
+        elif s.incomplete:
+            note = (
+                f"{INCOMPLETE} ({s.n_reached}/{s.n_seeds} seeds reached, "
+                f"{s.n_pending} still running)"
+            )
+        else:
+            note = f"{NOT_REACHED} ({s.n_reached}/{s.n_seeds} seeds)"
+        rows.append(
+            PlanRow(
+                k,
+                ra.r_n,
+                ra.r_q,
+                ra.r_t,
+                s.reached,
+                None,
+                note,
+                s.time_to_target_s,
+                incomplete=s.incomplete or (s.reached and ref_stats.incomplete),
+            )
+        )
     ranked = _rank(rows)
     best = ranked[0].key if ranked and ranked[0].reached else None
-    note = "" if ref_reached else "reference did not reach the target: ranked by mean T in s"
+    if ref_reached:
+        note = ""
+    elif ref_stats.incomplete:
+        note = "reference incomplete (seeds still running): ranked by mean T in s"
+    else:
+        note = "reference did not reach the target: ranked by mean T in s"
     return Plan("full", analysis.target, analysis.reference, tuple(ranked), best, None, note)
 
 
@@ -227,6 +265,27 @@ def fit_saturating(
     fits = [(_fit_fixed_tau(n, acc, t, a_max), t) for t in fine]
     (a_hat, c_hat, best_sse), tau = min(fits, key=lambda f: f[0][2])
     return SaturatingFit(A=a_hat, a0=a_hat - c_hat, tau=float(tau), sse=best_sse)
+
+
+def pilot_lower_bound(
+    n_seeds: Sequence[float | None], covered: Sequence[float], n_ref: Sequence[float]
+) -> float:
+    """Lower bound on a candidate's r_N when some seed did not reach the level.
+
+    ``mean_i lower_i / mean(N_ref)`` with ``lower_i = N_i`` for a seed that reached the
+    level and ``covered_i`` (the responses the pilot watched it for: the window, or
+    less for a seed still running) for one that did not, whose N_i is beyond it.
+
+    Args:
+      n_seeds: [S] the candidate's per-seed N at the level (``None``: not reached).
+      covered: [S] responses each seed was watched for without reaching the level.
+      n_ref: the reference's per-seed N at the level (all reached).
+
+    Returns:
+      The bound (r_N is at least this).
+    """
+    lower = [c if n is None else min(n, c) for n, c in zip(n_seeds, covered)]
+    return float(np.mean(lower)) / float(np.mean(n_ref))
 
 
 def _window(sweep: Sweep, runs: Sequence[RunData], fraction: float) -> float:
@@ -304,7 +363,7 @@ def plan_pilot(
     for k in pilots:
         n_k = preds[k] if all(v is not None for v in preds[k]) else None
         if k == ref and n_k is not None:
-            one = Estimate(1.0, 1.0, 1.0, len(n_k))
+            one = Estimate(1.0, 1.0, 1.0, len(n_k), exact=True)
             r_n, r_q, r_t = one, one, one
         else:
             r_n, r_q, r_t = ratio_estimates(
@@ -313,8 +372,22 @@ def plan_pilot(
         bound, note = None, ""
         if n_k is None:
             if method == "intermediate" and n_ref is not None:
-                bound = window / float(np.mean(n_ref))
-                note = f"level {level:.3g} not reached in the pilot window"
+                # A seed still running short of the window was watched for less: up to
+                # its last evaluation (its N lies beyond that, not beyond the window).
+                covered = [
+                    window
+                    if r.status in FINISHED_STATUSES or r.final_responses >= window
+                    else min(window, float(r.eval_responses[-1]) if r.eval_responses.size else 0.0)
+                    for r in full.runs_by_key[k]
+                ]
+                bound = pilot_lower_bound(preds[k], covered, n_ref)
+                missed = sum(v is None for v in preds[k])
+                note = (
+                    f"level {level:.3g} not reached in the pilot window by "
+                    f"{missed}/{len(preds[k])} seeds"
+                )
+                if any(c < window for c in covered):
+                    note += " (some still running short of the window)"
             elif method == "intermediate":
                 note = "no prediction (the reference shows no learning in the window)"
             else:
@@ -343,12 +416,13 @@ def plan_pilot(
     return Plan("pilot", full.target, ref, tuple(ranked), pick, comparison, note)
 
 
-def _est_json(e: Estimate | None) -> dict[str, float] | str:
-    return NOT_REACHED if e is None else e.to_json()
+def _est_json(e: Estimate | None, missing: str = NOT_REACHED) -> dict[str, float | None] | str:
+    return missing if e is None else e.to_json()
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:
-    """JSON object of a plan (``plan.json``); missing estimates are "not reached"."""
+    """JSON object of a plan (``plan.json``); missing estimates are "not reached" (or
+    "incomplete" while seeds that have not reached are still running)."""
     obj: dict[str, Any] = {
         "mode": plan.mode,
         "target": plan.target,
@@ -364,13 +438,13 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                 "group_size": r.key.group_size,
                 "batch_responses": r.key.batch,
                 "lr_rule": r.key.lr_rule,
-                "r_n": _est_json(r.r_n),
+                "r_n": _est_json(r.r_n, r.missing_label),
                 "r_q": _est_json(r.r_q),
-                "r_t": _est_json(r.r_t),
+                "r_t": _est_json(r.r_t, r.missing_label),
                 "reached": r.reached,
                 "r_n_lower_bound": r.r_n_lower_bound,
                 "time_to_target_s": (
-                    _est_json(r.time_to_target_s) if plan.mode == "full" else None
+                    _est_json(r.time_to_target_s, r.missing_label) if plan.mode == "full" else None
                 ),
                 "note": r.note,
             }
@@ -404,14 +478,14 @@ def format_plan_table(plan: Plan) -> str:
         "|---:|---|---:|---|---|---|---|",
     ]
     for i, r in enumerate(plan.rows, start=1):
-        r_n = fmt_estimate(r.r_n)
+        r_n = fmt_estimate(r.r_n, missing=r.missing_label)
         if r.r_n is None and r.r_n_lower_bound is not None:
-            r_n = f"> {r.r_n_lower_bound:.3g}"
+            r_n = f">= {r.r_n_lower_bound:.3g}"
         star = " *" if r.key == plan.recommendation else ""
         r_q = fmt_estimate(r.r_q, missing="-")
         lines.append(
             f"| {i} | {r.key.name}{star} | {r.key.batch} | {r_n} | {r_q}"
-            f" | {fmt_estimate(r.r_t)} | {r.note} |"
+            f" | {fmt_estimate(r.r_t, missing=r.missing_label)} | {r.note} |"
         )
     rec = plan.recommendation
     lines.append("")

@@ -1,6 +1,8 @@
 """``report.md`` of a sweep: time-to-target tables, ratios, critical batches, recommendation.
 
-Every missing time-to-target quantity is written "not reached", never a number.
+Every missing time-to-target quantity is written "not reached" (or "incomplete" while a
+seed that has not reached is still running), never a number. An estimate from one seed
+is written ``1234 (1 seed, no CI)``: it has no interval.
 """
 
 from __future__ import annotations
@@ -11,11 +13,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from rl_batch.analysis import cost_model, critical_batch, noise_scale, planner
-from rl_batch.analysis.time_to_target import NOT_REACHED, Analysis, fmt_estimate
+from rl_batch.analysis.time_to_target import (
+    INCOMPLETE,
+    NOT_REACHED,
+    Analysis,
+    ConfigStats,
+    fmt_estimate,
+)
 
 
-def _num(v: float | None, spec: str = ".4g") -> str:
-    return NOT_REACHED if v is None else f"{v:{spec}}"
+def _num(v: float | None, spec: str = ".4g", missing: str = NOT_REACHED) -> str:
+    return missing if v is None else f"{v:{spec}}"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -24,10 +32,17 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
+def _seeds_cell(s: ConfigStats) -> str:
+    """``reached/seeds``, plus how many seeds are still running without having reached."""
+    cell = f"{s.n_reached}/{s.n_seeds}"
+    return cell + (f" ({s.n_pending} running)" if s.incomplete else "")
+
+
 def config_table(analysis: Analysis) -> list[str]:
     """Per-configuration N*, q, T and updates to target (mean [bootstrap CI])."""
     rows = []
     for k, s in analysis.stats.items():
+        miss = s.missing_label
         rows.append(
             [
                 k.name,
@@ -35,11 +50,11 @@ def config_table(analysis: Analysis) -> list[str]:
                 k.prompts,
                 k.group_size,
                 k.lr_rule,
-                f"{s.n_reached}/{s.n_seeds}",
-                fmt_estimate(s.n_star, ".4g"),
+                _seeds_cell(s),
+                fmt_estimate(s.n_star, ".4g", miss),
                 fmt_estimate(s.q, ".4g", "-"),
-                fmt_estimate(s.time_to_target_s, ".4g"),
-                fmt_estimate(s.updates_to_target, ".4g"),
+                fmt_estimate(s.time_to_target_s, ".4g", miss),
+                fmt_estimate(s.updates_to_target, ".4g", miss),
             ]
         )
     header = [
@@ -63,15 +78,17 @@ def run_table(analysis: Analysis) -> list[str]:
     for k, runs in analysis.runs_by_key.items():
         for r in runs:
             t = analysis.targets[r.name]
+            miss = f"{NOT_REACHED} yet" if t.pending else NOT_REACHED
             rows.append(
                 [
                     r.name,
                     k.name,
                     "-" if r.seed is None else r.seed,
-                    _num(t.n_star),
+                    r.status,
+                    _num(t.n_star, missing=miss),
                     _num(t.q, ".4g") if t.q is not None else "-",
-                    _num(t.time_to_target_s),
-                    _num(t.updates_to_target),
+                    _num(t.time_to_target_s, missing=miss),
+                    _num(t.updates_to_target, missing=miss),
                     f"{t.responses_final:.0f}",
                     f"{t.time_train_s:.4g}",
                 ]
@@ -80,6 +97,7 @@ def run_table(analysis: Analysis) -> list[str]:
         "run",
         "config",
         "seed",
+        "status",
         "N*",
         "q",
         "T (s)",
@@ -93,15 +111,18 @@ def run_table(analysis: Analysis) -> list[str]:
 def ratio_table(analysis: Analysis) -> list[str]:
     """Per-configuration r_N, r_q, T/T_ref and updates ratio against the reference."""
     rows = []
+    ref = analysis.stats[analysis.reference]
     for k, r in analysis.ratios.items():
+        s = analysis.stats[k]
+        miss = INCOMPLETE if s.incomplete or (s.reached and ref.incomplete) else NOT_REACHED
         rows.append(
             [
                 k.name,
                 k.batch,
-                fmt_estimate(r.r_n),
+                fmt_estimate(r.r_n, missing=miss),
                 fmt_estimate(r.r_q, missing="-"),
-                fmt_estimate(r.r_t),
-                fmt_estimate(r.r_updates),
+                fmt_estimate(r.r_t, missing=miss),
+                fmt_estimate(r.r_updates, missing=miss),
                 f"{r.ideal_updates:.3g}",
             ]
         )
@@ -122,7 +143,8 @@ def _critical_section(analysis: Analysis, tol: float) -> list[str]:
     out = ["## Critical training batch", ""]
     if crit is None:
         return out + [
-            "No sqrt-LR family with two or more batches whose reference reaches the target.",
+            "No sqrt-LR family with two or more batches whose reference reaches the target "
+            "(every seed; an incomplete reference waits for its running seeds).",
             "",
         ]
     fam = crit.family[0]
@@ -131,17 +153,33 @@ def _critical_section(analysis: Analysis, tol: float) -> list[str]:
         f"{crit.reference.name}; inside the family while r_N <= 1 + {tol:g}."
     )
     out.append("")
-    out.append(
-        f"- critical training batch: **{crit.critical_batch}** responses "
-        f"(CI walk: [{crit.critical_batch_lo}, {crit.critical_batch_hi}]); r_N there "
-        f"{fmt_estimate(crit.r_n_at_critical)}"
-    )
-    out.append(
-        "- first batch outside the family: "
-        + ("none measured" if crit.first_outside is None else str(crit.first_outside))
-    )
+    if crit.first_outside_incomplete:
+        out.append(
+            f"- critical training batch: at least **{crit.critical_batch}** responses (the "
+            f"walk stops at B = {crit.first_outside}, incomplete); r_N there "
+            f"{fmt_estimate(crit.r_n_at_critical)}"
+        )
+    else:
+        if crit.has_interval:
+            walk = f"CI walk: [{crit.critical_batch_lo}, {crit.critical_batch_hi}]"
+        else:
+            walk = "CI walk: unavailable, an r_N on the way has no interval (fewer than 2 seeds)"
+        out.append(
+            f"- critical training batch: **{crit.critical_batch}** responses "
+            f"({walk}); r_N there {fmt_estimate(crit.r_n_at_critical)}"
+        )
+    outside = "none measured" if crit.first_outside is None else str(crit.first_outside)
+    if crit.first_outside_incomplete:
+        outside += " (incomplete: seeds still running, it may yet turn out inside)"
+    out.append("- first batch outside the family: " + outside)
     out.append("")
-    out += _table(["B", "r_N"], [[k.batch, fmt_estimate(e)] for k, e in zip(crit.family, crit.r_n)])
+    out += _table(
+        ["B", "r_N"],
+        [
+            [k.batch, fmt_estimate(e, missing=analysis.stats[k].missing_label)]
+            for k, e in zip(crit.family, crit.r_n)
+        ],
+    )
     out.append("")
     for field in ("grad_norm", "critic_grad_norm"):
         tr = critical_batch.grad_norm_trend(analysis, field)
@@ -210,6 +248,12 @@ def _generation_section(
         f"a = {f.a_s:.4g} s, b = {f.b_s:.4g} s, R^2 = {f.r2:.3f}; asymptote "
         f"{f.asymptote:.4g} tokens/s.",
         "",
+    ]
+    if gen.source == cost_model.THROUGHPUT_FILE:
+        out += [f"The throughput file measured: {gen.measured}.", *gen.model_notes, ""]
+        out += [f"**Warning:** {w}" for w in gen.model_warnings]
+        out += [""] if gen.model_warnings else []
+    out += [
         f"- plateau ({gen.frac:.0%} of best measured): c = **{gen.plateau_batch_measured}**",
         f"- plateau ({gen.frac:.0%} of fitted asymptote): c = "
         + ("-" if gen.plateau_batch_fit is None else f"{gen.plateau_batch_fit:.4g}"),
@@ -224,8 +268,10 @@ def _generation_section(
         u = gen.update_fit
         out.append(
             f"- update time = {u.intercept_s:.4g} s + {u.s_per_token:.4g} s/token "
-            f"(R^2 = {u.r2:.3f})"
+            f"(prompt + response tokens of the update; R^2 = {u.r2:.3f})"
         )
+    if gen.update_fit_note:
+        out.append(f"- {gen.update_fit_note}")
     out.append("")
     out += _table(
         ["c", "tokens/s", "fit tokens/s"],
@@ -237,14 +283,16 @@ def _generation_section(
     crit = critical_batch.critical_training_batch(analysis, tol)
     if crit is not None:
         cg, ct = gen.critical_generation_batch, crit.critical_batch
-        order = (
-            "the throughput plateaus before invariance breaks"
-            if cg <= ct
-            else "invariance breaks before the throughput plateaus"
-        )
+        if cg <= ct:
+            order = "the throughput plateaus before invariance breaks"
+        elif crit.first_outside_incomplete:
+            order = "not known yet which comes first (the walk stops at an incomplete batch)"
+        else:
+            order = "invariance breaks before the throughput plateaus"
+        at_least = "at least " if crit.first_outside_incomplete else ""
         out += [
             "",
-            f"Critical generation batch {cg:.4g} vs critical training batch {ct}: "
+            f"Critical generation batch {cg:.4g} vs critical training batch {at_least}{ct}: "
             f"{order}; pick by minimum T (below), not by either.",
         ]
     return out + [""]
@@ -282,8 +330,14 @@ def build_report(
         f"Intervals: percentile bootstrap over seeds ({analysis.n_boot} replicates, "
         f"{analysis.level:.0%}, rng seed {analysis.seed}). N*: retained responses at the "
         f"first crossing (interpolated); q: retained responses per training second up to "
-        f"the target; T = N*/q. A configuration gets N*, T only when every seed reached.",
+        f"the target; T = N*/q. A configuration gets N*, T only when every seed reached "
+        f'("{INCOMPLETE}" while a seed that has not reached is still running); one seed '
+        f'gives no interval ("1 seed, no CI").',
         "",
+        *[
+            f"**Warning:** {w} (See Critical generation batch.)\n"
+            for w in (generation.model_warnings if generation is not None else ())
+        ],
         "## Time to target per configuration",
         "",
         *config_table(analysis),

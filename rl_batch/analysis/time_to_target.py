@@ -12,9 +12,14 @@ Definitions (the measurement protocol):
   whole run and T is ``None``.
 - ``updates_to_target``: actor updates done at N*, interpolated the same way.
 
-Per configuration (seeds): the mean and a percentile bootstrap interval. A
+Per configuration (seeds): the mean and a percentile bootstrap interval; with fewer
+than two seeds there is no interval (``lo``/``hi`` are NaN, printed "1 seed, no CI"),
+never a zero-width one. Every seed that did not fail counts, finished or not. A
 configuration's N*, T and updates are reported only when *every* seed reached the
-target (a mean over the seeds that happened to reach it would be biased low).
+target (a mean over the seeds that happened to reach it would be biased low): a
+finished seed that never reached makes the configuration "not reached"; a seed still
+running (or of unknown status) that has not reached yet makes it "incomplete" until it
+reaches or finishes.
 
 Ratios against a reference configuration: ``r_N = mean N*(B) / mean N*(B_ref)``,
 ``r_q = mean q(B) / mean q(B_ref)``, ``T/T_ref = r_N / r_q`` (equal to the ratio of
@@ -34,6 +39,7 @@ from rl_batch import artifacts
 from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, group_runs
 
 NOT_REACHED = artifacts.NOT_REACHED
+INCOMPLETE = "incomplete"
 
 DEFAULT_N_BOOT = 2000
 DEFAULT_LEVEL = 0.95
@@ -105,10 +111,19 @@ class RunTarget:
     updates_to_target: float | None
     responses_final: float
     time_train_s: float
+    finished: bool = True
 
     @property
     def reached(self) -> bool:
         return self.n_star is not None
+
+    @property
+    def pending(self) -> bool:
+        """Still running (or of unknown status) and not at the target yet: undecided."""
+        return not self.reached and not self.finished
+
+
+FINISHED_STATUSES = ("finished", "pilot")
 
 
 def run_time_to_target(run: RunData, target: float) -> RunTarget:
@@ -119,14 +134,16 @@ def run_time_to_target(run: RunData, target: float) -> RunTarget:
       target: validation accuracy target.
 
     Returns:
-      The run's ``RunTarget``.
+      The run's ``RunTarget`` (``finished`` is False unless the status is ``finished``
+      or ``pilot``).
     """
     n_final, t_final = run.final_responses, run.final_time_train
     q_run = n_final / t_final if t_final > 0 else None
+    finished = run.status in FINISHED_STATUSES
     n_star = first_crossing(run.eval_responses, run.eval_accuracy, target)
     if n_star is None:
         return RunTarget(
-            run.name, run.key, run.seed, target, None, None, q_run, None, n_final, t_final
+            run.name, run.key, run.seed, target, None, None, q_run, None, n_final, t_final, finished
         )
     # Axes start at (0 responses, 0 s, 0 updates).
     xp = np.concatenate([[0.0], run.responses])
@@ -134,25 +151,46 @@ def run_time_to_target(run: RunData, target: float) -> RunTarget:
     u_star = interp_first(n_star, xp, np.concatenate([[0.0], run.updates_done]))
     q = n_star / t_star if t_star > 0 else q_run
     return RunTarget(
-        run.name, run.key, run.seed, target, n_star, t_star, q, u_star, n_final, t_final
+        run.name, run.key, run.seed, target, n_star, t_star, q, u_star, n_final, t_final, finished
     )
 
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """A mean over seeds (or a ratio) with its percentile bootstrap interval."""
+    """A mean over seeds (or a ratio) with its percentile bootstrap interval.
+
+    ``lo`` and ``hi`` are NaN when there is no interval (fewer than two seeds in a
+    sample, or no finite bootstrap replicate). ``n`` is the number of seeds (of the
+    first sample, for a ratio). ``exact`` marks a value that is not estimated (the
+    reference's ratio to itself, 1 by definition): printed ``1 (reference)``.
+    """
 
     mean: float
     lo: float
     hi: float
     n: int
+    exact: bool = False
+
+    @property
+    def has_interval(self) -> bool:
+        """Whether ``lo`` and ``hi`` are a real interval (both finite)."""
+        return bool(np.isfinite(self.lo) and np.isfinite(self.hi))
 
     def fmt(self, spec: str = ".3g") -> str:
-        """E.g. ``1.23 [1.10, 1.35]``."""
-        return f"{self.mean:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}]"
+        """E.g. ``1.23 [1.10, 1.35]``; without an interval ``1234 (1 seed, no CI)`` (or
+        ``(no CI)`` when the single seed is on the other side of a ratio)."""
+        if self.exact:
+            return f"{self.mean:{spec}} (reference)"
+        if self.has_interval:
+            return f"{self.mean:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}]"
+        if self.n < 2:
+            return f"{self.mean:{spec}} ({self.n} seed{'' if self.n == 1 else 's'}, no CI)"
+        return f"{self.mean:{spec}} (no CI)"
 
-    def to_json(self) -> dict[str, float]:
-        return {"mean": self.mean, "lo": self.lo, "hi": self.hi, "n": self.n}
+    def to_json(self) -> dict[str, float | None]:
+        """``{"mean", "lo", "hi", "n"}``; ``lo``/``hi`` are null without an interval."""
+        lo, hi = (self.lo, self.hi) if self.has_interval else (None, None)
+        return {"mean": self.mean, "lo": lo, "hi": hi, "n": self.n}
 
 
 def fmt_estimate(e: Estimate | None, spec: str = ".3g", missing: str = NOT_REACHED) -> str:
@@ -177,14 +215,18 @@ def bootstrap(
       seed: rng seed (fixed, so reports are reproducible).
 
     Returns:
-      ``Estimate`` with the statistic on the original samples and the interval.
+      ``Estimate`` with the statistic on the original samples and the interval; the
+      interval is NaN (unavailable) when any sample has fewer than two rows, since
+      resampling one value cannot show its spread.
     """
     samples = [np.asarray(s, dtype=np.float64) for s in samples]
     for s in samples:
         if len(s) == 0:
             raise ValueError("bootstrap: empty sample")
-    rng = np.random.default_rng(seed)
     point = float(statistic([s[None] for s in samples])[0])
+    if min(len(s) for s in samples) < 2:
+        return Estimate(point, float("nan"), float("nan"), len(samples[0]))
+    rng = np.random.default_rng(seed)
     boot = [s[rng.integers(0, len(s), size=(n_boot, len(s)))] for s in samples]
     with np.errstate(divide="ignore", invalid="ignore"):
         dist = np.asarray(statistic(boot), dtype=np.float64)
@@ -210,9 +252,11 @@ def bootstrap_mean(
 class ConfigStats:
     """Seed statistics of one configuration.
 
-    ``n_star``, ``time_to_target_s`` and ``updates_to_target`` are ``None`` unless every
-    seed reached the target; ``q`` uses every seed (throughput to the target, or over
-    the whole run for seeds that did not reach it).
+    ``runs`` holds every seed that did not fail, finished or not. ``n_star``,
+    ``time_to_target_s`` and ``updates_to_target`` are ``None`` unless every seed
+    reached the target: ``incomplete`` when a seed is still running without having
+    reached it, else "not reached". ``q`` uses every seed (throughput to the target, or
+    over the run so far for seeds that did not reach it).
     """
 
     key: ConfigKey
@@ -231,8 +275,23 @@ class ConfigStats:
         return sum(r.reached for r in self.runs)
 
     @property
+    def n_pending(self) -> int:
+        """Seeds still running (or of unknown status) that have not reached yet."""
+        return sum(r.pending for r in self.runs)
+
+    @property
     def reached(self) -> bool:
         return self.n_seeds > 0 and self.n_reached == self.n_seeds
+
+    @property
+    def incomplete(self) -> bool:
+        """Not every seed reached, and some seed still might: N*, T are withheld."""
+        return self.n_pending > 0
+
+    @property
+    def missing_label(self) -> str:
+        """What a withheld N*/T reads: ``incomplete`` or "not reached"."""
+        return INCOMPLETE if self.incomplete else NOT_REACHED
 
 
 def config_stats(
@@ -338,7 +397,7 @@ def ratio_estimates(
     return r_n, r_q, r_t
 
 
-_ONE = Estimate(1.0, 1.0, 1.0, 0)
+_ONE = Estimate(1.0, 1.0, 1.0, 0, exact=True)
 
 
 def config_ratios(
@@ -391,9 +450,8 @@ class Analysis:
       sweep: the loaded sweep.
       target: validation accuracy target used.
       reference: the reference configuration.
-      runs_by_key: runs used, grouped by configuration.
-      excluded: (run name, reason) of runs left out (failed, or unfinished and not yet
-        at the target).
+      runs_by_key: runs used (every run that did not fail), grouped by configuration.
+      excluded: (run name, reason) of runs left out (failed runs).
       targets: per-run time-to-target by run name.
       stats: per-configuration seed statistics.
       ratios: per-configuration ratios against ``reference``.
@@ -459,16 +517,16 @@ def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[Config
 def run_is_usable(run: RunData, rt: RunTarget) -> tuple[bool, str]:
     """Whether a run enters the statistics, and why not.
 
-    Finished runs are used; failed runs are not (a crash says nothing about learning);
-    runs still going (or of unknown status) are used only once they reached the target.
+    Failed runs are left out (a crash says nothing about learning). Every other run is
+    one of its configuration's seeds, finished or not: dropping the seeds that have not
+    reached the target yet would average the lucky seeds only. A run still going (or
+    of unknown status, or without evaluations yet) that has not reached the target
+    keeps its configuration "incomplete" (``RunTarget.pending``).
     """
+    del rt  # Reaching the target or not never excludes a seed.
     if run.status == "failed":
         return False, "failed"
-    if run.eval_responses.size == 0:
-        return False, "no evaluations"
-    if run.status in ("finished", "pilot") or rt.reached:
-        return True, ""
-    return False, f"status {run.status!r} and target not reached yet"
+    return True, ""
 
 
 def analyze_sweep(
