@@ -227,6 +227,17 @@ def test_ppo_warmup_shifts_axes(tmp_path):
     assert warm.updates_to_target == pytest.approx(plain.updates_to_target)
 
 
+def test_a_configured_reference_without_runs_falls_back_with_a_warning(tmp_path, caplog):
+    d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:3])
+    raw = artifacts.read_json(os.path.join(d, "sweep.json"))
+    raw["reference"] = "P64_G8_sqrt_s0"  # a run this sweep does not have
+    artifacts.write_json_atomic(os.path.join(d, "sweep.json"), raw)
+    with caplog.at_level("WARNING"):
+        a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=10)
+    assert a.reference == curves.ConfigKey("grpo", 8, 8, "sqrt")  # the smallest sqrt batch
+    assert "'P64_G8_sqrt_s0' has no usable run" in caplog.text
+
+
 def test_reference_resolution_and_exclusion(tmp_path):
     d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:3])
     # Mark one run failed in sweep.json: it must be left out, not counted as not reached.

@@ -31,6 +31,7 @@ keeping each run's (N*, q) together.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -511,7 +512,15 @@ def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[Config
                 f"{sweep.sweep_dir}; configurations: {options}"
             )
     sqrt = [k for k in keys if k.lr_rule == "sqrt"]
-    return min(sqrt or list(keys), key=lambda k: (k.batch, k.group_size))
+    fallback = min(sqrt or list(keys), key=lambda k: (k.batch, k.group_size))
+    if sweep.reference and not reference:
+        logging.warning(
+            "sweep %s: its reference %r has no usable run; ratios are against %s instead",
+            sweep.sweep_dir,
+            sweep.reference,
+            fallback.name,
+        )
+    return fallback
 
 
 def run_is_usable(run: RunData, rt: RunTarget) -> tuple[bool, str]:
