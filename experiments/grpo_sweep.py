@@ -10,9 +10,17 @@ skips finished runs and resumes interrupted ones.
       --sweep_dir=sweeps/gpu --config.sweep.prompts=64,128,256
   python -m experiments.grpo_sweep --list_runs          # the grid as JSON
   python -m experiments.grpo_sweep --only=p16_g8_sqrt_s0  # one point (job arrays)
+
+A failed point is recorded (``sweep.json``, ``errors.log``) and the other points still
+run; once they have, and the analysis is written, the program exits with status 1 if any
+requested point did not finish. Launched as several processes (``launch/local.sh -n N``,
+SLURM, TPU VM pods), process 0 writes the files and reports the status; the others exit
+0 after their share, so that launchers which stop every process when one fails do not
+cut process 0 off mid-write.
 """
 
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -30,11 +38,18 @@ _ANALYZE = flags.DEFINE_bool("analyze", True, "Write figures/ and report.md at t
 
 
 def default_sweep_dir(config_path: str) -> str:
+    """``sweeps/<config file name without .py>``."""
     name = os.path.splitext(os.path.basename(config_path.split(":")[0]))[0]
     return os.path.join("sweeps", name)
 
 
 def main(argv, algo: str = "grpo"):
+    """Runs the sweep (or lists its grid); exits with status 1 if a requested point failed.
+
+    Args:
+      argv: leftover command-line arguments (none are expected).
+      algo: the algorithm the config must be for (``"grpo"`` or ``"ppo"``).
+    """
     del argv
     from rl_batch import sweep
 
@@ -45,8 +60,13 @@ def main(argv, algo: str = "grpo"):
     if _LIST.value:
         print(sweep.list_runs(config, sweep_dir))
         return
+    # A multi-process sweep joins jax.distributed before any JAX call (run_sweep's plan
+    # counts the devices); after that, each process knows whether it is the writer.
     logging.set_verbosity(logging.WARNING)
+    processes = sweep.join_processes(config, isolate=_ISOLATE.value)
     record = sweep.run_sweep(config, sweep_dir, isolate=_ISOLATE.value, only=_ONLY.value)
+    if not processes.writer:
+        return  # Process 0 writes the analysis and reports the sweep's status.
     if _ANALYZE.value and _ONLY.value is None:
         from rl_batch.analysis import write_all
 
@@ -55,9 +75,13 @@ def main(argv, algo: str = "grpo"):
         report = os.path.join(sweep_dir, "report.md")
         if os.path.exists(report):
             print(open(report).read())
-    failed = [r["name"] for r in record["runs"] if r["status"] == "failed"]
+    failed = sweep.failed_points(record, only=_ONLY.value)
     if failed:
-        print(f"{len(failed)} run(s) failed: {failed}; see {sweep_dir}/errors.log")
+        print(
+            f"{len(failed)} run(s) failed: {failed}; see {sweep_dir}/errors.log",
+            file=sys.stderr,
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":

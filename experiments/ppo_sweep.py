@@ -1,8 +1,9 @@
 r"""PPO batch-size sweep, then the analysis: ``experiments.grpo_sweep`` for ``algo="ppo"``.
 
 The same command line as ``experiments.grpo_sweep`` (``--sweep_dir``, ``--isolate``,
-``--list_runs``, ``--only``, ``--analyze``, ``--config.*`` overrides); the default config
-is the CPU PPO study ``experiments/configs/ppo_cpu.py`` (output ``sweeps/ppo_cpu``).
+``--list_runs``, ``--only``, ``--analyze``, ``--config.*`` overrides) and the same exit
+status (1 if a requested point failed); the default config is the CPU PPO study
+``experiments/configs/ppo_cpu.py`` (output ``sweeps/ppo_cpu``).
 
   python -m experiments.ppo_sweep
   python -m experiments.ppo_sweep --sweep_dir=/tmp/ppo_sweep --config.sweep.prompts=32,64
@@ -17,6 +18,7 @@ DEFAULT_CONFIG = configs.path("ppo_cpu.py")
 
 
 def main(argv):
+    """``experiments.grpo_sweep.main`` for PPO configs."""
     grpo_sweep.main(argv, algo="ppo")
 
 

@@ -6,6 +6,11 @@ the environment (``RL_BATCH_COORDINATOR``, ``RL_BATCH_NUM_PROCESSES``,
 ``RL_BATCH_PROCESS_ID``). On TPU VMs and SLURM clusters JAX detects them itself: set
 ``RL_BATCH_DISTRIBUTED=auto`` to call ``initialize()`` without arguments.
 
+``initialize`` must come before any JAX call that starts the backend (even
+``jax.device_count()``): programs that compute anything before ``run.run`` (the sweep
+programs resolve every grid point first) call ``maybe_initialize`` at their start;
+``run.run`` calls it again, which then does nothing.
+
 Every process runs the same host code on the same host data (same seed, same prompts),
 so host values that decide control flow agree everywhere; ``to_host`` brings arrays
 that span several processes back to every process's host.
@@ -23,7 +28,24 @@ _initialized = False
 
 
 def settings(config=None) -> dict | None:
-    """The ``initialize`` arguments for this process, or None for a single process."""
+    """The ``initialize`` arguments for this process, or None for a single process.
+
+    Config values (``distributed.*``) win over the ``RL_BATCH_*`` environment. One
+    process (``num_processes`` of 1, or 0 and no coordinator) needs no ``initialize``,
+    even with a coordinator address set: SLURM's "env" mode exports it for every job.
+
+    Args:
+      config: a run config with a ``distributed`` section, or None for the environment.
+
+    Returns:
+      ``{}`` for ``RL_BATCH_DISTRIBUTED=auto`` (JAX finds the cluster itself), the
+      ``coordinator_address``/``num_processes``/``process_id`` arguments for several
+      processes, or None for a single process.
+
+    Raises:
+      ValueError: naming every value when the settings ask for several processes but
+        are incomplete (no coordinator, or a process id outside ``[0, num_processes)``).
+    """
     d = config.distributed if config is not None and "distributed" in config else None
     address = (d.coordinator_address if d else "") or os.environ.get("RL_BATCH_COORDINATOR", "")
     num = (d.num_processes if d else 0) or int(os.environ.get("RL_BATCH_NUM_PROCESSES", "0"))
@@ -34,7 +56,7 @@ def settings(config=None) -> dict | None:
     )
     if os.environ.get("RL_BATCH_DISTRIBUTED") == "auto":
         return {}
-    if not address and num <= 1:
+    if num == 1 or (not address and num <= 1):
         return None
     if not address or num < 1 or not 0 <= pid < num:
         raise ValueError(
@@ -45,19 +67,74 @@ def settings(config=None) -> dict | None:
 
 
 def maybe_initialize(config=None) -> bool:
-    """Initializes ``jax.distributed`` once when the settings ask for several processes."""
+    """Initializes ``jax.distributed`` once when the settings ask for several processes.
+
+    Call it before any other JAX call of the program. Calling it again (``run.run``
+    does, after a sweep program did) is a no-op, and so is calling it after the program
+    initialized ``jax.distributed`` itself.
+
+    Args:
+      config: a run config with a ``distributed`` section, or None (see ``settings``).
+
+    Returns:
+      True when this process is one of several (``jax.distributed`` is initialized),
+      False for a single process.
+
+    Raises:
+      ValueError: for incomplete settings (see ``settings``).
+      RuntimeError: from JAX, when a JAX call already started the backend.
+    """
     global _initialized
     if _initialized:
         return True
     args = settings(config)
     if args is None:
         return False
+    if jax.distributed.is_initialized():
+        _initialized = True
+        return True
     # CPU processes exchange collectives through gloo (the option only affects the CPU
     # backend, so it is harmless on accelerators); it must be set before the backend starts.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**args)
     _initialized = True
     return True
+
+
+def launch_settings(config=None) -> tuple[int, int] | None:
+    """``(num_processes, process_id)`` this process was started as, without initializing.
+
+    For a program that starts the processes of a multi-process run as its children (a
+    sweep with ``--isolate``) and must not join it itself: the children take the
+    coordinator's port. With ``RL_BATCH_DISTRIBUTED=auto`` the values come from JAX's
+    cluster detection (SLURM, Cloud TPU, ...), when it finds one.
+
+    Args:
+      config: a run config with a ``distributed`` section, or None (see ``settings``).
+
+    Returns:
+      ``(num_processes, process_id)``; ``(1, 0)`` for a single process; None when
+      ``RL_BATCH_DISTRIBUTED=auto`` and no cluster is detected.
+    """
+    args = settings(config)
+    if args is None:
+        return 1, 0
+    if args:
+        return args["num_processes"], args["process_id"]
+    return _detect_cluster()
+
+
+def _detect_cluster() -> tuple[int, int] | None:
+    """(process count, process id) from the cluster JAX's ``initialize()`` would detect."""
+    try:  # JAX's cluster environments are not public API: any failure means "unknown".
+        from jax._src.clusters import ClusterEnv
+
+        for env in ClusterEnv._cluster_types:
+            if not env.opt_in_only_method and env.is_env_present():
+                return int(env.get_process_count()), int(env.get_process_id())
+    except Exception:
+        pass
+    return None
 
 
 def to_host(tree: Any) -> Any:

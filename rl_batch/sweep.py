@@ -12,7 +12,12 @@ comes from its rule and ``lr_ref``: a base config with a fixed ``lr`` is rejecte
 
 State lives in ``<sweep>/sweep.json`` (rewritten atomically after each change): a
 re-run skips finished points and resumes interrupted ones from their checkpoints; a
-failed point is recorded with its error and the sweep goes on.
+failed point is recorded with its error and the sweep goes on (``failed_points`` lists
+them, for the exit status of the sweep programs).
+
+A sweep launched as several processes (``launch/local.sh -n N``, SLURM, TPU VM pods)
+joins ``jax.distributed`` before anything else (``join_processes``); process 0 alone
+writes the sweep's files.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts
+from rl_batch import artifacts, distributed
 from rl_batch import config as config_lib
 
 FINISHED = "finished"
@@ -140,8 +145,16 @@ def check_base_lr(base: ConfigDict) -> None:
         )
 
 
-def plan(base: ConfigDict, sweep_dir: str) -> tuple[list[Point], dict[str, ConfigDict]]:
+def plan(
+    base: ConfigDict, sweep_dir: str, device_count: int | None = None
+) -> tuple[list[Point], dict[str, ConfigDict]]:
     """Expands and validates the whole grid; nothing is started.
+
+    Args:
+      base: the sweep config (a run config with a ``sweep`` section).
+      sweep_dir: output directory (it sets each point's ``run_dir``).
+      device_count: devices each run will span (default ``jax.device_count()``, which
+        starts the JAX backend: a multi-process program joins ``jax.distributed`` first).
 
     Returns:
       (points, resolved run config per point name).
@@ -155,7 +168,9 @@ def plan(base: ConfigDict, sweep_dir: str) -> tuple[list[Point], dict[str, Confi
     resolved, errors = {}, []
     for point in points:
         try:
-            resolved[point.name] = config_lib.resolve(point_config(base, point, sweep_dir))
+            resolved[point.name] = config_lib.resolve(
+                point_config(base, point, sweep_dir), device_count
+            )
         except ValueError as e:
             errors.append(f"{point.name}: {e}")
     if errors:
@@ -208,6 +223,78 @@ def _run_status(run_dir: str) -> str | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    """This process's place in a (possibly multi-process) sweep; see ``join_processes``."""
+
+    writer: bool  # whether this process writes the sweep's files and prints progress
+    device_count: int | None  # devices of each run, for ``plan`` (None: jax.device_count())
+    process_id: int = 0  # this process's index (0 where unknown)
+
+
+def join_processes(base: ConfigDict, *, isolate: bool = False) -> Processes:
+    """Joins a multi-process sweep before any JAX call; says which process writes.
+
+    Settings come from ``base.distributed`` or the ``RL_BATCH_*`` environment (see
+    ``rl_batch.distributed``); a single process needs nothing. Points run in this
+    process (the default) join ``jax.distributed`` here, since ``plan`` counts the
+    devices, which starts the backend, and ``jax.distributed.initialize`` must come
+    first; ``run.run``'s own call then does nothing. With ``isolate``, this process
+    only starts each point's ``experiments.train`` children, which inherit the
+    environment and join the run themselves: this one must not (it would hold the
+    coordinator's port), so its index and the process count come from the settings.
+    Calling it again is harmless.
+
+    Args:
+      base: the sweep config.
+      isolate: the points run in child processes.
+
+    Returns:
+      Whether this process writes (process 0), its index, and the device count for
+      ``plan``.
+
+    Raises:
+      ValueError: for incomplete multi-process settings.
+    """
+    if not isolate:
+        distributed.maybe_initialize(base)
+        index = _process_index()
+        return Processes(writer=index == 0, device_count=None, process_id=index)
+    launched = distributed.launch_settings(base)
+    if launched is None:
+        logging.warning(
+            "RL_BATCH_DISTRIBUTED=auto but no cluster detected: this process cannot tell "
+            "whether it is process 0, so it writes the sweep's files"
+        )
+        return Processes(writer=True, device_count=None)
+    num_processes, process_id = launched
+    if num_processes == 1:
+        return Processes(writer=True, device_count=None)
+    import jax
+
+    # The children's mesh spans every process's devices (the same number on each host).
+    return Processes(
+        writer=process_id == 0,
+        device_count=jax.local_device_count() * num_processes,
+        process_id=process_id,
+    )
+
+
+def failed_points(record: dict[str, Any], only: str | None = None) -> list[str]:
+    """The names of the requested points of a sweep record that did not finish.
+
+    Args:
+      record: what ``run_sweep`` returned.
+      only: the ``only`` point it was asked to run, or None for the whole grid (with
+        ``only``, the other points' statuses are not this run's doing).
+    """
+    return [
+        r["name"]
+        for r in record["runs"]
+        if (only is None or r["name"] == only) and r["status"] != FINISHED
+    ]
+
+
 def _run_subprocess(config: ConfigDict, log_path: str) -> None:
     """Runs one point as ``python -m experiments.train`` with the config as JSON."""
     cfg_path = os.path.join(config.run_dir, "requested_config.json")
@@ -238,10 +325,20 @@ def run_sweep(
         ``<run>/sweep_point.json`` and the shared ``sweep.json`` is left alone.
       run_fn: runs one resolved config in-process (default ``rl_batch.run.run``).
       log: where progress lines go.
+
+    Returns:
+      The sweep record (also in ``sweep.json``, or ``sweep_point.json`` with ``only``);
+      ``failed_points`` lists the points that did not finish. A failed point is
+      recorded (its traceback goes to ``<sweep>/errors.log``) and the others still run.
+
+    Raises:
+      ValueError: for an invalid grid or ``only`` name, before any point starts.
     """
+    # Before any JAX call: plan() counts the devices.
+    processes = join_processes(base, isolate=isolate)
     os.makedirs(sweep_dir, exist_ok=True)
     base = ConfigDict(base.to_dict())
-    points, resolved = plan(base, sweep_dir)
+    points, resolved = plan(base, sweep_dir, processes.device_count)
     if only is not None and only not in resolved:
         raise ValueError(f"--only={only!r} is not a point of the grid: {sorted(resolved)}")
     ref_key = reference_key(base.sweep, points)
@@ -254,7 +351,7 @@ def run_sweep(
     if only is not None:
         sweep_path = os.path.join(resolved[only].run_dir, "sweep_point.json")
     # Other processes of a multi-process run compute but write and print nothing.
-    writer = _is_writer()
+    writer = processes.writer
     save = artifacts.write_json_atomic if writer else _discard
     log = log if writer else _discard
     save(sweep_path, record)
@@ -291,7 +388,9 @@ def run_sweep(
         try:
             if isolate:
                 os.makedirs(config.run_dir, exist_ok=True)
-                _run_subprocess(config, os.path.join(config.run_dir, "stdout.log"))
+                # (Each process of a multi-process sweep has its own child and log.)
+                log_name = "stdout.log" if writer else f"stdout.process_{processes.process_id}.log"
+                _run_subprocess(config, os.path.join(config.run_dir, log_name))
                 entry["status"] = _run_status(config.run_dir) or "failed"
             else:
                 summary = run_fn(config)
@@ -318,10 +417,14 @@ def run_sweep(
     return record
 
 
-def _is_writer() -> bool:
-    """True unless this is a non-zero process of a multi-process (jax.distributed) run."""
+def _process_index() -> int:
+    """This process's index in a multi-process (jax.distributed) run, 0 in a single one.
+
+    Right only after ``jax.distributed`` is initialized (``join_processes``): before,
+    every process is process 0.
+    """
     jax = sys.modules.get("jax")  # Never import jax just to ask.
-    return jax is None or jax.process_index() == 0
+    return 0 if jax is None else jax.process_index()
 
 
 def _discard(*args) -> None:
