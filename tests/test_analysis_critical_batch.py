@@ -84,6 +84,55 @@ def test_grad_norm_trend_actor_and_critic(tmp_path):
     assert cb.grad_norm_trend(a, "no_such_field") is None
 
 
+def test_grad_norm_trend_window_ignores_running_seed(tmp_path):
+    import json
+    import os
+
+    # sqrt family 64..1024, one finished seed each, budget 12000: the runs stop at
+    # ceil(12000/B)*B = 12032 (B = 64, 128, 256) and 12288 (B = 512, 1024), so the
+    # window is 12032. A second seed of B = 128 has just started: 2 updates, 256 responses.
+    configs = [(p, 8, "sqrt", 1.0) for p in (8, 16, 32, 64, 128)]
+    d = fx.write_sweep(str(tmp_path), configs=configs, seed_factors=(1.0,))
+    before = cb.grad_norm_trend(ttt.analyze_sweep(curves.load_sweep(d), n_boot=20))
+    name = fx.run_name(16, 8, "sqrt", 1)
+    fx.write_run(
+        os.path.join(d, "runs", name),
+        prompts=16,
+        group_size=8,
+        tau=fx.TAU0,
+        seed=1,
+        budget=256,
+        status="running",
+    )
+    sp = os.path.join(d, "sweep.json")
+    with open(sp) as f:
+        sweep = json.load(f)
+    entry = dict(sweep["runs"][1], name=name, seed=1, status="running")
+    sweep["runs"].append(entry)
+    with open(sp, "w") as f:
+        json.dump(sweep, f)
+    a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=20)
+    assert [r.final_responses for r in a.runs_by_key[a.reference]] == [12032.0]
+    p16 = next(k for k in a.stats if k.prompts == 16)
+    assert sorted(r.final_responses for r in a.runs_by_key[p16]) == [256.0, 12032.0]
+    assert a.stats[p16].incomplete  # The running seed is kept by the statistics...
+    after = cb.grad_norm_trend(a)
+    # ...but not by the trend: same window, same five batches, same norms.
+    assert before.window_responses == after.window_responses == 12032.0
+    np.testing.assert_allclose(after.batches, [64, 128, 256, 512, 1024])
+    np.testing.assert_allclose(after.batches, before.batches)
+    np.testing.assert_allclose(after.norms, before.norms)
+    assert before.left_out == () and after.left_out == (name,)
+    # An explicit window the running seed covers keeps it; B = 512 and 1024 have no
+    # update within 256 responses, so they drop out.
+    short = cb.grad_norm_trend(a, window_responses=256.0)
+    np.testing.assert_allclose(short.batches, [64, 128, 256])
+    assert short.left_out == ()
+    from rl_batch.analysis import report
+
+    assert f"Left out: {name} (stopped before 12032 responses)." in report.build_report(a)
+
+
 def test_one_seed_has_no_ci_walk(tmp_path):
     from rl_batch.analysis import report
 

@@ -18,6 +18,11 @@ segment whose slope is under half the first segment's marks where the decline sl
 (close to ``B_noise`` when the first segment is noise dominated); ``knee_batch`` fits
 ``norm^2 = g2 + s/B`` by least squares and reports ``s/g2``. Grad norms are measured
 along different trajectories, so this is a diagnostic, not a proof (as in the study).
+The default window is the shortest *finished* run of the family: a seed still running
+(kept by ``run_is_usable`` so its configuration reads "incomplete") must not shrink the
+window of every other run. Runs that stop short of the window (a running seed with few
+updates) are left out of the trend and listed in ``GradNormTrend.left_out``; a batch
+whose runs all stop short drops out of the trend.
 """
 
 from __future__ import annotations
@@ -209,6 +214,8 @@ class GradNormTrend:
       slowdown_segment: (B_i, B_i+1) of the first segment flatter than ``slow_frac`` of
         the first segment's slope (``None``: the decline never slows, or never starts).
       knee_batch: ``s/g2`` from fitting ``norm^2 = g2 + s/B`` (``None`` unless g2, s > 0).
+      left_out: names of the runs left out because they stop short of the window
+        (e.g. seeds still running), in family order.
     """
 
     field: str
@@ -219,6 +226,7 @@ class GradNormTrend:
     segment_slopes: np.ndarray
     slowdown_segment: tuple[int, int] | None
     knee_batch: float | None
+    left_out: tuple[str, ...] = ()
 
 
 def trend_from_norms(
@@ -270,11 +278,14 @@ def grad_norm_trend(
       field: ``grad_norm`` (actor) or ``critic_grad_norm``.
       group_size, lr_rule: the family (see ``family_keys``).
       window_responses: responses window for the per-run mean; ``None`` uses the
-        shortest run of the family (the common runway).
+        shortest finished run of the family (the common runway; the shortest run of
+        any status when none has finished).
       slow_frac: see ``trend_from_norms``.
 
     Returns:
-      The trend, or ``None`` when fewer than two batches carry ``field``.
+      The trend, or ``None`` when fewer than two batches carry ``field``. Runs whose
+      ``final_responses`` fall short of the window (seeds still running, say) are left
+      out and named in ``left_out``.
     """
     fam = family_keys(list(analysis.stats), group_size, lr_rule, reference=analysis.reference)
     runs = {k: [r for r in analysis.runs_by_key[k] if r.has_field(field)] for k in fam}
@@ -282,9 +293,15 @@ def grad_norm_trend(
     if len(runs) < 2:
         return None
     if window_responses is None:
-        window_responses = min(r.final_responses for rs in runs.values() for r in rs)
+        every = [r for rs in runs.values() for r in rs]
+        finished = [r for r in every if r.status == "finished"]
+        window_responses = min(r.final_responses for r in (finished or every))
+    left_out = tuple(
+        r.name for rs in runs.values() for r in rs if r.final_responses < window_responses
+    )
     batches, norms = [], []
     for k, rs in runs.items():
+        rs = [r for r in rs if r.final_responses >= window_responses]
         vals = [run_mean_field(r, field, window_responses) for r in rs]
         vals = [v for v in vals if v is not None and v > 0]
         if vals:
@@ -302,4 +319,5 @@ def grad_norm_trend(
         segment_slopes=seg,
         slowdown_segment=None if slow is None else (batches[slow], batches[slow + 1]),
         knee_batch=knee,
+        left_out=left_out,
     )

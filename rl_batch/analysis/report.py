@@ -192,6 +192,11 @@ def _critical_section(analysis: Analysis, tol: float) -> list[str]:
             f"{'-' if tr.slowdown_segment is None else tr.slowdown_segment}; knee "
             f"(norm^2 = g2 + s/B) at {_num(tr.knee_batch, '.4g') if tr.knee_batch else '-'}."
         )
+        if tr.left_out:
+            out.append(
+                f"Left out: {', '.join(tr.left_out)} (stopped before "
+                f"{tr.window_responses:.0f} responses)."
+            )
         out.append("")
         seg = ["-", *(f"{s:.3f}" for s in tr.segment_slopes)]
         out += _table(
