@@ -61,7 +61,8 @@ def main(argv, algo: str = "grpo"):
         print(sweep.list_runs(config, sweep_dir))
         return
     # A multi-process sweep joins jax.distributed before any JAX call (run_sweep's plan
-    # counts the devices); after that, each process knows whether it is the writer.
+    # counts the devices); after that, each process knows whether it is the writer. With
+    # --isolate this process never starts JAX's backend: its children need the devices.
     logging.set_verbosity(logging.WARNING)
     processes = sweep.join_processes(config, isolate=_ISOLATE.value)
     record = sweep.run_sweep(config, sweep_dir, isolate=_ISOLATE.value, only=_ONLY.value)

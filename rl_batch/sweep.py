@@ -23,6 +23,7 @@ writes the sweep's files.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -228,7 +229,9 @@ class Processes:
     """This process's place in a (possibly multi-process) sweep; see ``join_processes``."""
 
     writer: bool  # whether this process writes the sweep's files and prints progress
-    device_count: int | None  # devices of each run, for ``plan`` (None: jax.device_count())
+    # Devices of each run, for ``plan``: None (count them with jax.device_count()) when
+    # the points run in this process; counted by a child process with ``isolate``.
+    device_count: int | None
     process_id: int = 0  # this process's index (0 where unknown)
 
 
@@ -242,8 +245,10 @@ def join_processes(base: ConfigDict, *, isolate: bool = False) -> Processes:
     first; ``run.run``'s own call then does nothing. With ``isolate``, this process
     only starts each point's ``experiments.train`` children, which inherit the
     environment and join the run themselves: this one must not (it would hold the
-    coordinator's port), so its index and the process count come from the settings.
-    Calling it again is harmless.
+    coordinator's port), so its index and the process count come from the settings,
+    and nor may it start JAX's backend (it would hold the accelerators its children
+    need for the whole sweep): the device count comes from a short-lived child process
+    (``child_local_device_count``). Calling it again is harmless.
 
     Args:
       base: the sweep config.
@@ -266,18 +271,58 @@ def join_processes(base: ConfigDict, *, isolate: bool = False) -> Processes:
             "RL_BATCH_DISTRIBUTED=auto but no cluster detected: this process cannot tell "
             "whether it is process 0, so it writes the sweep's files"
         )
-        return Processes(writer=True, device_count=None)
+        launched = (1, 0)
     num_processes, process_id = launched
-    if num_processes == 1:
-        return Processes(writer=True, device_count=None)
-    import jax
-
     # The children's mesh spans every process's devices (the same number on each host).
+    # Counted in a short-lived process: starting JAX's backend here would hold the
+    # accelerators (a TPU's chips, most of each GPU's memory) for the whole sweep.
     return Processes(
         writer=process_id == 0,
-        device_count=jax.local_device_count() * num_processes,
+        device_count=child_local_device_count() * num_processes,
         process_id=process_id,
     )
+
+
+_PROBE = "import jax; print(jax.local_device_count())"
+_PROBE_TIMEOUT_S = 600  # a TPU's or a cluster's backend can take minutes to start
+
+
+@functools.cache
+def child_local_device_count() -> int:
+    """The local device count a child process of this one sees, counted without
+    starting JAX's backend here.
+
+    For the parent of ``--isolate`` children, which must leave the accelerators to
+    them: a ``python -c`` child with this process's environment starts JAX, counts its
+    local devices and exits, releasing them. (Its GPU memory is not preallocated.) The
+    count is cached for the life of this process.
+
+    Raises:
+      RuntimeError: when the counting process fails (with its output), as the runs'
+        processes would.
+    """
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(
+            f"counting the devices of the sweep's runs ({sys.executable} -c {_PROBE!r}) "
+            f"did not finish in {_PROBE_TIMEOUT_S}s"
+        ) from e
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines or not lines[-1].strip().isdigit():
+        raise RuntimeError(
+            f"counting the devices of the sweep's runs ({sys.executable} -c {_PROBE!r}) "
+            f"failed with exit {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
+        )
+    return int(lines[-1])
 
 
 def failed_points(record: dict[str, Any], only: str | None = None) -> list[str]:
@@ -334,7 +379,8 @@ def run_sweep(
     Raises:
       ValueError: for an invalid grid or ``only`` name, before any point starts.
     """
-    # Before any JAX call: plan() counts the devices.
+    # Before any JAX call: plan() counts the devices (with isolate, in a child process:
+    # this one never starts JAX's backend, which would hold its children's accelerators).
     processes = join_processes(base, isolate=isolate)
     os.makedirs(sweep_dir, exist_ok=True)
     base = ConfigDict(base.to_dict())

@@ -136,6 +136,58 @@ def test_an_isolated_sweep_parent_takes_its_place_from_the_settings(monkeypatch)
     assert sweep.join_processes(c, isolate=True).writer
 
 
+# Run in a fresh interpreter (pytest's may have started JAX already): the sweep program
+# with --isolate, its children stubbed, then whether the parent started JAX's backend.
+ISOLATED_PARENT = """
+import sys
+from absl import app
+from experiments import grpo_sweep
+from rl_batch import artifacts, sweep
+
+started = []
+
+def fake_child(config, log_path):
+    started.append(f"{config.name}@{config.derived.device_count}")
+    artifacts.write_json_atomic(
+        f"{config.run_dir}/{artifacts.SUMMARY_FILE}", {"status": sweep.FINISHED}
+    )
+
+sweep._run_subprocess = fake_child
+try:
+    app.run(grpo_sweep.main, argv=["grpo_sweep", *sys.argv[1:]])
+except SystemExit as e:
+    assert not e.code, e.code
+from jax._src import xla_bridge
+
+print("children:", ",".join(started))
+print("backend started:", xla_bridge.backends_are_initialized())
+"""
+
+
+@pytest.mark.parametrize("launched", [None, ("localhost:1", "2", "1")])
+def test_an_isolated_sweep_parent_never_starts_the_jax_backend(tmp_path, launched):
+    # On a GPU it would keep most of each card's memory from the children for the whole
+    # sweep; on a TPU VM the children could not open the chips at all.
+    sweep_dir = str(tmp_path / "sweep")
+    cmd = [sys.executable, "-c", ISOLATED_PARENT, "--config=tests/crash_sweep_config.py"]
+    cmd += [f"--config.work_dir={tmp_path}/work", f"--sweep_dir={sweep_dir}"]
+    cmd += ["--isolate", "--analyze=false"]
+    env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env.update(dict(zip(ENV_KEYS, launched or ())))
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, _explain(proc)
+    assert "backend started: False" in proc.stdout, _explain(proc)
+    # The whole parent path ran, planning each run on the devices its child will see
+    # (counted by a process with the same environment): 2, on each of the 2 processes.
+    devices = 4 if launched else 2
+    assert f"children: {FIRST}@{devices},{SECOND}@{devices}" in proc.stdout, _explain(proc)
+    if launched:  # process 1 of 2 writes nothing of the sweep
+        assert not os.path.exists(os.path.join(sweep_dir, artifacts.SWEEP_FILE))
+    else:
+        record = artifacts.read_json(os.path.join(sweep_dir, artifacts.SWEEP_FILE))
+        assert [r["status"] for r in record["runs"]] == ["finished", "finished"]
+
+
 def test_failed_points_are_the_requested_points_that_did_not_finish():
     record = {
         "runs": [
