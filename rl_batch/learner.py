@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import jax
@@ -427,13 +427,67 @@ def compute_logprobs(
     return jnp.where(batch.response_mask.astype(bool), logp_br, 0.0)
 
 
+class _ResponseInputs(NamedTuple):
+    """The fields ``response_outputs`` reads (all a log-prob micro-batch loop carries)."""
+
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    response_tokens: jax.Array
+    response_mask: jax.Array
+
+
+def compute_logprobs_micro(
+    model_config: model_lib.ModelConfig,
+    params: Params,
+    batch: Any,
+    temperature: float = 1.0,
+    micro_batches: int = 1,
+    mesh: Mesh | None = None,
+) -> jax.Array:
+    """``compute_logprobs`` computed ``micro_batches`` pieces at a time (``lax.map``).
+
+    The same [B, R] result, but only [B / M, R, V] logits live at once, as in an update
+    with ``micro_batches=M``. The pieces are ``split_batch``'s strided ones (no
+    communication on a sharded batch when M divides the per-device row count).
+    """
+    if micro_batches == 1:
+        return compute_logprobs(model_config, params, batch, temperature)
+    inputs = _ResponseInputs(
+        batch.prompt_tokens, batch.prompt_mask, batch.response_tokens, batch.response_mask
+    )
+    stacked = split_batch(inputs, micro_batches, mesh)
+    logp_mbr = jax.lax.map(
+        lambda micro: compute_logprobs(model_config, params, micro, temperature), stacked
+    )
+    # Piece m, row i is batch row i * M + m (``split_batch``): undo the split.
+    b = batch.response_tokens.shape[0]
+    logp_br = jnp.swapaxes(logp_mbr, 0, 1).reshape(b, logp_mbr.shape[2])
+    if mesh is not None:
+        logp_br = jax.lax.with_sharding_constraint(logp_br, sharding_lib.batch_sharding(mesh))
+    return logp_br
+
+
 def make_logprobs_fn(
-    model_config: model_lib.ModelConfig, mesh: Mesh, temperature: float = 1.0
+    model_config: model_lib.ModelConfig,
+    mesh: Mesh,
+    temperature: float = 1.0,
+    micro_batches: int = 1,
 ) -> Callable[[Params, Batch], jax.Array]:
     """Jitted ``(params, batch) -> logprobs [B, R]`` with the mesh's shardings (e.g. for
-    reference-policy log-probs; the batch may carry None for the optional fields)."""
+    reference-policy log-probs; the batch may carry None for the optional fields).
+
+    ``micro_batches`` (M) runs the forward on B / M rows at a time (see
+    ``compute_logprobs_micro``), so that it needs no more logits memory than an update
+    with as many micro-batches; B must be divisible by M.
+    """
     return jax.jit(
-        functools.partial(compute_logprobs, model_config, temperature=temperature),
+        functools.partial(
+            compute_logprobs_micro,
+            model_config,
+            temperature=temperature,
+            micro_batches=micro_batches,
+            mesh=mesh,
+        ),
         in_shardings=(
             sharding_lib.param_shardings(model_config, mesh),
             sharding_lib.batch_sharding(mesh),

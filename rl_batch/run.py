@@ -600,6 +600,10 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             counters.time_generate_s += ro.time_generate_s
             counters.time_score_s += ro.time_score_s
             costs = flops.rollout_costs(model_config, ro.samples)
+            # Work the algorithm does besides forward + backward (GRPO's reference pass).
+            extra_update_flops = getattr(algo, "extra_update_flops", None)
+            if extra_update_flops is not None:
+                costs["update_flops"] += extra_update_flops(costs)
             if ro.gen_flops is not None:  # partial: the samples also hold earlier tokens
                 costs["gen_tokens"], costs["gen_flops"] = ro.gen_tokens, ro.gen_flops
             if not ro.time_compile_s:  # (else its time is compilation, not generation)
@@ -610,6 +614,8 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             t_update = 0.0
             metrics: dict[str, Any] = {}
             if retained > 0:
+                # (Device work ``make_batch`` dispatches, e.g. GRPO's reference pass, runs
+                # asynchronously: the update waits for it, so it is timed with the update.)
                 batch = algo.make_batch(ro, keep_p)
                 t0 = time.perf_counter()
                 state, metrics = update_fn(state, batch, jax.random.fold_in(rng, 1))
@@ -781,12 +787,17 @@ class GRPO:
             model_config, self.grpo_config, self.optimizer, mesh
         )
         # KL to a reference (``grpo.kl_coef > 0``): the initial policy, kept frozen; its
-        # log-probs join every batch (``Batch.ref_logprobs``).
+        # log-probs join every batch (``Batch.ref_logprobs``). Computed as many rows at a
+        # time as an update micro-batch holds (B / num_minibatches / micro_batches), so
+        # its [rows, R, V] logits fit wherever the update's do.
         self.ref_params = None
         self._ref_logprobs_fn = None
         if c.grpo.kl_coef:
             self._ref_logprobs_fn = learner.make_logprobs_fn(
-                model_config, mesh, c.sampling.temperature
+                model_config,
+                mesh,
+                c.sampling.temperature,
+                micro_batches=c.grpo.num_minibatches * c.grpo.micro_batches,
             )
 
     def init_state(self, params) -> learner.TrainState:
@@ -803,6 +814,13 @@ class GRPO:
     @staticmethod
     def policy_params(state: learner.TrainState):
         return state.params
+
+    def extra_update_flops(self, costs: dict[str, float]) -> float:
+        """FLOPs ``make_batch`` adds to an update (``costs``: ``flops.rollout_costs``):
+        the reference policy's forward over the batch's tokens with a KL term, else 0."""
+        if self._ref_logprobs_fn is None:
+            return 0.0
+        return costs["update_flops"] / flops.UPDATE_FLOPS_MULTIPLIER
 
     @staticmethod
     def trains_policy(metrics: dict) -> bool:

@@ -162,6 +162,25 @@ def test_logprobs_layout_matches_unpadded_forward(params):
     np.testing.assert_allclose(logprobs_fn(params, batch, 2.0)[0], expected[0], rtol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_micro_batched_logprobs_equal_full_batch(params, mesh, temperature):
+    # The reference pass in micro-batches (B / M rows of logits at a time) gives the
+    # full batch's log-probs, in the batch's row order, with or without optional fields.
+    batch = make_batch(old_logprobs=jnp.zeros((B, R)))
+    params = jax.tree.map(jnp.asarray, params)
+    expected = np.asarray(logprobs_fn(params, batch, temperature))
+    results = {}
+    for m in (1, 2, 4, 8):
+        fn = learner.make_logprobs_fn(CFG, mesh, temperature, micro_batches=m)
+        results[m] = np.asarray(fn(params, batch))
+        assert results[m].shape == (B, R)
+        np.testing.assert_allclose(results[m], expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(results[m], results[1], rtol=1e-6, atol=1e-6)
+        assert np.all(results[m][~np.asarray(batch.response_mask)] == 0.0)
+    with pytest.raises(ValueError, match="cannot be split into 3 pieces"):
+        learner.make_logprobs_fn(CFG, mesh, temperature, micro_batches=3)(params, batch)
+
+
 # ---------------------------------------------------------------------------- updates
 
 

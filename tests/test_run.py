@@ -93,13 +93,21 @@ def test_grpo_kl_to_the_initial_policy(work_dir, tmp_path):
     # the reference, else to the behaviour policy, which with one epoch is the policy
     # being updated: 0 at every update. Against the frozen reference it grows once the
     # policy has moved away from it.
-    kls = {}
+    # The reference log-probs are computed in micro-batches, like the update.
+    kls, first = {}, {}
     for kl_coef in (0.0, 0.5):
         run_dir = str(tmp_path / f"kl{kl_coef}")
-        changes = {"grpo.kl_coef": kl_coef, "weight_decay": 1.0}
+        changes = {"grpo.kl_coef": kl_coef, "weight_decay": 1.0, "grpo.micro_batches": 2}
         summary = run_lib.run(tiny_run_config(work_dir, run_dir, **changes), progress=False)
         assert summary["status"] == "finished"
-        kls[kl_coef] = [r["kl"] for r in artifacts.read_metrics(run_dir, "update")]
+        updates = artifacts.read_metrics(run_dir, "update")
+        kls[kl_coef] = [r["kl"] for r in updates]
+        first[kl_coef] = updates[0]
     assert kls[0.0] == pytest.approx([0.0] * 4, abs=1e-7)
     assert kls[0.5][0] == pytest.approx(0.0, abs=1e-7)  # policy == reference
     assert min(kls[0.5][2:]) > 1e-6, kls
+    # The reference forward adds 1/3 of the update's forward + backward FLOPs (the first
+    # rollouts are the same: same initial policy and seed).
+    assert first[0.0]["update_tokens"] == first[0.5]["update_tokens"]
+    upd_flops = {k: r["update_flops_per_s"] * r["time_update_s"] for k, r in first.items()}
+    assert upd_flops[0.5] == pytest.approx(upd_flops[0.0] * 4 / 3, rel=1e-6)
