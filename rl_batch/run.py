@@ -15,10 +15,14 @@ seed). With asynchronous rollout, the batches in flight at a save were started f
 waits for them (learner wait, counted as training time: the next updates would have
 waited for them anyway) and stores them with the checkpoint (``rollouts_in_flight``),
 and the resumed run trains on them first, with the same prompts, samples, rng and
-staleness as the uninterrupted run. (Storing their generating params instead would
-cost a copy of the params per batch in flight; the batches themselves are smaller.)
+staleness as the uninterrupted run. They are stored as base64 arrays in the
+checkpoint's JSON metadata: fine for small models, but at study scale (thousands of
+responses of thousands of tokens) a batch is gigabytes of JSON per checkpoint; storing
+their generating params instead would cost a params copy per batch in flight.
 A run that finishes waits for its batches in flight the same way (outside training
-time) so that a longer run can resume from its last checkpoint.
+time) so that a longer run can resume from its last checkpoint. Resuming such a
+checkpoint without async rollout draws those batches again from the checkpoint's
+params (same prompts and rng); the time the save waited for them stays counted.
 """
 
 from __future__ import annotations
