@@ -512,18 +512,20 @@ def make_update_fn(
         real_b = jnp.any(mask_br, axis=1).astype(jnp.float32)
         num_seqs = jnp.maximum(jnp.sum(real_b), 1.0)
 
-        # Rollout-time quantities (no gradient): behaviour/ref log-probs, values.
-        if batch.old_logprobs is None:
-            old_logp_br = learner.compute_logprobs(
-                model_config, state.actor.params, batch, config.temperature
+        # Rollout-time quantities (no gradient): behaviour/ref log-probs, values. The
+        # log-probs run in the update's micro-batches: [B / M, R, V] logits at a time.
+        def logprobs(params):
+            return learner.compute_logprobs_micro(
+                model_config, params, batch, config.temperature, micro_batches=m, mesh=mesh
             )
+
+        if batch.old_logprobs is None:
+            old_logp_br = logprobs(state.actor.params)
         else:
             old_logp_br = jnp.where(mask_br, batch.old_logprobs.astype(jnp.float32), 0.0)
         ref_logp_br = None
         if state.ref_params is not None:
-            ref_logp_br = learner.compute_logprobs(
-                model_config, state.ref_params, batch, config.temperature
-            )
+            ref_logp_br = logprobs(state.ref_params)
         values_br = learner.response_outputs(critic_config, state.critic.params, batch)
         values_br = jnp.where(mask_br, jax.lax.stop_gradient(values_br), 0.0)
         raw_adv_br, returns_br, rewards_br = token_advantages(
