@@ -65,7 +65,9 @@ def main(argv, algo: str = "grpo"):
     # --isolate this process never starts JAX's backend: its children need the devices.
     logging.set_verbosity(logging.WARNING)
     processes = sweep.join_processes(config, isolate=_ISOLATE.value)
-    record = sweep.run_sweep(config, sweep_dir, isolate=_ISOLATE.value, only=_ONLY.value)
+    record = sweep.run_sweep(
+        config, sweep_dir, isolate=_ISOLATE.value, only=_ONLY.value, processes=processes
+    )
     if not processes.writer:
         return  # Process 0 writes the analysis and reports the sweep's status.
     if _ANALYZE.value and _ONLY.value is None:

@@ -24,8 +24,6 @@ from typing import Any
 import jax
 import numpy as np
 
-_initialized = False
-
 
 def settings(config=None) -> dict | None:
     """The ``initialize`` arguments for this process, or None for a single process.
@@ -84,20 +82,15 @@ def maybe_initialize(config=None) -> bool:
       ValueError: for incomplete settings (see ``settings``).
       RuntimeError: from JAX, when a JAX call already started the backend.
     """
-    global _initialized
-    if _initialized:
+    if jax.distributed.is_initialized():
         return True
     args = settings(config)
     if args is None:
         return False
-    if jax.distributed.is_initialized():
-        _initialized = True
-        return True
     # CPU processes exchange collectives through gloo (the option only affects the CPU
     # backend, so it is harmless on accelerators); it must be set before the backend starts.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**args)
-    _initialized = True
     return True
 
 

@@ -23,7 +23,6 @@ writes the sweep's files.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import jax
 from ml_collections import ConfigDict
 
 from rl_batch import artifacts, distributed
@@ -248,7 +248,7 @@ def join_processes(base: ConfigDict, *, isolate: bool = False) -> Processes:
     coordinator's port), so its index and the process count come from the settings,
     and nor may it start JAX's backend (it would hold the accelerators its children
     need for the whole sweep): the device count comes from a short-lived child process
-    (``child_local_device_count``). Calling it again is harmless.
+    (``child_local_device_count``).
 
     Args:
       base: the sweep config.
@@ -263,7 +263,7 @@ def join_processes(base: ConfigDict, *, isolate: bool = False) -> Processes:
     """
     if not isolate:
         distributed.maybe_initialize(base)
-        index = _process_index()
+        index = jax.process_index()  # (right only once jax.distributed has joined)
         return Processes(writer=index == 0, device_count=None, process_id=index)
     launched = distributed.launch_settings(base)
     if launched is None:
@@ -287,15 +287,13 @@ _PROBE = "import jax; print(jax.local_device_count())"
 _PROBE_TIMEOUT_S = 600  # a TPU's or a cluster's backend can take minutes to start
 
 
-@functools.cache
 def child_local_device_count() -> int:
     """The local device count a child process of this one sees, counted without
     starting JAX's backend here.
 
     For the parent of ``--isolate`` children, which must leave the accelerators to
     them: a ``python -c`` child with this process's environment starts JAX, counts its
-    local devices and exits, releasing them. (Its GPU memory is not preallocated.) The
-    count is cached for the life of this process.
+    local devices and exits, releasing them. (Its GPU memory is not preallocated.)
 
     Raises:
       RuntimeError: when the counting process fails (with its output), as the runs'
@@ -359,6 +357,7 @@ def run_sweep(
     only: str | None = None,
     run_fn: Callable[[ConfigDict], dict[str, Any]] | None = None,
     log: Callable[[str], None] = print,
+    processes: Processes | None = None,
 ) -> dict[str, Any]:
     """Runs every point of the grid that has not finished; returns the sweep record.
 
@@ -370,6 +369,8 @@ def run_sweep(
         ``<run>/sweep_point.json`` and the shared ``sweep.json`` is left alone.
       run_fn: runs one resolved config in-process (default ``rl_batch.run.run``).
       log: where progress lines go.
+      processes: this process's place, if the caller has already joined
+        (``join_processes``); else this joins first.
 
     Returns:
       The sweep record (also in ``sweep.json``, or ``sweep_point.json`` with ``only``);
@@ -381,7 +382,7 @@ def run_sweep(
     """
     # Before any JAX call: plan() counts the devices (with isolate, in a child process:
     # this one never starts JAX's backend, which would hold its children's accelerators).
-    processes = join_processes(base, isolate=isolate)
+    processes = processes or join_processes(base, isolate=isolate)
     os.makedirs(sweep_dir, exist_ok=True)
     base = ConfigDict(base.to_dict())
     points, resolved = plan(base, sweep_dir, processes.device_count)
@@ -461,16 +462,6 @@ def run_sweep(
         )
     log(f"sweep finished in {(time.time() - t_start) / 60:.1f} min: {sweep_path}")
     return record
-
-
-def _process_index() -> int:
-    """This process's index in a multi-process (jax.distributed) run, 0 in a single one.
-
-    Right only after ``jax.distributed`` is initialized (``join_processes``): before,
-    every process is process 0.
-    """
-    jax = sys.modules.get("jax")  # Never import jax just to ask.
-    return 0 if jax is None else jax.process_index()
 
 
 def _discard(*args) -> None:

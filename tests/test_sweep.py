@@ -2,7 +2,6 @@
 
 import json
 import os
-import sys
 
 import pytest
 from ml_collections import ConfigDict
@@ -157,7 +156,7 @@ def test_only_process_zero_writes_sweep_files(tmp_path, monkeypatch):
         def device_count():
             return 1
 
-    monkeypatch.setitem(sys.modules, "jax", OtherProcess)
+    monkeypatch.setattr(sweep, "jax", OtherProcess)
     c = _sweep_config(prompts="2", group_sizes="4")
     run_fn, calls = _fake_run(fail={"p2_g4_sqrt_s0"})
     printed = []
