@@ -200,6 +200,23 @@ def run_name(prompts: int, group_size: int, lr_rule: str, seed: int) -> str:
     return f"P{prompts}_G{group_size}_{lr_rule}_s{seed}"
 
 
+def _sweep_entry(
+    name: str, prompts: int, group_size: int, lr_rule: str, seed: int, status: str
+) -> dict[str, Any]:
+    """One run's entry in sweep.json."""
+    return {
+        "name": name,
+        "prompts": prompts,
+        "group_size": group_size,
+        "batch_responses": prompts * group_size,
+        "lr_rule": lr_rule,
+        "lr": 1e-4,
+        "seed": seed,
+        "status": status,
+        "error": None,
+    }
+
+
 def write_sweep(
     sweep_dir: str,
     configs=STANDARD_CONFIGS,
@@ -228,19 +245,7 @@ def write_sweep(
                 eval_every=eval_every,
                 **run_kwargs,
             )
-            runs.append(
-                {
-                    "name": name,
-                    "prompts": prompts,
-                    "group_size": group,
-                    "batch_responses": prompts * group,
-                    "lr_rule": rule,
-                    "lr": 1e-4,
-                    "seed": seed,
-                    "status": "finished",
-                    "error": None,
-                }
-            )
+            runs.append(_sweep_entry(name, prompts, group, rule, seed, "finished"))
     artifacts.write_json_atomic(
         os.path.join(sweep_dir, artifacts.SWEEP_FILE),
         {
@@ -254,6 +259,42 @@ def write_sweep(
         },
     )
     return sweep_dir
+
+
+def add_seed(
+    sweep_dir: str,
+    *,
+    prompts: int,
+    group_size: int,
+    seed: int,
+    tau: float,
+    budget: int,
+    lr_rule: str = "sqrt",
+    status: str = "running",
+) -> str:
+    """Writes (or rewrites) one seed of a ``write_sweep`` sweep with ``status`` (by
+    default a seed still running, stopped at ``budget`` responses so far) and records
+    it in sweep.json; returns its run name."""
+    name = run_name(prompts, group_size, lr_rule, seed)
+    write_run(
+        os.path.join(sweep_dir, artifacts.RUNS_DIR, name),
+        prompts=prompts,
+        group_size=group_size,
+        lr_rule=lr_rule,
+        tau=tau,
+        seed=seed,
+        budget=budget,
+        status=status,
+    )
+    path = os.path.join(sweep_dir, artifacts.SWEEP_FILE)
+    raw = artifacts.read_json(path)
+    entries = [r for r in raw["runs"] if r["name"] == name]
+    for r in entries:
+        r["status"] = status
+    if not entries:
+        raw["runs"].append(_sweep_entry(name, prompts, group_size, lr_rule, seed, status))
+    artifacts.write_json_atomic(path, raw)
+    return name
 
 
 def throughput_json(batches=tuple(2**i for i in range(13))) -> dict[str, Any]:

@@ -85,32 +85,13 @@ def test_grad_norm_trend_actor_and_critic(tmp_path):
 
 
 def test_grad_norm_trend_window_ignores_running_seed(tmp_path):
-    import json
-    import os
-
     # sqrt family 64..1024, one finished seed each, budget 12000: the runs stop at
     # ceil(12000/B)*B = 12032 (B = 64, 128, 256) and 12288 (B = 512, 1024), so the
     # window is 12032. A second seed of B = 128 has just started: 2 updates, 256 responses.
     configs = [(p, 8, "sqrt", 1.0) for p in (8, 16, 32, 64, 128)]
     d = fx.write_sweep(str(tmp_path), configs=configs, seed_factors=(1.0,))
     before = cb.grad_norm_trend(ttt.analyze_sweep(curves.load_sweep(d), n_boot=20))
-    name = fx.run_name(16, 8, "sqrt", 1)
-    fx.write_run(
-        os.path.join(d, "runs", name),
-        prompts=16,
-        group_size=8,
-        tau=fx.TAU0,
-        seed=1,
-        budget=256,
-        status="running",
-    )
-    sp = os.path.join(d, "sweep.json")
-    with open(sp) as f:
-        sweep = json.load(f)
-    entry = dict(sweep["runs"][1], name=name, seed=1, status="running")
-    sweep["runs"].append(entry)
-    with open(sp, "w") as f:
-        json.dump(sweep, f)
+    name = fx.add_seed(d, prompts=16, group_size=8, seed=1, tau=fx.TAU0, budget=256)
     a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=20)
     assert [r.final_responses for r in a.runs_by_key[a.reference]] == [12032.0]
     p16 = next(k for k in a.stats if k.prompts == 16)

@@ -267,21 +267,14 @@ def _unfinished_sweep(tmp_path, reach_before_stop):
     ``reach_before_stop`` the running seed has 4096 responses (past it), else 1024.
     """
     d = fx.write_sweep(str(tmp_path / "s"), configs=[(8, 8, "sqrt", 1.0), (16, 8, "sqrt", 1.0)])
-    name = fx.run_name(16, 8, "sqrt", 1)
-    fx.write_run(
-        os.path.join(d, "runs", name),
+    fx.add_seed(
+        d,
         prompts=16,
         group_size=8,
-        tau=fx.TAU0 * fx.SEED_TAU_FACTORS[1],
         seed=1,
+        tau=fx.TAU0 * fx.SEED_TAU_FACTORS[1],
         budget=4096 if reach_before_stop else 1024,
-        status="running",
     )
-    raw = artifacts.read_json(os.path.join(d, "sweep.json"))
-    for r in raw["runs"]:
-        if r["name"] == name:
-            r["status"] = "running"
-    artifacts.write_json_atomic(os.path.join(d, "sweep.json"), raw)
     return d
 
 

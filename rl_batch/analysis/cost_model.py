@@ -449,11 +449,14 @@ def _join(values: set[Any]) -> str:
     return "/".join(str(v) for v in sorted(values, key=str))
 
 
+MODEL_NOT_RECORDED = "model not recorded (no settings.preset in the file)"
+
+
 def describe_settings(settings: dict[str, Any] | None) -> str:
     """What a throughput file measured, e.g. ``preset tiny-5m, vocab 512, 16 prompt
-    tokens, 32 new tokens per sequence``."""
+    tokens, 32 new tokens per sequence``; ``MODEL_NOT_RECORDED`` without a preset."""
     if not settings or settings.get("preset") is None:
-        return "model not recorded (no settings.preset in the file)"
+        return MODEL_NOT_RECORDED
     parts = [f"preset {settings['preset']}"]
     if settings.get("vocab_size") is not None:
         parts.append(f"vocab {settings['vocab_size']}")
@@ -517,10 +520,10 @@ def model_check(
         )
     if unknown:
         notes.append(f"{unknown} run(s) record no model.preset: not checked.")
-    if preset is None and presets:
+    if preset is None:
         notes.append(
-            "The throughput file does not record its model, so it cannot be checked "
-            "against the runs' preset."
+            "The throughput file does not record its model"
+            + (", so it cannot be checked against the runs' preset." if presets else ".")
         )
     other = sorted(p for p in presets if p != preset) if preset is not None else []
     if other:

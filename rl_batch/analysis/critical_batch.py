@@ -116,10 +116,11 @@ class CriticalTrainingBatch:
         return self.critical_batch_lo is not None and self.critical_batch_hi is not None
 
 
-def _walk(fam: Sequence[ConfigKey], r_vals: Sequence[float | None], start: int, tol: float):
-    """Index of the last config before the first with r > 1 + tol (or None), from start."""
+def _walk(r_vals: Sequence[float | None], start: int, tol: float):
+    """(index of the last config before the first stop, index of that stop or None) from
+    start; the walk stops at an r that is None, not finite, or > 1 + tol."""
     last = start
-    for i in range(start + 1, len(fam)):
+    for i in range(start + 1, len(r_vals)):
         r = r_vals[i]
         if r is None or not np.isfinite(r) or r > 1.0 + tol:
             return last, i
@@ -129,16 +130,13 @@ def _walk(fam: Sequence[ConfigKey], r_vals: Sequence[float | None], start: int, 
 
 def _walk_bound(r_n: Sequence[Estimate | None], bound: str, start: int, tol: float) -> int | None:
     """``_walk`` on r_N's ``lo`` or ``hi``; ``None`` if it meets an r_N without interval."""
-    last = start
-    for i in range(start + 1, len(r_n)):
-        e = r_n[i]
-        if e is None:
-            return last
-        if not e.has_interval:
-            return None  # No bound to compare: this end of the interval is unknown.
-        if getattr(e, bound) > 1.0 + tol:
-            return last
-        last = i
+    # An r_N without interval reads NaN, where ``_walk`` stops too.
+    vals = [
+        None if e is None else (getattr(e, bound) if e.has_interval else float("nan")) for e in r_n
+    ]
+    last, stop = _walk(vals, start, tol)
+    if stop is not None and r_n[stop] is not None and not r_n[stop].has_interval:
+        return None  # No bound to compare: this end of the interval is unknown.
     return last
 
 
@@ -170,7 +168,7 @@ def critical_training_batch(
     r_n = [ratios[k].r_n for k in fam]
     start = fam.index(ref)
     mean = [None if e is None else e.mean for e in r_n]
-    i_mid, i_out = _walk(fam, mean, start, tol)
+    i_mid, i_out = _walk(mean, start, tol)
     i_lo = _walk_bound(r_n, "hi", start, tol)
     i_hi = _walk_bound(r_n, "lo", start, tol)
     return CriticalTrainingBatch(
@@ -294,14 +292,18 @@ def grad_norm_trend(
         return None
     if window_responses is None:
         every = [r for rs in runs.values() for r in rs]
-        finished = [r for r in every if r.status == "finished"]
+        finished = [r for r in every if analysis.targets[r.name].finished]
         window_responses = min(r.final_responses for r in (finished or every))
-    left_out = tuple(
-        r.name for rs in runs.values() for r in rs if r.final_responses < window_responses
-    )
-    batches, norms = [], []
+    kept: dict[ConfigKey, list[RunData]] = {}
+    left_out: list[str] = []
     for k, rs in runs.items():
-        rs = [r for r in rs if r.final_responses >= window_responses]
+        for r in rs:
+            if r.final_responses >= window_responses:
+                kept.setdefault(k, []).append(r)
+            else:
+                left_out.append(r.name)
+    batches, norms = [], []
+    for k, rs in kept.items():
         vals = [run_mean_field(r, field, window_responses) for r in rs]
         vals = [v for v in vals if v is not None and v > 0]
         if vals:
@@ -319,5 +321,5 @@ def grad_norm_trend(
         segment_slopes=seg,
         slowdown_segment=None if slow is None else (batches[slow], batches[slow + 1]),
         knee_batch=knee,
-        left_out=left_out,
+        left_out=tuple(left_out),
     )

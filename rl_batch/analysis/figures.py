@@ -64,13 +64,14 @@ def _errorbars(ax, b, ests, color, marker, label, linestyle="none", capsize=3) -
     """Means with their bootstrap intervals as error bars.
 
     An estimate without an interval (fewer than two seeds) is a hollow marker with no
-    bar; one with a zero-width interval (the reference's exact ratio to itself) a filled
-    marker with no bar: never a zero-length bar that reads like a measured interval.
+    bar; an exact one (the reference's ratio to itself) a filled marker with no bar:
+    never a zero-length bar that reads like a measured interval.
     """
     b = np.asarray(b, dtype=float)
     m = np.array([e.mean for e in ests])
     has = np.array([e.has_interval for e in ests], dtype=bool)
-    bar = np.array([e.has_interval and e.hi > e.lo for e in ests], dtype=bool)
+    exact = np.array([e.exact for e in ests], dtype=bool)
+    bar = has & ~exact
     if linestyle != "none":
         ax.plot(b, m, linestyle=linestyle, color=color, marker="none")
     if bar.any():
@@ -90,7 +91,6 @@ def _errorbars(ax, b, ests, color, marker, label, linestyle="none", capsize=3) -
             label=label,
             linestyle="none",
         )
-    exact = has & ~bar
     if exact.any():
         ax.plot(
             b[exact],
@@ -310,7 +310,7 @@ def figure_lr_rule(analysis: Analysis) -> Figure | None:
         ra = analysis.ratios[k]
         color = styles[k]["color"]
         if ra.r_updates is None:
-            ax2.text(i, 0.02, "not reached", rotation=90, ha="center", va="bottom", fontsize=8)
+            ax2.text(i, 0.02, ra.missing_label, rotation=90, ha="center", va="bottom", fontsize=8)
             continue
         e = ra.r_updates
         if e.has_interval:
@@ -517,12 +517,7 @@ def figure_time_to_target(analysis: Analysis) -> Figure | None:
                     )
         for k, e in rows:
             if e is None and k.lr_rule == rule:
-                s, ref = analysis.stats[k], analysis.stats[analysis.reference]
-                miss = (
-                    "incomplete"
-                    if s.incomplete or (s.reached and ref.incomplete)
-                    else "not reached"
-                )
+                miss = analysis.ratios[k].missing_label
                 ax.plot([k.batch], [top * 1.1], "x", color="C3")
                 ax.annotate(
                     f"{rule}: {miss}",

@@ -38,12 +38,12 @@ from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, truncate_run
 from rl_batch.analysis.time_to_target import (
     DEFAULT_N_BOOT,
     DEFAULT_SEED,
-    FINISHED_STATUSES,
     INCOMPLETE,
     NOT_REACHED,
     Analysis,
     Estimate,
     analyze_sweep,
+    exact_one,
     first_crossing,
     fmt_estimate,
     ratio_estimates,
@@ -67,8 +67,8 @@ class PlanRow:
         ``r_N >= this`` (see the module docstring).
       note: free-text remark.
       time_to_target_s: full mode, the mean time-to-target in seconds.
-      incomplete: full mode: its (or the reference's) missing r_N waits for seeds still
-        running (shown "incomplete" rather than "not reached").
+      incomplete: full mode: ``Ratios.incomplete``, its (or the reference's) missing r_N
+        waits for seeds still running (shown "incomplete" rather than "not reached").
     """
 
     key: ConfigKey
@@ -187,7 +187,7 @@ def plan_full(analysis: Analysis) -> Plan:
                 None,
                 note,
                 s.time_to_target_s,
-                incomplete=s.incomplete or (s.reached and ref_stats.incomplete),
+                incomplete=ra.incomplete,
             )
         )
     ranked = _rank(rows)
@@ -284,7 +284,7 @@ def pilot_lower_bound(
     Returns:
       The bound (r_N is at least this).
     """
-    lower = [c if n is None else min(n, c) for n, c in zip(n_seeds, covered)]
+    lower = [c if n is None else n for n, c in zip(n_seeds, covered)]
     return float(np.mean(lower)) / float(np.mean(n_ref))
 
 
@@ -363,7 +363,7 @@ def plan_pilot(
     for k in pilots:
         n_k = preds[k] if all(v is not None for v in preds[k]) else None
         if k == ref and n_k is not None:
-            one = Estimate(1.0, 1.0, 1.0, len(n_k), exact=True)
+            one = exact_one(len(n_k))
             r_n, r_q, r_t = one, one, one
         else:
             r_n, r_q, r_t = ratio_estimates(
@@ -376,7 +376,7 @@ def plan_pilot(
                 # its last evaluation (its N lies beyond that, not beyond the window).
                 covered = [
                     window
-                    if r.status in FINISHED_STATUSES or r.final_responses >= window
+                    if full.targets[r.name].finished or r.final_responses >= window
                     else min(window, float(r.eval_responses[-1]) if r.eval_responses.size else 0.0)
                     for r in full.runs_by_key[k]
                 ]

@@ -111,10 +111,8 @@ def run_table(analysis: Analysis) -> list[str]:
 def ratio_table(analysis: Analysis) -> list[str]:
     """Per-configuration r_N, r_q, T/T_ref and updates ratio against the reference."""
     rows = []
-    ref = analysis.stats[analysis.reference]
     for k, r in analysis.ratios.items():
-        s = analysis.stats[k]
-        miss = INCOMPLETE if s.incomplete or (s.reached and ref.incomplete) else NOT_REACHED
+        miss = r.missing_label
         rows.append(
             [
                 k.name,
@@ -153,12 +151,14 @@ def _critical_section(analysis: Analysis, tol: float) -> list[str]:
         f"{crit.reference.name}; inside the family while r_N <= 1 + {tol:g}."
     )
     out.append("")
+    outside = "none measured" if crit.first_outside is None else str(crit.first_outside)
     if crit.first_outside_incomplete:
         out.append(
             f"- critical training batch: at least **{crit.critical_batch}** responses (the "
             f"walk stops at B = {crit.first_outside}, incomplete); r_N there "
             f"{fmt_estimate(crit.r_n_at_critical)}"
         )
+        outside += " (incomplete: seeds still running, it may yet turn out inside)"
     else:
         if crit.has_interval:
             walk = f"CI walk: [{crit.critical_batch_lo}, {crit.critical_batch_hi}]"
@@ -168,9 +168,6 @@ def _critical_section(analysis: Analysis, tol: float) -> list[str]:
             f"- critical training batch: **{crit.critical_batch}** responses "
             f"({walk}); r_N there {fmt_estimate(crit.r_n_at_critical)}"
         )
-    outside = "none measured" if crit.first_outside is None else str(crit.first_outside)
-    if crit.first_outside_incomplete:
-        outside += " (incomplete: seeds still running, it may yet turn out inside)"
     out.append("- first batch outside the family: " + outside)
     out.append("")
     out += _table(
@@ -255,7 +252,9 @@ def _generation_section(
         "",
     ]
     if gen.source == cost_model.THROUGHPUT_FILE:
-        out += [f"The throughput file measured: {gen.measured}.", *gen.model_notes, ""]
+        if gen.measured != cost_model.MODEL_NOT_RECORDED:  # Else a model note says so.
+            out.append(f"The throughput file measured: {gen.measured}.")
+        out += [*gen.model_notes, ""]
         out += [f"**Warning:** {w}" for w in gen.model_warnings]
         out += [""] if gen.model_warnings else []
     out += [

@@ -42,6 +42,8 @@ from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, group_runs
 NOT_REACHED = artifacts.NOT_REACHED
 INCOMPLETE = "incomplete"
 
+log = logging.getLogger(__name__)
+
 DEFAULT_N_BOOT = 2000
 DEFAULT_LEVEL = 0.95
 DEFAULT_SEED = 0
@@ -325,7 +327,12 @@ def config_stats(
 
 @dataclasses.dataclass(frozen=True)
 class Ratios:
-    """Ratios of a configuration against the reference (``None``: not reached)."""
+    """Ratios of a configuration against the reference (``None``: not reached).
+
+    ``incomplete``: a missing r_N (T, updates) waits for seeds still running, of this
+    configuration or (when this one reached) of the reference: shown "incomplete"
+    rather than "not reached".
+    """
 
     key: ConfigKey
     reference: ConfigKey
@@ -333,6 +340,12 @@ class Ratios:
     r_q: Estimate | None
     r_t: Estimate | None
     r_updates: Estimate | None
+    incomplete: bool = False
+
+    @property
+    def missing_label(self) -> str:
+        """What a missing r_N/T/updates ratio reads: ``incomplete`` or "not reached"."""
+        return INCOMPLETE if self.incomplete else NOT_REACHED
 
     @property
     def ideal_updates(self) -> float:
@@ -401,6 +414,11 @@ def ratio_estimates(
 _ONE = Estimate(1.0, 1.0, 1.0, 0, exact=True)
 
 
+def exact_one(n: int) -> Estimate:
+    """The reference's ratio to itself (1 by definition, ``exact``) over ``n`` seeds."""
+    return dataclasses.replace(_ONE, n=n)
+
+
 def config_ratios(
     stats: ConfigStats,
     ref: ConfigStats,
@@ -410,7 +428,7 @@ def config_ratios(
 ) -> Ratios:
     """Ratios of one configuration against the reference configuration."""
     if stats.key == ref.key:
-        one = dataclasses.replace(_ONE, n=stats.n_seeds)
+        one = exact_one(stats.n_seeds)
         reached = stats.reached
         return Ratios(
             stats.key,
@@ -419,6 +437,7 @@ def config_ratios(
             one,
             one if reached else None,
             one if reached else None,
+            incomplete=stats.incomplete,
         )
 
     def vals(s: ConfigStats, name: str, need_reached: bool):
@@ -440,7 +459,8 @@ def config_ratios(
             level,
             seed,
         )
-    return Ratios(stats.key, ref.key, r_n, r_q, r_t, r_u)
+    incomplete = stats.incomplete or (stats.reached and ref.incomplete)
+    return Ratios(stats.key, ref.key, r_n, r_q, r_t, r_u, incomplete)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -514,7 +534,7 @@ def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[Config
     sqrt = [k for k in keys if k.lr_rule == "sqrt"]
     fallback = min(sqrt or list(keys), key=lambda k: (k.batch, k.group_size))
     if sweep.reference and not reference:
-        logging.warning(
+        log.warning(
             "sweep %s: its reference %r has no usable run; ratios are against %s instead",
             sweep.sweep_dir,
             sweep.reference,
@@ -523,7 +543,7 @@ def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[Config
     return fallback
 
 
-def run_is_usable(run: RunData, rt: RunTarget) -> tuple[bool, str]:
+def run_is_usable(run: RunData) -> tuple[bool, str]:
     """Whether a run enters the statistics, and why not.
 
     Failed runs are left out (a crash says nothing about learning). Every other run is
@@ -532,7 +552,6 @@ def run_is_usable(run: RunData, rt: RunTarget) -> tuple[bool, str]:
     of unknown status, or without evaluations yet) that has not reached the target
     keeps its configuration "incomplete" (``RunTarget.pending``).
     """
-    del rt  # Reaching the target or not never excludes a seed.
     if run.status == "failed":
         return False, "failed"
     return True, ""
@@ -563,10 +582,9 @@ def analyze_sweep(
         raise ValueError(f"sweep {sweep.sweep_dir}: no target in sweep.json; pass target=")
     targets, used, excluded = {}, [], []
     for run in sweep.runs:
-        rt = run_time_to_target(run, target)
-        ok, why = run_is_usable(run, rt)
+        ok, why = run_is_usable(run)
         if ok:
-            targets[run.name] = rt
+            targets[run.name] = run_time_to_target(run, target)
             used.append(run)
         else:
             excluded.append((run.name, why))
