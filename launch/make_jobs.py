@@ -317,6 +317,12 @@ def slurm_script(
     return "\n".join(lines)
 
 
+def tpu_options(tpu: str, zone: str, remote_dir: str, project: str = "") -> list[str]:
+    """``launch/tpu_vm.sh`` options that name the TPU slice and its remote checkout."""
+    options = [f"--tpu={tpu}", f"--zone={zone}", f"--remote_dir={remote_dir}"]
+    return options + ([f"--project={project}"] if project else [])
+
+
 def tpu_script(
     runs: Sequence[dict[str, Any]],
     *,
@@ -355,9 +361,7 @@ def tpu_script(
     if not runs:
         raise ValueError("no grid points to launch")
     algo = sweep_module.rsplit(".", 1)[-1].removesuffix("_sweep")
-    options = [f"--tpu={tpu}", f"--zone={zone}", f"--remote_dir={remote_dir}", f"--algo={algo}"]
-    if project:
-        options.append(f"--project={project}")
+    options = tpu_options(tpu, zone, remote_dir, project) + [f"--algo={algo}"]
     point = [tpu_vm_sh] + options + ["point", sweep_config, sweep_dir]
     lines = [
         "#!/usr/bin/env bash",
@@ -504,8 +508,8 @@ def collect_command(
     scheduler: str,
     sweep_dir: str,
     runs_json: str,
-    tpu_vm_sh: str = os.path.join(REPO_DIR, "launch", "tpu_vm.sh"),
-    tpu_options: Sequence[str] = (),
+    tpu_vm_sh: str,
+    tpu_flags: Sequence[str] = (),
 ) -> str:
     """The shell command that gathers the jobs' runs into a sweep with ``launch.collect``.
 
@@ -517,7 +521,7 @@ def collect_command(
       sweep_dir: the sweep directory the jobs write into (for TPU: on the workers).
       runs_json: the ``runs.json`` this module wrote.
       tpu_vm_sh: TPU: ``launch/tpu_vm.sh`` on the workstation.
-      tpu_options: TPU: its options (``--tpu``, ``--zone``, ...).
+      tpu_flags: TPU: its options (``tpu_options``).
 
     Returns:
       The command line; for TPU, a fetch from worker 0 into ``fetched/`` and then the
@@ -528,7 +532,7 @@ def collect_command(
         collect += [f"--sweep_dir={sweep_dir}", f"--runs_json={runs_json}"]
         return shlex.join(collect)
     base = os.path.basename(sweep_dir.rstrip("/"))
-    fetch = [tpu_vm_sh, *tpu_options, "fetch", sweep_dir, "fetched/"]
+    fetch = [tpu_vm_sh, *tpu_flags, "fetch", sweep_dir, "fetched/"]
     collect += [f"--sweep_dir=sweeps/{base}", f"--from=fetched/{base}", f"--runs_json={runs_json}"]
     return f"{shlex.join(fetch)} && {shlex.join(collect)}"
 
@@ -559,7 +563,8 @@ def main(argv: Sequence[str]) -> None:
     else:
         out_dir = os.path.join(sweep_dir, "jobs")
 
-    tpu_options: list[str] = []
+    tpu_flags: list[str] = []
+    tpu_vm_sh = os.path.join(f.repo_dir, "launch", "tpu_vm.sh")
     if scheduler == "slurm":
         log_dir = os.path.join(out_dir, "logs")
         os.makedirs(log_dir, exist_ok=True)  # SLURM does not create --output directories.
@@ -588,9 +593,7 @@ def main(argv: Sequence[str]) -> None:
     elif scheduler == "tpu":
         if not f.tpu or not f.zone:
             raise app.UsageError("--scheduler=tpu needs --tpu and --zone")
-        tpu_options += [f"--tpu={f.tpu}", f"--zone={f.zone}", f"--remote_dir={f.remote_dir}"]
-        if f.project:
-            tpu_options.append(f"--project={f.project}")
+        tpu_flags = tpu_options(f.tpu, f.zone, f.remote_dir, f.project)
         text = tpu_script(
             runs,
             sweep_module=sweep_module,
@@ -600,7 +603,7 @@ def main(argv: Sequence[str]) -> None:
             zone=f.zone,
             project=f.project,
             remote_dir=f.remote_dir,
-            tpu_vm_sh=os.path.join(f.repo_dir, "launch", "tpu_vm.sh"),
+            tpu_vm_sh=tpu_vm_sh,
             extra_flags=f.extra_flag or (),
         )
     else:
@@ -634,8 +637,8 @@ def main(argv: Sequence[str]) -> None:
         scheduler=scheduler,
         sweep_dir=sweep_dir,
         runs_json=runs_json,
-        tpu_vm_sh=os.path.join(f.repo_dir, "launch", "tpu_vm.sh"),
-        tpu_options=tpu_options,
+        tpu_vm_sh=tpu_vm_sh,
+        tpu_flags=tpu_flags,
     )
     print(f"collect: {hint}")
 
