@@ -1,5 +1,7 @@
 """A tiny run config shared by the run, sweep and resume tests (seconds on a CPU)."""
 
+import socket
+
 import jax
 import numpy as np
 
@@ -73,3 +75,10 @@ def numpy_params(config, seed: int = 0):
         ),
         model_lib.abstract_params(config),
     )
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now (for a jax.distributed coordinator)."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]

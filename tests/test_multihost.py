@@ -11,7 +11,6 @@ restoring are covered too.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import time
 import pytest
 
 from rl_batch import artifacts
-from tests.run_fixtures import tiny_run_config
+from tests.run_fixtures import free_port, tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 240  # per leg; a hung collective fails the test instead of the suite
@@ -28,12 +27,6 @@ try:  # Throughput rates divide by wall time: they differ from run to run.
 except ImportError:  # (before rl_batch.flops existed)
     RATE_KEYS = ()
 TIMING = ("time_", "eval_time", *RATE_KEYS)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def _env(devices: int, cache_dir: str) -> dict:
@@ -96,7 +89,7 @@ def _wait_all(procs, timeout_s: float, expect_ok: bool = True) -> None:
 
 
 def _two_processes(config_json: str, tmp_path, leg: str, resume: bool):
-    port = _free_port()
+    port = free_port()
     procs = []
     for i in range(2):
         flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2"]

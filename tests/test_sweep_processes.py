@@ -9,7 +9,6 @@ its run directory holds a run of another config, which ``run.run`` refuses to re
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -17,7 +16,7 @@ import pytest
 
 from experiments.configs import base
 from rl_batch import artifacts, distributed, sweep
-from tests.run_fixtures import tiny_run_config
+from tests.run_fixtures import free_port, tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_SH = os.path.join(REPO, "launch", "local.sh")
@@ -25,12 +24,6 @@ TIMEOUT_S = 240  # a hung collective fails the test instead of the suite
 SWEEP_FLAGS = ["--config.budget_responses=16"]  # one update per point
 FIRST, SECOND = "p4_g4_sqrt_s0", "p4_g4_fixed_s0"  # the two points, in run order
 ENV_KEYS = ("RL_BATCH_COORDINATOR", "RL_BATCH_NUM_PROCESSES", "RL_BATCH_PROCESS_ID")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra) -> dict:
@@ -47,7 +40,7 @@ def _env(**extra) -> dict:
 
 def _local_sh(tmp_path, *args) -> subprocess.CompletedProcess:
     """``launch/local.sh -n 2 ARGS`` on the tiny sweep; process 1 logs to tmp/logs."""
-    cmd = [LOCAL_SH, "-n", "2", f"--port={_free_port()}", f"--log_dir={tmp_path / 'logs'}"]
+    cmd = [LOCAL_SH, "-n", "2", f"--port={free_port()}", f"--log_dir={tmp_path / 'logs'}"]
     cmd += [*args, f"--config.work_dir={tmp_path / 'work'}", *SWEEP_FLAGS]
     return subprocess.run(
         cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S
