@@ -1,12 +1,19 @@
 """A tiny run config shared by the run, sweep and resume tests (seconds on a CPU)."""
 
+import numbers
 import socket
 
 import jax
 import numpy as np
+import pytest
 
 from experiments.configs import base
+from rl_batch import flops
 from rl_batch import model as model_lib
+
+# Metrics that depend on wall time or on what this process compiled: they differ between
+# two runs of the same computation. Throughput rates divide by wall time.
+TIMING = ("time_", "eval_time", "compilations", *flops.RATE_KEYS)
 
 TINY_MODEL = {
     "num_layers": 1,
@@ -82,3 +89,42 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
         return s.getsockname()[1]
+
+
+def deterministic(records, kind=None):
+    """``records`` (of one ``kind`` when given) without their timing fields."""
+    return [
+        {k: v for k, v in r.items() if not k.startswith(TIMING)}
+        for r in records
+        if kind is None or r["kind"] == kind
+    ]
+
+
+def assert_close(x, y, rel, abs, where=()):
+    """Numbers equal within (rel, abs); strings, bools, None and other values exactly.
+
+    Lists and dicts are compared element by element; ``where`` names the failing element.
+    """
+    if isinstance(x, dict) and isinstance(y, dict):
+        assert x.keys() == y.keys(), where
+        for key in x:
+            assert_close(x[key], y[key], rel, abs, (*where, key))
+    elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        assert len(x) == len(y), where
+        for i, (xi, yi) in enumerate(zip(x, y)):
+            assert_close(xi, yi, rel, abs, (*where, i))
+    elif _is_number(x) and _is_number(y):
+        assert x == pytest.approx(y, rel=rel, abs=abs, nan_ok=True), where
+    else:
+        assert x == y, where
+
+
+def assert_same_records(a, b, rel, abs, what=""):
+    """Two lists of metric records agree record by record (see ``assert_close``)."""
+    assert len(a) == len(b), (what, len(a), len(b))
+    for x, y in zip(a, b):
+        assert_close(x, y, rel, abs, (what, x.get("kind"), x.get("step")))
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Number) and not isinstance(v, bool)

@@ -21,15 +21,10 @@ import pytest
 
 from rl_batch import artifacts
 from rl_batch.checkpoint import Checkpointer
-from tests.run_fixtures import tiny_run_config
+from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 120  # per subprocess
-try:  # Throughput rates divide by wall time: they differ from run to run.
-    from rl_batch.flops import RATE_KEYS
-except ImportError:  # (before rl_batch.flops existed)
-    RATE_KEYS = ()
-TIMING = ("time_", "eval_time", *RATE_KEYS)
 TMP_MARK = ".orbax-checkpoint-tmp"
 # 20 updates, a checkpoint every 2: a window of several saves in which to kill.
 RUN = dict(budget_responses=320, eval_every_responses=128, eval_greedy=False, checkpoint_every=2)
@@ -133,17 +128,10 @@ def _past_a_checkpoint(run_dir: str):
     return condition
 
 
-def _deterministic(records):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
-
-
 def _assert_same_metrics(a, b):
-    a, b = _deterministic(a), _deterministic(b)
+    a, b = deterministic(a), deterministic(b)
     assert [r["kind"] for r in a] == [r["kind"] for r in b]
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for key in x:
-            assert x[key] == pytest.approx(y[key], rel=1e-6, abs=1e-7), (x["step"], key)
+    assert_same_records(a, b, rel=1e-6, abs=1e-7)
 
 
 def _train_cmd(config_json: str, resume: bool = False):

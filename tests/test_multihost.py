@@ -18,15 +18,10 @@ import time
 import pytest
 
 from rl_batch import artifacts
-from tests.run_fixtures import free_port, tiny_run_config
+from tests.run_fixtures import assert_same_records, deterministic, free_port, tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 240  # per leg; a hung collective fails the test instead of the suite
-try:  # Throughput rates divide by wall time: they differ from run to run.
-    from rl_batch.flops import RATE_KEYS
-except ImportError:  # (before rl_batch.flops existed)
-    RATE_KEYS = ()
-TIMING = ("time_", "eval_time", *RATE_KEYS)
 
 
 def _env(devices: int, cache_dir: str) -> dict:
@@ -99,20 +94,8 @@ def _two_processes(config_json: str, tmp_path, leg: str, resume: bool):
     return procs
 
 
-def _deterministic(records, kind):
-    return [
-        {k: v for k, v in r.items() if not k.startswith(TIMING)}
-        for r in records
-        if r["kind"] == kind
-    ]
-
-
 def _assert_same(a, b, what):
-    assert len(a) == len(b), (what, len(a), len(b))
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys(), what
-        for key in x:
-            assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-6), (what, x["step"], key)
+    assert_same_records(a, b, rel=1e-5, abs=1e-6, what=what)
 
 
 @pytest.mark.slow  # three processes of ~30 s on two cores
@@ -139,8 +122,8 @@ def test_two_processes_match_one_process_with_two_devices(tmp_path):
     # Only process 0 writes: each step is recorded once.
     steps = [r["step"] for r in multi if r["kind"] == "update"]
     assert steps == [1, 2, 3, 4]
-    _assert_same(_deterministic(multi, "update"), _deterministic(reference, "update"), "update")
-    _assert_same(_deterministic(multi, "eval"), _deterministic(reference, "eval"), "eval")
+    _assert_same(deterministic(multi, "update"), deterministic(reference, "update"), "update")
+    _assert_same(deterministic(multi, "eval"), deterministic(reference, "eval"), "eval")
     config = artifacts.read_json(os.path.join(multi_dir, artifacts.CONFIG_FILE))
     assert config["derived"]["device_count"] == 2
     summary = artifacts.read_json(os.path.join(multi_dir, artifacts.SUMMARY_FILE))

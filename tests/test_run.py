@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from rl_batch import artifacts, flops
+from rl_batch import artifacts
 from rl_batch import run as run_lib
-from tests.run_fixtures import tiny_run_config
+from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
 
 UPDATE_FIELDS = (
     "step responses_cum responses_generated_cum prompts group_size batch_responses lr "
@@ -16,20 +16,11 @@ UPDATE_FIELDS = (
 ).split()
 # Values that depend on the machine's speed, not on the computation.
 # (and on the process's history: a resumed run compiles the validation sampler later).
-TIMING = ("time_", "eval_time", "compilations", *flops.RATE_KEYS)
 
 
 @pytest.fixture(scope="module")
 def work_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("work"))
-
-
-def _deterministic(records):
-    return [
-        {k: v for k, v in r.items() if not k.startswith(TIMING)}
-        for r in records
-        if r["kind"] == "update"
-    ]
 
 
 def test_run_writes_the_artifacts(work_dir, tmp_path):
@@ -58,13 +49,10 @@ def test_resumed_run_matches_uninterrupted(work_dir, tmp_path):
     # Stop after 3 updates, then continue to the same budget from the checkpoint.
     run_lib.run(tiny_run_config(work_dir, split_dir, budget_responses=48), progress=False)
     run_lib.run(tiny_run_config(work_dir, split_dir, budget_responses=96), progress=False)
-    full = _deterministic(artifacts.read_metrics(full_dir))
-    split = _deterministic(artifacts.read_metrics(split_dir))
-    assert len(full) == len(split) == 6
-    for a, b in zip(full, split):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    full = deterministic(artifacts.read_metrics(full_dir), "update")
+    split = deterministic(artifacts.read_metrics(split_dir), "update")
+    assert len(full) == 6
+    assert_same_records(full, split, rel=1e-5, abs=1e-7)
 
 
 def test_a_different_config_does_not_resume_into_a_run_dir(work_dir, tmp_path):

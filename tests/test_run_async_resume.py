@@ -10,17 +10,16 @@ import json
 import numpy as np
 import pytest
 
-from rl_batch import artifacts, flops
+from rl_batch import artifacts
 from rl_batch import rollout as rollout_lib
 from rl_batch import run as run_lib
 from rl_batch.sampler import SampleOutput
-from tests.run_fixtures import tiny_run_config
+from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
 
 # Weight decay moves the params at every update even while a random policy earns no
 # reward (zero advantages), so samples drawn from the wrong params would show.
 ASYNC = {"async_rollout.enabled": True, "weight_decay": 1.0, "checkpoint_every": 2}
 # Values that depend on the machine's speed (or the process's history), not the run.
-TIMING = ("time_", "eval_time", "compilations", *flops.RATE_KEYS)
 
 
 class _Crash(Exception):
@@ -61,18 +60,11 @@ def _run(config, monkeypatch, crash_after_step: int = 0) -> list[list[str]]:
 
 
 def _updates(run_dir):
-    return [
-        {k: v for k, v in r.items() if not k.startswith(TIMING)}
-        for r in artifacts.read_metrics(run_dir, "update")
-    ]
+    return deterministic(artifacts.read_metrics(run_dir, "update"))
 
 
 def _assert_same_updates(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for key in x:
-            assert x[key] == pytest.approx(y[key], rel=1e-6, abs=1e-7), (x["step"], key)
+    assert_same_records(a, b, rel=1e-6, abs=1e-7)
 
 
 def test_stopped_async_run_extends_into_the_uninterrupted_run(work_dir, tmp_path, monkeypatch):
