@@ -15,6 +15,9 @@ CORE = [
     "math-verify",
     "safetensors",
     "tokenizers",
+    # Renders a checkpoint's own chat template (tokenizer_config.json); without it
+    # Hugging Face tokenizers would need a fallback template.
+    "jinja2",
     "matplotlib",
     "tqdm",
 ]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
@@ -212,8 +211,8 @@ class HFTokenizer:
     (``bos_token``, ``eos_token``, ``pad_token``), else from well-known token strings in the
     vocabulary; ``"bos_token": null`` there means no BOS. The chat template is, in order
     of preference: the ``chat_template`` argument; the jinja template in
-    ``tokenizer_config.json`` / ``chat_template.jinja`` (rendered only when jinja2 is
-    importable); the ChatML layout `CHATML`.
+    ``tokenizer_config.json`` / ``chat_template.jinja`` (rendered with jinja2, a core
+    dependency); the ChatML layout `CHATML` when the checkpoint has no template.
 
     Args:
         path: ``tokenizer.json`` or the directory that holds it.
@@ -248,13 +247,7 @@ class HFTokenizer:
 
         if chat_template is None:
             jinja_template = self._config_template(config, os.path.dirname(file))
-            if jinja_template is not None:
-                try:
-                    import jinja2  # noqa: F401
-
-                    chat_template = jinja_template
-                except ImportError:
-                    logging.warning("jinja2 missing: using the ChatML template for %s", file)
+            chat_template = jinja_template
         self.chat_template: ChatTemplate | str = chat_template or CHATML
 
     @staticmethod
