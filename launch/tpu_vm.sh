@@ -7,7 +7,8 @@
 #
 # Usage (from a workstation with gcloud, in this checkout):
 #   launch/tpu_vm.sh [OPTIONS] setup                     copy this checkout to every worker and
-#                                                        pip install -e ".[tpu]" there (jax[tpu])
+#                                                        pip install it there from the lock,
+#                                                        with jax[tpu] of the locked jax
 #   launch/tpu_vm.sh [OPTIONS] train CONFIG RUN_DIR [FLAG ...]
 #   launch/tpu_vm.sh [OPTIONS] sweep CONFIG SWEEP_DIR [FLAG ...]
 #   launch/tpu_vm.sh [OPTIONS] point CONFIG SWEEP_DIR RUN_NAME [FLAG ...]
@@ -171,7 +172,11 @@ setup() {
   local dir
   dir="$(remote_dir_word)"
   local install="mkdir -p $dir && tar xzf rl_batch_src.tgz -C $dir && rm rl_batch_src.tgz"
-  install+=" && cd $dir && $REMOTE_PYTHON -m pip install -q ${PIP_FLAGS:-} -e '.[tpu]'"
+  # The locked versions (requirements/lock.txt), with the TPU plugin of the locked jax.
+  local jax_version
+  jax_version="$(sed -n 's/^jax==\([^ ]*\).*/\1/p' "$REPO_DIR/requirements/lock.txt")"
+  install+=" && cd $dir && $REMOTE_PYTHON -m pip install -q ${PIP_FLAGS:-} -e ."
+  install+=" -c requirements/lock.txt 'jax[tpu]==$jax_version'"
   install+=" && $REMOTE_PYTHON -c 'import jax; print(jax.process_index(), jax.devices())'"
   run "$GCLOUD" compute tpus tpu-vm ssh "$TPU" "${GCLOUD_COMMON[@]}" "--worker=$WORKER" \
     "--command=$install"
