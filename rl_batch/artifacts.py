@@ -2,7 +2,9 @@
 
 A run directory::
 
-    <run>/config.json      resolved config (every hyperparameter, LR rule, seed, versions)
+    <run>/config.json      resolved config (every hyperparameter, LR rule, seed)
+    <run>/provenance.json  package versions, git commit, devices, CPU, host load per session
+                           (written and read by `rl_batch.provenance`)
     <run>/metrics.jsonl    one JSON object per optimizer update and per evaluation
     <run>/checkpoints/     orbax checkpoints
     <run>/summary.json     N*, q, T (or "not reached"), time split, status

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, distributed, flops, learner, partial_rollout, sharding
+from rl_batch import artifacts, distributed, flops, learner, partial_rollout, provenance, sharding
 from rl_batch import config as config_lib
 from rl_batch import model as model_lib
 from rl_batch import rollout as rollout_lib
@@ -334,6 +334,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     if is_writer:
         os.makedirs(run_dir, exist_ok=True)
         artifacts.write_json_atomic(os.path.join(run_dir, artifacts.CONFIG_FILE), c.to_dict())
+        provenance.start_session(run_dir)
     metrics_path = os.path.join(run_dir, artifacts.METRICS_FILE)
 
     task = config_lib.make_task(c)
@@ -749,6 +750,8 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
         bar.close()
         if executor is not None:  # (a failed run drops the rollouts still queued)
             executor.shutdown(wait=True, cancel_futures=True)
+        if is_writer:
+            provenance.end_session(run_dir, status)
     summary = _summary(c, counters, evals, status)
     if is_writer:
         artifacts.write_json_atomic(os.path.join(run_dir, artifacts.SUMMARY_FILE), summary)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rl_batch import provenance
 from rl_batch.analysis import cost_model, critical_batch, noise_scale, planner
 from rl_batch.analysis.time_to_target import (
     INCOMPLETE,
@@ -342,6 +343,9 @@ def build_report(
             f"**Warning:** {w} (See Critical generation batch.)\n"
             for w in (generation.model_warnings if generation is not None else ())
         ],
+        "## Software and hardware",
+        "",
+        *provenance.describe_sweep({r.name: provenance.read(r.run_dir) for r in sw.runs}),
         "## Time to target per configuration",
         "",
         *config_table(analysis),
