@@ -36,14 +36,23 @@ def test_critical_training_batch_known_edge(analysis):
     assert cb.critical_training_batch(analysis, tol=0.01).critical_batch == 128
 
 
-def test_critical_batch_interval_uses_bootstrap_bounds(analysis):
-    # tol = 0.04: r_N(256) = 1.05 lies outside, but its interval straddles 1.04 only if the
-    # seed spread is wide; here the interval is about [1.03, 1.07], so the conservative walk
-    # stops at 128 and the optimistic one passes 256.
-    crit = cb.critical_training_batch(analysis, tol=0.04)
+@pytest.mark.parametrize("method, lo_end", [("bootstrap", 128), ("t", 64)])
+def test_critical_batch_interval_walks_with_the_r_n_bounds(tmp_path, method, lo_end):
+    # tol = 0.04: r_N(256) = 1.05 lies outside, but its interval straddles 1.04. With two
+    # seeds (tau x 0.99 / 1.01) the percentile bootstrap gives about [1.03, 1.07] and r_N(128)
+    # = 1.0 stays inside; the t interval (1 degree of freedom per side) is wider, so r_N(128)'s
+    # upper bound passes 1.04 too and the conservative walk stops at 64. The optimistic walk
+    # passes 256 with either.
+    d = fx.write_sweep(str(tmp_path / "sweep"))
+    a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=200, method=method)
+    crit = cb.critical_training_batch(a, tol=0.04)
     e = crit.r_n[2]
     assert e.lo < 1.04 < e.hi
-    assert (crit.critical_batch, crit.critical_batch_lo, crit.critical_batch_hi) == (128, 128, 256)
+    assert (crit.critical_batch, crit.critical_batch_lo, crit.critical_batch_hi) == (
+        128,
+        lo_end,
+        256,
+    )
 
 
 def test_trend_from_norms_hand_values():

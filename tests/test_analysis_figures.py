@@ -39,7 +39,7 @@ def test_write_all_full_sweep(tmp_path):
     report = open(paths[-1]).read()
     assert "critical training batch: **256** responses" in report
     assert "plateau (90% of best measured): c = **1024**" in report
-    assert "Recommendation: grpo-P32-G8-sqrt (batch 256)." in report
+    assert "Recommendation: grpo-P32-G8-sqrt (batch 256): its interval excludes every other's." in report
     assert "Median actor B_simple over runs: 256 responses." in report
     # The never-reaching configuration reads "not reached", never a number.
     row = next(line for line in report.splitlines() if line.startswith("| grpo-P64-G8-fixed"))
@@ -77,7 +77,7 @@ def test_write_all_when_the_reference_never_reaches(tmp_path):
     assert not any("time_to_target" in p for p in paths)
     report = open(paths[-1]).read()
     assert "| grpo-P8-G8-sqrt | 64 | 8 | 8 | sqrt | 0/1 | not reached |" in report
-    assert "Recommendation: none." in report
+    assert "Recommendation: none (no configuration reached the target" in report
 
 
 def test_figures_cli(tmp_path):

@@ -109,7 +109,10 @@ def test_plan_batch_cli_writes_plan_json(sweep_dir):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert "Recommendation: grpo-P32-G8-sqrt (batch 256)." in out.stdout
+    assert (
+        "Recommendation: grpo-P32-G8-sqrt (batch 256): its interval excludes every other's."
+        in out.stdout
+    )
     plan = json.load(open(os.path.join(sweep_dir, "plan.json")))
     assert plan["mode"] == "full" and plan["recommended_batch"] == 256
     out = subprocess.run(
@@ -226,3 +229,36 @@ def test_pilot_bound_averages_min_of_n_and_window(tmp_path):
     assert big.r_n_lower_bound == pytest.approx((n_lvl + 2000.0) / 2 / n_lvl)  # 1.4042
     assert "by 1/2 seeds" in big.note
     assert ">= 1.4" in planner.format_plan_table(plan)
+
+
+def test_overlapping_intervals_give_candidates_not_a_winner(tmp_path):
+    # B = 128 and 256 have T/T_ref 0.70 and 0.58; with a 40% seed spread of N* their
+    # intervals overlap: no single recommendation, both candidates, and a seed count.
+    configs = [(8, 8, "sqrt", 1.0), (16, 8, "sqrt", 1.0), (32, 8, "sqrt", 1.05)]
+    d = fx.write_sweep(str(tmp_path / "wide"), configs=configs, seed_factors=(0.6, 1.0, 1.4))
+    plan = planner.plan_full(ttt.analyze_sweep(curves.load_sweep(d)))
+    b128, b256 = curves.ConfigKey("grpo", 16, 8, "sqrt"), curves.ConfigKey("grpo", 32, 8, "sqrt")
+    assert plan.best == b256 and plan.recommendation is None and not plan.decided
+    assert b128 in plan.candidates and plan.candidates[0] == b256
+    rows = {r.key: r for r in plan.rows}
+    assert rows[b128].r_t.lo <= rows[b256].r_t.hi  # why they cannot be told apart
+    assert plan.seeds_to_separate is not None and plan.seeds_to_separate > 3
+    text = planner.format_plan_table(plan)
+    assert "Recommendation: undecided at this power between grpo-P32-G8-sqrt" in text
+    assert f"about {plan.seeds_to_separate} seeds per configuration" in text
+    obj = planner.plan_to_json(plan)
+    assert obj["recommendation"] is None and obj["best"] == "grpo-P32-G8-sqrt"
+    assert obj["candidates"][0] == "grpo-P32-G8-sqrt" and "grpo-P16-G8-sqrt" in obj["candidates"]
+    # The same curves with a 1% spread: one winner.
+    d = fx.write_sweep(str(tmp_path / "tight"), configs=configs)
+    plan = planner.plan_full(ttt.analyze_sweep(curves.load_sweep(d)))
+    assert plan.recommendation == b256 and plan.candidates == (b256,)
+
+
+def test_one_seed_names_no_winner(tmp_path):
+    configs = [(8, 8, "sqrt", 1.0), (16, 8, "sqrt", 1.0), (32, 8, "sqrt", 1.05)]
+    d = fx.write_sweep(str(tmp_path / "one"), configs=configs, seed_factors=(1.0,))
+    plan = planner.plan_full(ttt.analyze_sweep(curves.load_sweep(d)))
+    assert plan.best == curves.ConfigKey("grpo", 32, 8, "sqrt") and plan.recommendation is None
+    assert len(plan.candidates) == 3 and plan.seeds_to_separate is None  # (no interval)
+    assert "more seeds would be needed" in plan.verdict

@@ -2,8 +2,16 @@
 
 Full mode (``plan_full``): every configuration of a finished sweep is a candidate; its
 measured sample cost ``r_N`` and end-to-end throughput gain ``r_q`` against the reference
-give ``T/T_ref = r_N / r_q``. The recommendation is the smallest ``T/T_ref`` among the
+give ``T/T_ref = r_N / r_q``. The best is the smallest ``T/T_ref`` among the
 configurations whose every seed reached the target (step 3: confirm it reaches).
+
+Verdicts, not winners: the *candidates* are the best and every reached configuration
+whose T/T_ref interval overlaps the best's (or that has no interval, e.g. one seed). A
+single configuration is recommended only when it is the only candidate; otherwise the
+plan names the candidates ("undecided at this power") and about how many seeds per
+configuration would separate the best from each of them (`intervals.seeds_to_separate`:
+the same seed spreads at more seeds). When the reference did not reach the target, T in
+seconds takes the place of T/T_ref.
 
 Pilot mode (``plan_pilot``): predicts each candidate's ``r_N`` from the first
 ``fraction`` of each run's runway (``fraction * budget_responses`` retained responses)
@@ -34,8 +42,10 @@ from typing import Any
 
 import numpy as np
 
+from rl_batch.analysis import intervals
 from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, truncate_run
 from rl_batch.analysis.time_to_target import (
+    DEFAULT_LEVEL,
     DEFAULT_N_BOOT,
     DEFAULT_SEED,
     INCOMPLETE,
@@ -128,7 +138,22 @@ class PilotComparison:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A ranked plan: ``rows[0]`` is the recommendation when it has a ``r_t``."""
+    """A ranked plan and its verdict (see the module docstring).
+
+    Attributes:
+      mode: ``full`` or ``pilot``.
+      target: the validation target.
+      reference: the reference configuration.
+      rows: candidates ranked best first.
+      recommendation: the best, only when its interval excludes every other reached
+        configuration's (``None`` otherwise, or when nothing reached).
+      pilot: pilot mode, how the pick compares with the full sweep.
+      note: free-text remark.
+      best: the smallest mean T/T_ref (or T) among configurations that reached.
+      candidates: the best and the configurations that cannot be told apart from it.
+      seeds_to_separate: seeds per configuration at which the best's interval would
+        exclude every other candidate's (``None``: unknown, e.g. no interval, or > 100).
+    """
 
     mode: str
     target: float
@@ -137,6 +162,70 @@ class Plan:
     recommendation: ConfigKey | None
     pilot: PilotComparison | None = None
     note: str = ""
+    best: ConfigKey | None = None
+    candidates: tuple[ConfigKey, ...] = ()
+    seeds_to_separate: int | None = None
+
+    @property
+    def decided(self) -> bool:
+        """Whether a single configuration is recommended."""
+        return self.recommendation is not None
+
+    @property
+    def verdict(self) -> str:
+        """One sentence: the recommendation, or the candidates it cannot tell apart."""
+        if self.best is None:
+            return "none (no configuration reached the target in every seed)"
+        if self.decided:
+            b = self.recommendation
+            return f"{b.name} (batch {b.batch}): its interval excludes every other's"
+        names = ", ".join(f"{k.name} (batch {k.batch})" for k in self.candidates)
+        more = (
+            f"about {self.seeds_to_separate} seeds per configuration would separate them"
+            if self.seeds_to_separate is not None
+            else "more seeds would be needed to separate them (an interval is missing, or "
+            "more than 100 seeds)"
+        )
+        return f"undecided at this power between {names}; best mean {self.best.name}; {more}"
+
+
+def _comparable(row: PlanRow) -> Estimate | None:
+    """The estimate a plan compares candidates on: T/T_ref, or T (s) without one."""
+    return row.r_t if row.r_t is not None else row.time_to_target_s
+
+
+def verdict(
+    ranked: Sequence[PlanRow], level: float = DEFAULT_LEVEL
+) -> tuple[ConfigKey | None, tuple[ConfigKey, ...], int | None]:
+    """(best, candidates, seeds to separate) of rows ranked best first.
+
+    Candidates are the reached rows whose interval overlaps the best's, or that have
+    none; the seed count is the largest `intervals.seeds_to_separate` over them.
+    """
+    if not ranked or not ranked[0].reached or _comparable(ranked[0]) is None:
+        return None, (), None
+    best = _comparable(ranked[0])
+    tied, needed = [ranked[0].key], []
+    for row in ranked[1:]:
+        e = _comparable(row)
+        if not row.reached or e is None:
+            continue
+        if best.has_interval and e.has_interval and e.lo > best.hi:
+            continue  # Told apart.
+        tied.append(row.key)
+        needed.append(
+            intervals.seeds_to_separate(
+                (best.mean, best.lo, best.hi, best.n), (e.mean, e.lo, e.hi, e.n), level
+            )
+        )
+    seeds = None if (not needed or None in needed) else max(needed)
+    return ranked[0].key, tuple(tied), seeds
+
+
+def _ranked_plan(mode, target, reference, ranked, pilot=None, note="") -> Plan:
+    best, candidates, seeds = verdict(ranked)
+    rec = best if len(candidates) == 1 else None
+    return Plan(mode, target, reference, tuple(ranked), rec, pilot, note, best, candidates, seeds)
 
 
 def _rank(rows: list[PlanRow]) -> list[PlanRow]:
@@ -191,14 +280,13 @@ def plan_full(analysis: Analysis) -> Plan:
             )
         )
     ranked = _rank(rows)
-    best = ranked[0].key if ranked and ranked[0].reached else None
     if ref_reached:
         note = ""
     elif ref_stats.incomplete:
         note = "reference incomplete (seeds still running): ranked by mean T in s"
     else:
         note = "reference did not reach the target: ranked by mean T in s"
-    return Plan("full", analysis.target, analysis.reference, tuple(ranked), best, None, note)
+    return _ranked_plan("full", analysis.target, analysis.reference, ranked, note=note)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,7 +455,7 @@ def plan_pilot(
             r_n, r_q, r_t = one, one, one
         else:
             r_n, r_q, r_t = ratio_estimates(
-                n_k, qs[k] or None, n_ref, qs[ref] or None, n_boot, seed=seed
+                n_k, qs[k] or None, n_ref, qs[ref] or None, n_boot, seed=seed, method=full.method
             )
         bound, note = None, ""
         if n_k is None:
@@ -397,7 +485,7 @@ def plan_pilot(
     pick = ranked[0].key if ranked and ranked[0].reached and ranked[0].r_t else None
 
     best_plan = plan_full(full)
-    best = best_plan.recommendation
+    best = best_plan.best
     pilot_cost = sum(r.final_time_train for rs in pilots.values() for r in rs)
     sweep_cost = sum(r.final_time_train for r in all_runs)
     comparison = PilotComparison(
@@ -413,7 +501,7 @@ def plan_pilot(
         best_r_t_full=None if best is None else full.ratios[best].r_t,
     )
     note = "" if n_ref is not None else "the reference gives no prediction: no ranking"
-    return Plan("pilot", full.target, ref, tuple(ranked), pick, comparison, note)
+    return _ranked_plan("pilot", full.target, ref, ranked, comparison, note)
 
 
 def _est_json(e: Estimate | None, missing: str = NOT_REACHED) -> dict[str, float | None] | str:
@@ -429,6 +517,10 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "reference": plan.reference.name,
         "recommendation": None if plan.recommendation is None else plan.recommendation.name,
         "recommended_batch": None if plan.recommendation is None else plan.recommendation.batch,
+        "best": None if plan.best is None else plan.best.name,
+        "candidates": [k.name for k in plan.candidates],
+        "seeds_to_separate": plan.seeds_to_separate,
+        "verdict": plan.verdict,
         "note": plan.note,
         "rows": [
             {
@@ -481,20 +573,18 @@ def format_plan_table(plan: Plan) -> str:
         r_n = fmt_estimate(r.r_n, missing=r.missing_label)
         if r.r_n is None and r.r_n_lower_bound is not None:
             r_n = f">= {r.r_n_lower_bound:.3g}"
-        star = " *" if r.key == plan.recommendation else ""
+        star = " *" if r.key == plan.recommendation else (" ~" if r.key in plan.candidates else "")
         r_q = fmt_estimate(r.r_q, missing="-")
         lines.append(
             f"| {i} | {r.key.name}{star} | {r.key.batch} | {r_n} | {r_q}"
             f" | {fmt_estimate(r.r_t, missing=r.missing_label)} | {r.note} |"
         )
-    rec = plan.recommendation
     lines.append("")
     lines.append(
         f"Reference: {plan.reference.name} (batch {plan.reference.batch}); target {plan.target:g}."
+        " `*` the recommendation; `~` candidates that cannot be told apart from the best."
     )
-    lines.append(
-        f"Recommendation: {rec.name} (batch {rec.batch})." if rec else "Recommendation: none."
-    )
+    lines.append(f"Recommendation: {plan.verdict}.")
     if plan.note:
         lines.append(f"Note: {plan.note}.")
     p = plan.pilot

@@ -12,11 +12,13 @@ Definitions (the measurement protocol):
   whole run and T is ``None``.
 - ``updates_to_target``: actor updates done at N*, interpolated the same way.
 
-Per configuration (seeds): the mean and a percentile bootstrap interval; with fewer
-than two seeds there is no interval (``lo``/``hi`` are NaN, printed "1 seed, no CI"),
-never a zero-width one. Every seed that did not fail counts, finished or not. A
-configuration's N*, T and updates are reported only when *every* seed reached the
-target (a mean over the seeds that happened to reach it would be biased low): a
+Per configuration (seeds): the mean and an interval (``method="t"``, the default: Student's
+t for means and a log-scale delta-method t interval for ratios, `rl_batch.analysis.intervals`,
+meaningful at 3-5 seeds; ``method="bootstrap"``: a percentile bootstrap over seeds, for
+many seeds); with fewer than two seeds there is no interval (``lo``/``hi`` are NaN,
+printed "1 seed, no CI"), never a zero-width one. Every seed that did not fail counts,
+finished or not. A configuration's N*, T and updates are reported only when *every* seed
+reached the target (a mean over the seeds that happened to reach it would be biased low): a
 finished seed that never reached makes the configuration "not reached"; a seed still
 running (or of unknown status) that has not reached yet makes it "incomplete" until it
 reaches or finishes.
@@ -24,8 +26,8 @@ reaches or finishes.
 Ratios against a reference configuration: ``r_N = mean N*(B) / mean N*(B_ref)``,
 ``r_q = mean q(B) / mean q(B_ref)``, ``T/T_ref = r_N / r_q`` (equal to the ratio of
 times for single seeds), ``r_updates`` (ideal ``B_ref / B``, e.g. 0.5 at twice the
-batch). Bootstrap intervals resample the seeds of both configurations independently,
-keeping each run's (N*, q) together.
+batch). Both methods treat the two configurations' seeds as independent samples and
+keep each run's (N*, q) together.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from rl_batch import artifacts
+from rl_batch.analysis import intervals
 from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, group_runs
 
 NOT_REACHED = artifacts.NOT_REACHED
@@ -47,6 +50,15 @@ log = logging.getLogger(__name__)
 DEFAULT_N_BOOT = 2000
 DEFAULT_LEVEL = 0.95
 DEFAULT_SEED = 0
+INTERVAL_METHODS = ("t", "bootstrap")
+DEFAULT_METHOD = "t"
+
+
+def check_method(method: str) -> str:
+    """``method`` when it is one of `INTERVAL_METHODS`, else a ValueError naming them."""
+    if method not in INTERVAL_METHODS:
+        raise ValueError(f"interval method must be one of {INTERVAL_METHODS}, got {method!r}")
+    return method
 
 
 def first_crossing(x: Sequence[float], y: Sequence[float], target: float) -> float | None:
@@ -160,7 +172,7 @@ def run_time_to_target(run: RunData, target: float) -> RunTarget:
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """A mean over seeds (or a ratio) with its percentile bootstrap interval.
+    """A mean over seeds (or a ratio) with its confidence interval.
 
     ``lo`` and ``hi`` are NaN when there is no interval (fewer than two seeds in a
     sample, or no finite bootstrap replicate). ``n`` is the number of seeds (of the
@@ -251,6 +263,35 @@ def bootstrap_mean(
     return bootstrap([np.asarray(values)], lambda s: s[0].mean(axis=1), n_boot, level, seed)
 
 
+def mean_estimate(
+    values: Sequence[float],
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+    method: str = DEFAULT_METHOD,
+) -> Estimate:
+    """Mean of ``values`` with a t (default) or percentile bootstrap interval."""
+    if check_method(method) == "bootstrap":
+        return bootstrap_mean(values, n_boot, level, seed)
+    return Estimate(*intervals.t_mean(values, level), len(values))
+
+
+def ratio_estimate(
+    a: Sequence, ref: Sequence, weights: Sequence[float], n_boot, level, seed, method
+) -> Estimate:
+    """``prod_j (mean a_j / mean ref_j)^w_j`` over seeds; a, ref are [n, d] (or [n])."""
+    a2 = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
+    r2 = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
+    if check_method(method) == "t":
+        return Estimate(*intervals.t_log_ratio(a2, r2, weights, level), len(a2))
+    w = np.asarray(weights, dtype=np.float64)
+
+    def statistic(s):  # [R, n, d] replicates -> [R]
+        return np.prod((s[0].mean(axis=1) / s[1].mean(axis=1)) ** w, axis=-1)
+
+    return bootstrap([a2, r2], statistic, n_boot, level, seed)
+
+
 @dataclasses.dataclass(frozen=True)
 class ConfigStats:
     """Seed statistics of one configuration.
@@ -302,18 +343,20 @@ def config_stats(
     n_boot: int = DEFAULT_N_BOOT,
     level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
+    method: str = DEFAULT_METHOD,
 ) -> ConfigStats:
-    """Mean and bootstrap interval of N*, q, T and updates over the seeds of one config."""
+    """Mean and interval of N*, q, T and updates over the seeds of one configuration."""
     if not runs:
         raise ValueError("config_stats: no runs")
     key = runs[0].key
-    qs = [r.q for r in runs if r.q is not None]
-    q = bootstrap_mean(qs, n_boot, level, seed) if qs else None
-    if not all(r.reached for r in runs):
-        return ConfigStats(key, tuple(runs), None, q, None, None)
 
     def boot(v):
-        return bootstrap_mean(v, n_boot, level, seed)
+        return mean_estimate(v, n_boot, level, seed, method)
+
+    qs = [r.q for r in runs if r.q is not None]
+    q = boot(qs) if qs else None
+    if not all(r.reached for r in runs):
+        return ConfigStats(key, tuple(runs), None, q, None, None)
 
     return ConfigStats(
         key=key,
@@ -353,10 +396,6 @@ class Ratios:
         return self.reference.batch / self.key.batch
 
 
-def _ratio_of_means(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    return num.mean(axis=1) / den.mean(axis=1)
-
-
 def ratio_estimates(
     n_a: Sequence[float] | None,
     q_a: Sequence[float] | None,
@@ -365,6 +404,7 @@ def ratio_estimates(
     n_boot: int = DEFAULT_N_BOOT,
     level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
+    method: str = DEFAULT_METHOD,
 ) -> tuple[Estimate | None, Estimate | None, Estimate | None]:
     """``(r_N, r_q, r_N / r_q)`` of configuration a against the reference.
 
@@ -372,42 +412,26 @@ def ratio_estimates(
       n_a, q_a: per-seed N* and q of configuration a (paired by seed; ``None``/empty
         when unavailable).
       n_ref, q_ref: the same for the reference.
-      n_boot, level, seed: bootstrap settings.
+      n_boot, level, seed: bootstrap settings (``method="bootstrap"``).
+      method: ``t`` (default) or ``bootstrap`` (see the module docstring).
 
     Returns:
-      The three ratios with bootstrap intervals; an entry is ``None`` when its inputs
-      are missing.
+      The three ratios with intervals; an entry is ``None`` when its inputs are missing.
     """
 
     def ok(v):
         return v is not None and len(v) > 0
 
-    r_n = r_q = r_t = None
-    if ok(n_a) and ok(n_ref):
-        r_n = bootstrap(
-            [np.asarray(n_a), np.asarray(n_ref)],
-            lambda s: _ratio_of_means(s[0], s[1]),
-            n_boot,
-            level,
-            seed,
-        )
-    if ok(q_a) and ok(q_ref):
-        r_q = bootstrap(
-            [np.asarray(q_a), np.asarray(q_ref)],
-            lambda s: _ratio_of_means(s[0], s[1]),
-            n_boot,
-            level,
-            seed,
-        )
+    def ratio(a, ref, weights):
+        return ratio_estimate(a, ref, weights, n_boot, level, seed, method)
+
+    r_n = ratio(n_a, n_ref, [1.0]) if ok(n_a) and ok(n_ref) else None
+    r_q = ratio(q_a, q_ref, [1.0]) if ok(q_a) and ok(q_ref) else None
+    r_t = None
     if ok(n_a) and ok(n_ref) and ok(q_a) and ok(q_ref) and len(n_a) == len(q_a):
         a_k2 = np.stack([np.asarray(n_a, float), np.asarray(q_a, float)], axis=1)  # [n_a, 2]
         r_k2 = np.stack([np.asarray(n_ref, float), np.asarray(q_ref, float)], axis=1)
-
-        def rt(s):
-            a, r = s
-            return _ratio_of_means(a[..., 0], r[..., 0]) / _ratio_of_means(a[..., 1], r[..., 1])
-
-        r_t = bootstrap([a_k2, r_k2], rt, n_boot, level, seed)
+        r_t = ratio(a_k2, r_k2, [1.0, -1.0])
     return r_n, r_q, r_t
 
 
@@ -425,6 +449,7 @@ def config_ratios(
     n_boot: int = DEFAULT_N_BOOT,
     level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
+    method: str = DEFAULT_METHOD,
 ) -> Ratios:
     """Ratios of one configuration against the reference configuration."""
     if stats.key == ref.key:
@@ -448,17 +473,11 @@ def config_ratios(
 
     n_a, n_r = vals(stats, "n_star", True), vals(ref, "n_star", True)
     q_a, q_r = vals(stats, "q", False), vals(ref, "q", False)
-    r_n, r_q, r_t = ratio_estimates(n_a, q_a, n_r, q_r, n_boot, level, seed)
+    r_n, r_q, r_t = ratio_estimates(n_a, q_a, n_r, q_r, n_boot, level, seed, method)
     u_a, u_r = vals(stats, "updates_to_target", True), vals(ref, "updates_to_target", True)
     r_u = None
     if u_a and u_r:
-        r_u = bootstrap(
-            [np.asarray(u_a), np.asarray(u_r)],
-            lambda s: _ratio_of_means(s[0], s[1]),
-            n_boot,
-            level,
-            seed,
-        )
+        r_u = ratio_estimate(u_a, u_r, [1.0], n_boot, level, seed, method)
     incomplete = stats.incomplete or (stats.reached and ref.incomplete)
     return Ratios(stats.key, ref.key, r_n, r_q, r_t, r_u, incomplete)
 
@@ -476,7 +495,8 @@ class Analysis:
       targets: per-run time-to-target by run name.
       stats: per-configuration seed statistics.
       ratios: per-configuration ratios against ``reference``.
-      n_boot, level, seed: bootstrap settings.
+      n_boot, level, seed: bootstrap settings (``method="bootstrap"``).
+      method: interval method, ``t`` or ``bootstrap``.
     """
 
     sweep: Sweep
@@ -490,12 +510,13 @@ class Analysis:
     n_boot: int = DEFAULT_N_BOOT
     level: float = DEFAULT_LEVEL
     seed: int = DEFAULT_SEED
+    method: str = DEFAULT_METHOD
 
     def ratios_against(self, reference: ConfigKey) -> dict[ConfigKey, Ratios]:
         """Ratios of every configuration against another reference."""
         ref = self.stats[reference]
         return {
-            k: config_ratios(s, ref, self.n_boot, self.level, self.seed)
+            k: config_ratios(s, ref, self.n_boot, self.level, self.seed, self.method)
             for k, s in self.stats.items()
         }
 
@@ -564,6 +585,7 @@ def analyze_sweep(
     n_boot: int = DEFAULT_N_BOOT,
     level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
+    method: str = DEFAULT_METHOD,
 ) -> Analysis:
     """Time-to-target analysis of a sweep.
 
@@ -571,11 +593,13 @@ def analyze_sweep(
       sweep: a loaded sweep (``curves.load_sweep``).
       target: validation accuracy target; ``None`` uses ``sweep.json``'s.
       reference: reference configuration (see ``resolve_reference``).
-      n_boot, level, seed: bootstrap settings.
+      n_boot, level, seed: bootstrap settings (``method="bootstrap"``).
+      method: interval method, ``t`` (default) or ``bootstrap``.
 
     Returns:
       The ``Analysis``.
     """
+    check_method(method)
     if target is None:
         target = sweep.target
     if target is None:
@@ -590,12 +614,12 @@ def analyze_sweep(
             excluded.append((run.name, why))
     runs_by_key = group_runs(used)
     stats = {
-        k: config_stats([targets[r.name] for r in rs], n_boot, level, seed)
+        k: config_stats([targets[r.name] for r in rs], n_boot, level, seed, method)
         for k, rs in runs_by_key.items()
     }
     ref_key = resolve_reference(reference, sweep, list(stats))
     ref = stats[ref_key]
-    ratios = {k: config_ratios(s, ref, n_boot, level, seed) for k, s in stats.items()}
+    ratios = {k: config_ratios(s, ref, n_boot, level, seed, method) for k, s in stats.items()}
     return Analysis(
         sweep,
         float(target),
@@ -608,4 +632,5 @@ def analyze_sweep(
         n_boot,
         level,
         seed,
+        method,
     )

@@ -1,0 +1,116 @@
+"""Confidence intervals that stay meaningful at 3-5 seeds.
+
+A percentile bootstrap over three seeds has about ten distinct resamples: its interval is
+too narrow and jumps with the rng. The default here is Student's t:
+
+- a mean over seeds: ``mean ± t_{n-1} s / sqrt(n)``;
+- a ratio of means of two independent configurations (``r_N``, ``r_q``) or a product of
+  such ratios (``T/T_ref = (N_a / N_ref) / (q_a / q_ref)``, N and q paired per run): the
+  delta method on the log scale, ``log r ± t_df se``, where ``se^2`` adds the two
+  configurations' variances of the log of their means (each ``w' D^-1 S D^-1 w / n``:
+  ``S`` the covariance of the run's fields, ``D`` their means, ``w`` the exponents) and
+  ``df`` is Welch-Satterthwaite's. The interval is ``exp`` of that: positive, asymmetric.
+
+With fewer than two seeds in either sample there is no interval (NaN bounds). Every
+function returns ``(point, lo, hi)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+
+NAN = float("nan")
+
+
+def t_quantile(df: float, level: float) -> float:
+    """The two-sided Student-t quantile for coverage ``level`` at ``df`` degrees of freedom."""
+    return float(stats.t.ppf(0.5 + level / 2.0, df))
+
+
+def t_mean(values: Sequence[float], level: float) -> tuple[float, float, float]:
+    """Mean of ``values`` with its t interval (NaN bounds with fewer than two values)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("t_mean: no values")
+    mean = float(x.mean())
+    if x.size < 2:
+        return mean, NAN, NAN
+    half = t_quantile(x.size - 1, level) * float(x.std(ddof=1)) / np.sqrt(x.size)
+    return mean, mean - half, mean + half
+
+
+def _log_mean_var(x: np.ndarray, w: np.ndarray) -> float:
+    """Delta-method variance of ``sum_j w_j log mean(x[:, j])``; x is [n, d]."""
+    m = x.mean(axis=0)
+    g = w / m  # gradient of the log statistic with respect to the means
+    cov = np.atleast_2d(np.cov(x, rowvar=False, ddof=1))
+    return float(g @ cov @ g) / x.shape[0]
+
+
+def t_log_ratio(
+    a: np.ndarray, ref: np.ndarray, weights: Sequence[float], level: float
+) -> tuple[float, float, float]:
+    """``prod_j (mean a_j / mean ref_j)^w_j`` with a delta-method t interval on its log.
+
+    Args:
+      a: [n_a, d] per-seed fields of one configuration (e.g. columns N*, q).
+      ref: [n_ref, d] the same fields of the reference configuration.
+      weights: [d] exponents (``[1]`` for a ratio of means, ``[1, -1]`` for r_N / r_q).
+      level: coverage.
+
+    Returns:
+      (point, lo, hi); NaN bounds when a side has fewer than two seeds or a mean is not
+      positive.
+    """
+    a = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
+    ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
+    w = np.asarray(weights, dtype=np.float64)
+    ma, mr = a.mean(axis=0), ref.mean(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        point = float(np.prod((ma / mr) ** w))
+    if min(len(a), len(ref)) < 2 or np.any(ma <= 0) or np.any(mr <= 0):
+        return point, NAN, NAN
+    va, vr = _log_mean_var(a, w), _log_mean_var(ref, w)
+    var = va + vr
+    if not var > 0:
+        return point, point, point  # every seed identical: no spread to show
+    df = var**2 / (va**2 / (len(a) - 1) + vr**2 / (len(ref) - 1))
+    half = t_quantile(df, level) * np.sqrt(var)
+    log_point = float(np.log(point))
+    return point, float(np.exp(log_point - half)), float(np.exp(log_point + half))
+
+
+def seeds_to_separate(
+    a: tuple[float, float, float, int],
+    b: tuple[float, float, float, int],
+    level: float,
+    max_seeds: int = 100,
+) -> int | None:
+    """Seeds per configuration at which two t intervals of means would stop overlapping.
+
+    Each interval is ``(mean, lo, hi, n)`` from `t_mean`; its seed spread ``s`` is read
+    back from its half-width, and the same spreads and means are assumed at ``m`` seeds.
+
+    Returns:
+      The smallest ``m`` (at least the seeds already run) with
+      ``t_{m-1} (s_a + s_b) / sqrt(m) < |mean_a - mean_b|``; ``None`` when the means are
+      equal, an interval is missing, or more than ``max_seeds`` would be needed.
+    """
+
+    def spread(e):
+        mean, lo, hi, n = e
+        if n < 2 or not (np.isfinite(lo) and np.isfinite(hi)):
+            return None
+        return (hi - lo) / 2.0 * np.sqrt(n) / t_quantile(n - 1, level)
+
+    sa, sb = spread(a), spread(b)
+    gap = abs(a[0] - b[0])
+    if sa is None or sb is None or gap == 0:
+        return None
+    for m in range(max(a[3], b[3], 2), max_seeds + 1):
+        if t_quantile(m - 1, level) * (sa + sb) / np.sqrt(m) < gap:
+            return m
+    return None

@@ -1,0 +1,82 @@
+"""t intervals for means and ratios of means, worked by hand and checked for coverage."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from rl_batch.analysis import intervals
+from rl_batch.analysis import time_to_target as ttt
+
+T2 = 4.302652729911275  # t_{0.975} at 2 degrees of freedom
+T1 = 12.706204736174707  # ... at 1
+
+
+def test_t_quantile_matches_tables():
+    assert intervals.t_quantile(2, 0.95) == pytest.approx(T2)
+    assert intervals.t_quantile(1, 0.95) == pytest.approx(T1)
+
+
+def test_t_mean_by_hand():
+    # mean 2, s = 1, half-width t_2 / sqrt(3).
+    mean, lo, hi = intervals.t_mean([1.0, 2.0, 3.0], 0.95)
+    assert mean == 2.0
+    assert (lo, hi) == pytest.approx((2.0 - T2 / math.sqrt(3), 2.0 + T2 / math.sqrt(3)))
+    mean, lo, hi = intervals.t_mean([5.0], 0.95)
+    assert mean == 5.0 and math.isnan(lo) and math.isnan(hi)
+
+
+def test_log_ratio_by_hand():
+    # a = [2, 4]: mean 3, var 2; d log(mean)/d mean = 1/3, so var(log) = (1/9) * 2 / 2 = 1/9.
+    # ref = [1, 1, 1]: no spread. Welch df = (1/9)^2 / ((1/9)^2 / 1) = 1.
+    point, lo, hi = intervals.t_log_ratio(np.array([[2.0], [4.0]]), np.ones((3, 1)), [1.0], 0.95)
+    assert point == pytest.approx(3.0)
+    assert (lo, hi) == pytest.approx((3.0 * math.exp(-T1 / 3), 3.0 * math.exp(T1 / 3)))
+    # r_N / r_q with N and q paired per run: the weights [1, -1] give (N_a/N_r) / (q_a/q_r).
+    a = np.array([[2.0, 1.0], [4.0, 2.0]])  # N doubles with q: T = N/q is constant
+    point, lo, hi = intervals.t_log_ratio(a, np.ones((2, 2)), [1.0, -1.0], 0.95)
+    assert point == pytest.approx(2.0)
+    # var(log mean N - log mean q) = g' S g / n, g = (1/3, -1/1.5): S = [[2, 1], [1, .5]].
+    g = np.array([1 / 3, -1 / 1.5])
+    var = g @ np.array([[2.0, 1.0], [1.0, 0.5]]) @ g / 2
+    assert var == pytest.approx(0.0)  # perfectly correlated: the ratio has no spread
+    assert (lo, hi) == pytest.approx((2.0, 2.0))
+    # One seed on a side: no interval.
+    _, lo, hi = intervals.t_log_ratio(np.array([[2.0]]), np.ones((3, 1)), [1.0], 0.95)
+    assert math.isnan(lo) and math.isnan(hi)
+
+
+def test_log_ratio_interval_covers_at_three_seeds():
+    # Lognormal N* with a 30% spread, 3 seeds a side: the t interval covers the true ratio
+    # of means about 95% of the time; the percentile bootstrap over 3 values does not.
+    rng = np.random.default_rng(0)
+    sigma, true_ratio, trials = 0.3, 1.5, 600
+    t_hits = boot_hits = 0
+    for i in range(trials):
+        a = true_ratio * np.exp(sigma * rng.standard_normal(3) - sigma**2 / 2)
+        r = np.exp(sigma * rng.standard_normal(3) - sigma**2 / 2)
+        _, lo, hi = intervals.t_log_ratio(a[:, None], r[:, None], [1.0], 0.95)
+        t_hits += lo <= true_ratio <= hi
+        b = ttt.ratio_estimate(a, r, [1.0], 400, 0.95, i, "bootstrap")
+        boot_hits += b.lo <= true_ratio <= b.hi
+    assert 0.92 <= t_hits / trials <= 0.995
+    assert boot_hits / trials < 0.85  # (why the t interval is the default)
+
+
+def test_seeds_to_separate_by_hand():
+    # Half-width 3 at 3 seeds: s = 3 sqrt(3) / t_2 = 1.208 each; the gap 4 needs
+    # t_{m-1} * 2.415 / sqrt(m) < 4: m = 3 gives 6.0, m = 4 gives 3.84.
+    a, b = (10.0, 7.0, 13.0, 3), (14.0, 11.0, 17.0, 3)
+    assert intervals.seeds_to_separate(a, b, 0.95) == 4
+    t3 = stats.t.ppf(0.975, 3)
+    s = 3 * math.sqrt(3) / T2
+    assert t3 * 2 * s / 2 < 4 < T2 * 2 * s / math.sqrt(3)
+    assert intervals.seeds_to_separate(a, (10.0, 7.0, 13.0, 3), 0.95) is None  # equal means
+    assert intervals.seeds_to_separate(a, (14.0, math.nan, math.nan, 1), 0.95) is None
+    assert intervals.seeds_to_separate(a, (10.01, 7.0, 13.0, 3), 0.95, max_seeds=50) is None
+
+
+def test_analysis_rejects_an_unknown_method():
+    with pytest.raises(ValueError, match="interval method must be one of"):
+        ttt.check_method("bca")
