@@ -136,13 +136,16 @@ def test_notebook_runs_end_to_end_at_the_smallest_setting(tmp_path, monkeypatch)
         "grpo-P4-G4-sqrt",
         "grpo-P8-G4-sqrt",
     ]
-    # The printed recommendation is the plan's, and agrees with the runs: a configuration
-    # is recommended iff one reached the target.
+    # The printed verdict is the plan's, and agrees with the runs: a best configuration
+    # iff one reached the target; one recommendation, or the candidates it cannot separate.
     reached = [r["config"] for r in plan["rows"] if r["reached"]]
-    if plan["recommendation"] is None:
+    if plan["best"] is None:
         assert not reached
-        assert "Recommendation: none." in text
+        assert "Recommendation: none (" in text
         assert "No recommendation: no configuration reached the target" in text
-    else:
-        assert plan["recommendation"] in reached
+    elif plan["recommendation"] is not None:
+        assert plan["recommendation"] == plan["best"] and plan["candidates"] == [plan["best"]]
         assert f"Recommended: {plan['recommendation']} " in text
+    else:
+        assert plan["best"] in plan["candidates"] and set(plan["candidates"]) <= set(reached)
+        assert "No single recommendation: undecided at this power between" in text
