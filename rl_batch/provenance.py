@@ -192,7 +192,7 @@ def describe_sweep(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]
                     names.append(name)
             loads += [x[0] for x in (s.get("load_start"), s.get("load_end")) if x]
     if not values:
-        return ["No run recorded its provenance (`provenance.json`)."]
+        return ["No run recorded its provenance (`provenance.json`).", ""]
     common = {k: next(iter(v)) for k, v in values.items() if len(v) == 1}
     out = ["Software and hardware of every run (`provenance.json`):", ""]
     out += [f"- {k}: {_show(v)}" for k, v in common.items()]

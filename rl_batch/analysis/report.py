@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rl_batch import provenance
-from rl_batch.analysis import cost_model, critical_batch, noise_scale, planner
+from rl_batch.analysis import cost_model, critical_batch, findings, noise_scale, planner
 from rl_batch.analysis.time_to_target import (
     INCOMPLETE,
     NOT_REACHED,
@@ -21,6 +21,18 @@ from rl_batch.analysis.time_to_target import (
     ConfigStats,
     fmt_estimate,
 )
+
+
+def _interval_words(analysis: Analysis) -> str:
+    if analysis.method == "bootstrap":
+        return (
+            f"percentile bootstrap over seeds ({analysis.n_boot} replicates, "
+            f"{analysis.level:.0%}, rng seed {analysis.seed})"
+        )
+    return (
+        f"{analysis.level:.0%} Student-t over seeds (means; ratios: delta method on the log, "
+        "Welch degrees of freedom)"
+    )
 
 
 def _num(v: float | None, spec: str = ".4g", missing: str = NOT_REACHED) -> str:
@@ -137,6 +149,34 @@ def ratio_table(analysis: Analysis) -> list[str]:
     return _table(header, rows)
 
 
+def findings_section(
+    analysis: Analysis, generation: cost_model.GenerationReport | None, tol: float
+) -> list[str]:
+    """The study's findings with our measurement and a verdict, and the cost structure."""
+    rows = [
+        [f.name, f.paper, f.measured, f"**{f.verdict}**", f.note]
+        for f in findings.study_findings(analysis, generation, tol)
+    ]
+    out = ["## Findings", ""]
+    out += _table(["finding", "the study", "measured here", "verdict", "how decided"], rows)
+    n_seeds = sorted({s.n_seeds for s in analysis.stats.values()})
+    out += [
+        "",
+        f"Verdicts at {analysis.level:.0%} intervals over {'/'.join(map(str, n_seeds))} "
+        'seed(s) per configuration; "undecided at this power" means the interval does not '
+        "decide it (more seeds would).",
+        "",
+        "Cost structure (share of training time, all runs of each batch):",
+        "",
+    ]
+    costs = findings.cost_structure(analysis)
+    out += _table(
+        ["B", "generation", "scoring", "update", "idle"],
+        [[b, *(f"{s[p]:.0%}" for p in findings.COST_PARTS)] for b, s in costs],
+    )
+    return out + ["", findings.cost_sentence(costs), ""]
+
+
 def _critical_section(analysis: Analysis, tol: float) -> list[str]:
     crit = critical_batch.critical_training_batch(analysis, tol)
     out = ["## Critical training batch", ""]
@@ -165,9 +205,15 @@ def _critical_section(analysis: Analysis, tol: float) -> list[str]:
             walk = f"CI walk: [{crit.critical_batch_lo}, {crit.critical_batch_hi}]"
         else:
             walk = "CI walk: unavailable, an r_N on the way has no interval (fewer than 2 seeds)"
+        decided = crit.critical_batch_lo == crit.critical_batch_hi == crit.critical_batch
+        value = (
+            f"**{crit.critical_batch}** responses"
+            if decided
+            else f"undecided at this power ({crit.critical_batch} by the means)"
+        )
         out.append(
-            f"- critical training batch: **{crit.critical_batch}** responses "
-            f"({walk}); r_N there {fmt_estimate(crit.r_n_at_critical)}"
+            f"- critical training batch: {value} ({walk}); r_N there "
+            f"{fmt_estimate(crit.r_n_at_critical)}"
         )
     out.append("- first batch outside the family: " + outside)
     out.append("")
@@ -332,8 +378,7 @@ def build_report(
         f"Sweep `{sw.sweep_dir}`, algorithm {sw.algo}; target validation accuracy "
         f"**{analysis.target:g}**; reference {analysis.reference.name} (B = "
         f"{analysis.reference.batch}). {n_used} runs used, {len(analysis.excluded)} excluded. "
-        f"Intervals: percentile bootstrap over seeds ({analysis.n_boot} replicates, "
-        f"{analysis.level:.0%}, rng seed {analysis.seed}). N*: retained responses at the "
+        f"Intervals: {_interval_words(analysis)}. N*: retained responses at the "
         f"first crossing (interpolated); q: retained responses per training second up to "
         f"the target; T = N*/q. A configuration gets N*, T only when every seed reached "
         f'("{INCOMPLETE}" while a seed that has not reached is still running); one seed '
@@ -343,6 +388,7 @@ def build_report(
             f"**Warning:** {w} (See Critical generation batch.)\n"
             for w in (generation.model_warnings if generation is not None else ())
         ],
+        *findings_section(analysis, generation, tol),
         "## Software and hardware",
         "",
         *provenance.describe_sweep({r.name: provenance.read(r.run_dir) for r in sw.runs}),

@@ -1,0 +1,362 @@
+"""The study's findings (DESIGN.md section 1), each measured on a sweep with a verdict.
+
+Every finding gets our measurement, its interval, and one of `HOLDS`, `FAILS`,
+`UNDECIDED` ("undecided at this power": the interval does not decide it) or
+`NOT_MEASURED` (the sweep has no data for it). A verdict is only as strong as its
+interval: a finding whose measurement has no interval (one seed, or one throughput
+measurement) says so in its note.
+
+- **sqrt-LR invariance**: inside the sqrt family, r_N <= 1 + tol past the reference
+  (`critical_batch.critical_training_batch`); holds when even the conservative end of the
+  CI walk is above the reference batch, does not hold when even the optimistic end stops
+  at it.
+- **Actor gradient norm falls with B** (and, for PPO, **actor and critic norms scale
+  differently**): the per-seed log-log slope of the mean gradient norm against B in the
+  sqrt family (seeds paired by seed number), with a t interval over seeds.
+- **G x P is the batch unit**: configurations of one batch B = P x G with different G
+  (same algorithm and LR rule): the ratio of their N* lies within
+  ``[1 / (1 + tol), 1 + tol]``.
+- **Fixed LR at 2x batch**: at twice the reference batch, the fixed-LR configuration
+  needs more samples than the sqrt-LR one (N* ratio > 1, or fixed never reaches).
+- **Generation throughput saturates**: the measured plateau lies inside the measured
+  range of concurrency (one measurement: no interval).
+- **T is U-shaped in B**: in the sqrt family, an interior batch whose T/T_ref interval
+  lies below both ends' (an end that never reaches counts as slower).
+- **Two critical batches**: which comes first, the critical generation batch or the
+  critical training batch (its CI walk), decides the best batch.
+
+`cost_structure` gives the share of training time spent in generation, scoring, the
+update and idle per batch, and `cost_sentence` what it implies for the hardware.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from rl_batch.analysis import critical_batch, intervals
+from rl_batch.analysis.cost_model import GenerationReport
+from rl_batch.analysis.curves import ConfigKey
+from rl_batch.analysis.time_to_target import Analysis, Estimate, fmt_estimate, ratio_estimate
+
+HOLDS = "holds"
+FAILS = "does not hold"
+UNDECIDED = "undecided at this power"
+NOT_MEASURED = "not measured"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One finding of the study as measured here.
+
+    Attributes:
+      name: the finding (short).
+      paper: what the study reports.
+      measured: our measurement, with its interval.
+      verdict: `HOLDS`, `FAILS`, `UNDECIDED` or `NOT_MEASURED`.
+      note: how the verdict was decided, or why it could not be.
+    """
+
+    name: str
+    paper: str
+    measured: str
+    verdict: str
+    note: str = ""
+
+
+def _family(analysis: Analysis, lr_rule: str = "sqrt") -> list[ConfigKey]:
+    return critical_batch.family_keys(
+        list(analysis.stats), lr_rule=lr_rule, reference=analysis.reference
+    )
+
+
+def invariance_finding(analysis: Analysis, tol: float) -> Finding:
+    """sqrt-LR batch-size invariance past the reference (see the module docstring)."""
+    name, paper = "sqrt-LR invariance", "curves coincide for P = 64..1024 (G = 8), then fall"
+    crit = critical_batch.critical_training_batch(analysis, tol)
+    if crit is None:
+        return Finding(name, paper, "-", NOT_MEASURED, "no sqrt family of 2+ batches reached")
+    ref = crit.reference.batch
+    walk = f"[{crit.critical_batch_lo}, {crit.critical_batch_hi}]"
+    measured = (
+        f"r_N <= {1 + tol:g} from B = {ref} up to B = {crit.critical_batch} (CI walk {walk}); "
+        f"first outside: {crit.first_outside or 'none measured'}"
+    )
+    if not crit.has_interval:
+        return Finding(name, paper, measured, UNDECIDED, "an r_N on the walk has no interval")
+    if crit.critical_batch_lo > ref:
+        verdict, note = HOLDS, f"conservative walk passes B = {crit.critical_batch_lo} > {ref}"
+    elif crit.critical_batch_hi == ref:
+        verdict, note = FAILS, "even the optimistic walk stops at the reference"
+    else:
+        verdict, note = UNDECIDED, "the CI walk spans the reference"
+    return Finding(name, paper, measured, verdict, note)
+
+
+def _seed_slopes(analysis: Analysis, field: str) -> list[float]:
+    """Per-seed log-log slope of the mean ``field`` against B in the sqrt family."""
+    fam = _family(analysis)
+    trend = critical_batch.grad_norm_trend(analysis, field)
+    if trend is None or len(fam) < 2:
+        return []
+    window = trend.window_responses
+    by_seed: dict[int, dict[int, float]] = {}
+    for k in fam:
+        for r in analysis.runs_by_key.get(k, []):
+            v = critical_batch.run_mean_field(r, field, window)
+            if r.seed is not None and v is not None and v > 0 and r.final_responses >= window:
+                by_seed.setdefault(int(r.seed), {})[k.batch] = v
+    slopes = []
+    for norms in by_seed.values():
+        if len(norms) >= 2:
+            b = np.array(sorted(norms), dtype=np.float64)
+            g = np.array([norms[int(x)] for x in b])
+            slopes.append(float(np.polyfit(np.log(b), np.log(g), 1)[0]))
+    return slopes
+
+
+def _fmt_interval(mean: float, lo: float, hi: float, n: int) -> str:
+    return Estimate(mean, lo, hi, n).fmt()
+
+
+def grad_norm_findings(analysis: Analysis, level: float) -> list[Finding]:
+    """Actor norm falls with B; for PPO, actor and critic norms scale differently."""
+    out = []
+    actor = _seed_slopes(analysis, "grad_norm")
+    name, paper = "actor grad norm falls with B", "the actor gradient norm falls with B"
+    if not actor:
+        out.append(Finding(name, paper, "-", NOT_MEASURED, "no grad_norm at 2+ batches"))
+    else:
+        mean, lo, hi = intervals.t_mean(actor, level)
+        measured = f"log-log slope {_fmt_interval(mean, lo, hi, len(actor))} over seeds"
+        if not np.isfinite(hi):
+            verdict, note = UNDECIDED, "one seed: no interval"
+        else:
+            verdict = HOLDS if hi < 0 else (FAILS if lo >= 0 else UNDECIDED)
+            note = "slope interval below 0" if hi < 0 else "slope interval reaches 0"
+        out.append(Finding(name, paper, measured, verdict, note))
+    critic = _seed_slopes(analysis, "critic_grad_norm")
+    name = "PPO: actor and critic norms scale differently"
+    paper = "actor norm falls with B, critic norm stays flat and noisy"
+    if not critic or not actor:
+        return out + [Finding(name, paper, "-", NOT_MEASURED, "no PPO critic norms")]
+    n = min(len(actor), len(critic))
+    diff = np.asarray(actor[:n]) - np.asarray(critic[:n])
+    mean, lo, hi = intervals.t_mean(diff, level)
+    c_mean, c_lo, c_hi = intervals.t_mean(critic, level)
+    measured = (
+        f"critic slope {_fmt_interval(c_mean, c_lo, c_hi, len(critic))}; actor - critic "
+        f"{_fmt_interval(mean, lo, hi, n)}"
+    )
+    if not np.isfinite(hi):
+        return out + [Finding(name, paper, measured, UNDECIDED, "one seed: no interval")]
+    verdict = HOLDS if hi < 0 else (FAILS if lo > 0 else UNDECIDED)
+    return out + [Finding(name, paper, measured, verdict, "sign of actor - critic slope")]
+
+
+def _n_stars(analysis: Analysis, key: ConfigKey) -> list[float] | None:
+    s = analysis.stats[key]
+    return [r.n_star for r in s.runs] if s.reached else None
+
+
+def batch_unit_finding(analysis: Analysis, tol: float) -> Finding:
+    """Configurations of one B = P x G with different G need the same samples."""
+    name, paper = "B = P x G is the batch unit", "(128, 8) ~ (64, 16); (256, 8) ~ (128, 16)"
+    keys = sorted(analysis.stats, key=lambda k: k.sort_key())
+    pairs = [
+        (a, b)
+        for i, a in enumerate(keys)
+        for b in keys[i + 1 :]
+        if (a.algo, a.batch, a.lr_rule) == (b.algo, b.batch, b.lr_rule)
+        and a.group_size != b.group_size
+    ]
+    if not pairs:
+        return Finding(name, paper, "-", NOT_MEASURED, "no two G at one batch")
+    band = (1.0 / (1.0 + tol), 1.0 + tol)
+    parts, verdicts = [], []
+    for a, b in pairs:
+        na, nb = _n_stars(analysis, a), _n_stars(analysis, b)
+        label = f"N*({a.prompts}x{a.group_size}) / N*({b.prompts}x{b.group_size})"
+        if na is None or nb is None:
+            parts.append(f"{label}: not reached")
+            verdicts.append(UNDECIDED)
+            continue
+        e = ratio_estimate(na, nb, [1.0], analysis.n_boot, analysis.level, analysis.seed,
+                           analysis.method)  # fmt: skip
+        parts.append(f"{label} = {e.fmt()}")
+        if not e.has_interval:
+            verdicts.append(UNDECIDED)
+        elif band[0] <= e.lo and e.hi <= band[1]:
+            verdicts.append(HOLDS)
+        elif e.lo > band[1] or e.hi < band[0]:
+            verdicts.append(FAILS)
+        else:
+            verdicts.append(UNDECIDED)
+    verdict = verdicts[0] if len(set(verdicts)) == 1 else UNDECIDED
+    note = f"holds when the interval lies in [{band[0]:.3g}, {band[1]:.3g}]"
+    return Finding(name, paper, "; ".join(parts), verdict, note)
+
+
+def fixed_lr_finding(analysis: Analysis) -> Finding:
+    """At twice the reference batch, fixed LR needs more samples than sqrt LR."""
+    name = "fixed LR at 2x batch needs more samples"
+    paper = "updates ratio 0.50-0.67 (sqrt) vs 0.75-0.83 (fixed): ~1.67x the samples"
+    ref = analysis.reference
+    at = [k for k in analysis.stats if k.algo == ref.algo and k.batch == 2 * ref.batch]
+    fixed = [k for k in at if k.lr_rule == "fixed"]
+    sqrt = [k for k in at if k.lr_rule == "sqrt" and k.group_size == ref.group_size]
+    if not fixed or not sqrt:
+        return Finding(
+            name, paper, "-", NOT_MEASURED, f"no fixed and sqrt point at B = {2 * ref.batch}"
+        )
+    f, s = fixed[0], sqrt[0]
+    rf, rs = analysis.ratios[f].r_updates, analysis.ratios[s].r_updates
+    updates = f"updates ratio {fmt_estimate(rs)} (sqrt) vs {fmt_estimate(rf)} (fixed), ideal 0.5"
+    ns, nf = _n_stars(analysis, s), _n_stars(analysis, f)
+    if ns is None:
+        return Finding(name, paper, updates, UNDECIDED, "sqrt LR did not reach the target")
+    if nf is None:
+        st = analysis.stats[f]
+        if st.incomplete:
+            return Finding(name, paper, updates, UNDECIDED, "fixed-LR seeds still running")
+        return Finding(name, paper, updates, HOLDS, "fixed LR did not reach within the budget")
+    e = ratio_estimate(nf, ns, [1.0], analysis.n_boot, analysis.level, analysis.seed,
+                       analysis.method)  # fmt: skip
+    measured = f"N*(fixed) / N*(sqrt) = {e.fmt()}; {updates}"
+    if not e.has_interval:
+        return Finding(name, paper, measured, UNDECIDED, "no interval")
+    verdict = HOLDS if e.lo > 1.0 else (FAILS if e.hi < 1.0 else UNDECIDED)
+    return Finding(name, paper, measured, verdict, "N* ratio interval against 1")
+
+
+def generation_finding(gen: GenerationReport | None) -> Finding:
+    """Generation throughput saturates inside the measured concurrency range."""
+    name, paper = "generation throughput saturates", "4x the batch costs far less than 4x time"
+    if gen is None:
+        return Finding(name, paper, "-", NOT_MEASURED, "no throughput data")
+    top = int(np.max(gen.fit.batches))
+    best = float(np.max(gen.fit.tokens_per_s))
+    measured = (
+        f"plateau ({gen.frac:.0%} of the best, {best:.4g} tokens/s) at c = "
+        f"{gen.plateau_batch_measured} of c <= {top} measured ({gen.source})"
+    )
+    verdict = HOLDS if gen.plateau_batch_measured < top else FAILS
+    return Finding(name, paper, measured, verdict, "one measurement: no interval")
+
+
+def u_shape_finding(analysis: Analysis) -> Finding:
+    """T/T_ref against B in the sqrt family has an interior minimum."""
+    name, paper = "T is U-shaped in B", "P = 512, 1024: 0.74x, 0.71x; P = 2048, 4096: 1.23x, 1.18x"
+    fam = _family(analysis)
+    if len(fam) < 3:
+        return Finding(name, paper, "-", NOT_MEASURED, "fewer than 3 sqrt batches")
+    r_t = {k: analysis.ratios[k].r_t for k in fam}
+    measured = ", ".join(
+        f"B={k.batch}: {fmt_estimate(r_t[k], missing=analysis.stats[k].missing_label)}" for k in fam
+    )
+    reached = [k for k in fam if r_t[k] is not None]
+    if not reached:
+        return Finding(name, paper, measured, NOT_MEASURED, "no sqrt batch reached")
+    best = min(reached, key=lambda k: r_t[k].mean)
+
+    def slower(end: ConfigKey) -> bool | None:
+        """Whether ``end`` is slower than ``best`` (None: cannot tell)."""
+        e = r_t[end]
+        if e is None:
+            return None if analysis.stats[end].incomplete else True
+        b = r_t[best]
+        if not (e.has_interval and b.has_interval):
+            return None
+        return True if e.lo > b.hi else (False if e.hi < b.lo else None)
+
+    if best in (fam[0], fam[-1]):
+        other = fam[-1] if best == fam[0] else fam[0]
+        told = slower(other)
+        if told:
+            return Finding(name, paper, measured, FAILS, f"fastest at the end B = {best.batch}")
+        return Finding(name, paper, measured, UNDECIDED, f"best mean at the end B = {best.batch}")
+    ends = [slower(fam[0]), slower(fam[-1])]
+    if all(ends):
+        return Finding(name, paper, measured, HOLDS, f"B = {best.batch} below both ends")
+    return Finding(name, paper, measured, UNDECIDED, "an end's interval overlaps the minimum")
+
+
+def critical_order_finding(analysis: Analysis, gen: GenerationReport | None, tol: float) -> Finding:
+    """Which of the two critical batches comes first."""
+    name = "two critical batches"
+    paper = "the critical generation and training batches differ; their order decides"
+    crit = critical_batch.critical_training_batch(analysis, tol)
+    if crit is None or gen is None:
+        return Finding(name, paper, "-", NOT_MEASURED, "needs both critical batches")
+    cg = gen.critical_generation_batch
+    lo, hi = crit.critical_batch_lo, crit.critical_batch_hi
+    measured = f"generation {cg:.4g}; training {crit.critical_batch} (CI walk [{lo}, {hi}])"
+    if lo is None or hi is None or crit.first_outside_incomplete:
+        return Finding(name, paper, measured, UNDECIDED, "the training batch has no interval")
+    if cg < lo:
+        return Finding(name, paper, measured, HOLDS, "throughput plateaus before invariance breaks")
+    if cg > hi:
+        return Finding(name, paper, measured, HOLDS, "invariance breaks before throughput plateaus")
+    return Finding(name, paper, measured, UNDECIDED, "the generation batch lies in the CI walk")
+
+
+def study_findings(
+    analysis: Analysis, generation: GenerationReport | None, tol: float
+) -> list[Finding]:
+    """Every finding of DESIGN.md section 1, measured on the sweep."""
+    return [
+        invariance_finding(analysis, tol),
+        *grad_norm_findings(analysis, analysis.level),
+        batch_unit_finding(analysis, tol),
+        fixed_lr_finding(analysis),
+        generation_finding(generation),
+        u_shape_finding(analysis),
+        critical_order_finding(analysis, generation, tol),
+    ]
+
+
+COST_PARTS = ("time_generate_s", "time_score_s", "time_update_s", "time_idle_s")
+
+
+def cost_structure(analysis: Analysis) -> list[tuple[int, dict[str, float]]]:
+    """Per batch: the share of training time in each of `COST_PARTS` (all its runs).
+
+    Returns:
+      ``[(batch, {part: share})]`` by batch; a batch whose runs carry no timings is left out.
+    """
+    totals: dict[int, dict[str, float]] = {}
+    for k, runs in analysis.runs_by_key.items():
+        t = totals.setdefault(k.batch, dict.fromkeys(COST_PARTS, 0.0))
+        for r in runs:
+            for part in COST_PARTS:
+                v = r.field(part) if r.has_field(part) else np.zeros(0)
+                t[part] += float(np.nansum(v))
+    out = []
+    for batch in sorted(totals):
+        whole = sum(totals[batch].values())
+        if whole > 0:
+            out.append((batch, {p: v / whole for p, v in totals[batch].items()}))
+    return out
+
+
+def cost_sentence(rows: Sequence[tuple[int, dict[str, float]]]) -> str:
+    """What the measured cost structure implies for this hardware (one sentence)."""
+    if not rows:
+        return "No timings in the update lines: cost structure unknown."
+    gen = [s["time_generate_s"] for _, s in rows]
+    upd = [s["time_update_s"] for _, s in rows]
+    span = f"generation {min(gen):.0%}-{max(gen):.0%}, update {min(upd):.0%}-{max(upd):.0%}"
+    if all(u > g for u, g in zip(upd, gen)):
+        return (
+            f"The update dominates training time at every batch ({span}): the reverse of LLM "
+            "RL at scale, where generation dominates, so here throughput gains with batch come "
+            "mostly from the update, and the generation plateau matters less for T."
+        )
+    if all(g > u for u, g in zip(upd, gen)):
+        return (
+            f"Generation dominates training time at every batch ({span}), as in LLM RL at "
+            "scale: the generation plateau is what batch size buys."
+        )
+    return f"Neither generation nor the update dominates at every batch ({span})."

@@ -1,0 +1,84 @@
+"""The findings table: each study finding measured on synthetic sweeps with known answers."""
+
+import json
+import os
+
+import analysis_fixtures as fx
+import pytest
+
+from rl_batch.analysis import cost_model, curves, findings, report
+from rl_batch.analysis import time_to_target as ttt
+
+
+def _analysis(path, **kwargs):
+    d = fx.write_sweep(str(path), **kwargs)
+    with open(os.path.join(d, "throughput.json"), "w") as f:
+        json.dump(fx.throughput_json(), f)
+    a = ttt.analyze_sweep(curves.load_sweep(d))
+    runs = [r for rs in a.runs_by_key.values() for r in rs]
+    tp = cost_model.load_throughput(os.path.join(d, "throughput.json"))
+    return a, cost_model.generation_report(tp, runs)
+
+
+def _by_name(a, gen, tol=0.2):
+    return {f.name: f for f in findings.study_findings(a, gen, tol)}
+
+
+def test_findings_of_the_standard_sweep(tmp_path):
+    # Known answers (analysis_fixtures): invariance to B = 256, then r_N 1.6, 2.5; 16x8 and
+    # 8x16 alike; fixed LR at 2x batch 1.67x the samples; generation plateau at c = 1024 of
+    # 4096 measured; T smallest at B = 256; grad norm^2 = 1 + 256 / B falls with B.
+    a, gen = _analysis(tmp_path / "s")
+    f = _by_name(a, gen)
+    assert f["sqrt-LR invariance"].verdict == findings.HOLDS
+    assert "up to B = 256 (CI walk [256, 256])" in f["sqrt-LR invariance"].measured
+    assert f["actor grad norm falls with B"].verdict == findings.HOLDS
+    assert f["PPO: actor and critic norms scale differently"].verdict == findings.NOT_MEASURED
+    assert f["B = P x G is the batch unit"].verdict == findings.HOLDS
+    fixed = f["fixed LR at 2x batch needs more samples"]
+    assert fixed.verdict == findings.HOLDS and "N*(fixed) / N*(sqrt) = 1.67" in fixed.measured
+    assert f["generation throughput saturates"].verdict == findings.HOLDS
+    assert f["T is U-shaped in B"].verdict == findings.HOLDS
+    order = f["two critical batches"]
+    assert order.verdict == findings.HOLDS and "invariance breaks before" in order.note
+    # The same sweep without an interval (one seed): nothing interval-based is decided.
+    a1, gen1 = _analysis(tmp_path / "one", seed_factors=(1.0,))
+    f1 = _by_name(a1, gen1)
+    for name in ("sqrt-LR invariance", "actor grad norm falls with B", "T is U-shaped in B"):
+        assert f1[name].verdict == findings.UNDECIDED, name
+
+
+def test_wide_seed_spread_is_undecided_not_a_verdict(tmp_path):
+    a, gen = _analysis(tmp_path / "wide", seed_factors=(0.6, 1.0, 1.4))
+    f = _by_name(a, gen)
+    assert f["sqrt-LR invariance"].verdict == findings.UNDECIDED
+    assert f["B = P x G is the batch unit"].verdict == findings.UNDECIDED
+    assert f["two critical batches"].verdict in (findings.HOLDS, findings.UNDECIDED)
+
+
+def test_batch_unit_fails_when_the_group_size_matters(tmp_path):
+    configs = [(8, 8, "sqrt", 1.0), (16, 8, "sqrt", 1.0), (8, 16, "sqrt", 2.0)]
+    a, gen = _analysis(tmp_path / "g", configs=configs)
+    f = _by_name(a, gen)["B = P x G is the batch unit"]
+    assert f.verdict == findings.FAILS and "N*(16x8) / N*(8x16) = 0.5 [" in f.measured
+
+
+def test_cost_structure_shares_and_sentence(tmp_path):
+    a, _ = _analysis(tmp_path / "c", configs=[(8, 8, "sqrt", 1.0), (32, 8, "sqrt", 1.0)])
+    rows = findings.cost_structure(a)
+    assert [b for b, _ in rows] == [64, 256]
+    for b, shares in rows:
+        assert sum(shares.values()) == pytest.approx(1.0)
+        gen_s = fx.DECODE_STEPS * fx.step_time_s(b)
+        assert shares["time_generate_s"] == pytest.approx(gen_s / fx.time_per_update_s(b), rel=1e-3)
+    assert findings.cost_sentence(rows).startswith("Generation dominates training time")
+    flipped = [(64, {"time_generate_s": 0.15, "time_update_s": 0.85})]
+    assert findings.cost_sentence(flipped).startswith("The update dominates training time")
+
+
+def test_the_report_opens_with_the_findings(tmp_path):
+    a, gen = _analysis(tmp_path / "r")
+    text = report.build_report(a, gen)
+    assert text.index("## Findings") < text.index("## Time to target per configuration")
+    assert "| T is U-shaped in B |" in text and "**holds**" in text
+    assert "Cost structure (share of training time" in text
