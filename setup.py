@@ -19,6 +19,7 @@ CORE = [
     # Hugging Face tokenizers would need a fallback template.
     "jinja2",
     "matplotlib",
+    "scipy",  # Student-t quantiles of the analysis' intervals
     "tqdm",
 ]
 
