@@ -6,9 +6,11 @@ import subprocess
 import sys
 
 import analysis_fixtures as fx
+import numpy as np
 
 from rl_batch import artifacts
-from rl_batch.analysis import figures
+from rl_batch.analysis import curves, figures, planner
+from rl_batch.analysis import time_to_target as ttt
 
 NAMES = (
     "invariance",
@@ -17,6 +19,10 @@ NAMES = (
     "throughput_ratio",
     "critical_batches",
     "time_to_target",
+    "accuracy_vs_time",
+    "ratios",
+    "time_breakdown",
+    "training_signals",
 )
 
 
@@ -62,6 +68,10 @@ def test_write_all_skips_figures_without_data(tmp_path):
         "throughput_ratio",
         "critical_batches",
         "time_to_target",
+        "accuracy_vs_time",
+        "ratios",
+        "time_breakdown",
+        "training_signals",
         "report",
     }
     _check_files([p for p in paths if not p.endswith(".md")])
@@ -152,3 +162,34 @@ def test_report_warns_when_throughput_measured_another_preset(tmp_path):
     )
     warn = "**Warning:** throughput.json measured preset tiny-5m, but the runs use model.preset"
     assert report.count(warn) == 2  # At the top and in its section.
+
+
+def test_every_figure_names_sweep_target_and_seeds_and_rings_the_candidates(tmp_path):
+    d = fx.write_sweep(str(tmp_path / "s"), seed_factors=(0.9, 1.0, 1.1))
+    a = ttt.analyze_sweep(curves.load_sweep(d))
+    for name in NAMES:
+        fig = getattr(figures, f"figure_{name}")(
+            *((a, None) if name == "critical_batches" else (a,))
+        )
+        if fig is None:  # (critical_batches without throughput data still has r_N)
+            continue
+        title = fig._suptitle.get_text()
+        assert "sweep synthetic" in title and "target 0.8" in title and "3 seed(s)" in title
+    # T/T_ref intervals overlap at 10% seed spread: the candidates are ringed, not a star.
+    plan = planner.plan_full(a)
+    assert not plan.decided and len(plan.candidates) > 1
+    ax = figures.figure_time_to_target(a).axes[0]
+    rings = [ln for ln in ax.lines if ln.get_markersize() == 15]
+    assert len(rings) == len(plan.candidates)
+    # Another group size at the same batch sits beside the reference's, not on top of it.
+    xs = sorted(float(ln.get_xdata()[0]) for ln in rings)
+    assert len(set(xs)) == len(xs)
+
+
+def test_eval_times_interpolate_on_the_update_lines(tmp_path):
+    d = fx.write_sweep(str(tmp_path / "s"), configs=[(8, 8, "sqrt", 1.0)], seed_factors=(1.0,))
+    run = curves.load_sweep(d).runs[0]
+    t = figures.eval_times(run)
+    # Every update takes time_per_update_s(64) for 64 responses.
+    expected = run.eval_responses / 64 * fx.time_per_update_s(64)
+    np.testing.assert_allclose(t, expected, rtol=1e-6)

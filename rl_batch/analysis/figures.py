@@ -12,10 +12,19 @@ Figures (each skipped, with a logged note, when the sweep has no data for it):
   the family's smallest batch stands in when the reference is outside the family).
 - ``critical_batches``: generation throughput against batch with the plateau (and the
   KV-cache bound) marked; ``r_N`` against batch with the critical training batch marked.
-- ``time_to_target``: ``T / T_ref`` against batch, best configuration starred.
+- ``time_to_target``: ``T / T_ref`` against batch; the recommendation ringed in gold, or,
+  when the planner cannot tell them apart, every candidate ringed in grey.
+- ``accuracy_vs_time``: accuracy against training seconds per configuration (the study's
+  question: which batch gets there first in wall time).
+- ``ratios``: ``r_N`` and ``r_q`` against batch in one panel (their ratio is ``T/T_ref``).
+- ``time_breakdown``: seconds per update in generation, scoring, update and idle per batch.
+- ``training_signals``: reward, entropy, KL and response length against responses per run.
 
-Error bars are the bootstrap intervals over seeds; an estimate without one (a single
-seed) is drawn as a hollow marker with no bar, never a zero-length bar.
+Error bars are the intervals over seeds (`time_to_target`'s method, Student-t by
+default); an estimate without one (a single seed) is drawn as a hollow marker with no
+bar, never a zero-length bar. Every figure is titled with the sweep, the target and the
+seeds per configuration; batch axes are log2 with the measured batches as labelled ticks,
+and points of another group size at the same batch are shifted sideways, not hidden.
 
 Only the object-oriented matplotlib API is used (``Figure`` with an Agg canvas), so
 nothing changes the global backend and every function also works in a notebook: the
@@ -31,10 +40,10 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from rl_batch import artifacts
-from rl_batch.analysis import cost_model, critical_batch, noise_scale
+from rl_batch.analysis import cost_model, critical_batch, findings, noise_scale, planner
 from rl_batch.analysis.curves import ConfigKey, RunData, load_sweep, mean_curve
 from rl_batch.analysis.time_to_target import DEFAULT_N_BOOT, Analysis, analyze_sweep
 
@@ -45,10 +54,34 @@ RULE_MARKERS = {"sqrt": "o", "fixed": "s", "linear": "^", "malladi": "D"}
 RULE_COLORS = {"sqrt": "C0", "fixed": "C1", "linear": "C2", "malladi": "C4"}
 
 
-def _figure(ncols: int = 2, width: float = 5.2, height: float = 4.0) -> Figure:
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+def _figure(
+    analysis: Analysis, ncols: int = 2, width: float = 5.2, height: float = 4.0, nrows: int = 1
+) -> Figure:
+    """A figure titled with the sweep, the target and the seeds per configuration."""
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
     FigureCanvasAgg(fig)
+    seeds = "/".join(str(n) for n in sorted({s.n_seeds for s in analysis.stats.values()}))
+    fig.suptitle(
+        f"sweep {analysis.sweep.name}: target {analysis.target:g}, {seeds} seed(s) per "
+        f"configuration, reference B={analysis.reference.batch}",
+        fontsize=9,
+    )
     return fig
+
+
+def _batch_axis(ax, batches: Sequence[float]) -> None:
+    """A log2 batch axis whose ticks are the measured batches, labelled as integers."""
+    ticks = sorted({int(b) for b in batches})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(b) for b in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def _shift(batch: float, group_size: int, reference: ConfigKey) -> float:
+    """x of a point: another group size than the reference's sits a little to the side."""
+    if group_size == reference.group_size:
+        return float(batch)
+    return float(batch) * 2 ** (0.08 if group_size > reference.group_size else -0.08)
 
 
 def _batch_colors(batches: Sequence[int]) -> dict[int, tuple[float, ...]]:
@@ -145,7 +178,7 @@ def figure_invariance(analysis: Analysis, tol: float = critical_batch.DEFAULT_TO
     if not fam:
         log.info("figure invariance: skipped (no sqrt-LR configurations)")
         return None
-    fig = _figure(2)
+    fig = _figure(analysis, 2)
     ax, ax2 = fig.subplots(1, 2)
     colors = _batch_colors([k.batch for k in fam])
     _plot_curves(
@@ -176,7 +209,7 @@ def figure_invariance(analysis: Analysis, tol: float = critical_batch.DEFAULT_TO
             linewidth=1,
             label=f"critical training batch {crit.critical_batch}",
         )
-    ax2.set_xscale("log", base=2)
+    _batch_axis(ax2, [b for t in trends for b in t.batches] or [k.batch for k in fam])
     ax2.set_yscale("log")
     ax2.yaxis.set_major_formatter(ScalarFormatter())
     ax2.yaxis.set_minor_formatter(ScalarFormatter())
@@ -243,7 +276,7 @@ def figure_group_size(analysis: Analysis) -> Figure | None:
         }
         for k in keys
     }
-    fig = _figure(2)
+    fig = _figure(analysis, 2)
     ax, ax2 = fig.subplots(1, 2)
     _plot_curves(ax, analysis, keys, styles)
     ax.set_title("group size at fixed B = P x G")
@@ -300,7 +333,7 @@ def figure_lr_rule(analysis: Analysis) -> Figure | None:
         }
         for k in keys
     }
-    fig = _figure(2)
+    fig = _figure(analysis, 2)
     ax, ax2 = fig.subplots(1, 2)
     _plot_curves(ax, analysis, keys, styles)
     ax.set_title("LR rule at larger batch")
@@ -353,7 +386,7 @@ def figure_throughput_ratio(analysis: Analysis) -> Figure | None:
         return None
     ref = analysis.reference
     b0, t0 = next(((b, t) for b, t in pts if b == ref.batch and ref in fam), pts[0])
-    fig = _figure(1, width=6.0)
+    fig = _figure(analysis, 1, width=6.0)
     ax = fig.subplots()
     x = np.arange(len(pts))
     resp = [b / b0 for b, _ in pts]
@@ -380,7 +413,7 @@ def figure_critical_batches(
     if generation is None and crit is None:
         log.info("figure critical_batches: skipped (no throughput data and no r_N family)")
         return None
-    fig = _figure(2)
+    fig = _figure(analysis, 2)
     ax, ax2 = fig.subplots(1, 2)
     if generation is not None:
         g = generation
@@ -400,13 +433,6 @@ def figure_critical_batches(
             linestyle="--",
             label=f"plateau ({g.frac:.0%} of best) c={g.plateau_batch_measured}",
         )
-        if g.plateau_batch_fit is not None:
-            ax.axvline(
-                g.plateau_batch_fit,
-                color="0.5",
-                linestyle=":",
-                label=f"fit plateau c={g.plateau_batch_fit:.0f}",
-            )
         if g.max_kv_batch is not None:
             ax.axvline(
                 g.max_kv_batch,
@@ -414,7 +440,7 @@ def figure_critical_batches(
                 linestyle="-.",
                 label=f"KV-cache bound c={g.max_kv_batch}",
             )
-        ax.set_xscale("log", base=2)
+        _batch_axis(ax, g.fit.batches)
         ax.set_xlabel("generation concurrency (sequences)")
         ax.set_ylabel("generated tokens / s")
         title = f"critical generation batch ({g.source})"
@@ -467,7 +493,7 @@ def figure_critical_batches(
                 linestyle=":",
                 label=f"noise scale B_simple {np.median(bs):.0f}",
             )
-        ax2.set_xscale("log", base=2)
+        _batch_axis(ax2, [k.batch for k in crit.family])
         ax2.set_ylim(bottom=min(0.8, float(m.min()) - 0.05) if m.size else 0.8)
         ax2.set_xlabel("training batch B (responses)")
         ax2.set_ylabel(f"r_N = N*(B) / N*(B={crit.reference.batch})")
@@ -491,8 +517,9 @@ def figure_time_to_target(analysis: Analysis) -> Figure | None:
     if not any(e is not None for _, e in rows):
         log.info("figure time_to_target: skipped (reference did not reach the target)")
         return None
-    fig = _figure(1, width=6.5)
+    fig = _figure(analysis, 1, width=6.5)
     ax = fig.subplots()
+    ref = analysis.reference
     reached = [(k, e) for k, e in rows if e is not None]
     top = max(e.hi if e.has_interval else e.mean for _, e in reached)
     for rule in sorted({k.lr_rule for k, _ in rows}):
@@ -500,17 +527,17 @@ def figure_time_to_target(analysis: Analysis) -> Figure | None:
         if pts:
             _errorbars(
                 ax,
-                [k.batch for k, _ in pts],
+                [_shift(k.batch, k.group_size, ref) for k, _ in pts],
                 [e for _, e in pts],
                 RULE_COLORS.get(rule),
                 RULE_MARKERS.get(rule, "v"),
                 f"{rule} LR",
             )
             for k, e in pts:
-                if k.group_size != analysis.reference.group_size:
+                if k.group_size != ref.group_size:
                     ax.annotate(
                         f"G={k.group_size}",
-                        (k.batch, e.mean),
+                        (_shift(k.batch, k.group_size, ref), e.mean),
                         fontsize=7,
                         xytext=(4, 4),
                         textcoords="offset points",
@@ -526,22 +553,180 @@ def figure_time_to_target(analysis: Analysis) -> Figure | None:
                     xytext=(4, -10),
                     textcoords="offset points",
                 )
-    best_k, best_e = min(reached, key=lambda p: p[1].mean)
-    ax.plot(
-        [best_k.batch],
-        [best_e.mean],
-        "*",
-        markersize=16,
-        color="gold",
-        markeredgecolor="k",
-        label=f"best: {best_k.label} ({best_e.mean:.2f}x)",
-    )
+    # Rings around the points (drawn on top, hollow): the point and its bar stay visible.
+    plan = planner.plan_full(analysis)
+    est = dict(reached)
+    ringed = [k for k in plan.candidates if k in est]
+    for i, k in enumerate(ringed):
+        if plan.decided:
+            label = f"recommended: {k.label} ({est[k].mean:.2f}x)"
+        else:
+            label = f"undecided between {len(ringed)} candidates" if i == 0 else None
+        ax.plot(
+            [_shift(k.batch, k.group_size, ref)],
+            [est[k].mean],
+            "o",
+            markersize=15,
+            markerfacecolor="none",
+            markeredgewidth=2,
+            color="goldenrod" if plan.decided else "0.45",
+            label=label,
+            zorder=5,
+        )
     ax.axhline(1.0, color="0.5", linestyle=":", linewidth=1)
-    ax.set_xscale("log", base=2)
+    _batch_axis(ax, [k.batch for k, _ in rows])
     ax.set_xlabel("training batch B (responses)")
     ax.set_ylabel(f"time to target / reference (B={analysis.reference.batch})")
     ax.set_title(f"time to target {analysis.target:g}: T/T_ref = r_N / r_q")
     ax.legend(fontsize=7)
+    return fig
+
+
+def eval_times(run: RunData) -> np.ndarray:
+    """[E] training seconds at each evaluation, interpolated on the update lines."""
+    xp = np.concatenate([[0.0], run.responses])
+    fp = np.concatenate([[0.0], run.time_train])
+    return np.interp(run.eval_responses, xp, fp)
+
+
+def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
+    """Validation accuracy against training seconds, per configuration (seed mean)."""
+    keys = [k for k in sorted(analysis.stats, key=lambda k: k.sort_key())
+            if any(r.eval_responses.size for r in analysis.runs_by_key[k])]  # fmt: skip
+    if not keys:
+        log.info("figure accuracy_vs_time: skipped (no evaluations)")
+        return None
+    fig = _figure(analysis, 1, width=7.0)
+    ax = fig.subplots()
+    colors = _batch_colors([k.batch for k in keys])
+    dashes = {"sqrt": "-", "fixed": "--", "linear": ":", "malladi": "-."}
+    for k in keys:
+        runs = [r for r in analysis.runs_by_key[k] if r.eval_responses.size]
+        t_end = min(float(eval_times(r)[-1]) for r in runs)
+        grid = np.linspace(0.0, t_end, 100)
+        acc = np.stack([np.interp(grid, eval_times(r), r.eval_accuracy) for r in runs])
+        st = analysis.stats[k]
+        t = "" if st.time_to_target_s is None else f", T {st.time_to_target_s.fmt('.3g')} s"
+        ax.plot(
+            grid,
+            acc.mean(axis=0),
+            color=colors[k.batch],
+            linestyle=dashes.get(k.lr_rule, "-"),
+            label=f"B={k.batch} {k.label}{t}",
+        )
+        if len(runs) > 1:
+            lo, hi = acc.min(axis=0), acc.max(axis=0)
+            ax.fill_between(grid, lo, hi, color=colors[k.batch], alpha=0.12, linewidth=0)
+    ax.axhline(analysis.target, color="0.5", linestyle=":", linewidth=1, label="target")
+    ax.set_xlabel("training time (s): generation + scoring + update + idle")
+    ax.set_ylabel("validation accuracy (mean@k)")
+    ax.set_title("accuracy against wall-clock training time (band: seed min-max)")
+    ax.legend(fontsize=6, ncol=2)
+    return fig
+
+
+def figure_ratios(analysis: Analysis) -> Figure | None:
+    """r_N and r_q against batch in one panel: T/T_ref is their ratio."""
+    fam = critical_batch.family_keys(list(analysis.stats), reference=analysis.reference)
+    pts = [(k, analysis.ratios[k]) for k in fam]
+    if len(pts) < 2 or not any(r.r_q is not None for _, r in pts):
+        log.info("figure ratios: skipped (fewer than two sqrt batches with r_q)")
+        return None
+    fig = _figure(analysis, 1, width=6.5)
+    ax = fig.subplots()
+    for name, color, marker in (("r_n", "C3", "o"), ("r_q", "C0", "s")):
+        have = [(k, getattr(r, name)) for k, r in pts if getattr(r, name) is not None]
+        if have:
+            label = "r_N (sample cost)" if name == "r_n" else "r_q (throughput gain)"
+            _errorbars(ax, [k.batch for k, _ in have], [e for _, e in have], color, marker,
+                       label, linestyle="-")  # fmt: skip
+    for k, r in pts:
+        if r.r_n is None:
+            ax.annotate(r.missing_label, (k.batch, 1.0), rotation=90, fontsize=7, ha="center")
+    ax.axhline(1.0, color="0.5", linestyle=":", linewidth=1)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    _batch_axis(ax, [k.batch for k in fam])
+    ax.set_xlabel("training batch B (responses)")
+    ax.set_ylabel(f"ratio to the reference (B={analysis.reference.batch})")
+    ax.set_title("larger batch is faster where r_q > r_N (T/T_ref = r_N / r_q)")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def figure_time_breakdown(analysis: Analysis) -> Figure | None:
+    """Mean seconds per update in each part of training time, stacked, per batch."""
+    parts = {"time_generate_s": "generation", "time_score_s": "scoring",
+             "time_update_s": "update", "time_idle_s": "idle"}  # fmt: skip
+    per_batch: dict[int, dict[str, list[float]]] = {}
+    for k, runs in analysis.runs_by_key.items():
+        for r in runs:
+            if not r.has_field("time_update_s"):
+                continue
+            d = per_batch.setdefault(k.batch, {p: [] for p in parts})
+            for p in parts:
+                v = r.field(p) if r.has_field(p) else np.zeros(1)
+                d[p].append(float(np.nanmean(v)) if np.isfinite(v).any() else 0.0)
+    if not per_batch:
+        log.info("figure time_breakdown: skipped (no time_update_s)")
+        return None
+    fig = _figure(analysis, 1, width=6.5)
+    ax = fig.subplots()
+    batches = sorted(per_batch)
+    x = np.arange(len(batches))
+    bottom = np.zeros(len(batches))
+    for i, (p, label) in enumerate(parts.items()):
+        h = np.array([np.mean(per_batch[b][p]) for b in batches])
+        ax.bar(x, h, 0.6, bottom=bottom, label=label, color=f"C{i}")
+        bottom += h
+    for i, b in enumerate(batches):
+        share = np.mean(per_batch[b]["time_generate_s"]) / bottom[i] if bottom[i] > 0 else 0.0
+        ax.text(i, bottom[i], f"gen {share:.0%}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, [str(b) for b in batches])
+    ax.set_xlabel("training batch B (responses)")
+    ax.set_ylabel("seconds per update (mean over runs)")
+    shares = [c["time_generate_s"] for _, c in findings.cost_structure(analysis)]
+    ax.set_title(
+        f"time per update by part: generation {min(shares):.0%}-{max(shares):.0%} of training"
+    )
+    ax.legend(fontsize=7)
+    return fig
+
+
+SIGNALS = (
+    ("reward_mean", "mean reward"),
+    ("entropy", "token entropy"),
+    ("kl", "KL to the reference (k3)"),
+    ("response_len_mean", "response length (tokens)"),
+)
+
+
+def figure_training_signals(analysis: Analysis) -> Figure | None:
+    """Reward, entropy, KL and response length against responses, one line per run."""
+    runs = [(k, r) for k in sorted(analysis.stats, key=lambda k: k.sort_key())
+            for r in analysis.runs_by_key[k]]  # fmt: skip
+    fields = [(f, name) for f, name in SIGNALS if any(r.has_field(f) for _, r in runs)]
+    if not fields:
+        log.info("figure training_signals: skipped (no reward, entropy, KL or length logged)")
+        return None
+    fig = _figure(analysis, 2, height=3.2, nrows=2)
+    axes = fig.subplots(2, 2).ravel()
+    colors = _batch_colors([k.batch for k, _ in runs])
+    for ax, (field, name) in zip(axes, fields):
+        labelled = set()  # one legend entry per configuration, in the first panel
+        for k, r in runs:
+            if not r.has_field(field):
+                continue
+            label = f"B={k.batch} {k.label}" if k not in labelled and ax is axes[0] else None
+            labelled.add(k)
+            linestyle = "-" if k.lr_rule == "sqrt" else "--"
+            ax.plot(r.responses, r.field(field), color=colors[k.batch], linestyle=linestyle,
+                    linewidth=0.8, alpha=0.8, label=label)  # fmt: skip
+        ax.set_xlabel("cumulative retained responses")
+        ax.set_ylabel(name)
+    for ax in axes[len(fields) :]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=6, ncol=2)
     return fig
 
 
@@ -580,6 +765,10 @@ def write_figures(
         "throughput_ratio": lambda: figure_throughput_ratio(analysis),
         "critical_batches": lambda: figure_critical_batches(analysis, generation, tol),
         "time_to_target": lambda: figure_time_to_target(analysis),
+        "accuracy_vs_time": lambda: figure_accuracy_vs_time(analysis),
+        "ratios": lambda: figure_ratios(analysis),
+        "time_breakdown": lambda: figure_time_breakdown(analysis),
+        "training_signals": lambda: figure_training_signals(analysis),
     }
     written, skipped = [], []
     for name, make in makers.items():
