@@ -10,18 +10,17 @@ status (1 if a requested point failed); the default config is the CPU PPO study
   python -m experiments.ppo_sweep --list_runs
 """
 
-from absl import app, flags
+from absl import app
 
-from experiments import configs, grpo_sweep
+from experiments import configs, sweep_main
 
-DEFAULT_CONFIG = configs.path("ppo_cpu.py")
+sweep_main.define_flags(configs.path("ppo_cpu.py"))
 
 
 def main(argv):
-    """``experiments.grpo_sweep.main`` for PPO configs."""
-    grpo_sweep.main(argv, algo="ppo")
+    """Runs the PPO sweep (see `experiments.sweep_main.main`)."""
+    sweep_main.main(argv, algo="ppo")
 
 
 if __name__ == "__main__":
-    flags.FLAGS.set_default("config", DEFAULT_CONFIG)
     app.run(main)

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from ml_collections import ConfigDict
@@ -133,6 +135,24 @@ def test_list_runs_is_json_with_overrides(tmp_path):
     listed = json.loads(sweep.list_runs(c, str(tmp_path)))
     assert [r["name"] for r in listed] == ["p2_g4_sqrt_s0", "p4_g4_sqrt_s0"]
     assert listed[1]["overrides"]["prompts"] == 4
+
+
+@pytest.mark.parametrize(
+    "module, algo, group",
+    [("experiments.grpo_sweep", "grpo", 8), ("experiments.ppo_sweep", "ppo", 1)],
+)
+def test_both_sweep_programs_take_config_overrides(tmp_path, module, algo, group):
+    # One flag definition per program: --config.* overrides parse for GRPO and PPO alike.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [
+        sys.executable, "-m", module, "--list_runs", "--config.sweep.seeds=0,1",
+        "--config.sweep.prompts=32,64", f"--config.work_dir={tmp_path}",
+    ]  # fmt: skip
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    names = [r["name"] for r in json.loads(out.stdout[out.stdout.index("[") :])]
+    assert f"p32_g{group}_sqrt_s0" in names and f"p64_g{group}_sqrt_s1" in names, (algo, names)
+    assert not os.listdir(tmp_path)  # listing the grid writes nothing
 
 
 def test_isolated_point_runs_in_a_subprocess(tmp_path):
