@@ -8,6 +8,7 @@ import, so the override flags are registered for that config only.
 
 import os
 import sys
+import time
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -39,7 +40,7 @@ def main(argv, algo: str = "grpo"):
       algo: the algorithm the config must be for (``"grpo"`` or ``"ppo"``).
     """
     del argv
-    from rl_batch import sweep
+    from rl_batch import provenance, sweep
 
     f = flags.FLAGS
     config = f.config
@@ -53,10 +54,17 @@ def main(argv, algo: str = "grpo"):
     # counts the devices); after that, each process knows whether it is the writer. With
     # --isolate this process never starts JAX's backend: its children need the devices.
     logging.set_verbosity(logging.WARNING)
+    t0, started_at, load_start = time.perf_counter(), provenance.now(), provenance.load_average()
     processes = sweep.join_processes(config, isolate=f.isolate)
     record = sweep.run_sweep(config, sweep_dir, isolate=f.isolate, only=f.only, processes=processes)
     if not processes.writer:
         return  # Process 0 writes the analysis and reports the sweep's status.
+    failed = sweep.failed_points(record, only=f.only)
+    if f.only is None:  # (the jobs of an array leave the sweep's shared files alone)
+        provenance.record_command(
+            sweep_dir, sys.argv, started_at, time.perf_counter() - t0, load_start,
+            "failed" if failed else "finished",
+        )  # fmt: skip
     if f.analyze and f.only is None:
         from rl_batch.analysis import write_all
 
@@ -65,7 +73,6 @@ def main(argv, algo: str = "grpo"):
         report = os.path.join(sweep_dir, "report.md")
         if os.path.exists(report):
             print(open(report).read())
-    failed = sweep.failed_points(record, only=f.only)
     if failed:
         print(
             f"{len(failed)} run(s) failed: {failed}; see {sweep_dir}/errors.log",

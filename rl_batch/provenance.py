@@ -14,7 +14,11 @@ and the host name. ``load_start`` and ``load_end`` are the host's 1, 5 and 15 mi
 averages when the session started and ended: the context of every timing in it.
 
 This module owns the file: `start_session` and `end_session` write it (process 0 of a
-run), `read` and `describe_sweep` read it for the analysis.
+run), `read` and `describe_sweep` read it for the analysis. It also owns
+``<sweep>/commands.jsonl``: one line per invocation of a sweep program (`record_command`:
+its arguments, start and end time, wall seconds of its runs (the warm start included, the
+analysis written after them not), host load at both ends, status), so that the wall time
+of a whole study is a recorded number.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 from rl_batch import artifacts
 
 FILE = "provenance.json"
+COMMANDS_FILE = "commands.jsonl"
 PACKAGES = (
     "jax",
     "jaxlib",
@@ -145,6 +150,40 @@ def end_session(run_dir: str, status: str) -> None:
         return
     sessions[-1] |= {"ended_at": _now(), "load_end": load_average(), "status": status}
     _write(run_dir, sessions)
+
+
+def record_command(
+    sweep_dir: str,
+    argv: Sequence[str],
+    started_at: str,
+    wall_s: float,
+    load_start: list[float] | None,
+    status: str,
+) -> None:
+    """Appends one invocation of a sweep program to ``<sweep_dir>/commands.jsonl``."""
+    record = {
+        "argv": list(argv),
+        "started_at": started_at,
+        "ended_at": _now(),
+        "wall_s": round(wall_s, 1),
+        "load_start": load_start,
+        "load_end": load_average(),
+        "status": status,
+        "git": git_state(),
+    }
+    os.makedirs(sweep_dir, exist_ok=True)
+    artifacts.append_jsonl(os.path.join(sweep_dir, COMMANDS_FILE), record)
+
+
+def read_commands(sweep_dir: str) -> list[dict[str, Any]]:
+    """The invocations recorded in ``<sweep_dir>/commands.jsonl`` ([] when none)."""
+    path = os.path.join(sweep_dir, COMMANDS_FILE)
+    return list(artifacts.iter_jsonl(path)) if os.path.exists(path) else []
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return _now()
 
 
 def _write(run_dir: str, sessions: list[dict[str, Any]]) -> None:

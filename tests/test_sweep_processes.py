@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from experiments.configs import base
-from rl_batch import artifacts, distributed, sweep
+from rl_batch import artifacts, distributed, provenance, sweep
 from tests.run_fixtures import free_port, tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -250,3 +250,8 @@ def test_a_failed_point_fails_the_sweep_after_the_others_and_the_analysis(tmp_pa
     proc = _sweep_program(sweep_dir, "--analyze=false")
     assert proc.returncode == 1, _explain(proc)
     assert f"1 run(s) failed: ['{FIRST}']" in proc.stderr
+    # Each invocation of the program by process 0 is recorded, with its wall time and load.
+    commands = provenance.read_commands(sweep_dir)
+    assert [c["status"] for c in commands] == ["failed", "failed"]  # (not the --only jobs)
+    assert "--analyze=false" in commands[-1]["argv"]
+    assert all(c["wall_s"] > 0 and len(c["load_end"]) == 3 for c in commands)

@@ -1,0 +1,42 @@
+"""The README's study section is generated from a sweep's files."""
+
+import json
+import os
+
+import analysis_fixtures as fx
+import pytest
+
+from experiments import readme_study
+from rl_batch import provenance
+from tests.test_provenance import _session
+
+
+def test_study_section_from_a_sweep(tmp_path):
+    d = fx.write_sweep(str(tmp_path / "s"), seed_factors=(0.9, 1.0, 1.1))
+    with open(os.path.join(d, "throughput.json"), "w") as f:
+        json.dump(fx.throughput_json(), f)
+    for name in os.listdir(os.path.join(d, "runs")):
+        provenance._write(os.path.join(d, "runs", name), [_session()])
+    argv = ["grpo_sweep.py", "--config.sweep.seeds=0,1,2"]
+    started = "2026-12-01T10:00:00+00:00"
+    provenance.record_command(d, argv, started, 600.0, [1.0, 1.0, 1.0], "finished")
+    section = readme_study.study_section(d)
+    assert section.startswith(readme_study.BEGIN) and section.endswith(readme_study.END)
+    assert "`python -m experiments.grpo_sweep --config.sweep.seeds=0,1,2`" in section
+    assert "10.0 min wall, started 2026-12-01T10:00:00+00:00" in section
+    assert "3 seed(s) per configuration, 24 runs" in section
+    assert "| T is U-shaped in B |" in section and "Cost structure" in section
+    assert "Recommendation: undecided at this power" in section  # 10% seed spread
+    assert "- hardware.cpu_model: Some CPU" in section
+    text = f"# x\n\nbefore\n{readme_study.BEGIN}\nOLD-SECTION\n{readme_study.END}\nafter\n"
+    new = readme_study.replace_section(text, section)
+    assert new.startswith("# x\n\nbefore\n") and new.endswith("\nafter\n")
+    assert "OLD-SECTION" not in new and section in new
+    with pytest.raises(ValueError, match="no <!-- study:begin -->"):
+        readme_study.replace_section("# x\n", section)
+
+
+def test_the_readme_has_the_markers():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "README.md")).read()
+    assert text.count(readme_study.BEGIN) == 1 and text.count(readme_study.END) == 1
