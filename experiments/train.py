@@ -16,6 +16,7 @@ Multi-process (one command per process; on TPU VMs / SLURM use
 """
 
 import os
+import signal
 
 from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
@@ -34,6 +35,10 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", "", "host:port of proc
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes of a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index.")
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress bar.")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv):
@@ -56,9 +61,13 @@ def main(argv):
             f"{config.run_dir} already holds checkpoints: pass --resume to continue it, "
             "or choose a new --config.run_dir"
         )
-    from rl_batch import run  # After flag parsing: jax reads XLA_FLAGS at import.
+    from rl_batch import locks, run  # After flag parsing: jax reads XLA_FLAGS at import.
 
     logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO.
+    # SIGTERM (a scheduler's stop, a sweep parent passing its own on) stops the run as
+    # Ctrl-C does: summary.json says "interrupted", and --resume continues it.
+    signal.signal(signal.SIGTERM, _interrupt)
+    locks.die_with_parent()  # a sweep's --isolate child stops with its parent
 
     summary = run.run(config, resume=_RESUME.value, progress=not _QUIET.value)
     reached = summary["n_star"] if summary["reached"] else artifacts.NOT_REACHED

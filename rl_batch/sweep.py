@@ -26,8 +26,10 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -36,7 +38,7 @@ from typing import Any
 import jax
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, distributed
+from rl_batch import artifacts, distributed, locks
 from rl_batch import config as config_lib
 
 FINISHED = "finished"
@@ -338,15 +340,48 @@ def failed_points(record: dict[str, Any], only: str | None = None) -> list[str]:
     ]
 
 
+def run_child(cmd: list[str], log_path: str) -> int:
+    """Runs ``cmd`` with its output appended to ``log_path``; returns its exit status.
+
+    The child gets SIGTERM if this process dies (even by SIGKILL) when it calls
+    `locks.die_with_parent` (``experiments.train`` does), and a SIGTERM sent to this
+    process is passed on to it (this process then waits for it and exits 143), so the
+    child is never left training a run that a rerun would start a second time.
+    """
+    env = {**os.environ, locks.PARENT_PID_ENV: str(os.getpid())}
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        forward = threading.current_thread() is threading.main_thread()
+        terminated = []
+        if forward:
+            previous = signal.getsignal(signal.SIGTERM)
+
+            def on_term(signum, frame):  # (no wait here: the main thread is in one)
+                terminated.append(signum)
+                proc.send_signal(signal.SIGTERM)
+
+            signal.signal(signal.SIGTERM, on_term)
+        try:
+            returncode = proc.wait()
+            if terminated:
+                raise SystemExit(128 + terminated[0])
+            return returncode
+        finally:
+            if forward:
+                signal.signal(signal.SIGTERM, previous)
+            if proc.poll() is None:  # (an exception here: the child must not outlive it)
+                proc.terminate()
+                proc.wait()
+
+
 def _run_subprocess(config: ConfigDict, log_path: str) -> None:
     """Runs one point as ``python -m experiments.train`` with the config as JSON."""
     cfg_path = os.path.join(config.run_dir, "requested_config.json")
     artifacts.write_json_atomic(cfg_path, config.to_dict())
     cmd = [sys.executable, "-m", "experiments.train", f"--config_json={cfg_path}", "--resume"]
-    with open(log_path, "a") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"subprocess exited with {proc.returncode}; see {log_path}")
+    returncode = run_child(cmd, log_path)
+    if returncode != 0:
+        raise RuntimeError(f"subprocess exited with {returncode}; see {log_path}")
 
 
 def run_sweep(
@@ -384,6 +419,19 @@ def run_sweep(
     # this one never starts JAX's backend, which would hold its children's accelerators).
     processes = processes or join_processes(base, isolate=isolate)
     os.makedirs(sweep_dir, exist_ok=True)
+    # One sweep program per sweep directory (the jobs of an array write only their points).
+    lock = locks.DirectoryLock(sweep_dir, "sweep") if processes.writer and only is None else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        return _run_points(base, sweep_dir, isolate, only, run_fn, log, processes)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[str, Any]:
+    """`run_sweep` once it holds the sweep directory."""
     base = ConfigDict(base.to_dict())
     points, resolved = plan(base, sweep_dir, processes.device_count)
     if only is not None and only not in resolved:

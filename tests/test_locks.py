@@ -1,0 +1,121 @@
+"""One writer per directory: a second process stops at once, a dead holder frees the lock."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rl_batch.locks import LOCK_FILE, DirectoryLock, DirectoryLocked
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOLD = """
+import sys, time
+from rl_batch.locks import DirectoryLock
+lock = DirectoryLock(sys.argv[1], "test holder").acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def _holder(directory):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(directory)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_writer_is_refused_with_the_holder_named(tmp_path):
+    proc = _holder(tmp_path)
+    try:
+        with pytest.raises(DirectoryLocked, match=rf"test holder \(pid {proc.pid} on "):
+            DirectoryLock(str(tmp_path), "second").acquire()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    # The holder died without releasing: the OS dropped its lock.
+    with DirectoryLock(str(tmp_path), "third") as lock:
+        assert lock.held
+        assert '"what": "third"' in open(tmp_path / LOCK_FILE).read()
+    assert not lock.held
+
+
+def test_release_lets_the_next_writer_in(tmp_path):
+    a = DirectoryLock(str(tmp_path / "d"), "a").acquire()
+    with pytest.raises(DirectoryLocked, match="a \\(pid"):
+        DirectoryLock(str(tmp_path / "d"), "b").acquire()
+    a.release()
+    DirectoryLock(str(tmp_path / "d"), "b").acquire().release()
+
+
+# A sweep parent's child (sweep.run_child): it dies with the parent and gets its SIGTERM.
+CHILD = """
+import os, signal, sys, time
+from rl_batch.locks import die_with_parent
+assert die_with_parent()
+def on_term(signum, frame):
+    open(sys.argv[1] + ".tmp", "w").write("terminated")
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])  # (the test sees all of it or nothing)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print("child up", flush=True)
+time.sleep(60)
+"""
+PARENT = """
+import sys
+import time
+from rl_batch import sweep
+print("parent up", flush=True)
+sys.exit(sweep.run_child([sys.executable, "-c", sys.argv[1], sys.argv[2]], sys.argv[3]))
+"""
+
+
+def _parent(tmp_path):
+    mark, log = tmp_path / "mark", tmp_path / "child.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PARENT, CHILD, str(mark), str(log)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "parent up"
+    for _ in range(600):  # until the child is up (its line in the log)
+        if log.exists() and "child up" in log.read_text():
+            break
+        time.sleep(0.05)
+    return proc, mark
+
+
+def _wait_for(path, tries=600):
+    for _ in range(tries):
+        if path.exists():
+            return path.read_text()
+        time.sleep(0.05)
+    return None
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGKILL, -9)])
+def test_the_child_of_a_stopped_parent_stops_too(tmp_path, sig, code):
+    proc, mark = _parent(tmp_path)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == code
+    assert _wait_for(mark) == "terminated"  # SIGTERM passed on, or sent at the parent's death
+
+
+def test_a_second_sweep_on_one_directory_is_refused(tmp_path):
+    from rl_batch import sweep
+    from tests.test_sweep import _sweep_config
+
+    holder = _holder(tmp_path)
+    started = []
+    try:
+        c = _sweep_config(str(tmp_path / "work"), prompts="4", group_sizes="4")
+        with pytest.raises(DirectoryLocked, match="in use by test holder"):
+            sweep.run_sweep(c, str(tmp_path), run_fn=started.append, log=lambda s: None)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert not started and not os.path.exists(tmp_path / "sweep.json")
