@@ -8,10 +8,11 @@ since a resumed run may continue on another machine or with other packages::
 
 ``software`` maps each package that decides the numbers (`PACKAGES`, plus ``python``)
 to its installed version; ``git`` is ``{"commit", "dirty"}`` of the checkout the
-project was imported from (``None`` outside a git checkout); ``hardware`` holds the
-JAX device platform, kind and count, the process count, the CPU model and core count
-and the host name. ``load_start`` and ``load_end`` are the host's 1, 5 and 15 minute load
-averages when the session started and ended: the context of every timing in it.
+project was imported from, read when this process imported it (``None`` outside a git
+checkout); ``hardware`` holds the JAX device platform, kind and count, the process count,
+the CPU model and core count and the host name. ``load_start`` and ``load_end`` are the
+host's 1, 5 and 15 minute load averages when the session started and ended: the context
+of every timing in it.
 
 This module owns the file: `start_session` and `end_session` write it (process 0 of a
 run), `read` and `describe_sweep` read it for the analysis. It also owns
@@ -61,7 +62,10 @@ def software() -> dict[str, str | None]:
 
 
 def git_state(repo: str = _REPO) -> dict[str, Any] | None:
-    """``{"commit", "dirty"}`` of the checkout at ``repo``; None when it is not one."""
+    """``{"commit", "dirty"}`` of the checkout at ``repo`` now; None when it is not one.
+
+    Records use `imported_git_state`: the checkout may change while a process runs.
+    """
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -74,6 +78,14 @@ def git_state(repo: str = _REPO) -> dict[str, Any] | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": commit, "dirty": dirty}
+
+
+_IMPORTED_GIT = git_state()  # the code this process imported (not a later checkout)
+
+
+def imported_git_state() -> dict[str, Any] | None:
+    """`git_state` of the project's checkout when this process imported it."""
+    return _IMPORTED_GIT
 
 
 def cpu_model() -> str:
@@ -133,7 +145,7 @@ def start_session(run_dir: str) -> dict[str, Any]:
         "started_at": _now(),
         "load_start": load_average(),
         "software": software(),
-        "git": git_state(),
+        "git": imported_git_state(),
         "hardware": hardware(),
         "ended_at": None,
         "load_end": None,
@@ -169,7 +181,7 @@ def record_command(
         "load_start": load_start,
         "load_end": load_average(),
         "status": status,
-        "git": git_state(),
+        "git": imported_git_state(),
     }
     os.makedirs(sweep_dir, exist_ok=True)
     artifacts.append_jsonl(os.path.join(sweep_dir, COMMANDS_FILE), record)

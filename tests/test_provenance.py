@@ -56,7 +56,7 @@ def test_a_run_records_its_software_hardware_and_load_per_session(work_dir, tmp_
     assert s["hardware"]["cpu_count"] == os.cpu_count() and s["hardware"]["cpu_model"]
     assert len(s["load_start"]) == 3 and len(s["load_end"]) == 3
     assert s["status"] == "finished" and s["ended_at"] >= s["started_at"]
-    git = provenance.git_state()
+    git = provenance.imported_git_state()  # (read at import: the code that ran)
     if git is not None:  # (a checkout: the commit of the imported project)
         assert s["git"] == git and len(git["commit"]) == 40
 
