@@ -222,7 +222,10 @@ def _check_ppo(c: ConfigDict, check) -> None:
             isinstance(value, int) and not isinstance(value, bool) and value >= low,
             f"ppo.{name}={value!r}: must be an int >= {low}",
         )
-    check(p.critic_lr_ref > 0, f"ppo.critic_lr_ref={p.critic_lr_ref}: must be > 0")
+    check(
+        p.critic_lr_ref > 0 and math.isfinite(p.critic_lr_ref),
+        f"ppo.critic_lr_ref={p.critic_lr_ref}: must be finite and > 0",
+    )
     check(
         p.critic_lr == DERIVE or (p.critic_lr > 0 and math.isfinite(p.critic_lr)),
         f"ppo.critic_lr={p.critic_lr}: must be > 0 (or -1 to derive it from critic_lr_rule)",
@@ -281,7 +284,7 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         )
     if c.algo == "ppo":
         _check_ppo(c, check)
-    check(c.lr_ref > 0, f"lr_ref={c.lr_ref}: must be > 0")
+    check(c.lr_ref > 0 and math.isfinite(c.lr_ref), f"lr_ref={c.lr_ref}: must be finite and > 0")
     check(c.batch_ref >= 1, f"batch_ref={c.batch_ref}: must be >= 1")
     check(
         c.lr == DERIVE or (c.lr > 0 and math.isfinite(c.lr)),

@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (flags, the message expected on stderr). The CLI sees two CPU devices.
 CLI_CASES = {
-    "negative_lr": (["--config.lr_ref=-0.001"], "lr_ref=-0.001: must be > 0"),
+    "negative_lr": (["--config.lr_ref=-0.001"], "lr_ref=-0.001: must be finite and > 0"),
     "zero_lr": (["--config.lr=0.0"], "lr=0.0: must be > 0"),
     "batch_not_divisible": (
         ["--config.prompts=3", "--config.group_size=3"],

@@ -98,6 +98,9 @@ def test_response_length_comes_from_the_task():
     [
         ({"lr": -1e-3}, "lr=-0.001: must be > 0"),
         ({"lr_ref": -1e-3}, "lr_ref=-0.001"),
+        ({"lr_ref": float("inf")}, "lr_ref=inf: must be finite and > 0"),
+        ({"lr_ref": float("nan")}, "lr_ref=nan: must be finite and > 0"),
+        ({"lr": float("inf")}, "lr=inf: must be > 0"),
         ({"group_size": 1}, "group_size=1: GRPO needs >= 2"),
         ({"task.name": "sudoku"}, "task.name='sudoku'"),
         ({"model.preset": "gpt-9"}, "model.preset='gpt-9'"),
@@ -141,6 +144,7 @@ PPO = {"algo": "ppo", "group_size": 1, "filter_groups": False}
         ({"eps": -1e-8}, "eps=-1e-08: must be >= 0"),
         ({**PPO, "ppo.critic_lr": -0.5}, "ppo.critic_lr=-0.5: must be > 0 (or -1 to derive"),
         ({**PPO, "ppo.critic_lr": 0.0}, "ppo.critic_lr=0.0: must be > 0 (or -1 to derive"),
+        ({**PPO, "ppo.critic_lr_ref": float("inf")}, "ppo.critic_lr_ref=inf: must be finite"),
     ],
 )
 def test_bad_fields_are_rejected_by_key_and_value(changes, message):
