@@ -63,6 +63,10 @@ REPORT_FILE = "report.md"
 
 NOT_REACHED = "not reached"
 
+# ``phase`` of an update line: PPO's critic-only warm-up, then actor training (GRPO: all).
+PHASE_CRITIC_WARMUP = "critic_warmup"
+PHASE_TRAIN = "train"
+
 
 def write_json_atomic(path: str, obj: Any) -> None:
     """Writes JSON so that a reader (or a crash) never sees a half-written file."""

@@ -58,14 +58,14 @@ import optax
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from rl_batch import learner, losses
+from rl_batch import artifacts, learner, losses
 from rl_batch import model as model_lib
 from rl_batch import sharding as sharding_lib
 
 Params = Any
 Metrics = dict[str, jax.Array]
 
-WARMUP_PHASE = "critic_warmup"
+WARMUP_PHASE = artifacts.PHASE_CRITIC_WARMUP
 TRAIN_PHASE = "train"
 
 

@@ -41,11 +41,19 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, distributed, flops, learner, partial_rollout, provenance, sharding
+from rl_batch import (
+    artifacts,
+    distributed,
+    flops,
+    learner,
+    partial_rollout,
+    provenance,
+    sharding,
+    targets,
+)
 from rl_batch import config as config_lib
 from rl_batch import model as model_lib
 from rl_batch import rollout as rollout_lib
-from rl_batch.analysis.time_to_target import first_crossing
 from rl_batch.checkpoint import Checkpointer
 from rl_batch.filtering import dynamic_sampling_filter
 from rl_batch.losses import group_advantages
@@ -244,21 +252,18 @@ class _Progress:
             self._bar.close()
 
 
-def _summary(c: ConfigDict, counters: Counters, evals: list[dict], status: str) -> dict:
-    # Time and updates count from the first policy update (after any critic warm-up).
-    t0 = max(counters.policy_start_time_s, 0.0)
-    s0 = max(counters.policy_start_step, 0)
-    xs = [e["responses_cum"] for e in evals]
-    ys = [e["eval_accuracy"] for e in evals]
-    times = [max(e["time_train_cum_s"] - t0, 0.0) for e in evals]
-    steps = [max(e["step"] - s0, 0) for e in evals]
-    n_star = first_crossing(xs, ys, c.target) if evals else None
+def _summary(c: ConfigDict, counters: Counters, records: list[dict], status: str) -> dict:
+    """``summary.json`` from the counters and the run's metric lines (all sessions)."""
+    # N*, T, q and updates count from the first policy update (after any critic warm-up),
+    # computed exactly as the analysis does (``rl_batch.targets``).
+    reach = targets.reach_of_records(records, c.target)
+    ys = [r["eval_accuracy"] for r in records if r["kind"] == "eval"]
     summary: dict[str, Any] = {
         "status": status,
         "name": c.name,
         "target": c.target,
-        "reached": n_star is not None,
-        "n_star": n_star,
+        "reached": reach.reached,
+        "n_star": reach.n_star,
         "steps": counters.step,
         "responses_cum": counters.responses_cum,
         "responses_generated_cum": counters.responses_generated_cum,
@@ -279,16 +284,10 @@ def _summary(c: ConfigDict, counters: Counters, evals: list[dict], status: str) 
     ):
         summary[key.replace("_cum", "")] = getattr(counters, key)
     summary.update(_run_throughput(counters))
-    if n_star is not None:
-        t_star = float(np.interp(n_star, xs, times))
-        summary["time_to_target_s"] = t_star
-        summary["updates_to_target"] = float(np.interp(n_star, xs, steps))
-        summary["q"] = n_star / t_star if t_star > 0 else None
-    else:
-        summary["time_to_target_s"] = None
-        summary["updates_to_target"] = None
-        policy_time = counters.time_train_cum_s - t0
-        summary["q"] = counters.responses_cum / policy_time if policy_time > 0 else None
+    summary["time_to_target_s"] = reach.time_to_target_s
+    summary["updates_to_target"] = reach.updates_to_target
+    summary["q"] = reach.q
+    if not reach.reached:
         summary["n_star_text"] = artifacts.NOT_REACHED
     return summary
 
@@ -403,11 +402,13 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     # Every process holds the same evals: they decide when validation (a collective) runs.
     # A fresh start has none; a resumed run ignores records after its checkpoint (process 0
     # may still be cutting them away).
-    evals = []
+    records: list[dict] = []  # every metrics line of the run (summary.json's N*, T, q)
     if counters.rollouts:
-        evals = [r for r in artifacts.read_metrics(run_dir, "eval") if r["step"] <= counters.step]
+        records = [r for r in artifacts.read_metrics(run_dir) if r["step"] <= counters.step]
+    evals = [r for r in records if r["kind"] == "eval"]
 
     def write(record: dict) -> None:
+        records.append(record)
         if is_writer:
             artifacts.append_jsonl(metrics_path, record)
 
@@ -699,7 +700,11 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
                         "compilations": sampler.num_compilations + flops.jit_cache_size(update_fn),
                         **{k: float(np.asarray(v)) for k, v in metrics.items()},
                         # PPO's critic warm-up lines are set aside by the analysis.
-                        "phase": "train" if algo.trains_policy(metrics) else "critic_warmup",
+                        "phase": (
+                            artifacts.PHASE_TRAIN
+                            if algo.trains_policy(metrics)
+                            else artifacts.PHASE_CRITIC_WARMUP
+                        ),
                     }
                 )
             counters.consecutive_empty = 0 if retained else counters.consecutive_empty + 1
@@ -742,7 +747,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     except BaseException as e:
         status = "failed" if not isinstance(e, KeyboardInterrupt) else "interrupted"
         if is_writer:
-            summary = _summary(c, counters, evals, status)
+            summary = _summary(c, counters, records, status)
             summary["error"] = f"{type(e).__name__}: {e}"
             artifacts.write_json_atomic(os.path.join(run_dir, artifacts.SUMMARY_FILE), summary)
         raise
@@ -752,7 +757,7 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
             executor.shutdown(wait=True, cancel_futures=True)
         if is_writer:
             provenance.end_session(run_dir, status)
-    summary = _summary(c, counters, evals, status)
+    summary = _summary(c, counters, records, status)
     if is_writer:
         artifacts.write_json_atomic(os.path.join(run_dir, artifacts.SUMMARY_FILE), summary)
     ckpt.close()
