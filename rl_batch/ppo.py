@@ -703,6 +703,12 @@ class PPO:
         return state.actor.params
 
     @staticmethod
+    def extra_update_flops(costs: dict[str, float]) -> float:
+        """FLOPs ``make_batch`` adds to an update besides forward + backward: none."""
+        del costs
+        return 0.0
+
+    @staticmethod
     def trains_policy(metrics: dict) -> bool:
         """False for critic warm-up updates (their responses are not on the sample axis)."""
         return bool(float(np.asarray(metrics.get("actor_trained", 1.0))) > 0)
