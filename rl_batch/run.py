@@ -39,7 +39,7 @@ from rl_batch import (
     artifacts,
     distributed,
     flops,
-    learner,
+    grpo,
     provenance,
     rollout_source,
     sharding,
@@ -50,7 +50,7 @@ from rl_batch import model as model_lib
 from rl_batch import rollout as rollout_lib
 from rl_batch.accounting import Counters, Step, StepAccounting, keep_mask, stuck_error
 from rl_batch.checkpoint import Checkpointer
-from rl_batch.losses import group_advantages
+from rl_batch.learner import Algorithm
 from rl_batch.sampler import Sampler
 from rl_batch.tasks.tfds_builders import load_split
 
@@ -337,7 +337,7 @@ class _Setup(NamedTuple):
     is_writer: bool
     model_config: model_lib.ModelConfig
     train_data: Any
-    algo: Any
+    algo: Algorithm
     state: Any
     counters: Counters
     ckpt: Checkpointer
@@ -518,119 +518,10 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     return summary
 
 
-class GRPO:
-    """The GRPO pieces of the run loop: state, batch and update.
-
-    Another algorithm plugs into ``run`` by providing the same members (see
-    ``rl_batch.ppo.PPO``): ``filter_groups``, ``init_state(params)``,
-    ``policy_params(state)``, ``make_batch(rollout, keep_p)``, ``update_fn`` and
-    ``trains_policy(metrics)``.
-    """
-
-    def __init__(self, c: ConfigDict, model_config: model_lib.ModelConfig, mesh):
-        self.config, self.model_config, self.mesh = c, model_config, mesh
-        self.filter_groups = c.filter_groups
-        self.optimizer = learner.make_optimizer(
-            lr=c.lr,
-            b1=c.b1,
-            b2=c.b2,
-            eps=c.eps,
-            weight_decay=c.weight_decay,
-            max_grad_norm=c.max_grad_norm or None,
-        )
-        self.grpo_config = learner.GRPOConfig(
-            clip_low=c.grpo.clip_low,
-            clip_high=c.grpo.clip_high,
-            kl_coef=c.grpo.kl_coef,
-            loss_agg=c.grpo.loss_agg,
-            advantage=c.grpo.advantage,
-            micro_batches=c.grpo.micro_batches,
-            num_minibatches=c.grpo.num_minibatches,
-            num_epochs=c.grpo.num_epochs,
-            temperature=c.sampling.temperature,
-        )
-        self.update_fn = learner.make_update_fn(
-            model_config, self.grpo_config, self.optimizer, mesh
-        )
-        # KL to a reference (``grpo.kl_coef > 0``): the initial policy, kept frozen; its
-        # log-probs join every batch (``Batch.ref_logprobs``). Computed as many rows at a
-        # time as an update micro-batch holds (B / num_minibatches / micro_batches), so
-        # its [rows, R, V] logits fit wherever the update's do.
-        self.ref_params = None
-        self._ref_logprobs_fn = None
-        if c.grpo.kl_coef:
-            self._ref_logprobs_fn = learner.make_logprobs_fn(
-                model_config,
-                mesh,
-                c.sampling.temperature,
-                micro_batches=c.grpo.num_minibatches * c.grpo.micro_batches,
-            )
-
-    def init_state(self, params) -> learner.TrainState:
-        """The train state from the initial policy (also the KL reference, if any).
-
-        A resumed run calls this with the same initial policy before restoring its
-        checkpoint, so its reference is the same as the uninterrupted run's.
-        """
-        state = learner.init_train_state(self.model_config, params, self.optimizer, mesh=self.mesh)
-        if self._ref_logprobs_fn is not None:  # a copy: updates donate the state's buffers
-            self.ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), state.params)
-        return state
-
-    @staticmethod
-    def policy_params(state: learner.TrainState):
-        return state.params
-
-    def extra_update_flops(self, costs: dict[str, float]) -> float:
-        """FLOPs ``make_batch`` adds to an update (``costs``: ``flops.rollout_costs``):
-        the reference policy's forward over the batch's tokens with a KL term, else 0."""
-        if self._ref_logprobs_fn is None:
-            return 0.0
-        return costs["update_flops"] / flops.UPDATE_FLOPS_MULTIPLIER
-
-    @staticmethod
-    def trains_policy(metrics: dict) -> bool:
-        del metrics
-        return True
-
-    def make_batch(self, ro: rollout_lib.Rollout, keep_p: np.ndarray) -> learner.Batch:
-        """Group-relative advantages; dropped groups get an all-False response mask."""
-        advantages_pg = (
-            np.asarray(group_advantages(ro.rewards_pg, mode=self.config.grpo.advantage))
-            * keep_p[:, None]
-        )
-        batch = rollout_batch(ro, advantages_pg.reshape(-1), keep_p, self.mesh)
-        if self.ref_params is not None:
-            batch = batch.replace(ref_logprobs=self._ref_logprobs_fn(self.ref_params, batch))
-        return batch
-
-
-def make_algorithm(c: ConfigDict, model_config: model_lib.ModelConfig, mesh):
+def make_algorithm(c: ConfigDict, model_config: model_lib.ModelConfig, mesh) -> Algorithm:
     """The learner of ``c.algo``."""
     if c.algo == "ppo":
         from rl_batch import ppo
 
         return ppo.PPO(c, model_config, mesh)
-    return GRPO(c, model_config, mesh)
-
-
-def rollout_batch(
-    ro: rollout_lib.Rollout, advantages_b: np.ndarray, keep_p: np.ndarray, mesh
-) -> learner.Batch:
-    """The learner's batch from a rollout (row p * G + g), sharded over the mesh.
-
-    Responses of dropped groups (``keep_p`` False) get an all-False response mask, so
-    they weigh nothing in the loss while every batch keeps one shape (no recompiles).
-    """
-    s = ro.samples
-    g = ro.rewards_pg.shape[1]
-    response_mask = np.asarray(s.response_mask, bool) & np.repeat(keep_p, g)[:, None]
-    batch = learner.Batch(
-        prompt_tokens=jnp.asarray(s.prompt_tokens, jnp.int32),
-        prompt_mask=jnp.asarray(s.prompt_mask, bool),
-        response_tokens=jnp.asarray(s.response_tokens, jnp.int32),
-        response_mask=jnp.asarray(response_mask),
-        old_logprobs=jnp.asarray(s.response_logprobs, jnp.float32),
-        advantages=jnp.asarray(advantages_b, jnp.float32),
-    )
-    return sharding.shard_batch(batch, mesh)
+    return grpo.GRPO(c, model_config, mesh)
