@@ -33,7 +33,6 @@ import glob
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -57,7 +56,6 @@ _FINGERPRINT_FILES = (artifacts.CONFIG_FILE, artifacts.SUMMARY_FILE, artifacts.M
 # (``reference`` run name, ``reference_key``, ``grid``, ``runs``) the shared sweep.json would
 # have held. A job-array sweep has no sweep.json, so this is where its reference is kept.
 SWEEP_POINT_FILE = "sweep_point.json"
-_POINT_KEY_RE = re.compile(r"^(\d+)x(\d+):(\S+)$")
 _MAX_NAMES = 6  # Run names listed per group in a message.
 
 Log = Callable[[str], None]
@@ -539,8 +537,10 @@ def _key_of(reference: str, entries: dict[str, dict[str, Any]]) -> str | None:
         if all(entry.get(k) is not None for k in ("prompts", "group_size", "lr_rule")):
             return _point_key(entry)
         return None
-    match = _POINT_KEY_RE.match(reference.strip())
-    return f"{int(match[1])}x{int(match[2])}:{match[3]}" if match else None
+    try:
+        return artifacts.point_key(*artifacts.parse_point_key(reference))
+    except ValueError:
+        return None
 
 
 def collect(
@@ -790,7 +790,7 @@ def _entry_extras(sweep: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _point_key(entry: dict[str, Any]) -> str:
     """The sweep programs' configuration key, e.g. ``"64x8:sqrt"``."""
-    return f"{entry.get('prompts')}x{entry.get('group_size')}:{entry.get('lr_rule')}"
+    return artifacts.point_key(entry.get("prompts"), entry.get("group_size"), entry.get("lr_rule"))
 
 
 def run_analysis(sweep_dir: str) -> str | None:

@@ -68,6 +68,24 @@ PHASE_CRITIC_WARMUP = "critic_warmup"
 PHASE_TRAIN = "train"
 
 
+def point_key(prompts: int, group_size: int, lr_rule: str) -> str:
+    """A configuration's key (seed excluded), e.g. ``"64x8:sqrt"``: the spelling of
+    ``sweep.extra_points``, ``sweep.reference`` and the analysis's ``--reference``."""
+    return f"{prompts}x{group_size}:{lr_rule}"
+
+
+def parse_point_key(text: str) -> tuple[int, int, str]:
+    """Parses ``"PxG:rule"`` into (prompts, group_size, rule); ValueError if malformed."""
+    try:
+        batch, rule = text.strip().split(":")
+        prompts, group = batch.lower().split("x")
+        return int(prompts), int(group), rule.strip()
+    except ValueError:
+        raise ValueError(
+            f"bad sweep point {text!r}: expected 'PxG:rule', e.g. '64x8:sqrt'"
+        ) from None
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
     """Writes JSON so that a reader (or a crash) never sees a half-written file."""
     directory = os.path.dirname(os.path.abspath(path))

@@ -49,7 +49,7 @@ class ConfigKey:
     @property
     def point_key(self) -> str:
         """The sweep grid's spelling, e.g. ``128x8:sqrt`` (accepted by ``--reference``)."""
-        return f"{self.prompts}x{self.group_size}:{self.lr_rule}"
+        return artifacts.point_key(self.prompts, self.group_size, self.lr_rule)
 
     @property
     def label(self) -> str:
