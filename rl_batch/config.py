@@ -32,17 +32,9 @@ SYNTHETIC_TASKS = ("addition", "multiplication", "countdown")
 DERIVE = -1
 # Config keys that resolve() may replace with derived values (see ``derived.replaced``).
 DERIVED_KEYS = ("lr", "b1", "b2", "eps", "ppo.critic_lr")
-# The ``grpo.GRPOConfig`` field behind each key of a GRPO run's ``grpo`` section.
-GRPO_FIELDS = (
-    "clip_low",
-    "clip_high",
-    "kl_coef",
-    "loss_agg",
-    "advantage",
-    "micro_batches",
-    "num_minibatches",
-    "num_epochs",
-)
+# The ``grpo.GRPOConfig`` field behind each key of a GRPO run's ``grpo`` section (all its
+# fields but ``temperature``, which comes from ``sampling``).
+GRPO_FIELDS = grpo.GRPOConfig.config_fields()
 
 # The ``ppo.PPOConfig`` field behind each key of a PPO run's ``ppo`` section (``value_clip``
 # 0 = off is None there, ``temperature`` comes from ``sampling``).

@@ -97,10 +97,15 @@ class GRPOConfig:
                 bad(name, "a positive int")
 
     @classmethod
+    def config_fields(cls) -> tuple[str, ...]:
+        """The fields read from the run config's ``grpo`` section (all but temperature)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "temperature")
+
+    @classmethod
     def from_config(cls, c: ConfigDict) -> GRPOConfig:
         """The run config's ``grpo`` section (and ``sampling.temperature``)."""
-        fields = {f.name for f in dataclasses.fields(cls)} - {"temperature"}
-        return cls(temperature=c.sampling.temperature, **{k: c.grpo[k] for k in sorted(fields)})
+        fields = cls.config_fields()
+        return cls(temperature=c.sampling.temperature, **{k: c.grpo[k] for k in fields})
 
     @property
     def updates_per_batch(self) -> int:
