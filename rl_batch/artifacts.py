@@ -16,7 +16,7 @@ updates so far), ``responses_generated_cum``, ``prompts``, ``group_size``,
 ``batch_responses`` (retained in this update), ``lr``, ``reward_mean``,
 ``time_generate_s``, ``time_score_s``, ``time_update_s``, ``time_train_cum_s``,
 ``gen_tokens``, ``grad_norm`` (actor), ``loss``, ``clip_frac``, ``kl``; PPO adds
-``critic_grad_norm`` and ``phase`` (``"critic_warmup"`` or ``"train"``).
+``critic_grad_norm`` and ``phase`` (``PHASE_CRITIC_WARMUP`` or ``PHASE_TRAIN``).
 
 Eval lines carry: ``step``, ``responses_cum``, ``time_train_cum_s``, ``eval_accuracy``
 (mean@k), ``eval_k``, ``eval_greedy_accuracy`` (optional), ``time_eval_s``.
@@ -29,7 +29,9 @@ second of training time up to the target, or over the whole run when not reached
 ``time_to_target_s`` (``null`` when not reached), ``time_train_s``,
 ``time_generate_s``, ``time_score_s``, ``time_update_s``, ``time_idle_s``,
 ``time_eval_s``, ``time_compile_s``, ``responses_cum``, ``responses_generated_cum``,
-``steps``, ``final_eval_accuracy``, ``error`` (when failed).
+``steps``, ``final_eval_accuracy``, ``error`` (when failed). Its N*, T, q and
+updates-to-target come from ``rl_batch.targets`` on the metrics lines, the routine the
+analysis uses: the two agree exactly.
 
 A sweep directory::
 
