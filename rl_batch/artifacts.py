@@ -43,7 +43,7 @@ A sweep directory::
 ``sweep.json`` holds ``name``, ``algo``, ``target``, ``reference`` (run name of the
 reference configuration), ``budget_responses``, ``eval_every_responses`` and ``runs``: a
 list of ``{"name", "prompts", "group_size", "batch_responses", "lr_rule", "lr", "seed",
-"status", "error"}``.
+"status", "error"}`` (``sweep_entry``; ``batch_responses`` there is the configured P x G).
 """
 
 from __future__ import annotations
@@ -68,6 +68,44 @@ NOT_REACHED = "not reached"
 # ``phase`` of an update line: PPO's critic-only warm-up, then actor training (GRPO: all).
 PHASE_CRITIC_WARMUP = "critic_warmup"
 PHASE_TRAIN = "train"
+
+
+# The fields of a run's entry in sweep.json (``sweep_entry``); writers may add more.
+SWEEP_ENTRY_CONFIG_KEYS = ("prompts", "group_size", "lr_rule", "lr", "seed")
+SWEEP_ENTRY_FIELDS = ("name", *SWEEP_ENTRY_CONFIG_KEYS, "batch_responses", "status", "error")
+
+
+def sweep_entry(
+    name: str,
+    *,
+    prompts: Any,
+    group_size: Any,
+    lr_rule: Any,
+    lr: Any,
+    seed: Any,
+    status: str,
+    error: str | None = None,
+    batch_responses: Any = None,
+) -> dict[str, Any]:
+    """A run's entry in sweep.json (the one builder: ``rl_batch.sweep``, ``launch/collect``).
+
+    ``batch_responses`` is the configured training batch B = P x G (GRPO's batch unit;
+    PPO has G = 1), filled in from ``prompts`` and ``group_size`` when not given; the
+    update lines' ``batch_responses`` count the responses each update retained.
+    """
+    if batch_responses is None and isinstance(prompts, int) and isinstance(group_size, int):
+        batch_responses = prompts * group_size
+    return {
+        "name": name,
+        "prompts": prompts,
+        "group_size": group_size,
+        "lr_rule": lr_rule,
+        "lr": lr,
+        "seed": seed,
+        "batch_responses": batch_responses,
+        "status": status,
+        "error": error,
+    }
 
 
 def point_key(prompts: int, group_size: int, lr_rule: str) -> str:

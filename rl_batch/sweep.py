@@ -176,21 +176,17 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
     for point in points:
         c = resolved[point.name]
         prev = old_runs.get(point.name, {})
-        runs.append(
-            {
-                "name": point.name,
-                "key": point.key,
-                "prompts": point.prompts,
-                "group_size": point.group_size,
-                "batch_responses": point.prompts * point.group_size,
-                "lr_rule": point.lr_rule,
-                "lr": c.lr,
-                "seed": point.seed,
-                "status": prev.get("status", "pending"),
-                "error": prev.get("error"),
-                "wall_s": prev.get("wall_s"),
-            }
+        entry = artifacts.sweep_entry(
+            point.name,
+            prompts=point.prompts,
+            group_size=point.group_size,
+            lr_rule=point.lr_rule,
+            lr=c.lr,
+            seed=point.seed,
+            status=prev.get("status", "pending"),
+            error=prev.get("error"),
         )
+        runs.append({**entry, "key": point.key, "wall_s": prev.get("wall_s")})
     ref_name = next(p.name for p in points if p.key == ref_key)
     return {
         "name": os.path.basename(os.path.normpath(base.get("sweep_dir", "") or "sweep")),
