@@ -505,17 +505,17 @@ def _hf_generate(hf_model, prompts_bp: np.ndarray, new_tokens: int, seed: int) -
 def run_update(settings: Settings) -> dict:
     """GRPO update time vs training batch (``settings.batches`` responses of P + R tokens).
 
-    One jitted ``learner.make_update_fn`` step (forward, backward, Adam) on random tokens
+    One jitted ``grpo.make_update_fn`` step (forward, backward, Adam) on random tokens
     with every response token real; its FLOPs are ``rl_batch.flops.update_flops`` (3x the
     forward), compared with the matmul rate measured in the same process.
     """
-    from rl_batch import learner, sharding
+    from rl_batch import grpo, learner, sharding
 
     config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
     p_len, r_len = settings.prompt_len, settings.new_tokens
     mesh = sharding.make_mesh()
     optimizer = learner.make_optimizer(lr=1e-5, max_grad_norm=1.0)
-    update_fn = learner.make_update_fn(config, learner.GRPOConfig(), optimizer, mesh)
+    update_fn = grpo.make_update_fn(config, grpo.GRPOConfig(), optimizer, mesh)
     params = model_lib.init_params(config, settings.seed)
     state = learner.init_train_state(config, params, optimizer, mesh=mesh)
     peak = flops.measure_matmul_flops(settings.matmul_size)

@@ -33,7 +33,6 @@ import glob
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -50,14 +49,13 @@ NAME_FROM_CHOICES = ("config", "dir")
 # cannot belong to one sweep; the runway fields may differ (largest is recorded).
 MUST_AGREE_KEYS = ("algo", "target")
 RUNWAY_KEYS = ("budget_responses", "eval_every_responses")
-ENTRY_CONFIG_KEYS = ("prompts", "group_size", "lr_rule", "lr", "seed")
-ENTRY_FIELDS = ("name", *ENTRY_CONFIG_KEYS, "batch_responses", "status", "error")
+ENTRY_CONFIG_KEYS = artifacts.SWEEP_ENTRY_CONFIG_KEYS
+ENTRY_FIELDS = artifacts.SWEEP_ENTRY_FIELDS
 _FINGERPRINT_FILES = (artifacts.CONFIG_FILE, artifacts.SUMMARY_FILE, artifacts.METRICS_FILE)
 # What ``rl_batch.sweep.run_sweep(only=...)`` writes into its run directory: the sweep record
 # (``reference`` run name, ``reference_key``, ``grid``, ``runs``) the shared sweep.json would
 # have held. A job-array sweep has no sweep.json, so this is where its reference is kept.
 SWEEP_POINT_FILE = "sweep_point.json"
-_POINT_KEY_RE = re.compile(r"^(\d+)x(\d+):(\S+)$")
 _MAX_NAMES = 6  # Run names listed per group in a message.
 
 Log = Callable[[str], None]
@@ -301,37 +299,31 @@ def run_entry(run_dir: str, name: str, log: Log = _stderr_log) -> dict[str, Any]
     missing = [k for k in ENTRY_CONFIG_KEYS if k not in config]
     if missing:
         log(f"warning: {config_path}: no {', '.join(missing)}; recorded as null")
-    entry: dict[str, Any] = {"name": name}
-    entry.update({k: config.get(k) for k in ENTRY_CONFIG_KEYS})
-    entry["batch_responses"] = config.get("batch_responses", _product(entry))
+    status, error = INCOMPLETE, None
     summary_path = os.path.join(run_dir, artifacts.SUMMARY_FILE)
     if os.path.isfile(summary_path):
         summary = artifacts.read_json(summary_path)
         if not isinstance(summary, dict):
             raise ValueError(f"{summary_path}: expected a JSON object")
-        entry["status"] = summary.get("status") or INCOMPLETE
-        entry["error"] = summary.get("error")
-    else:
-        entry["status"] = INCOMPLETE
-        entry["error"] = None
-    return entry
-
-
-def _product(entry: dict[str, Any]) -> int | None:
-    # GRPO's batch unit is B = P x G (PPO has G = 1).
-    p, g = entry.get("prompts"), entry.get("group_size")
-    return p * g if isinstance(p, int) and isinstance(g, int) else None
+        status, error = summary.get("status") or INCOMPLETE, summary.get("error")
+    return artifacts.sweep_entry(
+        name,
+        **{k: config.get(k) for k in ENTRY_CONFIG_KEYS},
+        batch_responses=config.get("batch_responses"),
+        status=status,
+        error=error,
+    )
 
 
 def missing_entry(point: dict[str, Any], status: str = MISSING) -> dict[str, Any]:
     """The sweep.json entry of a grid point that has no run (taken from its overrides)."""
     overrides = point.get("overrides", {})
-    entry: dict[str, Any] = {"name": point["name"]}
-    entry.update({k: overrides.get(k) for k in ENTRY_CONFIG_KEYS})
-    entry["batch_responses"] = overrides.get("batch_responses", _product(entry))
-    entry["status"] = status
-    entry["error"] = None
-    return entry
+    return artifacts.sweep_entry(
+        point["name"],
+        **{k: overrides.get(k) for k in ENTRY_CONFIG_KEYS},
+        batch_responses=overrides.get("batch_responses"),
+        status=status,
+    )
 
 
 def sweep_fields(configs: dict[str, dict[str, Any]], log: Log = _stderr_log) -> dict[str, Any]:
@@ -539,8 +531,10 @@ def _key_of(reference: str, entries: dict[str, dict[str, Any]]) -> str | None:
         if all(entry.get(k) is not None for k in ("prompts", "group_size", "lr_rule")):
             return _point_key(entry)
         return None
-    match = _POINT_KEY_RE.match(reference.strip())
-    return f"{int(match[1])}x{int(match[2])}:{match[3]}" if match else None
+    try:
+        return artifacts.point_key(*artifacts.parse_point_key(reference))
+    except ValueError:
+        return None
 
 
 def collect(
@@ -790,7 +784,7 @@ def _entry_extras(sweep: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _point_key(entry: dict[str, Any]) -> str:
     """The sweep programs' configuration key, e.g. ``"64x8:sqrt"``."""
-    return f"{entry.get('prompts')}x{entry.get('group_size')}:{entry.get('lr_rule')}"
+    return artifacts.point_key(entry.get("prompts"), entry.get("group_size"), entry.get("lr_rule"))
 
 
 def run_analysis(sweep_dir: str) -> str | None:

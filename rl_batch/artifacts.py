@@ -16,7 +16,7 @@ updates so far), ``responses_generated_cum``, ``prompts``, ``group_size``,
 ``batch_responses`` (retained in this update), ``lr``, ``reward_mean``,
 ``time_generate_s``, ``time_score_s``, ``time_update_s``, ``time_train_cum_s``,
 ``gen_tokens``, ``grad_norm`` (actor), ``loss``, ``clip_frac``, ``kl``; PPO adds
-``critic_grad_norm`` and ``phase`` (``"critic_warmup"`` or ``"train"``).
+``critic_grad_norm`` and ``phase`` (``PHASE_CRITIC_WARMUP`` or ``PHASE_TRAIN``).
 
 Eval lines carry: ``step``, ``responses_cum``, ``time_train_cum_s``, ``eval_accuracy``
 (mean@k), ``eval_k``, ``eval_greedy_accuracy`` (optional), ``time_eval_s``.
@@ -29,7 +29,9 @@ second of training time up to the target, or over the whole run when not reached
 ``time_to_target_s`` (``null`` when not reached), ``time_train_s``,
 ``time_generate_s``, ``time_score_s``, ``time_update_s``, ``time_idle_s``,
 ``time_eval_s``, ``time_compile_s``, ``responses_cum``, ``responses_generated_cum``,
-``steps``, ``final_eval_accuracy``, ``error`` (when failed).
+``steps``, ``final_eval_accuracy``, ``error`` (when failed). Its N*, T, q and
+updates-to-target come from ``rl_batch.targets`` on the metrics lines, the routine the
+analysis uses: the two agree exactly.
 
 A sweep directory::
 
@@ -41,7 +43,7 @@ A sweep directory::
 ``sweep.json`` holds ``name``, ``algo``, ``target``, ``reference`` (run name of the
 reference configuration), ``budget_responses``, ``eval_every_responses`` and ``runs``: a
 list of ``{"name", "prompts", "group_size", "batch_responses", "lr_rule", "lr", "seed",
-"status", "error"}``.
+"status", "error"}`` (``sweep_entry``; ``batch_responses`` there is the configured P x G).
 """
 
 from __future__ import annotations
@@ -62,6 +64,66 @@ FIGURES_DIR = "figures"
 REPORT_FILE = "report.md"
 
 NOT_REACHED = "not reached"
+
+# ``phase`` of an update line: PPO's critic-only warm-up, then actor training (GRPO: all).
+PHASE_CRITIC_WARMUP = "critic_warmup"
+PHASE_TRAIN = "train"
+
+
+# The fields of a run's entry in sweep.json (``sweep_entry``); writers may add more.
+SWEEP_ENTRY_CONFIG_KEYS = ("prompts", "group_size", "lr_rule", "lr", "seed")
+SWEEP_ENTRY_FIELDS = ("name", *SWEEP_ENTRY_CONFIG_KEYS, "batch_responses", "status", "error")
+
+
+def sweep_entry(
+    name: str,
+    *,
+    prompts: Any,
+    group_size: Any,
+    lr_rule: Any,
+    lr: Any,
+    seed: Any,
+    status: str,
+    error: str | None = None,
+    batch_responses: Any = None,
+) -> dict[str, Any]:
+    """A run's entry in sweep.json (the one builder: ``rl_batch.sweep``, ``launch/collect``).
+
+    ``batch_responses`` is the configured training batch B = P x G (GRPO's batch unit;
+    PPO has G = 1), filled in from ``prompts`` and ``group_size`` when not given; the
+    update lines' ``batch_responses`` count the responses each update retained.
+    """
+    if batch_responses is None and isinstance(prompts, int) and isinstance(group_size, int):
+        batch_responses = prompts * group_size
+    return {
+        "name": name,
+        "prompts": prompts,
+        "group_size": group_size,
+        "lr_rule": lr_rule,
+        "lr": lr,
+        "seed": seed,
+        "batch_responses": batch_responses,
+        "status": status,
+        "error": error,
+    }
+
+
+def point_key(prompts: int, group_size: int, lr_rule: str) -> str:
+    """A configuration's key (seed excluded), e.g. ``"64x8:sqrt"``: the spelling of
+    ``sweep.extra_points``, ``sweep.reference`` and the analysis's ``--reference``."""
+    return f"{prompts}x{group_size}:{lr_rule}"
+
+
+def parse_point_key(text: str) -> tuple[int, int, str]:
+    """Parses ``"PxG:rule"`` into (prompts, group_size, rule); ValueError if malformed."""
+    try:
+        batch, rule = text.strip().split(":")
+        prompts, group = batch.lower().split("x")
+        return int(prompts), int(group), rule.strip()
+    except ValueError:
+        raise ValueError(
+            f"bad sweep point {text!r}: expected 'PxG:rule', e.g. '64x8:sqrt'"
+        ) from None
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

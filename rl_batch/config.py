@@ -19,7 +19,7 @@ import platform
 
 from ml_collections import ConfigDict
 
-from rl_batch import learner, losses, lr_rules
+from rl_batch import grpo, lr_rules, ppo
 from rl_batch import model as model_lib
 from rl_batch.sampler import Sampler, SamplingConfig
 from rl_batch.tasks.registry import TASKS, get_task
@@ -32,16 +32,25 @@ SYNTHETIC_TASKS = ("addition", "multiplication", "countdown")
 DERIVE = -1
 # Config keys that resolve() may replace with derived values (see ``derived.replaced``).
 DERIVED_KEYS = ("lr", "b1", "b2", "eps", "ppo.critic_lr")
-# The ``learner.GRPOConfig`` field behind each key of a GRPO run's ``grpo`` section.
-GRPO_FIELDS = (
+# The ``grpo.GRPOConfig`` field behind each key of a GRPO run's ``grpo`` section (all its
+# fields but ``temperature``, which comes from ``sampling``).
+GRPO_FIELDS = grpo.GRPOConfig.config_fields()
+
+# The ``ppo.PPOConfig`` field behind each key of a PPO run's ``ppo`` section (``value_clip``
+# 0 = off is None there, ``temperature`` comes from ``sampling``).
+PPO_FIELDS = (
+    "gamma",
+    "lam",
+    "whiten_advantages",
+    "value_clip",
+    "kl_coef",
+    "kl_estimator",
+    "warmup_updates",
+    "critic_batch_scale",
     "clip_low",
     "clip_high",
-    "kl_coef",
     "loss_agg",
-    "advantage",
     "micro_batches",
-    "num_minibatches",
-    "num_epochs",
 )
 
 
@@ -198,7 +207,7 @@ def _check_run_fields(c: ConfigDict, check) -> None:
     )
     if c.algo == "grpo":
         errors += _dataclass_errors(
-            learner.GRPOConfig, {f"grpo.{name}": (name, c.grpo[name]) for name in GRPO_FIELDS}
+            grpo.GRPOConfig, {f"grpo.{name}": (name, c.grpo[name]) for name in GRPO_FIELDS}
         )
     for message in errors:
         check(False, message)
@@ -216,12 +225,6 @@ def _check_ppo(c: ConfigDict, check) -> None:
         check(False, "algo='ppo' needs a ppo section (see experiments/configs/base.py)")
         return
     p = c.ppo
-    for name, low in (("warmup_updates", 0), ("critic_batch_scale", 1), ("micro_batches", 1)):
-        value = p[name]
-        check(
-            isinstance(value, int) and not isinstance(value, bool) and value >= low,
-            f"ppo.{name}={value!r}: must be an int >= {low}",
-        )
     check(
         p.critic_lr_ref > 0 and math.isfinite(p.critic_lr_ref),
         f"ppo.critic_lr_ref={p.critic_lr_ref}: must be finite and > 0",
@@ -235,20 +238,11 @@ def _check_ppo(c: ConfigDict, check) -> None:
         f"ppo.critic_lr_rule={p.critic_lr_rule!r}: expected '' (the actor's) or one of "
         f"{lr_rules.RULES}",
     )
-    for name in ("gamma", "lam"):
-        check(0.0 <= p[name] <= 1.0, f"ppo.{name}={p[name]}: must be in [0, 1]")
-    check(p.value_clip >= 0, f"ppo.value_clip={p.value_clip}: must be >= 0 (0 = off)")
-    check(p.kl_coef >= 0, f"ppo.kl_coef={p.kl_coef}: must be >= 0")
-    check(
-        p.kl_estimator in losses.KL_ESTIMATORS,
-        f"ppo.kl_estimator={p.kl_estimator!r}: expected one of {losses.KL_ESTIMATORS}",
-    )
-    check(
-        p.loss_agg in losses.LOSS_AGG_MODES,
-        f"ppo.loss_agg={p.loss_agg!r}: expected one of {losses.LOSS_AGG_MODES}",
-    )
-    check(0.0 <= p.clip_low < 1.0, f"ppo.clip_low={p.clip_low}: must be in [0, 1)")
-    check(p.clip_high >= 0.0, f"ppo.clip_high={p.clip_high}: must be >= 0")
+    # The algorithm's fields are validated by PPOConfig itself (one place).
+    for message in _dataclass_errors(
+        ppo.PPOConfig, {f"ppo.{name}": (name, p[name]) for name in PPO_FIELDS}
+    ):
+        check(False, message)
 
 
 def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:

@@ -1,10 +1,21 @@
-"""GRPO learner: one pure, jitted ``update_fn(state, batch, rng) -> (state, metrics)``.
+"""The update skeleton GRPO and PPO share, and the interface the run loop uses.
 
-Protocol (the study's default): **one optimizer update per rollout batch**, no
-mini-batches, no reuse. ``num_minibatches`` / ``num_epochs`` exist as options (off by
-default) and then loop inside XLA with ``lax.scan``. ``micro_batches`` accumulates the
-gradient of one update over micro-batches (``lax.scan``) with the *full* batch's loss
-normalisers, so the accumulated gradient equals the single-batch gradient.
+``rl_batch.grpo`` and ``rl_batch.ppo`` each build one pure, jitted
+``update_fn(state, batch, rng) -> (state, metrics)`` from these pieces and wrap it in an
+adapter implementing ``Algorithm`` (the protocol ``rl_batch.run`` calls):
+
+- train state: ``TrainState`` (params + optimizer state), ``init_train_state`` placed on
+  the mesh by ``train_state_shardings``; ``make_optimizer`` / ``actor_optimizer``;
+- batches: ``Batch`` (the policy-gradient batch of both learners), shape checks
+  (``check_rollout_shapes``), ``rollout_fields`` (the sequences of a rollout, dropped
+  groups masked), ``loss_normalisers``;
+- the model: ``response_outputs`` (logits or values aligned with the response tokens),
+  ``compute_logprobs`` (and micro-batched, jitted variants);
+- the loss: ``policy_loss``, the clipped surrogate with token-mean metrics (GRPO with
+  per-sequence advantages, the PPO actor with per-token ones);
+- the step: ``accumulate_gradients`` (micro-batches in ``lax.scan``, gradient noise
+  statistics), ``apply_update`` (skipped whole when non-finite), ``sequence_metrics``,
+  ``delta_norm``, ``jit_update`` (shardings and donation).
 
 Sequence layout of a ``Batch``: ``tokens = concat(prompt, response)`` [B, P + R], mask
 likewise, positions ``model.positions_from_mask(mask)``. Prompts are left-padded (the
@@ -13,143 +24,29 @@ last prompt column is a real token), responses right-padded. The logits at index
 ``logits[:, P - 1 : P + R - 1]``. Log-probs use ``logits / temperature`` (the sampler
 reports log-probs under softmax(logits / temperature)).
 
-The building blocks (``response_outputs``, ``split_batch``, ``accumulate_gradients``,
-``apply_update``) are learner-agnostic so that a PPO actor + critic update can be
-written in the same style.
-
 Shape letters: B sequences, P prompt length, R response length, V vocabulary,
 M micro-batches.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
 from rl_batch import losses
 from rl_batch import model as model_lib
 from rl_batch import sharding as sharding_lib
-from rl_batch.lr_rules import OptimizerHparams
 
 Params = Any
 Metrics = dict[str, jax.Array]
-
-
-# ---------------------------------------------------------------------------- config
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GRPOConfig:
-    """GRPO algorithm and optimizer hyperparameters (everything but the learning rate,
-    which comes from ``rl_batch.lr_rules`` for the batch size at hand).
-
-    Attributes:
-      clip_low: policy ratio lower bound is ``1 - clip_low``.
-      clip_high: policy ratio upper bound is ``1 + clip_high`` (DAPO clip-higher).
-      dual_clip: optional dual-clip constant c > 1 for negative advantages (off).
-      kl_coef: weight of the KL-to-reference loss term (needs ``Batch.ref_logprobs``).
-      kl_estimator: ``k1``, ``k2`` or ``k3`` for that term.
-      loss_agg: one of ``losses.LOSS_AGG_MODES``.
-      loss_agg_max_len: fixed normaliser of ``seq_mean_token_sum_norm`` (None = the
-        batch's response length R, i.e. the generation budget when R is fixed).
-      advantage: one of ``losses.ADVANTAGE_MODES`` (used by ``compute_advantages``).
-      advantage_eps: added to the group std (``grpo``).
-      advantage_std_ddof: 1 = unbiased group std (``grpo``).
-      temperature: sampling temperature; log-probs use ``logits / temperature``.
-      b1, b2, eps: Adam moments and epsilon at the *reference* batch (``lr_rules``
-        may rescale them, e.g. the ``malladi`` rule).
-      weight_decay: decoupled (AdamW) weight decay on matrices (ndim >= 2).
-      max_grad_norm: global-norm gradient clipping threshold (None = off).
-      num_minibatches: optimizer updates per epoch over the rollout batch.
-      num_epochs: passes over the rollout batch.
-      shuffle_minibatches: reshuffle the batch each epoch (only with minibatches/epochs).
-      micro_batches: gradient-accumulation micro-batches per optimizer update.
-    """
-
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float | None = None
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    loss_agg: str = "token_mean"
-    loss_agg_max_len: int | None = None
-    advantage: str = "grpo"
-    advantage_eps: float = 1e-6
-    advantage_std_ddof: int = 1
-    temperature: float = 1.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    max_grad_norm: float | None = None
-    num_minibatches: int = 1
-    num_epochs: int = 1
-    shuffle_minibatches: bool = True
-    micro_batches: int = 1
-
-    def __post_init__(self):
-        def bad(name, expected):
-            raise ValueError(
-                f"GRPOConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
-            )
-
-        for name in ("clip_low", "clip_high"):
-            if not 0.0 <= getattr(self, name) < 10.0:
-                bad(name, "a float in [0, 10)")
-        if self.clip_low >= 1.0:
-            bad("clip_low", "< 1 (the lower ratio bound 1 - clip_low must stay positive)")
-        if self.dual_clip is not None and not self.dual_clip > 1.0:
-            bad("dual_clip", "None or a float > 1")
-        if not self.kl_coef >= 0.0:
-            bad("kl_coef", ">= 0")
-        if self.kl_estimator not in losses.KL_ESTIMATORS:
-            bad("kl_estimator", f"one of {losses.KL_ESTIMATORS}")
-        if self.loss_agg not in losses.LOSS_AGG_MODES:
-            bad("loss_agg", f"one of {losses.LOSS_AGG_MODES}")
-        if self.loss_agg_max_len is not None and not (
-            isinstance(self.loss_agg_max_len, int) and self.loss_agg_max_len > 0
-        ):
-            bad("loss_agg_max_len", "None or a positive int")
-        if self.advantage not in losses.ADVANTAGE_MODES:
-            bad("advantage", f"one of {losses.ADVANTAGE_MODES}")
-        if not self.advantage_eps >= 0.0:
-            bad("advantage_eps", ">= 0")
-        if self.advantage_std_ddof not in (0, 1):
-            bad("advantage_std_ddof", "0 or 1")
-        if not self.temperature > 0.0:
-            bad("temperature", "> 0")
-        for name in ("b1", "b2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                bad(name, "a float in [0, 1)")
-        if not self.eps >= 0.0:
-            bad("eps", ">= 0")
-        if not self.weight_decay >= 0.0:
-            bad("weight_decay", ">= 0")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0.0:
-            bad("max_grad_norm", "None or > 0")
-        for name in ("num_minibatches", "num_epochs", "micro_batches"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                bad(name, "a positive int")
-
-    @property
-    def updates_per_batch(self) -> int:
-        """Optimizer updates made from one rollout batch."""
-        return self.num_minibatches * self.num_epochs
-
-    def replace(self, **changes) -> GRPOConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 # ----------------------------------------------------------------------- containers
@@ -289,22 +186,10 @@ def make_optimizer(
     )
 
 
-def optimizer_from_hparams(
-    config: GRPOConfig, hparams: OptimizerHparams
-) -> optax.GradientTransformation:
-    """``make_optimizer`` with lr/b1/b2/eps from ``lr_rules`` and the rest from config."""
-    return make_optimizer(
-        hparams.lr,
-        b1=hparams.b1,
-        b2=hparams.b2,
-        eps=hparams.eps,
-        weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm,
-    )
-
-
 def current_lr(opt_state: optax.OptState) -> jax.Array:
-    """The learning rate stored by ``inject_hyperparams`` (NaN if there is none)."""
+    """The learning rate stored by ``inject_hyperparams`` (NaN if there is none), also
+    inside an ``optax.MultiSteps`` state."""
+    opt_state = getattr(opt_state, "inner_opt_state", opt_state)  # optax.MultiSteps
     hyper = getattr(opt_state, "hyperparams", None)
     if hyper is None or "learning_rate" not in hyper:
         return jnp.array(jnp.nan, jnp.float32)
@@ -496,33 +381,56 @@ def make_logprobs_fn(
     )
 
 
-def compute_advantages(config: GRPOConfig, rewards_pg: jax.Array) -> jax.Array:
-    """[P * G] advantages in prompt-major order (row p * G + g) for ``Batch.advantages``."""
-    adv_pg = losses.group_advantages(
-        rewards_pg, config.advantage, eps=config.advantage_eps, std_ddof=config.advantage_std_ddof
-    )
-    return adv_pg.reshape(-1)
-
-
 # ------------------------------------------------------------------------ the loss
 
 
-def grpo_loss(
+def check_policy_loss_fields(config: Any, bad: Callable[[str, str], None]) -> None:
+    """Validates the ``policy_loss`` settings of an algorithm config (``clip_low``,
+    ``clip_high``, ``loss_agg``, ``temperature``, ``micro_batches``); ``bad(name,
+    expected)`` raises the config's own error."""
+    for name in ("clip_low", "clip_high"):
+        if not 0.0 <= getattr(config, name) < 10.0:
+            bad(name, "a float in [0, 10)")
+    if config.clip_low >= 1.0:
+        bad("clip_low", "< 1 (the lower ratio bound 1 - clip_low must stay positive)")
+    if config.loss_agg not in losses.LOSS_AGG_MODES:
+        bad("loss_agg", f"one of {losses.LOSS_AGG_MODES}")
+    if not config.temperature > 0.0:
+        bad("temperature", "> 0")
+    value = config.micro_batches
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        bad("micro_batches", "a positive int")
+
+
+def policy_loss(
     model_config: model_lib.ModelConfig,
-    config: GRPOConfig,
     params: Params,
     batch: Batch,
     *,
+    clip_low: float,
+    clip_high: float,
+    loss_agg: str,
+    temperature: float,
+    kl_coef: float,
     num_tokens: jax.Array,
     num_seqs: jax.Array | int,
     max_len: int,
 ) -> tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]:
-    """GRPO loss of one (micro-)batch, normalised by the *full* batch's totals.
+    """Clipped policy-gradient loss of one (micro-)batch, normalised by the *full*
+    batch's totals.
+
+    ``batch.advantages`` are [B] per sequence (GRPO) or [B, R] per token (the PPO
+    actor). With ``batch.ref_logprobs`` the k3 KL to the reference is reported (``kl``)
+    and weighs ``kl_coef`` in the loss.
 
     Args:
-      model_config, config: model shape and GRPO hyperparameters.
+      model_config: the policy's shape.
       params: the policy parameters (differentiated).
       batch: the (micro-)batch.
+      clip_low, clip_high: ratio bounds ``1 - clip_low``, ``1 + clip_high``.
+      loss_agg: one of ``losses.LOSS_AGG_MODES``.
+      temperature: log-probs use ``logits / temperature``.
+      kl_coef: weight of the KL-to-reference term (needs ``batch.ref_logprobs``).
       num_tokens: real response tokens in the full batch (token_mean normaliser).
       num_seqs: real sequences in the full batch (rows with at least one response
         token; all-padding rows are not counted).
@@ -535,7 +443,7 @@ def grpo_loss(
       (``|g_own| = own_scale * |g|``), for the gradient noise scale.
     """
     mask_br = batch.response_mask.astype(bool)
-    logits_brv = response_outputs(model_config, params, batch) / config.temperature
+    logits_brv = response_outputs(model_config, params, batch) / temperature
     logp_br = model_lib.token_logprobs(logits_brv, batch.response_tokens)
     if batch.old_logprobs is None:
         old_br = jax.lax.stop_gradient(logp_br)
@@ -548,12 +456,11 @@ def grpo_loss(
         logp_br,
         old_br,
         adv_br,
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
-        dual_clip=config.dual_clip,
+        clip_low=clip_low,
+        clip_high=clip_high,
     )
     w_br = losses.aggregation_weights(
-        mask_br, config.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
+        mask_br, loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
     )
 
     def weighted(x_br):
@@ -567,17 +474,13 @@ def grpo_loss(
     kl_old_br = losses.kl_k3(logp_br, old_br)
     sums = {"pg_loss": pg_loss, "kl_old": token_mean(kl_old_br)}
     if batch.ref_logprobs is not None:
-        kl_ref_br = losses.kl_estimate(
-            logp_br, batch.ref_logprobs.astype(jnp.float32), config.kl_estimator
-        )
+        kl_ref_br = losses.kl_estimate(logp_br, batch.ref_logprobs.astype(jnp.float32), "k3")
         kl_loss = weighted(kl_ref_br)
-        loss = loss + config.kl_coef * kl_loss
+        loss = loss + kl_coef * kl_loss
         sums["kl_loss"] = kl_loss
         sums["kl"] = token_mean(losses.kl_k3(logp_br, batch.ref_logprobs.astype(jnp.float32)))
-    elif config.kl_coef:
-        raise ValueError(
-            f"GRPOConfig.kl_coef={config.kl_coef} needs Batch.ref_logprobs, which is None"
-        )
+    elif kl_coef:
+        raise ValueError(f"kl_coef={kl_coef} needs Batch.ref_logprobs, which is None")
     else:
         sums["kl"] = sums["kl_old"]
     ratio_br = jnp.exp(jnp.clip(logp_br - old_br, -20.0, 20.0))
@@ -589,7 +492,7 @@ def grpo_loss(
         logprob_mean=token_mean(logp_br),
     )
     maxes = {"ratio_max": jnp.max(jnp.where(mask_br, jax.lax.stop_gradient(ratio_br), 0.0))}
-    if config.loss_agg == "token_mean":
+    if loss_agg == "token_mean":
         own_scale = num_tokens / jnp.maximum(jnp.sum(mask_br.astype(jnp.float32)), 1.0)
     else:
         real_seqs = jnp.sum(jnp.any(mask_br, axis=1).astype(jnp.float32))
@@ -730,139 +633,60 @@ def apply_update(
     return new_state, {"grad_norm": grad_norm, "skipped": 1.0 - ok.astype(jnp.float32)}
 
 
-# ------------------------------------------------------------------------ update_fn
-
-# How per-update metrics combine when one rollout batch makes several updates.
-_COMBINE_MAX = ("ratio_max",)
-_COMBINE_SUM = ("skipped",)
+# ---------------------------------------------------------------- update skeleton
 
 
-def make_update_fn(
-    model_config: model_lib.ModelConfig,
-    config: GRPOConfig,
-    optimizer: optax.GradientTransformation,
-    mesh: Mesh,
-    state_sharding: TrainState | None = None,
-) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]:
-    """Builds the jitted GRPO ``update_fn(state, batch, rng) -> (state, metrics)``.
+def loss_normalisers(response_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(real response tokens, real sequences) of a batch, each at least 1.
 
-    The state is donated (do not reuse the state passed in); the batch is split along
-    dimension 0 over the mesh's ``('data', 'fsdp')`` axes; metrics are replicated
-    float32 scalars. One compilation per batch shape (and per set of present optional
-    batch fields). ``rng`` is only used to shuffle minibatches.
-
-    Metrics: ``loss``, ``pg_loss``, ``kl`` (k3 to the reference when
-    ``ref_logprobs`` is given, else k3 between behaviour and current policy),
-    ``kl_old``, ``kl_loss`` (with a reference), ``clip_frac`` (fraction of response
-    tokens clipped), ``entropy`` (token mean, at the temperature), ``ratio_mean``,
-    ``ratio_max``, ``logprob_mean``, ``grad_norm`` (before clipping), ``update_norm``,
-    ``param_norm``, ``lr``, ``skipped`` (updates skipped as non-finite),
-    ``num_updates``, ``response_len_mean``, ``response_tokens``, ``sequences``; with
-    ``micro_batches > 1`` also ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``,
-    ``gns_batch_full``. With several updates per batch, metrics are means over updates
-    (``ratio_max``: max, ``skipped``: sum).
-
-    Args:
-      model_config: the policy's shape.
-      config: GRPO hyperparameters.
-      optimizer: from ``make_optimizer`` (the same one used for ``init_train_state``).
-      mesh: the device mesh.
-      state_sharding: a ``TrainState`` of shardings (default ``train_state_shardings``).
-
-    Returns:
-      The jitted update function.
+    Rows without response tokens are padding (fixed shapes after filtering).
     """
-    if state_sharding is None:
-        state_sharding = train_state_shardings(model_config, optimizer, mesh)
-    n_shards = sharding_lib.batch_shard_count(mesh)
+    mask_br = response_mask.astype(bool)
+    num_tokens = jnp.maximum(jnp.sum(mask_br.astype(jnp.float32)), 1.0)
+    num_seqs = jnp.maximum(jnp.sum(jnp.any(mask_br, axis=1).astype(jnp.float32)), 1.0)
+    return num_tokens, num_seqs
 
-    def one_update(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        r = batch.response_tokens.shape[1]
-        mask_br = batch.response_mask.astype(bool)
-        num_tokens = jnp.maximum(jnp.sum(mask_br.astype(jnp.float32)), 1.0)
-        # Rows without response tokens are padding (fixed shapes after filtering).
-        num_seqs = jnp.maximum(jnp.sum(jnp.any(mask_br, axis=1).astype(jnp.float32)), 1.0)
-        loss_fn = functools.partial(
-            grpo_loss,
-            model_config,
-            config,
-            num_tokens=num_tokens,
-            num_seqs=num_seqs,
-            max_len=config.loss_agg_max_len or r,
+
+def check_split(b: int, num_minibatches: int, micro_batches: int, n_shards: int) -> None:
+    """Raises ValueError unless B rows split into minibatches of micro-batches whose
+    size the mesh's batch shards divide (trace time)."""
+    per_update = b // num_minibatches
+    if b % num_minibatches or per_update % micro_batches:
+        raise ValueError(
+            f"batch of {b} sequences cannot be split into num_minibatches="
+            f"{num_minibatches} x micro_batches={micro_batches}"
         )
-        grads, loss, metrics = accumulate_gradients(
-            loss_fn, state.params, batch, config.micro_batches, mesh
+    micro = per_update // micro_batches
+    if micro % n_shards:
+        raise ValueError(
+            f"micro-batch of {micro} sequences (batch {b} / num_minibatches "
+            f"{num_minibatches} / micro_batches {micro_batches}) is not "
+            f"divisible by the {n_shards} batch shards of the mesh"
         )
-        state, update_metrics = apply_update(state, grads, loss, optimizer)
-        return state, {**metrics, **update_metrics}
 
-    def update_fn(state: TrainState, batch: Batch, rng: jax.Array):
-        check_batch(batch)
-        b = batch.size
-        n_updates = config.updates_per_batch
-        per_update = b // config.num_minibatches
-        if b % config.num_minibatches or per_update % config.micro_batches:
-            raise ValueError(
-                f"batch of {b} sequences cannot be split into num_minibatches="
-                f"{config.num_minibatches} x micro_batches={config.micro_batches}"
-            )
-        micro = per_update // config.micro_batches
-        if micro % n_shards:
-            raise ValueError(
-                f"micro-batch of {micro} sequences (batch {b} / num_minibatches "
-                f"{config.num_minibatches} / micro_batches {config.micro_batches}) is not "
-                f"divisible by the {n_shards} batch shards of the mesh"
-            )
-        old_params = state.params
-        if n_updates == 1:
-            state, metrics = one_update(state, batch)
-        else:
-            if batch.old_logprobs is None:
-                # Later updates need the behaviour policy, i.e. the params before any.
-                batch = batch.replace(
-                    old_logprobs=jax.lax.stop_gradient(
-                        compute_logprobs(model_config, state.params, batch, config.temperature)
-                    )
-                )
 
-            def epoch(state, rng_e):
-                if config.shuffle_minibatches:
-                    perm = jax.random.permutation(rng_e, b)
-                    shuffled = jax.tree.map(lambda x: x[perm], batch)
-                else:
-                    shuffled = batch
-                minibatches = split_batch(shuffled, config.num_minibatches, mesh)
-                return jax.lax.scan(one_update, state, minibatches)
+def sequence_metrics(response_mask: jax.Array) -> Metrics:
+    """``response_len_mean`` (over real rows), ``response_tokens`` and ``sequences``."""
+    lengths_b = jnp.sum(response_mask.astype(jnp.float32), axis=1)
+    num_real = jnp.sum((lengths_b > 0).astype(jnp.float32))
+    return {
+        "response_len_mean": jnp.sum(lengths_b) / jnp.maximum(num_real, 1.0),
+        "response_tokens": jnp.sum(lengths_b),
+        "sequences": num_real,
+    }
 
-            state, metrics = jax.lax.scan(epoch, state, jax.random.split(rng, config.num_epochs))
-            metrics = {
-                k: (
-                    jnp.max(v)
-                    if k in _COMBINE_MAX
-                    else jnp.sum(v)
-                    if k in _COMBINE_SUM
-                    else jnp.mean(v)
-                )
-                for k, v in metrics.items()
-            }
-        lengths_b = jnp.sum(batch.response_mask.astype(jnp.float32), axis=1)
-        real_b = (lengths_b > 0).astype(jnp.float32)
-        num_real = jnp.sum(real_b)
-        delta = jax.tree.map(
-            lambda n, o: n.astype(jnp.float32) - o.astype(jnp.float32), state.params, old_params
-        )
-        metrics.update(
-            update_norm=optax.tree.norm(delta),
-            param_norm=optax.tree.norm(state.params),
-            lr=current_lr(state.opt_state),
-            num_updates=jnp.asarray(n_updates, jnp.float32),
-            response_len_mean=jnp.sum(lengths_b) / jnp.maximum(num_real, 1.0),
-            response_tokens=jnp.sum(lengths_b),
-            sequences=num_real,
-        )
-        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
-        return state, metrics
 
+def delta_norm(new: Params, old: Params) -> jax.Array:
+    """Global norm of ``new - old`` in float32 (an update's size)."""
+    return optax.tree.norm(
+        jax.tree.map(lambda n, o: n.astype(jnp.float32) - o.astype(jnp.float32), new, old)
+    )
+
+
+def jit_update(update_fn: Callable, state_sharding: Any, mesh: Mesh) -> Callable:
+    """``jax.jit`` of ``update_fn(state, batch, rng)``: the state donated and kept on
+    ``state_sharding``, the batch split over the mesh's batch axes, rng and metrics
+    replicated."""
     replicated = sharding_lib.replicated(mesh)
     return jax.jit(
         update_fn,
@@ -870,3 +694,82 @@ def make_update_fn(
         out_shardings=(state_sharding, replicated),
         donate_argnums=0,
     )
+
+
+def actor_optimizer(c: Any) -> optax.GradientTransformation:
+    """The policy's optimizer from a resolved run config (``lr``, Adam, decay, clip)."""
+    return make_optimizer(
+        lr=c.lr,
+        b1=c.b1,
+        b2=c.b2,
+        eps=c.eps,
+        weight_decay=c.weight_decay,
+        max_grad_norm=c.max_grad_norm or None,
+    )
+
+
+def rollout_fields(ro: Any, keep_p: np.ndarray) -> dict[str, jax.Array]:
+    """The sequences of a rollout (row p * G + g) as batch fields, on the host.
+
+    ``prompt_tokens``, ``prompt_mask``, ``response_tokens``, ``response_mask`` (all False
+    on the responses of dropped groups, ``keep_p`` False) and ``old_logprobs`` (the
+    sampler's). Dropped rows weigh nothing while every batch keeps one shape.
+    """
+    s = ro.samples
+    g = ro.rewards_pg.shape[1]
+    keep_b = np.repeat(np.asarray(keep_p, bool), g)
+    return dict(
+        prompt_tokens=jnp.asarray(s.prompt_tokens, jnp.int32),
+        prompt_mask=jnp.asarray(s.prompt_mask, bool),
+        response_tokens=jnp.asarray(s.response_tokens, jnp.int32),
+        response_mask=jnp.asarray(np.asarray(s.response_mask, bool) & keep_b[:, None]),
+        old_logprobs=jnp.asarray(s.response_logprobs, jnp.float32),
+    )
+
+
+# ------------------------------------------------------------ the run loop's view
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """What ``rl_batch.run`` needs of a learner (``grpo.GRPO``, ``ppo.PPO``).
+
+    Attributes:
+      filter_groups: drop groups whose rewards are all equal before the update.
+      update_fn: the jitted ``update_fn(state, batch, rng) -> (state, metrics)``.
+    """
+
+    filter_groups: bool
+    update_fn: Callable[[Any, Any, jax.Array], tuple[Any, Metrics]]
+
+    def init_state(self, params: Params) -> Any:
+        """The train state from the initial policy."""
+        ...
+
+    def policy_params(self, state: Any) -> Params:
+        """The policy's params in ``state`` (what the sampler generates with)."""
+        ...
+
+    def make_batch(self, ro: Any, keep_p: np.ndarray) -> Any:
+        """The update's sharded batch from a rollout and its [P] kept groups."""
+        ...
+
+    def trains_policy(self, metrics: dict) -> bool:
+        """Whether the update with these metrics trained the policy (the sample axis)."""
+        ...
+
+    def extra_update_flops(self, costs: dict[str, float]) -> float:
+        """FLOPs ``make_batch`` adds to an update besides forward + backward."""
+        ...
+
+
+# Moved to ``rl_batch.grpo``; importable from here while other branches still use them.
+_MOVED_TO_GRPO = ("GRPOConfig", "grpo_loss", "make_update_fn")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_GRPO:
+        from rl_batch import grpo
+
+        return getattr(grpo, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -98,7 +98,11 @@ def grpo_advantages(rewards_pg: jax.Array, *, eps: float = 1e-6, std_ddof: int =
     r = rewards_pg.astype(jnp.float32)
     mean_p1 = jnp.mean(r, axis=1, keepdims=True)
     std_p1 = jnp.std(r, axis=1, keepdims=True, ddof=std_ddof)
-    return (r - mean_p1) / (std_p1 + eps)
+    # An all-equal group has no signal, but its fp32 mean need not equal its members
+    # (0.2 * 16 / 16 != 0.2): dividing that residue by std + eps ~ eps would blow it up
+    # (-0.03 for sixteen 0.2s, -0.96 for 32 rewards of 100.1). Such groups get exactly 0.
+    equal_p1 = jnp.all(r == r[:, :1], axis=1, keepdims=True)
+    return jnp.where(equal_p1, 0.0, (r - mean_p1) / (std_p1 + eps))
 
 
 def drgrpo_advantages(rewards_pg: jax.Array) -> jax.Array:

@@ -23,7 +23,7 @@ The maths of one update (every piece from ``rl_batch.losses``):
 3. GAE (``gae_advantages``, gamma and lambda default 1.0): with the terminal reward and
    gamma = lambda = 1, ``A_j = score - V_j`` and every return is the score.
 4. Advantages are whitened over the batch's real response tokens (``masked_whiten``).
-5. Actor: the clipped surrogate of ``learner.grpo_loss`` with per-token advantages.
+5. Actor: the clipped surrogate ``learner.policy_loss`` with per-token advantages.
    Critic: ``clipped_value_loss`` (``value_clip``; 0/None = off), token mean over the
    batch. With one update per batch both ratios are 1 at the update point, so neither
    clip changes the gradient; they matter only with reuse (not offered here).
@@ -58,15 +58,15 @@ import optax
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from rl_batch import learner, losses
+from rl_batch import artifacts, learner, losses
 from rl_batch import model as model_lib
 from rl_batch import sharding as sharding_lib
 
 Params = Any
 Metrics = dict[str, jax.Array]
 
-WARMUP_PHASE = "critic_warmup"
-TRAIN_PHASE = "train"
+WARMUP_PHASE = artifacts.PHASE_CRITIC_WARMUP
+TRAIN_PHASE = artifacts.PHASE_TRAIN
 
 
 # ---------------------------------------------------------------------------- config
@@ -127,18 +127,26 @@ class PPOConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 bad(name, f"an int >= {low}")
-        self.actor_config()  # Validates the actor's clip, aggregation, micro-batches.
+        learner.check_policy_loss_fields(self, bad)  # the actor's clip, aggregation, ...
 
-    def actor_config(self) -> learner.GRPOConfig:
-        """The actor loss's settings in ``learner.grpo_loss`` terms (its own KL term off:
-        PPO puts the KL into the rewards)."""
-        return learner.GRPOConfig(
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-            loss_agg=self.loss_agg,
-            temperature=self.temperature,
-            micro_batches=self.micro_batches,
-            kl_coef=0.0,
+    @classmethod
+    def from_config(cls, c: ConfigDict) -> PPOConfig:
+        """The run config's ``ppo`` section (and ``sampling.temperature``)."""
+        p = c.ppo
+        return cls(
+            gamma=p.gamma,
+            lam=p.lam,
+            whiten_advantages=p.whiten_advantages,
+            value_clip=p.value_clip or None,
+            kl_coef=p.kl_coef,
+            kl_estimator=p.kl_estimator,
+            warmup_updates=p.warmup_updates,
+            critic_batch_scale=p.critic_batch_scale,
+            clip_low=p.clip_low,
+            clip_high=p.clip_high,
+            loss_agg=p.loss_agg,
+            temperature=c.sampling.temperature,
+            micro_batches=p.micro_batches,
         )
 
     def replace(self, **changes) -> PPOConfig:
@@ -265,9 +273,7 @@ def make_critic_optimizer(
     return optax.MultiSteps(opt, every_k_schedule=batch_scale).gradient_transformation()
 
 
-def current_lr(opt_state: optax.OptState) -> jax.Array:
-    """``learner.current_lr``, looking inside an ``optax.MultiSteps`` state."""
-    return learner.current_lr(getattr(opt_state, "inner_opt_state", opt_state))
+current_lr = learner.current_lr  # (it looks inside an ``optax.MultiSteps`` state)
 
 
 # ---------------------------------------------------------------------- train state
@@ -419,12 +425,6 @@ def _critic_metric_name(key: str) -> str:
     return f"critic_{key}" if key.startswith(("grad_sq", "gns")) else key
 
 
-def _delta_norm(new: Params, old: Params) -> jax.Array:
-    return optax.tree.norm(
-        jax.tree.map(lambda n, o: n.astype(jnp.float32) - o.astype(jnp.float32), new, old)
-    )
-
-
 # ------------------------------------------------------------------------ update_fn
 
 
@@ -472,16 +472,21 @@ def make_update_fn(
     if config.kl_coef and not with_ref:
         raise ValueError(f"PPOConfig.kl_coef={config.kl_coef} needs with_ref=True")
     critic_config = critic_model_config(model_config)
-    actor_config = config.actor_config()
     n_shards = sharding_lib.batch_shard_count(mesh)
     m = config.micro_batches
 
     def train_actor(actor: learner.TrainState, batch: learner.Batch, critic_ok, counts):
         num_tokens, num_seqs, r = counts
+        # The clipped surrogate with per-token advantages; its own KL term is off (PPO
+        # puts the KL into the rewards), the KL to the reference is still reported.
         loss_fn = functools.partial(
-            learner.grpo_loss,
+            learner.policy_loss,
             model_config,
-            actor_config,
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            loss_agg=config.loss_agg,
+            temperature=config.temperature,
+            kl_coef=0.0,
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             max_len=r,
@@ -494,7 +499,7 @@ def make_update_fn(
             actor, grads, jnp.where(critic_ok, loss, jnp.nan), actor_optimizer
         )
         metrics = {**metrics, "grad_norm": update_metrics["grad_norm"]}
-        metrics["update_norm"] = _delta_norm(new.params, actor.params)
+        metrics["update_norm"] = learner.delta_norm(new.params, actor.params)
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return new, metrics, actor_ok
 
@@ -574,7 +579,6 @@ def make_update_fn(
             actor=actor, critic=critic, ref_params=state.ref_params, updates=state.updates + 1
         )
 
-        lengths_b = jnp.sum(mask_br.astype(jnp.float32), axis=1)
         metrics = dict(a_metrics)
         metrics.update({_critic_metric_name(k): v for k, v in c_metrics.items()})
         metrics.update(
@@ -584,7 +588,7 @@ def make_update_fn(
             param_norm=optax.tree.norm(actor.params),
             lr=learner.current_lr(actor.opt_state),
             critic_grad_norm=c_update["grad_norm"],
-            critic_update_norm=_delta_norm(critic.params, state.critic.params),
+            critic_update_norm=learner.delta_norm(critic.params, state.critic.params),
             critic_param_norm=optax.tree.norm(critic.params),
             critic_lr=current_lr(critic.opt_state),
             explained_variance=explained_variance(values_br, returns_br, mask_br),
@@ -600,29 +604,21 @@ def make_update_fn(
                 rewards_br - losses.token_level_rewards(batch.rewards, mask_br), mask_br
             )
             / num_tokens,
-            response_len_mean=jnp.sum(lengths_b) / num_seqs,
-            response_tokens=jnp.sum(lengths_b),
-            sequences=jnp.sum(real_b),
+            **learner.sequence_metrics(mask_br),
         )
         return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
     state_sharding = ppo_state_shardings(
         model_config, actor_optimizer, critic_optimizer, mesh, with_ref
     )
-    replicated = sharding_lib.replicated(mesh)
-    return jax.jit(
-        update_fn,
-        in_shardings=(state_sharding, sharding_lib.batch_sharding(mesh), replicated),
-        out_shardings=(state_sharding, replicated),
-        donate_argnums=0,
-    )
+    return learner.jit_update(update_fn, state_sharding, mesh)
 
 
 # -------------------------------------------------------------- run-loop adapter
 
 
 class PPO:
-    """The PPO pieces of the run loop (``rl_batch.run``): the same members as ``GRPO``.
+    """PPO for the run loop (``learner.Algorithm``, as ``grpo.GRPO``): state, batch, update.
 
     Reads the run config's ``ppo`` section (``experiments/configs/base.py``); the critic's
     learning rate ``ppo.critic_lr`` and Adam settings ``derived.critic`` are resolved by
@@ -634,31 +630,10 @@ class PPO:
     def __init__(self, c: ConfigDict, model_config: model_lib.ModelConfig, mesh: Mesh):
         self.config, self.model_config, self.mesh = c, model_config, mesh
         p = c.ppo
-        self.ppo_config = PPOConfig(
-            gamma=p.gamma,
-            lam=p.lam,
-            whiten_advantages=p.whiten_advantages,
-            value_clip=p.value_clip or None,
-            kl_coef=p.kl_coef,
-            kl_estimator=p.kl_estimator,
-            warmup_updates=p.warmup_updates,
-            critic_batch_scale=p.critic_batch_scale,
-            clip_low=p.clip_low,
-            clip_high=p.clip_high,
-            loss_agg=p.loss_agg,
-            temperature=c.sampling.temperature,
-            micro_batches=p.micro_batches,
-        )
+        self.ppo_config = PPOConfig.from_config(c)
         self.with_ref = bool(p.kl_coef)
         max_grad_norm = c.max_grad_norm or None
-        self.actor_optimizer = learner.make_optimizer(
-            c.lr,
-            b1=c.b1,
-            b2=c.b2,
-            eps=c.eps,
-            weight_decay=c.weight_decay,
-            max_grad_norm=max_grad_norm,
-        )
+        self.actor_optimizer = learner.actor_optimizer(c)
         hp = c.derived.critic
         self.critic_optimizer = make_critic_optimizer(
             p.critic_lr,
@@ -703,6 +678,12 @@ class PPO:
         return state.actor.params
 
     @staticmethod
+    def extra_update_flops(costs: dict[str, float]) -> float:
+        """FLOPs ``make_batch`` adds to an update besides forward + backward: none."""
+        del costs
+        return 0.0
+
+    @staticmethod
     def trains_policy(metrics: dict) -> bool:
         """False for critic warm-up updates (their responses are not on the sample axis)."""
         return bool(float(np.asarray(metrics.get("actor_trained", 1.0))) > 0)
@@ -710,15 +691,8 @@ class PPO:
     def make_batch(self, ro, keep_p: np.ndarray) -> PPOBatch:
         """The rollout as a sharded ``PPOBatch`` (rewards per sequence; dropped groups,
         if any, get an all-False response mask)."""
-        s = ro.samples
         g = ro.rewards_pg.shape[1]
         keep_b = np.repeat(np.asarray(keep_p, bool), g)
-        batch = PPOBatch(
-            prompt_tokens=jnp.asarray(s.prompt_tokens, jnp.int32),
-            prompt_mask=jnp.asarray(s.prompt_mask, bool),
-            response_tokens=jnp.asarray(s.response_tokens, jnp.int32),
-            response_mask=jnp.asarray(np.asarray(s.response_mask, bool) & keep_b[:, None]),
-            rewards=jnp.asarray(np.asarray(ro.rewards_pg, np.float32).reshape(-1) * keep_b),
-            old_logprobs=jnp.asarray(s.response_logprobs, jnp.float32),
-        )
+        rewards_b = np.asarray(ro.rewards_pg, np.float32).reshape(-1) * keep_b
+        batch = PPOBatch(**learner.rollout_fields(ro, keep_p), rewards=jnp.asarray(rewards_b))
         return sharding_lib.shard_batch(batch, self.mesh)

@@ -50,6 +50,7 @@ import numpy as np
 
 from rl_batch import distributed
 from rl_batch import model as model_lib
+from rl_batch import sharding as sharding_lib
 
 ModelConfig = model_lib.ModelConfig
 Params = model_lib.Params
@@ -426,7 +427,7 @@ def decode_sharded(
     params: Params,
     state: SamplingState,
     mesh: jax.sharding.Mesh,
-    axis: str = "data",
+    axis: str = sharding_lib.SAMPLER_BATCH_AXIS,
 ) -> SamplingState:
     """``decode`` with the batch split over ``mesh`` axis ``axis``, one loop per shard.
 
@@ -701,9 +702,7 @@ class Sampler:
         b, p, r = self.buckets(n, max(len(x) for x in prompts), max_new)
         tokens_bp, mask_bp = self.pad_prompts(prompts, b, p)
         if self.mesh is not None:
-            batch_sharding = jax.sharding.NamedSharding(
-                self.mesh, jax.sharding.PartitionSpec("data")
-            )
+            batch_sharding = sharding_lib.sampler_batch_sharding(self.mesh)
             tokens_bp, mask_bp = jax.device_put((tokens_bp, mask_bp), batch_sharding)
         start = time.perf_counter()
         state = self._prefill(

@@ -190,6 +190,18 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
+# The sampler splits its batch over ``data`` only: ``sampler.decode_sharded`` runs one
+# decode loop per ``data`` shard with the parameters as given. Where ``fsdp > 1`` the
+# learner's batch layout (``BATCH_AXES``) differs; the rollout comes back to the host and
+# ``shard_batch`` places the learner's batch anew (the reshard).
+SAMPLER_BATCH_AXIS = "data"
+
+
+def sampler_batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of the sampler's prompt batch: dimension 0 split over ``data``."""
+    return NamedSharding(mesh, P(SAMPLER_BATCH_AXIS))
+
+
 def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
     """Sharding of ``[M, B / M, ...]`` stacks of micro/mini-batches (dim 1 split)."""
     return NamedSharding(mesh, P(None, BATCH_AXES))

@@ -56,7 +56,7 @@ class Point:
     @property
     def key(self) -> str:
         """The configuration (seed excluded), e.g. ``16x8:sqrt``."""
-        return f"{self.prompts}x{self.group_size}:{self.lr_rule}"
+        return artifacts.point_key(self.prompts, self.group_size, self.lr_rule)
 
     @property
     def name(self) -> str:
@@ -77,16 +77,7 @@ def _strs(text: str) -> list[str]:
     return [v.strip() for v in str(text).split(",") if v.strip()]
 
 
-def parse_point_key(text: str) -> tuple[int, int, str]:
-    """Parses ``"PxG:rule"`` into (prompts, group_size, rule)."""
-    try:
-        batch, rule = text.strip().split(":")
-        prompts, group = batch.lower().split("x")
-        return int(prompts), int(group), rule.strip()
-    except ValueError:
-        raise ValueError(
-            f"bad sweep point {text!r}: expected 'PxG:rule', e.g. '64x8:sqrt'"
-        ) from None
+parse_point_key = artifacts.parse_point_key
 
 
 def expand_grid(sweep: ConfigDict) -> list[Point]:
@@ -108,7 +99,7 @@ def reference_key(sweep: ConfigDict, points: list[Point]) -> str:
     """The reference configuration: ``sweep.reference`` or the smallest batch's first rule."""
     if sweep.reference:
         p, g, r = parse_point_key(sweep.reference)
-        key = f"{p}x{g}:{r}"
+        key = artifacts.point_key(p, g, r)
         if key not in {pt.key for pt in points}:
             raise ValueError(f"sweep.reference={sweep.reference!r} is not a point of the grid")
         return key
@@ -187,21 +178,17 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
     for point in points:
         c = resolved[point.name]
         prev = old_runs.get(point.name, {})
-        runs.append(
-            {
-                "name": point.name,
-                "key": point.key,
-                "prompts": point.prompts,
-                "group_size": point.group_size,
-                "batch_responses": point.prompts * point.group_size,
-                "lr_rule": point.lr_rule,
-                "lr": c.lr,
-                "seed": point.seed,
-                "status": prev.get("status", "pending"),
-                "error": prev.get("error"),
-                "wall_s": prev.get("wall_s"),
-            }
+        entry = artifacts.sweep_entry(
+            point.name,
+            prompts=point.prompts,
+            group_size=point.group_size,
+            lr_rule=point.lr_rule,
+            lr=c.lr,
+            seed=point.seed,
+            status=prev.get("status", "pending"),
+            error=prev.get("error"),
         )
+        runs.append({**entry, "key": point.key, "wall_s": prev.get("wall_s")})
     ref_name = next(p.name for p in points if p.key == ref_key)
     return {
         "name": os.path.basename(os.path.normpath(base.get("sweep_dir", "") or "sweep")),

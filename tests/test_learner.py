@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from rl_batch import learner, losses, sharding
+from rl_batch import grpo, learner, losses, sharding
 from rl_batch import model as model_lib
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 
@@ -60,13 +60,15 @@ def optimizer():
 SGD = optax.sgd(1.0)
 
 
-def update_fn_for(mesh, optimizer, **config):
-    return _update_fn(mesh, optimizer, learner.GRPOConfig(**config))
+def update_fn_for(mesh, optimizer, shuffle_minibatches=True, **config):
+    return _update_fn(mesh, optimizer, grpo.GRPOConfig(**config), shuffle_minibatches)
 
 
 @functools.cache
-def _update_fn(mesh, optimizer, config):
-    return learner.make_update_fn(CFG, config, optimizer, mesh)
+def _update_fn(mesh, optimizer, config, shuffle_minibatches):
+    return grpo.make_update_fn(
+        CFG, config, optimizer, mesh, shuffle_minibatches=shuffle_minibatches
+    )
 
 
 def fresh_state(params, optimizer, mesh):
@@ -94,22 +96,23 @@ def rel_err(a_tree, b_tree) -> float:
 
 
 def test_config_validation():
-    cfg = learner.GRPOConfig()
+    cfg = grpo.GRPOConfig()
     assert (cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.micro_batches) == (0.2, 0.28, 0.0, 1)
-    assert cfg == learner.GRPOConfig(num_minibatches=1, num_epochs=1)
+    assert cfg == grpo.GRPOConfig(num_minibatches=1, num_epochs=1)
     assert cfg.updates_per_batch == 1
     with pytest.raises(ValueError, match=r"GRPOConfig.clip_low=-0.1"):
-        learner.GRPOConfig(clip_low=-0.1)
+        grpo.GRPOConfig(clip_low=-0.1)
     with pytest.raises(ValueError, match=r"GRPOConfig.loss_agg='mean'.*token_mean"):
-        learner.GRPOConfig(loss_agg="mean")
+        grpo.GRPOConfig(loss_agg="mean")
     with pytest.raises(ValueError, match=r"GRPOConfig.micro_batches=0"):
-        learner.GRPOConfig(micro_batches=0)
-    with pytest.raises(ValueError, match=r"GRPOConfig.max_grad_norm=0"):
-        learner.GRPOConfig(max_grad_norm=0)
-    with pytest.raises(ValueError, match=r"GRPOConfig.dual_clip=0.5"):
-        learner.GRPOConfig(dual_clip=0.5)
+        grpo.GRPOConfig(micro_batches=0)
+    with pytest.raises(ValueError, match=r"GRPOConfig.advantage='ppo'"):
+        grpo.GRPOConfig(advantage="ppo")
+    # Optimizer settings live in the run config (``learner.actor_optimizer``), not here.
     with pytest.raises(TypeError):
-        learner.GRPOConfig(0.2)  # kw_only
+        grpo.GRPOConfig(max_grad_norm=1.0)
+    with pytest.raises(TypeError):
+        grpo.GRPOConfig(0.2)  # kw_only
 
 
 def test_make_optimizer():
@@ -132,11 +135,15 @@ def test_make_optimizer():
     assert float(learner.current_lr(sched.init(f32))) == pytest.approx(1e-3)
 
 
-def test_compute_advantages_prompt_major():
+def test_batch_advantages_prompt_major():
     # Two prompts, G = 2: rewards [[1, 0], [0, 0]] -> grpo: row 0 mean 0.5, unbiased std
     # 0.7071068 -> +-0.7071058; row 1 all equal -> 0. Flattened prompt-major.
-    adv = learner.compute_advantages(learner.GRPOConfig(), jnp.array([[1.0, 0.0], [0.0, 0.0]]))
+    rewards = np.array([[1.0, 0.0], [0.0, 0.0]], np.float32)
+    adv = grpo.batch_advantages(rewards, np.ones(2, bool), "grpo")
     np.testing.assert_allclose(adv, [0.7071058, -0.7071058, 0.0, 0.0], rtol=1e-5)
+    # A dropped group gets 0 whatever its rewards.
+    adv = grpo.batch_advantages(rewards, np.array([False, True]), "grpo")
+    assert np.all(adv == 0.0)
 
 
 # ---------------------------------------------------------------------- model plumbing
@@ -330,8 +337,8 @@ def _own_grad(p, micro):
 
     def loss(p):
         n = jnp.sum(micro.response_mask.astype(jnp.float32))
-        config = learner.GRPOConfig()
-        return learner.grpo_loss(CFG, config, p, micro, num_tokens=n, num_seqs=2, max_len=R)[0]
+        config = grpo.GRPOConfig()
+        return grpo.grpo_loss(CFG, config, p, micro, num_tokens=n, num_seqs=2, max_len=R)[0]
 
     return jax.grad(loss)(p)
 

@@ -35,6 +35,20 @@ def test_grpo_advantages_population_std():
     close(adv[0], [math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)])
 
 
+@pytest.mark.parametrize("ddof", [0, 1])
+@pytest.mark.parametrize("g", [2, 3, 8, 16, 32, 64])
+@pytest.mark.parametrize("value", [0.0, 1.0, 0.2, 0.1, -0.7, 100.1, 1e6 + 0.3])
+def test_grpo_advantages_equal_groups_are_exactly_zero(value, g, ddof):
+    # fp32 means of equal values leave a residue (sixteen 0.2s: mean != 0.2), which
+    # (r - mean) / (std + eps) used to blow up to -0.03 (-0.96 for 32 x 100.1, ddof 0).
+    rewards_pg = jnp.stack([jnp.full((g,), value, jnp.float32), jnp.arange(g, dtype=jnp.float32)])
+    adv = np.asarray(losses.grpo_advantages(rewards_pg, std_ddof=ddof))
+    assert np.all(adv[0] == 0.0), adv[0]
+    assert np.all(np.isfinite(adv[1])) and abs(adv[1].sum()) < 1e-3  # other rows unchanged
+    grouped = losses.group_advantages(rewards_pg[:1], "grpo", std_ddof=ddof)
+    assert np.all(np.asarray(grouped) == 0.0)
+
+
 def test_drgrpo_and_rloo():
     # Dr.GRPO: r - mean = [0.75, -0.25, -0.25, -0.25].
     close(losses.drgrpo_advantages(REWARDS_PG)[0], [0.75, -0.25, -0.25, -0.25])

@@ -9,7 +9,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from rl_batch import learner, sharding
+from rl_batch import grpo, learner, sharding
 from rl_batch import model as model_lib
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 
@@ -147,7 +147,7 @@ def run_update(mesh_shape, **config):
     devices = jax.devices()[: int(np.prod(mesh_shape))]
     mesh = sharding.make_mesh(*mesh_shape, devices=devices)
     state = learner.init_train_state(CFG, numpy_params(CFG), OPT, mesh=mesh)
-    update_fn = learner.make_update_fn(CFG, learner.GRPOConfig(**config), OPT, mesh)
+    update_fn = grpo.make_update_fn(CFG, grpo.GRPOConfig(**config), OPT, mesh)
     state, metrics = update_fn(state, sharding.shard_batch(make_batch(), mesh), KEY)
     specs = {
         "q_dnh": state.params["layers"][0]["attn"]["q_dnh"].sharding.spec,
@@ -200,7 +200,7 @@ def test_micro_batch_must_split_over_batch_shards(params):
     # Micro-batches of 2 sequences cannot spread over 4 batch shards.
     mesh = sharding.make_mesh(2, 2, 2)
     state = learner.init_train_state(CFG, params, OPT, mesh=mesh)
-    update_fn = learner.make_update_fn(CFG, learner.GRPOConfig(micro_batches=4), OPT, mesh)
+    update_fn = grpo.make_update_fn(CFG, grpo.GRPOConfig(micro_batches=4), OPT, mesh)
     with pytest.raises(ValueError, match=r"micro-batch of 2 sequences .* 4 batch shards"):
         update_fn(state, sharding.shard_batch(make_batch(), mesh), KEY)
 

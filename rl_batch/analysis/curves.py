@@ -6,11 +6,8 @@ and its evaluation curve (accuracy against retained responses).
 
 PPO critic warm-up: update lines with ``"phase": "critic_warmup"`` are set aside and the
 axes are shifted so that responses, training time and updates count from the first actor
-update (the study's sample axis starts when the actor starts). The offset is the counter
-value on the last warm-up line, and is applied only when the counters run on through the
-warm-up (a run loop that already starts them at the actor needs no shift). The actor is
-unchanged during the warm-up, so the last evaluation made during it becomes the
-evaluation at zero responses.
+update (the study's sample axis starts when the actor starts): ``rl_batch.targets.actor_axes``,
+which ``summary.json`` also uses.
 
 Configurations: runs are grouped across seeds by ``ConfigKey = (algo, prompts,
 group_size, lr_rule)``; the training batch is ``prompts * group_size`` responses.
@@ -25,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from rl_batch import artifacts
+from rl_batch import artifacts, targets
 
-WARMUP_PHASE = "critic_warmup"
+WARMUP_PHASE = artifacts.PHASE_CRITIC_WARMUP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +49,7 @@ class ConfigKey:
     @property
     def point_key(self) -> str:
         """The sweep grid's spelling, e.g. ``128x8:sqrt`` (accepted by ``--reference``)."""
-        return f"{self.prompts}x{self.group_size}:{self.lr_rule}"
+        return artifacts.point_key(self.prompts, self.group_size, self.lr_rule)
 
     @property
     def label(self) -> str:
@@ -167,20 +164,6 @@ def _first(*values: Any) -> Any:
     return None
 
 
-def _split_records(
-    records: list[dict[str, Any]],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Splits metric lines into (warm-up updates, actor updates, evals)."""
-    warm, actor, evals = [], [], []
-    for r in records:
-        kind = r.get("kind")
-        if kind == "eval" or (kind is None and "eval_accuracy" in r):
-            evals.append(r)
-        elif kind == "update" or kind is None:
-            (warm if r.get("phase") == WARMUP_PHASE else actor).append(r)
-    return warm, actor, evals
-
-
 def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None = None) -> RunData:
     """Loads one run directory.
 
@@ -198,7 +181,8 @@ def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None
     sum_path = os.path.join(run_dir, artifacts.SUMMARY_FILE)
     config = artifacts.read_json(cfg_path) if os.path.exists(cfg_path) else {}
     summary = artifacts.read_json(sum_path) if os.path.exists(sum_path) else {}
-    warm, actor, evals = _split_records(artifacts.read_metrics(run_dir))
+    axes = targets.actor_axes(artifacts.read_metrics(run_dir))
+    actor, warm = axes.updates, axes.warmup
 
     first_update = actor[0] if actor else (warm[0] if warm else {})
     prompts = _first(
@@ -222,43 +206,6 @@ def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None
     )
     seed = _first(entry.get("seed"), find_config_value(config, "seed"))
 
-    # Offsets that make the axes start at the first actor update (PPO critic warm-up).
-    off_n = off_t = 0.0
-    if warm:
-        off_n = float(np.nan_to_num(_as_float(warm[-1].get("responses_cum"))))
-        off_t = float(np.nan_to_num(_as_float(warm[-1].get("time_train_cum_s"))))
-        if actor and _as_float(actor[0].get("responses_cum")) < off_n:
-            off_n = 0.0  # The run loop already starts the counter at the actor.
-        if actor and _as_float(actor[0].get("time_train_cum_s")) < off_t:
-            off_t = 0.0
-
-    if actor:
-        responses = np.array([_as_float(r.get("responses_cum")) for r in actor]) - off_n
-        time_train = np.array([_as_float(r.get("time_train_cum_s")) for r in actor]) - off_t
-        steps = [r.get("step") for r in actor]
-        if all(s is not None for s in steps):
-            # Counts updates whether the run numbers steps from 0 or from 1.
-            updates_done = np.array(steps, dtype=np.float64) - float(steps[0]) + 1.0
-        else:
-            updates_done = np.arange(1, len(actor) + 1, dtype=np.float64)
-    else:
-        # No update lines: fall back on the counters carried by the eval lines.
-        ev = sorted(evals, key=lambda r: _as_float(r.get("responses_cum")))
-        responses = np.array([_as_float(r.get("responses_cum")) for r in ev]) - off_n
-        time_train = np.array([_as_float(r.get("time_train_cum_s")) for r in ev]) - off_t
-        updates_done = np.array([_as_float(r.get("step")) for r in ev])
-
-    evals = sorted(evals, key=lambda r: _as_float(r.get("responses_cum")))
-    ev_n = np.array([_as_float(r.get("responses_cum")) for r in evals]) - off_n
-    ev_acc = np.array([_as_float(r.get("eval_accuracy")) for r in evals])
-    keep = ev_n >= 0
-    before = np.nonzero(~keep)[0]
-    if before.size and not np.any(ev_n == 0):
-        # The actor is unchanged during the warm-up: its last eval is the start point.
-        keep[before[-1]] = True
-        ev_n[before[-1]] = 0.0
-    ok = keep & np.isfinite(ev_n) & np.isfinite(ev_acc)
-
     status = str(_first(entry.get("status"), summary.get("status"), "unknown"))
     return RunData(
         name=str(entry.get("name", os.path.basename(os.path.normpath(run_dir)))),
@@ -268,13 +215,13 @@ def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None
         status=status,
         config=config,
         summary=summary,
-        update_records=tuple(actor),
-        eval_records=tuple(r for r, k in zip(evals, ok) if k),
-        responses=responses,
-        time_train=time_train,
-        updates_done=updates_done,
-        eval_responses=ev_n[ok],
-        eval_accuracy=ev_acc[ok],
+        update_records=axes.updates,
+        eval_records=axes.evals,
+        responses=axes.responses,
+        time_train=axes.time_train,
+        updates_done=axes.updates_done,
+        eval_responses=axes.eval_responses,
+        eval_accuracy=axes.eval_accuracy,
         warmup_updates=len(warm),
     )
 

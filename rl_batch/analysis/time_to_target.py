@@ -7,7 +7,8 @@ Definitions (the measurement protocol):
   first evaluation already meets the target, N* is that evaluation's responses. A run
   that never crosses has ``N* = None`` ("not reached" in tables), never a number.
 - ``T``: training seconds (generation + scoring + update + idle; no eval, no compile)
-  at N*, interpolated on the update lines. ``q = N* / T`` (responses per second up to
+  at N*, interpolated on the update lines (``rl_batch.targets``, the one definition that
+  ``summary.json`` and ``experiments.train`` use too). ``q = N* / T`` (responses per second up to
   the target); for a run that does not reach the target, q is its throughput over the
   whole run and T is ``None``.
 - ``updates_to_target``: actor updates done at N*, interpolated the same way.
@@ -38,7 +39,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from rl_batch import artifacts
+from rl_batch import artifacts, targets
 from rl_batch.analysis import intervals
 from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, group_runs
 
@@ -61,55 +62,9 @@ def check_method(method: str) -> str:
     return method
 
 
-def first_crossing(x: Sequence[float], y: Sequence[float], target: float) -> float | None:
-    """Interpolated x where y first reaches ``target``.
-
-    Args:
-      x: [E] increasing positions (retained responses at each evaluation).
-      y: [E] values (accuracy at each evaluation).
-      target: the level to reach (``y >= target`` counts as reached).
-
-    Returns:
-      x at the first crossing, linear between the bracketing points; ``x[0]`` when the
-      first point already meets the target; ``None`` when no point does.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    hits = np.nonzero(y >= target)[0]
-    if hits.size == 0:
-        return None
-    i = int(hits[0])
-    if i == 0:
-        return float(x[0])
-    x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
-    # y0 < target <= y1, so y1 > y0.
-    return float(x0 + (target - y0) * (x1 - x0) / (y1 - y0))
-
-
-def interp_first(xq: float, xp: np.ndarray, fp: np.ndarray) -> float:
-    """Linear interpolation of f at ``xq`` on a non-decreasing ``xp``.
-
-    Uses the first segment that reaches ``xq``, so repeated x values (an update whose
-    responses were all filtered out still costs time) are handled: the value is taken
-    where x first reaches ``xq``. Outside the data it clamps to the end values.
-
-    Args:
-      xq: query position.
-      xp: [K] non-decreasing positions.
-      fp: [K] values.
-
-    Returns:
-      The interpolated value.
-    """
-    k = int(np.searchsorted(xp, xq, side="left"))
-    if k == 0:
-        return float(fp[0])
-    if k >= len(xp):
-        return float(fp[-1])
-    x0, x1 = xp[k - 1], xp[k]
-    if x1 == x0:
-        return float(fp[k])
-    return float(fp[k - 1] + (xq - x0) * (fp[k] - fp[k - 1]) / (x1 - x0))
+# The one definition of N*, T and q lives below the analysis (summary.json uses it too).
+first_crossing = targets.first_crossing
+interp_first = targets.interp_first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,21 +107,27 @@ def run_time_to_target(run: RunData, target: float) -> RunTarget:
       The run's ``RunTarget`` (``finished`` is False unless the status is ``finished``
       or ``pilot``).
     """
-    n_final, t_final = run.final_responses, run.final_time_train
-    q_run = n_final / t_final if t_final > 0 else None
     finished = run.status in FINISHED_STATUSES
-    n_star = first_crossing(run.eval_responses, run.eval_accuracy, target)
-    if n_star is None:
-        return RunTarget(
-            run.name, run.key, run.seed, target, None, None, q_run, None, n_final, t_final, finished
-        )
-    # Axes start at (0 responses, 0 s, 0 updates).
-    xp = np.concatenate([[0.0], run.responses])
-    t_star = interp_first(n_star, xp, np.concatenate([[0.0], run.time_train]))
-    u_star = interp_first(n_star, xp, np.concatenate([[0.0], run.updates_done]))
-    q = n_star / t_star if t_star > 0 else q_run
+    r = targets.time_to_target(
+        eval_responses=run.eval_responses,
+        eval_accuracy=run.eval_accuracy,
+        responses=run.responses,
+        time_train=run.time_train,
+        updates_done=run.updates_done,
+        target=target,
+    )
     return RunTarget(
-        run.name, run.key, run.seed, target, n_star, t_star, q, u_star, n_final, t_final, finished
+        run.name,
+        run.key,
+        run.seed,
+        target,
+        r.n_star,
+        r.time_to_target_s,
+        r.q,
+        r.updates_to_target,
+        r.responses_final,
+        r.time_train_final,
+        finished,
     )
 
 

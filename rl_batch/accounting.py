@@ -1,0 +1,232 @@
+"""Step accounting: a run's counters, and one step's timings and counts turned into its line.
+
+The protocol (DESIGN.md section 2): the sample axis counts responses the *policy* learned
+from (retained after filtering, not PPO's critic warm-up, not a skipped update);
+training time is generation + scoring + update + host-side glue, while compilation,
+evaluation and checkpointing are timed but kept out of it. With asynchronous rollout,
+generation overlaps the update: the learner-side idle time is its wait for a rollout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import numpy as np
+
+from rl_batch import artifacts, flops
+from rl_batch import rollout as rollout_lib
+from rl_batch.filtering import dynamic_sampling_filter
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Counters:
+    """Host-side progress, saved with every checkpoint."""
+
+    step: int = 0  # optimizer updates done
+    rollouts: int = 0  # rollout batches generated (>= step: all-filtered batches skip)
+    data_position: int = 0  # prompts consumed from the training order
+    responses_cum: int = 0  # retained responses used in updates
+    responses_generated_cum: int = 0
+    # Where the sample axis starts (PPO: after the critic warm-up; GRPO: at 0): the
+    # optimizer updates and training time spent before the first policy update.
+    policy_start_step: int = -1
+    policy_start_time_s: float = -1.0
+    next_eval: int = 0  # responses_cum at which the next validation runs
+    time_train_cum_s: float = 0.0
+    time_generate_s: float = 0.0
+    time_score_s: float = 0.0
+    time_update_s: float = 0.0
+    time_idle_s: float = 0.0
+    time_eval_s: float = 0.0
+    time_compile_s: float = 0.0
+    time_checkpoint_s: float = 0.0
+    skipped_updates: int = 0
+    consecutive_skips: int = 0
+    consecutive_empty: int = 0  # rollouts in a row whose groups were all filtered out
+    evals_at_target: int = 0
+    # Tokens (and their FLOPs) of the generation timed in time_generate_s: the numerator
+    # of the run's generation throughput. A token counts once (partial rollout: in the
+    # iteration that decoded it); a rollout whose time was booked as compilation adds
+    # neither tokens nor time.
+    gen_tokens_cum: int = 0
+    gen_flops_cum: float = 0.0
+    update_tokens_cum: int = 0  # prompt + response tokens processed by updates
+    update_flops_cum: float = 0.0
+    time_learner_wait_s: float = 0.0  # learner waiting for a rollout (all of it when sync)
+    time_generator_idle_s: float = 0.0  # generator not generating or scoring
+
+    def add_learner_wait(self, seconds: float) -> None:
+        """The learner waited for rollouts in flight (before validation or a save)."""
+        self.time_train_cum_s += seconds
+        self.time_learner_wait_s += seconds
+
+
+def keep_mask(ro: rollout_lib.Rollout, filter_groups: bool) -> np.ndarray:
+    """[P] groups that train: differing rewards (when filtering) and, partial, finished."""
+    if filter_groups:
+        keep_p = dynamic_sampling_filter(ro.rewards_pg).keep_p
+    else:
+        keep_p = np.ones(ro.rewards_pg.shape[0], bool)
+    if ro.complete_p is not None:  # partial rollout: only finished groups train
+        keep_p = keep_p & ro.complete_p
+    return keep_p
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What one loop iteration measured.
+
+    Attributes:
+      ro: the rollout batch it trained on.
+      keep_p: [P] groups that trained.
+      staleness: optimizer steps between the generating and the updated policy.
+      metrics: the update's metrics (host values; empty when every group was dropped).
+      trains_policy: whether the update trained the policy (PPO warm-up: False).
+      learner_wait_s: seconds the learner waited for the rollout.
+      update_s: seconds of the update (0 without one).
+      wall_s: seconds of the whole iteration so far, compilation included.
+      compilations: jit traces so far (sampler + update): constant after the warm-up.
+    """
+
+    ro: rollout_lib.Rollout
+    keep_p: np.ndarray
+    staleness: int
+    metrics: dict[str, Any]
+    trains_policy: bool
+    learner_wait_s: float
+    update_s: float
+    wall_s: float
+    compilations: int
+
+
+class StepAccounting:
+    """Books one step into the counters and builds its ``update`` metrics line.
+
+    Args:
+      c: the resolved run config.
+      model_config: the policy's model config (token FLOPs).
+      extra_update_flops: FLOPs the algorithm adds to an update besides forward and
+        backward (``Algorithm.extra_update_flops``).
+      matmul_flops_per_s: the process's measured matmul rate (the FLOP/s yardstick).
+      overlapped: generation overlaps the update (async rollout).
+    """
+
+    def __init__(self, c, model_config, extra_update_flops, matmul_flops_per_s, overlapped):
+        self.c, self.model_config = c, model_config
+        self.extra_update_flops = extra_update_flops
+        self.matmul_rate, self.overlapped = matmul_flops_per_s, overlapped
+
+    def book(self, counters: Counters, s: Step) -> dict[str, Any] | None:
+        """Adds the step to ``counters``; returns its metrics line (None: no update)."""
+        c, ro = self.c, s.ro
+        retained = int(s.keep_p.sum()) * c.group_size
+        # Responses that ended in this rollout (partial rollout: finished groups only).
+        done_p = c.prompts if ro.complete_p is None else int(ro.complete_p.sum())
+        generated = c.group_size * done_p
+        counters.responses_generated_cum += generated
+        counters.time_generate_s += ro.time_generate_s
+        counters.time_score_s += ro.time_score_s
+        costs = flops.rollout_costs(self.model_config, ro.samples)
+        # Work the algorithm does besides forward + backward (GRPO's reference pass).
+        costs["update_flops"] += self.extra_update_flops(costs)
+        if ro.gen_flops is not None:  # partial: the samples also hold earlier tokens
+            costs["gen_tokens"], costs["gen_flops"] = ro.gen_tokens, ro.gen_flops
+        if not ro.time_compile_s:  # (else its time is compilation, not generation)
+            counters.gen_tokens_cum += costs["gen_tokens"]
+            counters.gen_flops_cum += costs["gen_flops"]
+        if retained > 0:
+            self._book_update(counters, s, costs, retained)
+        # Compilation met during the step is timed but not training time.
+        step_time = s.wall_s - ro.time_compile_s
+        counters.time_compile_s += ro.time_compile_s
+        busy = s.learner_wait_s if self.overlapped else ro.time_generate_s + ro.time_score_s
+        idle = max(step_time - busy - s.update_s, 0.0)
+        counters.time_idle_s += idle
+        counters.time_train_cum_s += step_time
+        generator_idle = max(step_time - ro.time_generate_s - ro.time_score_s, 0.0)
+        counters.time_learner_wait_s += s.learner_wait_s
+        counters.time_generator_idle_s += generator_idle
+        counters.consecutive_empty = 0 if retained else counters.consecutive_empty + 1
+        if retained == 0:
+            return None
+        return {
+            "kind": "update",
+            "step": counters.step,
+            "responses_cum": counters.responses_cum,
+            "responses_generated_cum": counters.responses_generated_cum,
+            "prompts": c.prompts,
+            "group_size": c.group_size,
+            "batch_responses": retained,
+            "batch_generated": generated,
+            "lr": c.lr,
+            "reward_mean": float(ro.rewards_pg.mean()),
+            "reward_retained_mean": float(ro.rewards_pg[s.keep_p].mean()),
+            "time_generate_s": ro.time_generate_s,
+            "time_score_s": ro.time_score_s,
+            "time_update_s": s.update_s,
+            "time_idle_s": idle,
+            "time_train_cum_s": counters.time_train_cum_s,
+            "gen_tokens": costs["gen_tokens"],
+            **flops.step_throughput(
+                gen_tokens=costs["gen_tokens"],
+                gen_flops=costs["gen_flops"],
+                time_generate_s=ro.time_generate_s,
+                update_tokens=costs["update_tokens"],
+                upd_flops=costs["update_flops"],
+                time_update_s=s.update_s,
+                responses=retained,
+                step_time_s=step_time,
+                matmul_flops_per_s=self.matmul_rate,
+            ),
+            "staleness": s.staleness,
+            "time_learner_wait_s": s.learner_wait_s,
+            "time_generator_idle_s": generator_idle,
+            "compilations": s.compilations,
+            **{k: float(np.asarray(v)) for k, v in s.metrics.items()},
+            # PPO's critic warm-up lines are set aside by the analysis.
+            "phase": artifacts.PHASE_TRAIN if s.trains_policy else artifacts.PHASE_CRITIC_WARMUP,
+        }
+
+    def _book_update(self, counters: Counters, s: Step, costs: dict, retained: int) -> None:
+        counters.time_update_s += s.update_s
+        counters.update_tokens_cum += costs["update_tokens"]
+        counters.update_flops_cum += costs["update_flops"]
+        skipped = bool(s.metrics.get("skipped", 0))
+        counters.skipped_updates += int(skipped)
+        counters.consecutive_skips = counters.consecutive_skips + 1 if skipped else 0
+        counters.step += 1
+        if skipped:
+            log.warning(
+                "update %d skipped: non-finite loss or gradients (%d in a row, the run "
+                "stops at %d)",
+                counters.step,
+                counters.consecutive_skips,
+                self.c.max_consecutive_skips,
+            )
+        # The sample axis counts responses the policy learned from (not PPO's critic
+        # warm-up, not a skipped update).
+        if not skipped and s.trains_policy:
+            if counters.policy_start_step < 0:
+                counters.policy_start_step = counters.step - 1
+                counters.policy_start_time_s = counters.time_train_cum_s
+            counters.responses_cum += retained
+
+
+def stuck_error(c, counters: Counters, reward_mean: float, ckpt_dir: str) -> Exception | None:
+    """The error that stops a run making no progress (checkpoint it first), else None."""
+    if counters.consecutive_empty >= c.max_empty_rollouts:
+        return RuntimeError(
+            f"{counters.consecutive_empty} rollout batches in a row had no group with "
+            f"differing rewards (mean reward {reward_mean:.3f}): the policy is "
+            "too weak or too strong for this task; warm-start it or change the task"
+        )
+    if counters.consecutive_skips >= c.max_consecutive_skips:
+        return FloatingPointError(
+            f"{counters.consecutive_skips} consecutive updates had non-finite loss or "
+            f"gradients (step {counters.step}); stopped with a checkpoint in {ckpt_dir}"
+        )
+    return None

@@ -1,0 +1,345 @@
+"""GRPO: config, loss assembly, batch assembly and the run-loop adapter.
+
+Protocol (the study's default): **one optimizer update per rollout batch**, no
+mini-batches, no reuse. ``num_minibatches`` / ``num_epochs`` exist as options (off by
+default) and then loop inside XLA with ``lax.scan``. ``micro_batches`` accumulates the
+gradient of one update over micro-batches (``lax.scan``) with the *full* batch's loss
+normalisers, so the accumulated gradient equals the single-batch gradient.
+
+The maths of one update:
+
+1. Advantages per group of G responses to one prompt (``losses.group_advantages``:
+   ``grpo``, ``drgrpo`` or ``rloo``), one per sequence, in prompt-major row order
+   (row p * G + g); groups dropped by the filter get advantage 0 and an all-False
+   response mask (``learner.rollout_fields``), so every batch keeps one shape.
+2. Loss: the clipped surrogate ``learner.policy_loss`` with those per-sequence
+   advantages, plus ``kl_coef`` x k3-KL to a frozen reference (the initial policy) when
+   ``kl_coef > 0``; its log-probs are computed before the update (``GRPO.make_batch``).
+
+The update skeleton (shape checks, masks, gradient accumulation, the non-finite guard,
+common metrics, jit with shardings and donation) is ``rl_batch.learner``'s, shared with
+``rl_batch.ppo``; both implement ``learner.Algorithm`` for ``rl_batch.run``.
+
+Shape letters: B sequences, P prompt length (or prompts), G group size, R response
+length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+from ml_collections import ConfigDict
+
+from rl_batch import flops, learner, losses
+from rl_batch import model as model_lib
+from rl_batch import rollout as rollout_lib
+from rl_batch import sharding as sharding_lib
+
+Params = Any
+Metrics = dict[str, jax.Array]
+TrainState = learner.TrainState
+Batch = learner.Batch
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GRPOConfig:
+    """GRPO hyperparameters: the run config's ``grpo`` section plus the sampling
+    temperature (the optimizer's come from the run config, the LR from
+    ``rl_batch.lr_rules``).
+
+    Attributes:
+      clip_low: policy ratio lower bound is ``1 - clip_low``.
+      clip_high: policy ratio upper bound is ``1 + clip_high`` (DAPO clip-higher).
+      kl_coef: weight of the k3 KL-to-reference loss term (needs ``Batch.ref_logprobs``).
+      loss_agg: one of ``losses.LOSS_AGG_MODES``.
+      advantage: one of ``losses.ADVANTAGE_MODES``.
+      micro_batches: gradient-accumulation micro-batches per optimizer update.
+      num_minibatches: optimizer updates per epoch over the rollout batch.
+      num_epochs: passes over the rollout batch.
+      temperature: sampling temperature; log-probs use ``logits / temperature``.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    loss_agg: str = "token_mean"
+    advantage: str = "grpo"
+    micro_batches: int = 1
+    num_minibatches: int = 1
+    num_epochs: int = 1
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        def bad(name, expected):
+            raise ValueError(
+                f"GRPOConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
+            )
+
+        learner.check_policy_loss_fields(self, bad)
+        if not self.kl_coef >= 0.0:
+            bad("kl_coef", ">= 0")
+        if self.advantage not in losses.ADVANTAGE_MODES:
+            bad("advantage", f"one of {losses.ADVANTAGE_MODES}")
+        for name in ("num_minibatches", "num_epochs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                bad(name, "a positive int")
+
+    @classmethod
+    def config_fields(cls) -> tuple[str, ...]:
+        """The fields read from the run config's ``grpo`` section (all but temperature)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "temperature")
+
+    @classmethod
+    def from_config(cls, c: ConfigDict) -> GRPOConfig:
+        """The run config's ``grpo`` section (and ``sampling.temperature``)."""
+        fields = cls.config_fields()
+        return cls(temperature=c.sampling.temperature, **{k: c.grpo[k] for k in fields})
+
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimizer updates made from one rollout batch."""
+        return self.num_minibatches * self.num_epochs
+
+    def replace(self, **changes) -> GRPOConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------------ the loss
+
+
+def grpo_loss(
+    model_config: model_lib.ModelConfig,
+    config: GRPOConfig,
+    params: Params,
+    batch: Batch,
+    *,
+    num_tokens: jax.Array,
+    num_seqs: jax.Array | int,
+    max_len: int,
+) -> tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]:
+    """GRPO loss of one (micro-)batch, normalised by the *full* batch's totals
+    (``learner.policy_loss`` with GRPO's clip, aggregation and KL weight)."""
+    return learner.policy_loss(
+        model_config,
+        params,
+        batch,
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        loss_agg=config.loss_agg,
+        temperature=config.temperature,
+        kl_coef=config.kl_coef,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        max_len=max_len,
+    )
+
+
+# ------------------------------------------------------------------------ update_fn
+
+# How per-update metrics combine when one rollout batch makes several updates.
+_COMBINE_MAX = ("ratio_max",)
+_COMBINE_SUM = ("skipped",)
+
+
+def _combine(key: str) -> Callable[[jax.Array], jax.Array]:
+    return jnp.max if key in _COMBINE_MAX else jnp.sum if key in _COMBINE_SUM else jnp.mean
+
+
+def make_update_fn(
+    model_config: model_lib.ModelConfig,
+    config: GRPOConfig,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    state_sharding: TrainState | None = None,
+    *,
+    shuffle_minibatches: bool = True,
+) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]:
+    """Builds the jitted GRPO ``update_fn(state, batch, rng) -> (state, metrics)``.
+
+    The state is donated (do not reuse the state passed in); the batch is split along
+    dimension 0 over the mesh's batch axes; metrics are replicated float32 scalars. One
+    compilation per batch shape (and per set of present optional batch fields). ``rng``
+    is only used to shuffle minibatches.
+
+    Metrics: ``loss``, ``pg_loss``, ``kl`` (k3 to the reference when
+    ``ref_logprobs`` is given, else k3 between behaviour and current policy),
+    ``kl_old``, ``kl_loss`` (with a reference), ``clip_frac`` (fraction of response
+    tokens clipped), ``entropy`` (token mean, at the temperature), ``ratio_mean``,
+    ``ratio_max``, ``logprob_mean``, ``grad_norm`` (before clipping), ``update_norm``,
+    ``param_norm``, ``lr``, ``skipped`` (updates skipped as non-finite),
+    ``num_updates``, ``response_len_mean``, ``response_tokens``, ``sequences``; with
+    ``micro_batches > 1`` also ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``,
+    ``gns_batch_full``. With several updates per batch, metrics are means over updates
+    (``ratio_max``: max, ``skipped``: sum).
+
+    Args:
+      model_config: the policy's shape.
+      config: GRPO hyperparameters.
+      optimizer: from ``learner.make_optimizer`` (the one used for the train state).
+      mesh: the device mesh.
+      state_sharding: a ``TrainState`` of shardings (default
+        ``learner.train_state_shardings``).
+      shuffle_minibatches: reshuffle the batch each epoch (only with minibatches or
+        epochs; off to reproduce sequential updates in tests).
+
+    Returns:
+      The jitted update function.
+    """
+    if state_sharding is None:
+        state_sharding = learner.train_state_shardings(model_config, optimizer, mesh)
+    n_shards = sharding_lib.batch_shard_count(mesh)
+
+    def one_update(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        r = batch.response_tokens.shape[1]
+        num_tokens, num_seqs = learner.loss_normalisers(batch.response_mask)
+        loss_fn = functools.partial(
+            grpo_loss, model_config, config, num_tokens=num_tokens, num_seqs=num_seqs, max_len=r
+        )
+        grads, loss, metrics = learner.accumulate_gradients(
+            loss_fn, state.params, batch, config.micro_batches, mesh
+        )
+        state, update_metrics = learner.apply_update(state, grads, loss, optimizer)
+        return state, {**metrics, **update_metrics}
+
+    def several_updates(state: TrainState, batch: Batch, rng: jax.Array):
+        b = batch.size
+        if batch.old_logprobs is None:
+            # Later updates need the behaviour policy, i.e. the params before any.
+            batch = batch.replace(
+                old_logprobs=jax.lax.stop_gradient(
+                    learner.compute_logprobs(model_config, state.params, batch, config.temperature)
+                )
+            )
+
+        def epoch(state, rng_e):
+            if shuffle_minibatches:
+                perm = jax.random.permutation(rng_e, b)
+                shuffled = jax.tree.map(lambda x: x[perm], batch)
+            else:
+                shuffled = batch
+            minibatches = learner.split_batch(shuffled, config.num_minibatches, mesh)
+            return jax.lax.scan(one_update, state, minibatches)
+
+        state, metrics = jax.lax.scan(epoch, state, jax.random.split(rng, config.num_epochs))
+        return state, {k: _combine(k)(v) for k, v in metrics.items()}
+
+    def update_fn(state: TrainState, batch: Batch, rng: jax.Array):
+        learner.check_batch(batch)
+        learner.check_split(batch.size, config.num_minibatches, config.micro_batches, n_shards)
+        old_params = state.params
+        if config.updates_per_batch == 1:
+            state, metrics = one_update(state, batch)
+        else:
+            state, metrics = several_updates(state, batch, rng)
+        metrics.update(
+            update_norm=learner.delta_norm(state.params, old_params),
+            param_norm=optax.tree.norm(state.params),
+            lr=learner.current_lr(state.opt_state),
+            num_updates=jnp.asarray(config.updates_per_batch, jnp.float32),
+            **learner.sequence_metrics(batch.response_mask),
+        )
+        return state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+
+    return learner.jit_update(update_fn, state_sharding, mesh)
+
+
+# ------------------------------------------------------------------ batch assembly
+
+
+def rollout_batch(
+    ro: rollout_lib.Rollout, advantages_b: np.ndarray, keep_p: np.ndarray, mesh
+) -> Batch:
+    """The learner's batch from a rollout (row p * G + g), sharded over the mesh.
+
+    Responses of dropped groups (``keep_p`` False) get an all-False response mask, so
+    they weigh nothing in the loss while every batch keeps one shape (no recompiles).
+    """
+    batch = Batch(
+        **learner.rollout_fields(ro, keep_p),
+        advantages=jnp.asarray(advantages_b, jnp.float32),
+    )
+    return sharding_lib.shard_batch(batch, mesh)
+
+
+def batch_advantages(rewards_pg: np.ndarray, keep_p: np.ndarray, mode: str) -> np.ndarray:
+    """[P * G] group-relative advantages, prompt-major (row p * G + g); 0 for dropped
+    groups."""
+    advantages_pg = np.asarray(losses.group_advantages(rewards_pg, mode=mode)) * keep_p[:, None]
+    return advantages_pg.reshape(-1)
+
+
+# -------------------------------------------------------------- run-loop adapter
+
+
+class GRPO:
+    """GRPO for the run loop (``learner.Algorithm``): state, batch and update."""
+
+    def __init__(self, c: ConfigDict, model_config: model_lib.ModelConfig, mesh: Mesh):
+        self.model_config, self.mesh = model_config, mesh
+        self.filter_groups = c.filter_groups
+        self.grpo_config = GRPOConfig.from_config(c)
+        self.optimizer = learner.actor_optimizer(c)
+        self.update_fn = make_update_fn(model_config, self.grpo_config, self.optimizer, mesh)
+        # KL to a reference (``grpo.kl_coef > 0``): the initial policy, kept frozen; its
+        # log-probs join every batch (``Batch.ref_logprobs``). Computed as many rows at a
+        # time as an update micro-batch holds (B / num_minibatches / micro_batches), so
+        # its [rows, R, V] logits fit wherever the update's do.
+        self.ref_params = None
+        self._ref_logprobs_fn = None
+        if self.grpo_config.kl_coef:
+            self._ref_logprobs_fn = learner.make_logprobs_fn(
+                model_config,
+                mesh,
+                self.grpo_config.temperature,
+                micro_batches=self.grpo_config.num_minibatches * self.grpo_config.micro_batches,
+            )
+
+    def init_state(self, params) -> TrainState:
+        """The train state from the initial policy (also the KL reference, if any).
+
+        A resumed run calls this with the same initial policy before restoring its
+        checkpoint, so its reference is the same as the uninterrupted run's.
+        """
+        state = learner.init_train_state(self.model_config, params, self.optimizer, mesh=self.mesh)
+        if self._ref_logprobs_fn is not None:  # a copy: updates donate the state's buffers
+            self.ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), state.params)
+        return state
+
+    @staticmethod
+    def policy_params(state: TrainState):
+        return state.params
+
+    def extra_update_flops(self, costs: dict[str, float]) -> float:
+        """FLOPs ``make_batch`` adds to an update (``costs``: ``flops.rollout_costs``):
+        the reference policy's forward over the batch's tokens with a KL term, else 0."""
+        if self._ref_logprobs_fn is None:
+            return 0.0
+        return costs["update_flops"] / flops.UPDATE_FLOPS_MULTIPLIER
+
+    @staticmethod
+    def trains_policy(metrics: dict) -> bool:
+        del metrics
+        return True
+
+    def make_batch(self, ro: rollout_lib.Rollout, keep_p: np.ndarray) -> Batch:
+        """Group-relative advantages; dropped groups get an all-False response mask."""
+        advantages_b = batch_advantages(ro.rewards_pg, keep_p, self.grpo_config.advantage)
+        batch = rollout_batch(ro, advantages_b, keep_p, self.mesh)
+        if self.ref_params is not None:
+            batch = batch.replace(ref_logprobs=self._ref_logprobs_fn(self.ref_params, batch))
+        return batch

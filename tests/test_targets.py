@@ -1,0 +1,96 @@
+"""One time-to-target routine: summary.json and the analysis agree on N*, T, q, updates."""
+
+import json
+import os
+
+import analysis_fixtures as fx
+import pytest
+from ml_collections import ConfigDict
+
+from rl_batch import artifacts, run, targets
+from rl_batch.analysis import curves
+from rl_batch.analysis import time_to_target as ttt
+
+
+def _slow_tail_records():
+    """The issue's constructed case: 20 updates of 10 responses at 1 s, then 4 at 5 s.
+
+    Validation: 0.0 at 0 responses, 1.0 at 240 (40 s); the 0.5 target crosses at
+    N* = 120, reached after the 12th update, 12 s. Interpolating time on the two
+    evaluations instead (0 s at 0, 40 s at 240) would give 20 s.
+    """
+    lines = [{"kind": "eval", "step": 0, "responses_cum": 0, "time_train_cum_s": 0.0,
+              "eval_accuracy": 0.0}]  # fmt: skip
+    t = 0.0
+    for step in range(1, 25):
+        t += 1.0 if step <= 20 else 5.0
+        lines.append(
+            {
+                "kind": "update",
+                "step": step,
+                "responses_cum": 10 * step,
+                "time_train_cum_s": t,
+                "prompts": 5,
+                "group_size": 2,
+                "batch_responses": 10,
+            }  # fmt: skip
+        )
+    lines.append({"kind": "eval", "step": 24, "responses_cum": 240, "time_train_cum_s": t,
+                  "eval_accuracy": 1.0})  # fmt: skip
+    return lines
+
+
+def _write_run(run_dir, lines):
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, artifacts.METRICS_FILE), "w") as f:
+        for rec in lines:
+            f.write(json.dumps(rec) + "\n")
+    artifacts.write_json_atomic(os.path.join(run_dir, artifacts.CONFIG_FILE), {"algo": "grpo"})
+
+
+def _summary(lines, target):
+    c = ConfigDict({"name": "hand", "target": target})
+    return run._summary(c, run.Counters(), lines, "finished")
+
+
+def test_time_is_interpolated_on_the_update_lines():
+    reach = targets.reach_of_records(_slow_tail_records(), 0.5)
+    assert reach.n_star == pytest.approx(120.0)
+    assert reach.time_to_target_s == pytest.approx(12.0)  # not 20 s (the eval grid)
+    assert reach.q == pytest.approx(10.0)
+    assert reach.updates_to_target == pytest.approx(12.0)
+    assert reach.responses_final == 240 and reach.time_train_final == pytest.approx(40.0)
+
+
+def test_summary_json_and_the_analysis_agree_exactly(tmp_path):
+    lines = _slow_tail_records()
+    _write_run(str(tmp_path / "r"), lines)
+    analysed = ttt.run_time_to_target(curves.load_run(str(tmp_path / "r")), 0.5)
+    summary = _summary(lines, 0.5)
+    assert summary["reached"] and summary["time_to_target_s"] == pytest.approx(12.0)
+    assert summary["n_star"] == analysed.n_star
+    assert summary["time_to_target_s"] == analysed.time_to_target_s
+    assert summary["q"] == analysed.q
+    assert summary["updates_to_target"] == analysed.updates_to_target
+
+
+def test_not_reached_agrees_too(tmp_path):
+    lines = _slow_tail_records()
+    _write_run(str(tmp_path / "r"), lines)
+    analysed = ttt.run_time_to_target(curves.load_run(str(tmp_path / "r")), 1.5)
+    summary = _summary(lines, 1.5)
+    assert not summary["reached"] and summary["n_star_text"] == artifacts.NOT_REACHED
+    assert summary["time_to_target_s"] is None and summary["updates_to_target"] is None
+    assert summary["q"] == analysed.q == pytest.approx(240 / 40.0)
+
+
+def test_ppo_warmup_summary_matches_the_analysis(tmp_path):
+    d = str(tmp_path / "warm")
+    fx.write_run(d, prompts=32, group_size=1, tau=1500.0, algo="ppo", budget=6000,
+                 warmup_updates=7, critic=True)  # fmt: skip
+    analysed = ttt.run_time_to_target(curves.load_run(d), 0.8)
+    summary = _summary(artifacts.read_metrics(d), 0.8)
+    assert analysed.reached
+    assert summary["n_star"] == analysed.n_star
+    assert summary["time_to_target_s"] == analysed.time_to_target_s
+    assert summary["updates_to_target"] == analysed.updates_to_target
