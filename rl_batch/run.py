@@ -40,6 +40,7 @@ from rl_batch import (
     distributed,
     flops,
     grpo,
+    locks,
     provenance,
     rollout_source,
     sharding,
@@ -437,9 +438,27 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
 
     Returns:
       The summary written to ``<run_dir>/summary.json``.
+
+    Raises:
+      locks.DirectoryLocked: another process is writing ``run_dir`` (nothing is written).
     """
     distributed.maybe_initialize(config)
     c = config_lib.resolve(config)
+    if not c.run_dir:
+        raise ValueError("run_dir is empty: set --config.run_dir")
+    # One writer per run directory (process 0 of a multi-process run is its only writer).
+    lock = locks.DirectoryLock(c.run_dir, "run") if jax.process_index() == 0 else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        return _run(c, resume, progress)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
+    """`run` once the config is resolved and the run directory is this process's."""
     s = _set_up(c, resume)
     algo, source, evaluator, metrics_log, ckpt = s.algo, s.source, s.evaluator, s.log, s.ckpt
     state, counters = s.state, s.counters

@@ -119,3 +119,18 @@ def test_a_second_sweep_on_one_directory_is_refused(tmp_path):
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert not started and not os.path.exists(tmp_path / "sweep.json")
+
+
+def test_a_second_run_on_one_directory_is_refused_before_it_writes(tmp_path):
+    from rl_batch import run as run_lib
+    from tests.run_fixtures import tiny_run_config
+
+    run_dir = tmp_path / "run"
+    holder = _holder(run_dir)
+    try:
+        with pytest.raises(DirectoryLocked, match="in use by test holder"):
+            run_lib.run(tiny_run_config(str(tmp_path / "work"), str(run_dir)), progress=False)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert sorted(os.listdir(run_dir)) == [LOCK_FILE]  # no config.json, no metrics
