@@ -60,16 +60,24 @@ def make_tokenizer(c: ConfigDict):
 
 
 def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
-    """The model shape: the HF checkpoint's (``init.source="hf"``) or a preset with
-    overrides, vocabulary sized to the character tokenizer for synthetic tasks."""
-    overrides = dict(c.model.overrides.to_dict())
+    """The model: the HF checkpoint's shape (``init.source="hf"``) or a preset's, then
+    the memory settings of its size (``model.with_memory_defaults``: remat, attention,
+    log-prob chunks for >= 100M parameters), float32 master weights under bf16 compute
+    (``model.master_weights``), then ``model.overrides`` (unset fields are None);
+    vocabulary sized to the character tokenizer for synthetic tasks."""
+    overrides = {k: v for k, v in c.model.overrides.to_dict().items() if v is not None}
     if c.init.source == "hf":
         from rl_batch import hf
 
-        return hf.config_from_hf(hf.read_hf_config(c.init.path)).replace(head=head, **overrides)
-    if c.task.name in SYNTHETIC_TASKS and "vocab_size" not in overrides:
-        overrides["vocab_size"] = CharTokenizer().vocab_size
-    return model_lib.get_preset(c.model.preset, head=head, **overrides)
+        base = hf.config_from_hf(hf.read_hf_config(c.init.path))
+    else:
+        if c.task.name in SYNTHETIC_TASKS and "vocab_size" not in overrides:
+            overrides["vocab_size"] = CharTokenizer().vocab_size
+        base = model_lib.get_preset(c.model.preset)
+    base = model_lib.with_memory_defaults(base)
+    if c.model.get("master_weights", True):
+        base = model_lib.with_master_weights(base)
+    return base.replace(head=head, **overrides)
 
 
 def make_sampler(c: ConfigDict, tokenizer, model_config: model_lib.ModelConfig, mesh=None):

@@ -170,7 +170,8 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
-# Memory settings of real-model (>= 100M parameter) configs: remat every block, flash
+# Memory settings of real-model (>= 100M parameter) run configs (``with_memory_defaults``;
+# the presets themselves are the checkpoints' shapes): remat every block, flash
 # attention where there is one, log-probs 512 response positions at a time (one 2k-token
 # 0.6B sequence: 0.3 GB of fp32 logits instead of 1.2 GB).
 STUDY_MEMORY = dict(remat="full", attention="auto", logits_chunk=512)
@@ -178,11 +179,22 @@ REAL_MODEL_PARAMS = 100_000_000
 
 
 def with_memory_defaults(config: ModelConfig) -> ModelConfig:
-    """``config`` with ``STUDY_MEMORY`` applied if it has >= 100M parameters (an HF
-    checkpoint's shape, say); small models keep their settings."""
+    """``config`` with ``STUDY_MEMORY`` applied if it has >= 100M parameters (a real
+    checkpoint's shape); small models keep their settings. Run configs apply this before
+    their ``model.overrides`` (``rl_batch.config.make_model_config``)."""
     if config.num_params < REAL_MODEL_PARAMS:
         return config
     return config.replace(**STUDY_MEMORY)
+
+
+def with_master_weights(config: ModelConfig) -> ModelConfig:
+    """Mixed precision: parameters stored in float32 (and so Adam's moments, which take
+    the parameters' dtype) under a lower-precision compute dtype, which every matmul
+    casts the weights to. A bf16-stored policy loses updates below its rounding step:
+    one Adam step at lr 1e-7 changed 0.1% of a bf16 tiny policy's weights."""
+    if config.dtype == "float32":
+        return config
+    return config.replace(param_dtype="float32")
 
 
 # Tiny CPU models and the shapes (no weights) of real checkpoints.
@@ -225,7 +237,6 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=40_960,
         param_dtype="bfloat16",
         dtype="bfloat16",
-        **STUDY_MEMORY,
     ),
     "qwen3-1.7b": ModelConfig(
         vocab_size=151_936,
@@ -241,7 +252,6 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=40_960,
         param_dtype="bfloat16",
         dtype="bfloat16",
-        **STUDY_MEMORY,
     ),
     "qwen3-4b": ModelConfig(
         vocab_size=151_936,
@@ -257,7 +267,6 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=40_960,
         param_dtype="bfloat16",
         dtype="bfloat16",
-        **STUDY_MEMORY,
     ),
     "qwen3-8b": ModelConfig(
         vocab_size=151_936,
@@ -273,7 +282,6 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=40_960,
         param_dtype="bfloat16",
         dtype="bfloat16",
-        **STUDY_MEMORY,
     ),
     "qwen2.5-0.5b": ModelConfig(
         vocab_size=151_936,
@@ -289,7 +297,6 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=32_768,
         param_dtype="bfloat16",
         dtype="bfloat16",
-        **STUDY_MEMORY,
     ),
     "qwen2.5-1.5b": ModelConfig(
         vocab_size=151_936,
@@ -305,7 +312,6 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=32_768,
         param_dtype="bfloat16",
         dtype="bfloat16",
-        **STUDY_MEMORY,
     ),
 }
 

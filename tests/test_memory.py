@@ -2,6 +2,7 @@
 rematerialisation, ``jax.nn.dot_product_attention``, and their combination in a GRPO
 gradient."""
 
+import dataclasses
 import functools
 
 import jax
@@ -102,15 +103,13 @@ def test_config_rejects_unknown_memory_settings():
         CFG.replace(logits_chunk=-1)
 
 
-def test_real_presets_default_to_memory_savers_and_tiny_ones_do_not():
+def test_memory_defaults_apply_to_real_models_only():
     for name in ("qwen3-0.6b", "qwen3-1.7b", "qwen2.5-0.5b"):
-        c = model_lib.get_preset(name)
+        c = model_lib.with_memory_defaults(model_lib.get_preset(name))
         assert (c.remat, c.attention, c.logits_chunk) == ("full", "auto", 512), name
-    tiny = model_lib.get_preset("tiny-1m")
+    tiny = model_lib.get_preset("tiny-5m")
     assert (tiny.remat, tiny.attention, tiny.logits_chunk) == ("none", "einsum", 0)
     assert model_lib.with_memory_defaults(tiny) == tiny
-    big = model_lib.get_preset("qwen3-0.6b").replace(remat="none", logits_chunk=0)
-    assert model_lib.with_memory_defaults(big).remat == "full"
 
 
 @pytest.mark.parametrize("policy", ["full", "dots_saveable", "dots_with_no_batch_dims_saveable"])
@@ -213,3 +212,89 @@ def test_all_memory_features_together_equal_plain_grpo_gradient():
     got = _grpo_grads(lean, params, batch)
     assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(want)) > 1e-3
     _assert_trees_close(got, want, rel=1e-5)
+
+
+# -------------------------------------------------------------------- mixed precision
+
+
+@pytest.mark.parametrize("master", [True, False])
+def test_tiny_lr_update_changes_every_weight_with_a_gradient(master):
+    """bf16 compute; float32 master weights keep an lr 1e-7 Adam step, bf16 storage
+    rounds most of it away (the contrast shows the test can fail)."""
+    from rl_batch import sharding
+
+    bf16 = CFG.replace(dtype="bfloat16", param_dtype="bfloat16")
+    config = model_lib.with_master_weights(bf16) if master else bf16
+    assert config.param_dtype == ("float32" if master else "bfloat16")
+    params = jax.tree.map(lambda x: jnp.asarray(x, config.param_dtype), _params(CFG))
+    batch = _batch()
+    grads = _grpo_grads(config, params, batch)
+    should_change = [np.asarray(g) != 0 for g in jax.tree.leaves(grads)]
+    assert sum(int(s.sum()) for s in should_change) > 0.9 * sum(s.size for s in should_change)
+
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    optimizer = learner.make_optimizer(1e-7)
+    state = learner.init_train_state(config, params, optimizer, mesh=mesh)
+    moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim >= 1]
+    assert {x.dtype for x in moments} == {jnp.dtype(config.param_dtype)}
+    before = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+    update = learner.make_update_fn(config, learner.GRPOConfig(), optimizer, mesh)
+    state, metrics = update(state, batch, jax.random.key(0))
+    assert float(metrics["skipped"]) == 0.0
+    changed = [np.asarray(a) != b for a, b in zip(jax.tree.leaves(state.params), before)]
+    n_should = sum(int(s.sum()) for s in should_change)
+    n_changed = sum(int((c & s).sum()) for c, s in zip(changed, should_change))
+    if master:
+        for (path, _), c, s in zip(
+            jax.tree_util.tree_flatten_with_path(grads)[0], changed, should_change
+        ):
+            np.testing.assert_array_equal(c, s, err_msg=jax.tree_util.keystr(path))
+    else:
+        assert n_changed < n_should
+
+
+# ------------------------------------------------------------------------ run config
+
+
+def _run_config(**model):
+    from experiments.configs import base
+
+    c = base.run_config()
+    c.task.name = "math"  # not a synthetic task: the preset's vocabulary stays
+    for key, value in model.items():
+        c.model[key] = value
+    return c
+
+
+def test_run_config_memory_and_precision_defaults_follow_model_size():
+    from rl_batch import config as config_lib
+
+    real = config_lib.make_model_config(_run_config(preset="qwen3-0.6b"))
+    preset = model_lib.get_preset("qwen3-0.6b")
+    assert (real.remat, real.attention, real.logits_chunk) == ("full", "auto", 512)
+    assert (real.param_dtype, real.dtype) == ("float32", preset.dtype) == ("float32", "bfloat16")
+    # Nothing else changed.
+    undone = {k: getattr(preset, k) for k in (*model_lib.STUDY_MEMORY, "param_dtype")}
+    assert real.replace(**undone) == preset
+    bf16 = config_lib.make_model_config(_run_config(preset="qwen3-0.6b", master_weights=False))
+    assert bf16.param_dtype == "bfloat16"
+    tiny = config_lib.make_model_config(_run_config(preset="tiny-1m"))
+    assert tiny == model_lib.get_preset("tiny-1m")
+
+
+def test_model_overrides_are_typed_placeholders():
+    """Every ModelConfig field can be set on a fresh config (what --config.model.overrides.X
+    does), unset ones stay out, and an override beats the size defaults."""
+    from rl_batch import config as config_lib
+
+    c = _run_config(preset="qwen3-0.6b")
+    assert set(c.model.overrides.to_dict()) == {
+        f.name for f in dataclasses.fields(model_lib.ModelConfig)
+    }
+    c.model.overrides.vocab_size = 1000
+    c.model.overrides.remat = "none"
+    c.model.overrides.rope_theta = 5e5
+    got = config_lib.make_model_config(c)
+    assert (got.vocab_size, got.remat, got.rope_theta, got.logits_chunk) == (1000, "none", 5e5, 512)
+    with pytest.raises(TypeError):
+        c.model.overrides.num_layers = "many"

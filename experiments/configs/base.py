@@ -5,7 +5,22 @@ values (the LR for a batch size under a rule, the response length from the task)
 filled in by ``rl_batch.config.resolve`` in one place.
 """
 
-from ml_collections import ConfigDict
+import dataclasses
+
+from ml_collections import ConfigDict, config_dict
+
+from rl_batch.model import ModelConfig
+
+
+def model_overrides() -> ConfigDict:
+    """A ConfigDict with one unset (None) typed placeholder per ``ModelConfig`` field."""
+    types = {"int": int, "float": float, "bool": bool, "str": str}
+    return ConfigDict(
+        {
+            f.name: config_dict.placeholder(types[str(f.type)])
+            for f in dataclasses.fields(ModelConfig)
+        }
+    )
 
 
 def run_config() -> ConfigDict:
@@ -31,7 +46,11 @@ def run_config() -> ConfigDict:
 
     c.model = ConfigDict()
     c.model.preset = "tiny-1m"
-    c.model.overrides = ConfigDict()  # ModelConfig fields, e.g. {"num_layers": 2}
+    # ModelConfig fields, e.g. {"num_layers": 2}; every field is a typed placeholder
+    # (None = unset) so that --config.model.overrides.vocab_size=151936 works.
+    c.model.overrides = model_overrides()
+    # bf16-compute models keep float32 params and Adam moments (model.with_master_weights).
+    c.model.master_weights = True
 
     # Starting policy: "pretrain" (supervised warm start on the task, cached in work_dir),
     # "scratch" (random init), "checkpoint" (a run's checkpoint dir), "hf" (an HF dir).
