@@ -52,7 +52,7 @@ def main(argv):
     import jax
 
     from rl_batch import config as config_lib
-    from rl_batch import learner, memory_plan, sweep
+    from rl_batch import learner, memory_plan
     from rl_batch import model as model_lib
 
     c = _CONFIG.value
@@ -121,17 +121,33 @@ def main(argv):
         + ("" if _SKIP_SAMPLER.value else f", gen_batch {mark(gen_extra)}{gen_fit}")
     )
     if "sweep" in c:
-        print("\n| sweep point | B | micro_batches | gen_batch | fits |")
-        print("|---|---|---|---|---|")
-        for point in {pt.key: pt for pt in sweep.expand_grid(c.sweep)}.values():
-            b = point.prompts * point.group_size
-            if micro_fit == 0:
-                print(f"| {point.key} | {b} | - | - | no: one sequence does not fit |")
-                continue
-            # The fewest micro-batches whose size fits and divides B.
-            m = next(m for m in range(1, b + 1) if b % m == 0 and b // m <= micro_fit)
-            gen = min(b, gen_fit) if not _SKIP_SAMPLER.value else "-"
-            print(f"| {point.key} | {b} | {m} | {gen} | yes |")
+        _sweep_table(c, micro_fit, None if _SKIP_SAMPLER.value else gen_fit)
+
+
+def _sweep_table(c, micro_fit: int, gen_fit: int | None) -> None:
+    """Per sweep point: does the config's own grpo.micro_batches / gen_batch fit, and the
+    fewest micro-batches / largest gen_batch that do."""
+    from rl_batch import sweep
+
+    print(
+        "\n| sweep point | B | config micro_batches (seqs each) | fits | fewest micro_batches "
+        "that fit | config gen_batch | fits | largest gen_batch that fits |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for point in {pt.key: pt for pt in sweep.expand_grid(c.sweep)}.values():
+        b = point.prompts * point.group_size
+        m_cfg = c.grpo.micro_batches
+        seqs = b // m_cfg if b % m_cfg == 0 else None
+        fits = "yes" if seqs is not None and 0 < seqs <= micro_fit else "**no**"
+        # The fewest micro-batches whose size fits and divides B.
+        needed = next((m for m in range(1, b + 1) if b % m == 0 and b // m <= micro_fit), None)
+        row = [point.key, b, f"{m_cfg} ({seqs})", fits, needed if micro_fit else "none"]
+        if gen_fit is None:
+            row += ["-", "-", "-"]
+        else:
+            g_cfg = c.gen_batch or b  # 0: the whole batch at once
+            row += [c.gen_batch, "yes" if g_cfg <= gen_fit else "**no**", min(b, gen_fit)]
+        print("| " + " | ".join(str(x) for x in row) + " |")
 
 
 if __name__ == "__main__":

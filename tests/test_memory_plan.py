@@ -74,3 +74,34 @@ def test_remat_and_chunking_lower_the_compiled_update_memory(temps):
 def test_prefill_has_no_prompt_logits(temps):
     # [B=4, P=256, V=4096] fp32 prompt logits would be 16 MB on their own.
     assert temps["prefill_temp"] < 4 * 256 * 4096 * 4
+
+
+def _plan_cli(*flags):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.plan_memory",
+            "--config=experiments/configs/grpo_cpu.py",
+        ]
+        + ["--config.model.preset=tiny-1m", "--prompt_len=8", "--response_len=16"]
+        + ["--micro_seqs=1,2", "--gen_batches=2,4", *flags],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_plan_cli_tables_and_refusal():
+    """One run with room to spare, one with a device smaller than the params: the sweep
+    table says which points fit and refuses them all on the small device."""
+    roomy = _plan_cli("--device_memory=1e12")
+    assert "| sequences / micro-batch |" in roomy and "| gen_batch |" in roomy
+    rows = [line for line in roomy.splitlines() if line.startswith("| 8x8:sqrt")]
+    assert len(rows) == 1 and "**no**" not in rows[0]
+    tight = _plan_cli("--device_memory=1e5")  # params alone are ~4 MB
+    rows = [line for line in tight.splitlines() if line.startswith("| 8x8:sqrt")]
+    assert len(rows) == 1 and rows[0].count("**no**") == 2
