@@ -130,8 +130,10 @@ def main(argv):
 
 
 def _sweep_table(c, micro_fit: int, gen_fit: int | None) -> None:
-    """Per sweep point: does the config's own grpo.micro_batches / gen_batch fit, and the
-    fewest micro-batches / largest gen_batch that do."""
+    """Per sweep point: does the config's own grpo.micro_batches (or the count its
+    grpo.micro_batch_seqs derives) / gen_batch fit, and the fewest micro-batches /
+    largest gen_batch that do."""
+    from rl_batch import config as config_lib
     from rl_batch import sweep
 
     print(
@@ -141,7 +143,10 @@ def _sweep_table(c, micro_fit: int, gen_fit: int | None) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for point in {pt.key: pt for pt in sweep.expand_grid(c.sweep)}.values():
         b = point.prompts * point.group_size
-        m_cfg = c.grpo.micro_batches
+        seqs_cfg = c.grpo.get("micro_batch_seqs", 0)
+        m_cfg = (
+            config_lib.micro_batches_for(b, seqs_cfg) if seqs_cfg else c.grpo.micro_batches
+        ) or c.grpo.micro_batches
         seqs = b // m_cfg if b % m_cfg == 0 else None
         fits = "yes" if seqs is not None and 0 < seqs <= micro_fit else "**no**"
         # The fewest micro-batches whose size fits and divides B.

@@ -298,3 +298,30 @@ def test_model_overrides_are_typed_placeholders():
     assert (got.vocab_size, got.remat, got.rope_theta, got.logits_chunk) == (1000, "none", 5e5, 512)
     with pytest.raises(TypeError):
         c.model.overrides.num_layers = "many"
+
+
+def test_micro_batches_from_a_sequence_budget():
+    from rl_batch import config as config_lib
+
+    assert config_lib.micro_batches_for(128, 32) == 4
+    assert config_lib.micro_batches_for(96, 40) == 3  # 32 each: 2 pieces of 48 exceed 40
+    assert config_lib.micro_batches_for(16, 64) == 1
+    assert config_lib.micro_batches_for(12, 5, shards=2) == 3  # 4 each; 6 > 5
+    assert config_lib.micro_batches_for(8, 1, shards=2) is None
+
+
+def test_resolve_derives_micro_batches_from_micro_batch_seqs():
+    from experiments.configs import base
+    from rl_batch import config as config_lib
+
+    c = base.run_config()
+    c.run_dir = "/tmp/unused"
+    c.prompts, c.group_size = 16, 8
+    c.grpo.micro_batches = 16  # the input; the budget wins
+    c.grpo.micro_batch_seqs = 32
+    once = config_lib.resolve(c, 1)
+    assert once.grpo.micro_batches == 128 // 32
+    assert config_lib.resolve(once, 1).to_dict() == once.to_dict()  # idempotent
+    c.grpo.micro_batch_seqs = 1
+    with pytest.raises(ValueError, match="grpo.micro_batch_seqs=1: no micro-batch count"):
+        config_lib.resolve(c, 2)  # pieces of 1 sequence cannot split over 2 devices

@@ -90,6 +90,9 @@ def run_config() -> ConfigDict:
     c.grpo.loss_agg = "token_mean"
     c.grpo.advantage = "grpo"
     c.grpo.micro_batches = 1  # gradient accumulation; same maths
+    # > 0: at most this many sequences per micro-batch (a memory budget, from
+    # experiments.plan_memory); grpo.micro_batches is then derived per batch size.
+    c.grpo.micro_batch_seqs = 0
     c.grpo.num_minibatches = 1  # >1 departs from the one-update-per-batch protocol
     c.grpo.num_epochs = 1
 
