@@ -44,7 +44,8 @@ _HEADS = ("lm", "value")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 # "einsum": this module's attention (the reference; fast on CPU). "xla" / "cudnn":
 # ``jax.nn.dot_product_attention`` with that implementation (cudnn: flash attention,
-# GPU only). "auto": cudnn on GPU, einsum on CPU, xla elsewhere (TPU).
+# GPU only, bf16/fp16). "auto": cudnn on GPU where it applies, einsum on CPU, xla
+# elsewhere (TPU; a Pallas splash-attention kernel is not wired in).
 ATTENTION_IMPLS = ("einsum", "xla", "cudnn", "auto")
 # Finite instead of -inf so that fully masked rows (left padding) stay NaN-free.
 _MASK_VALUE = -1e30
@@ -371,11 +372,22 @@ def rope(x_btnh: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
 
 
 def attention_impl(config: ModelConfig) -> str:
-    """The attention implementation ``config.attention`` names on this backend."""
+    """The attention implementation ``config.attention`` names on this backend.
+
+    ``auto`` picks cuDNN flash attention on a GPU for the shapes it supports (bf16/fp16
+    compute, head_dim a multiple of 8 up to 128), else XLA; einsum on the CPU.
+    """
     if config.attention != "auto":
         return config.attention
     backend = jax.default_backend()
-    return {"gpu": "cudnn", "cpu": "einsum"}.get(backend, "xla")
+    if backend == "cpu":
+        return "einsum"
+    cudnn_ok = (
+        config.dtype in ("bfloat16", "float16")
+        and config.head_dim % 8 == 0
+        and config.head_dim <= 128
+    )
+    return "cudnn" if backend == "gpu" and cudnn_ok else "xla"
 
 
 def _einsum_attention(

@@ -156,6 +156,21 @@ def test_auto_attention_is_einsum_on_cpu():
     assert model_lib.attention_impl(CFG.replace(attention="xla")) == "xla"
 
 
+@pytest.mark.parametrize(
+    "backend, dtype, head_dim, want",
+    [
+        ("gpu", "bfloat16", 8, "cudnn"),
+        ("gpu", "float32", 8, "xla"),  # cuDNN flash attention has no fp32
+        ("gpu", "bfloat16", 256, "xla"),
+        ("tpu", "bfloat16", 8, "xla"),
+    ],
+)
+def test_auto_attention_on_accelerators(monkeypatch, backend, dtype, head_dim, want):
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    config = CFG.replace(attention="auto", dtype=dtype, head_dim=head_dim)
+    assert model_lib.attention_impl(config) == want
+
+
 def test_xla_attention_forward_and_gradients_equal_einsum():
     params = _params(CFG)
     batch = _batch()
