@@ -46,6 +46,12 @@ _MICRO_SEQS = flags.DEFINE_list(
 _GEN_BATCHES = flags.DEFINE_list("gen_batches", ["16", "32"], "Sampler batches to compile.")
 _BASELINE = flags.DEFINE_bool("baseline", False, "Compile the pre-issue-19 settings.")
 _SKIP_SAMPLER = flags.DEFINE_bool("skip_sampler", False, "Compile the update only.")
+_CHECK_JSON = flags.DEFINE_string(
+    "check_json",
+    None,
+    "A JSON file {run name: resolved run config}: compile each run's own shapes and print "
+    "the runs that do not fit as a JSON list on the last line (used by sweeps).",
+)
 
 
 def _gb(x: float) -> str:
@@ -60,6 +66,17 @@ def main(argv):
     from rl_batch import learner, memory_plan
     from rl_batch import model as model_lib
 
+    if _CHECK_JSON.value:
+        import json
+
+        from ml_collections import ConfigDict
+
+        with open(_CHECK_JSON.value) as f:
+            resolved = {k: ConfigDict(v) for k, v in json.load(f).items()}
+        print(json.dumps(memory_plan.check_run_configs(resolved, _DEVICE_MEMORY.value)))
+        return
+    if _CONFIG.value is None:
+        raise app.UsageError("pass --config=... (or --check_json=...)")
     c = _CONFIG.value
     mc = config_lib.make_model_config(c)
     if _BASELINE.value:
@@ -161,5 +178,4 @@ def _sweep_table(c, micro_fit: int, gen_fit: int | None) -> None:
 
 
 if __name__ == "__main__":
-    flags.mark_flag_as_required("config")
     app.run(main)

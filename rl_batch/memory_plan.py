@@ -151,3 +151,52 @@ def largest_fitting(sizes: list[int], peaks: list[int], budget: float) -> tuple[
     if slope <= 0:
         return sizes[-1], False
     return max(sizes[-1], int(s1 + (budget - p1) // slope)), True
+
+
+def check_run_configs(resolved: dict[str, Any], device_memory: float) -> list[str]:
+    """Compiles each GRPO run's update and sampler at its own shapes and names the runs
+    whose estimated peak exceeds ``device_memory`` bytes (an empty list when all fit).
+
+    Args:
+      resolved: run name -> resolved run config (``rl_batch.config.resolve``).
+      device_memory: bytes of one device.
+
+    Returns:
+      One message per run that does not fit (PPO runs are not checked).
+    """
+    from rl_batch import config as config_lib
+
+    errors, cache = [], {}
+    for name, c in resolved.items():
+        if c.algo != "grpo":
+            continue
+        mc = config_lib.make_model_config(c)
+        b = c.prompts * c.group_size
+        m = c.grpo.micro_batches
+        seqs = b // c.grpo.num_minibatches // m
+        p, r = c.derived.max_prompt_len, c.derived.max_new_tokens
+        gen = min(c.gen_batch or b, b)
+        optimizer = learner.make_optimizer(1e-6, max_grad_norm=c.max_grad_norm or None)
+        # Activations do not depend on the micro-batch count beyond 2 (a scan).
+        key = ("update", mc, seqs, min(m, 2), p, r, c.max_grad_norm)
+        if key not in cache:
+            grpo = learner.GRPOConfig(micro_batches=min(m, 2))
+            cache[key] = update_memory(
+                mc, grpo, optimizer, batch=seqs * min(m, 2), prompt_len=p, response_len=r
+            ).peak
+        key_s = ("sampler", mc, gen, p, r)
+        if key_s not in cache:
+            pre, dec = sampler_memory(mc, batch=gen, prompt_len=p, response_len=r)
+            opt = tree_bytes(abstract_train_state(mc, optimizer).opt_state)
+            cache[key_s] = max(pre.peak, dec.peak) + opt
+        for what, peak, hint in (
+            ("update", cache[key], f"{seqs} sequences per micro-batch: raise grpo.micro_batches"),
+            ("sampler", cache[key_s], f"gen_batch {gen}: lower gen_batch"),
+        ):
+            if peak > device_memory:
+                errors.append(
+                    f"{name}: the {what} needs ~{peak / 1e9:.1f} GB, more than the "
+                    f"{device_memory / 1e9:.1f} GB of a device ({hint}, or lower "
+                    "grpo.micro_batch_seqs; see experiments.plan_memory)"
+                )
+    return errors

@@ -105,3 +105,22 @@ def test_plan_cli_tables_and_refusal():
     tight = _plan_cli("--device_memory=1e5")  # params alone are ~4 MB
     rows = [line for line in tight.splitlines() if line.startswith("| 8x8:sqrt")]
     assert len(rows) == 1 and rows[0].count("**no**") == 2
+
+
+def test_sweep_refuses_points_that_do_not_fit(tmp_path):
+    from experiments.configs import base
+    from rl_batch import sweep
+    from tests.run_fixtures import tiny_run_config
+
+    c = base.sweep_config(tiny_run_config(str(tmp_path / "work")))
+    c.sweep.prompts, c.sweep.group_sizes = "4", "4"
+    c.sweep.device_memory = 1e5  # the tiny model's params alone are larger
+    started = []
+    with pytest.raises(ValueError) as e:
+        sweep.run_sweep(c, str(tmp_path / "sweep"), run_fn=started.append, log=lambda s: None)
+    message = str(e.value)
+    assert message.startswith("sweep points do not fit in memory")
+    assert "p4_g4_sqrt_s0: the update needs" in message and "p4_g4_sqrt_s0: the sampler" in message
+    assert not started
+    _, resolved = sweep.plan(c, str(tmp_path / "sweep"), 1)
+    assert sweep.check_memory(resolved, 1e12, str(tmp_path / "sweep")) == []

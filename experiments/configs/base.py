@@ -184,4 +184,8 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # e.g. "8x16:sqrt,32x8:fixed".
     run.sweep.extra_points = ""
     run.sweep.reference = ""  # run config key "PxG:rule"; default: smallest batch, first rule
+    # > 0: bytes of one device; before any point starts, the sweep compiles each point's
+    # update and sampler ahead of time (experiments.plan_memory, CPU) and refuses the
+    # points whose estimate exceeds it, e.g. 141e9 for an H200.
+    run.sweep.device_memory = 0.0
     return run
