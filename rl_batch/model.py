@@ -79,6 +79,10 @@ class ModelConfig:
       logits_chunk: response positions whose [B, chunk, V] logits exist at once when
         log-probs and entropy are computed from hidden states (``rl_batch.logprobs``);
         0 = all R positions at once. Memory only: the values are the same.
+      scan_layers: run the decoder blocks of a cache-free pass (training) under one
+        ``lax.scan`` over their parameters stacked at trace time (in the compute dtype),
+        so the program holds one block instead of ``num_layers``. The parameter tree
+        keeps its per-layer layout; the KV-cache path (sampling) keeps the loop.
     """
 
     vocab_size: int
@@ -100,6 +104,7 @@ class ModelConfig:
     remat: str = "none"
     attention: str = "einsum"
     logits_chunk: int = 0
+    scan_layers: bool = False
 
     def __post_init__(self):
         for name in (
@@ -135,6 +140,8 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.attention={self.attention!r}; expected one of {ATTENTION_IMPLS}"
             )
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"ModelConfig.scan_layers must be a bool, got {self.scan_layers!r}")
         if not isinstance(self.logits_chunk, int) or self.logits_chunk < 0:
             raise ValueError(
                 f"ModelConfig.logits_chunk must be a non-negative int, got {self.logits_chunk!r}"
@@ -555,8 +562,12 @@ class Transformer(nnx.Module):
         dt = _DTYPES[c.dtype]
         x_btd = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(dt)
         new_cache = [] if cache is not None else None
+        policy = None
+        if c.remat not in ("none", "full"):
+            policy = getattr(jax.checkpoint_policies, c.remat)
+        if c.scan_layers and cache is None:
+            return self.final_norm(self._scan_blocks(x_btd, positions_bt, mask_bts, policy)), None
         if c.remat != "none" and cache is None:
-            policy = None if c.remat == "full" else getattr(jax.checkpoint_policies, c.remat)
             run_block = nnx.remat(lambda block, x, pos, m: block(x, pos, m)[0], policy=policy)
         else:
             run_block = None
@@ -569,6 +580,25 @@ class Transformer(nnx.Module):
             if new_cache is not None:
                 new_cache.append(layer_cache)
         return self.final_norm(x_btd), new_cache
+
+    def _scan_blocks(self, x_btd, positions_bt, mask_bts, policy) -> jax.Array:
+        """The blocks as one ``lax.scan`` over their stacked ([L, ...]) parameters."""
+        dt = _DTYPES[self.config.dtype]
+        graphdef, _ = nnx.split(self.layers[0])
+        # Cast first: every block casts its weights to the compute dtype anyway, and a
+        # stacked copy in that dtype is the smaller one.
+        stacked = jax.tree.map(
+            lambda *xs: jnp.stack([x.astype(dt) for x in xs]),
+            *[nnx.split(layer)[1] for layer in self.layers],
+        )
+
+        def body(x_btd, state):
+            return nnx.merge(graphdef, state)(x_btd, positions_bt, mask_bts)[0], None
+
+        if self.config.remat != "none":
+            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+        x_btd, _ = jax.lax.scan(body, x_btd, stacked)
+        return x_btd
 
     def head_dv(self) -> jax.Array:
         """The LM head matrix [D, V] in storage dtype (the embedding's transpose if tied)."""

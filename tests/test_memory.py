@@ -340,3 +340,52 @@ def test_resolve_derives_micro_batches_from_micro_batch_seqs():
     c.grpo.micro_batch_seqs = 1
     with pytest.raises(ValueError, match="grpo.micro_batch_seqs=1: no micro-batch count"):
         config_lib.resolve(c, 2)  # pieces of 1 sequence cannot split over 2 devices
+
+
+# ---------------------------------------------------------------------- scanned layers
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_scanned_layers_equal_the_loop(remat):
+    params = _params(CFG)
+    batch = _batch()
+    loop = CFG.replace(remat=remat)
+    scanned = CFG.replace(remat=remat, scan_layers=True)
+    tokens = jnp.concatenate([batch.prompt_tokens, batch.response_tokens], axis=1)
+    mask = jnp.concatenate([batch.prompt_mask, batch.response_mask], axis=1)
+    want = model_lib.forward(loop, params, tokens, input_mask_bt=mask)
+    got = model_lib.forward(scanned, params, tokens, input_mask_bt=mask)
+    _assert_trees_close(got, want, rel=1e-5)
+    g_want = jax.grad(functools.partial(_forward_objective, loop))(params, batch)
+    g_got = jax.grad(functools.partial(_forward_objective, scanned))(params, batch)
+    _assert_trees_close(g_got, g_want, rel=1e-5)
+    _assert_trees_close(_grpo_grads(scanned, params, batch), _grpo_grads(loop, params, batch), 1e-5)
+    # One block in the program, run num_layers times.
+    jaxpr = jax.make_jaxpr(functools.partial(model_lib.forward, scanned))(params, tokens).jaxpr
+    scans = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
+    assert [e.params["length"] for e in scans] == [CFG.num_layers]
+    loop_jaxpr = jax.make_jaxpr(functools.partial(model_lib.forward, loop))(params, tokens).jaxpr
+    assert not [e for e in loop_jaxpr.eqns if e.primitive.name == "scan"]
+
+
+def test_scanned_layers_leave_the_param_tree_and_the_cache_path_alone():
+    scanned = CFG.replace(scan_layers=True)
+    assert jax.tree.structure(model_lib.abstract_params(scanned)) == jax.tree.structure(
+        model_lib.abstract_params(CFG)
+    )
+    params = _params(CFG)
+    batch = _batch()
+    positions = model_lib.positions_from_mask(batch.prompt_mask)
+    outs = [
+        model_lib.forward_with_cache(
+            config,
+            params,
+            batch.prompt_tokens,
+            positions,
+            batch.prompt_mask,
+            model_lib.init_cache(config, B, P),
+            0,
+        )
+        for config in (CFG, scanned)
+    ]
+    _assert_trees_close(outs[1], outs[0], rel=0)
