@@ -31,7 +31,7 @@ SYNTHETIC_TASKS = ("addition", "multiplication", "countdown")
 # "-1": derive the value (``lr`` from ``lr_rule``, ``ppo.critic_lr`` from its rule).
 DERIVE = -1
 # Config keys that resolve() may replace with derived values (see ``derived.replaced``).
-DERIVED_KEYS = ("lr", "b1", "b2", "eps", "ppo.critic_lr")
+DERIVED_KEYS = ("lr", "b1", "b2", "eps", "ppo.critic_lr", "grpo.micro_batches")
 # The ``grpo.GRPOConfig`` field behind each key of a GRPO run's ``grpo`` section (all its
 # fields but ``temperature``, which comes from ``sampling``).
 GRPO_FIELDS = grpo.GRPOConfig.config_fields()
@@ -69,16 +69,24 @@ def make_tokenizer(c: ConfigDict):
 
 
 def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
-    """The model shape: the HF checkpoint's (``init.source="hf"``) or a preset with
-    overrides, vocabulary sized to the character tokenizer for synthetic tasks."""
-    overrides = dict(c.model.overrides.to_dict())
+    """The model: the HF checkpoint's shape (``init.source="hf"``) or a preset's, then
+    the memory settings of its size (``model.with_memory_defaults``: remat, attention,
+    log-prob chunks for >= 100M parameters), float32 master weights under bf16 compute
+    (``model.master_weights``), then ``model.overrides`` (unset fields are None);
+    vocabulary sized to the character tokenizer for synthetic tasks."""
+    overrides = {k: v for k, v in c.model.overrides.to_dict().items() if v is not None}
     if c.init.source == "hf":
         from rl_batch import hf
 
-        return hf.config_from_hf(hf.read_hf_config(c.init.path)).replace(head=head, **overrides)
-    if c.task.name in SYNTHETIC_TASKS and "vocab_size" not in overrides:
-        overrides["vocab_size"] = CharTokenizer().vocab_size
-    return model_lib.get_preset(c.model.preset, head=head, **overrides)
+        base = hf.config_from_hf(hf.read_hf_config(c.init.path))
+    else:
+        if c.task.name in SYNTHETIC_TASKS and "vocab_size" not in overrides:
+            overrides["vocab_size"] = CharTokenizer().vocab_size
+        base = model_lib.get_preset(c.model.preset)
+    base = model_lib.with_memory_defaults(base)
+    if c.model.get("master_weights", True):
+        base = model_lib.with_master_weights(base)
+    return base.replace(head=head, **overrides)
 
 
 def make_sampler(c: ConfigDict, tokenizer, model_config: model_lib.ModelConfig, mesh=None):
@@ -99,6 +107,16 @@ def data_axis_size(c: ConfigDict, device_count: int) -> int:
     fsdp, tensor = c.mesh.fsdp, c.mesh.tensor
     data = c.mesh.data if c.mesh.data > 0 else device_count // max(fsdp * tensor, 1)
     return data * fsdp
+
+
+def micro_batches_for(sequences: int, max_seqs: int, shards: int = 1) -> int | None:
+    """The fewest micro-batches M that split ``sequences`` into equal pieces of at most
+    ``max_seqs`` (a memory budget, e.g. from ``experiments.plan_memory``), each divisible
+    by ``shards``; None if there is none."""
+    for m in range(max(1, -(-sequences // max_seqs)), sequences + 1):
+        if sequences % m == 0 and (sequences // m) % shards == 0:
+            return m
+    return None
 
 
 def _is_int(value) -> bool:
@@ -360,6 +378,17 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
             f"batch prompts x group_size = {c.prompts} x {c.group_size} = {batch} is not "
             f"divisible by the data-parallel size {shards}",
         )
+        if c.algo == "grpo" and c.grpo.get("micro_batch_seqs", 0):
+            micro = micro_batches_for(
+                batch // c.grpo.num_minibatches, c.grpo.micro_batch_seqs, shards
+            )
+            check(
+                micro is not None,
+                f"grpo.micro_batch_seqs={c.grpo.micro_batch_seqs}: no micro-batch count "
+                f"splits the {batch // c.grpo.num_minibatches} sequences of an update into "
+                f"pieces of at most that many, divisible by the data-parallel size {shards}",
+            )
+            c.grpo.micro_batches = micro or c.grpo.micro_batches
     if errors:
         raise ValueError("invalid config: " + "; ".join(errors))
 

@@ -41,6 +41,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from rl_batch import logprobs as logprobs_lib
 from rl_batch import losses
 from rl_batch import model as model_lib
 from rl_batch import sharding as sharding_lib
@@ -307,8 +308,7 @@ def compute_logprobs(
     """[B, R] log-probs of the response tokens under softmax(logits / temperature),
     0 on padding. Jittable (``temperature`` static); use for reference log-probs or
     evaluation."""
-    logits_brv = response_outputs(model_config, params, batch) / temperature
-    logp_br = model_lib.token_logprobs(logits_brv, batch.response_tokens)
+    logp_br, _ = logprobs_lib.response_logprobs(model_config, params, batch, temperature)
     return jnp.where(batch.response_mask.astype(bool), logp_br, 0.0)
 
 
@@ -443,8 +443,8 @@ def policy_loss(
       (``|g_own| = own_scale * |g|``), for the gradient noise scale.
     """
     mask_br = batch.response_mask.astype(bool)
-    logits_brv = response_outputs(model_config, params, batch) / temperature
-    logp_br = model_lib.token_logprobs(logits_brv, batch.response_tokens)
+    # Chunked over response positions (``model_config.logits_chunk``): no [B, R, V].
+    logp_br, entropy_br = logprobs_lib.response_logprobs(model_config, params, batch, temperature)
     if batch.old_logprobs is None:
         old_br = jax.lax.stop_gradient(logp_br)
     else:
@@ -487,7 +487,7 @@ def policy_loss(
     sums.update(
         loss=loss,
         clip_frac=token_mean(clipped_br),
-        entropy=token_mean(losses.token_entropy(jax.lax.stop_gradient(logits_brv))),
+        entropy=token_mean(entropy_br),
         ratio_mean=token_mean(ratio_br),
         logprob_mean=token_mean(logp_br),
     )

@@ -37,6 +37,16 @@ Cache = list[LayerCache]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _HEADS = ("lm", "value")
+# Decoder-block rematerialisation: what the backward pass keeps of each block's forward.
+# "full" keeps only the block's input (and recomputes the rest); the "dots" policies
+# also keep matmul outputs ("dots_with_no_batch_dims_saveable": the weight matmuls but
+# not the [B, K, Q, S] attention scores, which are batched matmuls).
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+# "einsum": this module's attention (the reference; fast on CPU). "xla" / "cudnn":
+# ``jax.nn.dot_product_attention`` with that implementation (cudnn: flash attention,
+# GPU only, bf16/fp16). "auto": cudnn on GPU where it applies, einsum on CPU, xla
+# elsewhere (TPU; a Pallas splash-attention kernel is not wired in).
+ATTENTION_IMPLS = ("einsum", "xla", "cudnn", "auto")
 # Finite instead of -inf so that fully masked rows (left padding) stay NaN-free.
 _MASK_VALUE = -1e30
 
@@ -62,6 +72,17 @@ class ModelConfig:
       param_dtype: storage dtype of parameters.
       dtype: compute dtype of activations and matmuls (logits are float32).
       head: "lm" for next-token logits, "value" for a scalar value per position.
+      remat: rematerialisation of each decoder block in the backward pass, one of
+        ``REMAT_POLICIES`` (memory only: the gradients are the same).
+      attention: attention implementation for multi-token passes (training forward,
+        prefill), one of ``ATTENTION_IMPLS``; one-token decode steps always use einsum.
+      logits_chunk: response positions whose [B, chunk, V] logits exist at once when
+        log-probs and entropy are computed from hidden states (``rl_batch.logprobs``);
+        0 = all R positions at once. Memory only: the values are the same.
+      scan_layers: run the decoder blocks of a cache-free pass (training) under one
+        ``lax.scan`` over their parameters stacked at trace time (in the compute dtype),
+        so the program holds one block instead of ``num_layers``. The parameter tree
+        keeps its per-layer layout; the KV-cache path (sampling) keeps the loop.
     """
 
     vocab_size: int
@@ -80,6 +101,10 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     head: str = "lm"
+    remat: str = "none"
+    attention: str = "einsum"
+    logits_chunk: int = 0
+    scan_layers: bool = False
 
     def __post_init__(self):
         for name in (
@@ -109,6 +134,18 @@ class ModelConfig:
                 )
         if self.head not in _HEADS:
             raise ValueError(f"ModelConfig.head={self.head!r}; expected one of {_HEADS}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"ModelConfig.remat={self.remat!r}; expected one of {REMAT_POLICIES}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"ModelConfig.attention={self.attention!r}; expected one of {ATTENTION_IMPLS}"
+            )
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"ModelConfig.scan_layers must be a bool, got {self.scan_layers!r}")
+        if not isinstance(self.logits_chunk, int) or self.logits_chunk < 0:
+            raise ValueError(
+                f"ModelConfig.logits_chunk must be a non-negative int, got {self.logits_chunk!r}"
+            )
 
     def replace(self, **changes) -> ModelConfig:
         """Returns a copy with ``changes`` applied (validated again)."""
@@ -139,6 +176,33 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# Memory settings of real-model (>= 100M parameter) run configs (``with_memory_defaults``;
+# the presets themselves are the checkpoints' shapes): remat every block, flash
+# attention where there is one, log-probs 512 response positions at a time (one 2k-token
+# 0.6B sequence: 0.3 GB of fp32 logits instead of 1.2 GB).
+STUDY_MEMORY = dict(remat="full", attention="auto", logits_chunk=512)
+REAL_MODEL_PARAMS = 100_000_000
+
+
+def with_memory_defaults(config: ModelConfig) -> ModelConfig:
+    """``config`` with ``STUDY_MEMORY`` applied if it has >= 100M parameters (a real
+    checkpoint's shape); small models keep their settings. Run configs apply this before
+    their ``model.overrides`` (``rl_batch.config.make_model_config``)."""
+    if config.num_params < REAL_MODEL_PARAMS:
+        return config
+    return config.replace(**STUDY_MEMORY)
+
+
+def with_master_weights(config: ModelConfig) -> ModelConfig:
+    """Mixed precision: parameters stored in float32 (and so Adam's moments, which take
+    the parameters' dtype) under a lower-precision compute dtype, which every matmul
+    casts the weights to. A bf16-stored policy loses updates below its rounding step:
+    one Adam step at lr 1e-7 changed 0.1% of a bf16 tiny policy's weights."""
+    if config.dtype == "float32":
+        return config
+    return config.replace(param_dtype="float32")
 
 
 # Tiny CPU models and the shapes (no weights) of real checkpoints.
@@ -314,6 +378,48 @@ def rope(x_btnh: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
     return (x32 * cos + rotated * sin).astype(x_btnh.dtype)
 
 
+def attention_impl(config: ModelConfig) -> str:
+    """The attention implementation ``config.attention`` names on this backend.
+
+    ``auto`` picks cuDNN flash attention on a GPU for the shapes it supports (bf16/fp16
+    compute, head_dim a multiple of 8 up to 128), else XLA; einsum on the CPU.
+    """
+    if config.attention != "auto":
+        return config.attention
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return "einsum"
+    cudnn_ok = (
+        config.dtype in ("bfloat16", "float16")
+        and config.head_dim % 8 == 0
+        and config.head_dim <= 128
+    )
+    return "cudnn" if backend == "gpu" and cudnn_ok else "xla"
+
+
+def _einsum_attention(
+    q_btnh: jax.Array, k_bksh: jax.Array, v_bksh: jax.Array, mask_bts: jax.Array
+) -> jax.Array:
+    """Grouped-query attention with fp32 scores [B, K, G * T, S] (the reference path).
+
+    Two batched matmuls over (B, K) with the G query heads of a KV head and the T queries
+    flattened into one axis of Q = G * T rows: the form CPU matmul libraries run fast (a
+    "btkgh"-ordered einsum output made XLA emit B * K * G tiny matmuls, about a third of
+    the decode step time).
+    """
+    b, t, n, h = q_btnh.shape
+    kv = k_bksh.shape[1]
+    g = n // kv
+    dt = q_btnh.dtype
+    q_bkqh = q_btnh.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
+    logits_bkqs = jnp.einsum("bkqh,bksh->bkqs", q_bkqh, k_bksh)
+    logits_bkgts = logits_bkqs.reshape(b, kv, g, t, -1).astype(jnp.float32) * (h**-0.5)
+    logits_bkgts = jnp.where(mask_bts[:, None, None, :, :], logits_bkgts, _MASK_VALUE)
+    probs_bkqs = jax.nn.softmax(logits_bkgts, axis=-1).astype(dt).reshape(b, kv, g * t, -1)
+    out_bkqh = jnp.einsum("bkqs,bksh->bkqh", probs_bkqs, v_bksh)
+    return out_bkqh.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with an optional KV cache."""
 
@@ -372,20 +478,21 @@ class Attention(nnx.Module):
         else:
             k_bksh, v_bksh = k_bkth, v_bkth
 
-        # Attention as two batched matmuls over (B, K) with the G query heads of a KV
-        # head and the T queries flattened into one axis of Q = G * T rows: the form
-        # CPU matmul libraries run fast (a "btkgh"-ordered einsum output made XLA emit
-        # B * K * G tiny matmuls, about a third of the decode step time).
         b, t, n, h = q_btnh.shape
-        kv = c.num_kv_heads
-        g = n // kv
-        q_bkqh = q_btnh.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
-        logits_bkqs = jnp.einsum("bkqh,bksh->bkqs", q_bkqh, k_bksh.astype(dt))
-        logits_bkgts = logits_bkqs.reshape(b, kv, g, t, -1).astype(jnp.float32) * (h**-0.5)
-        logits_bkgts = jnp.where(mask_bts[:, None, None, :, :], logits_bkgts, _MASK_VALUE)
-        probs_bkqs = jax.nn.softmax(logits_bkgts, axis=-1).astype(dt).reshape(b, kv, g * t, -1)
-        out_bkqh = jnp.einsum("bkqs,bksh->bkqh", probs_bkqs, v_bksh.astype(dt))
-        out_btnh = out_bkqh.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+        impl = attention_impl(c)
+        if impl != "einsum" and t > 1 and t == k_bksh.shape[2]:
+            # A multi-token pass over exactly its own T slots (training forward, prefill
+            # into a P-slot cache): queries and keys are aligned, so the mask is causal.
+            out_btnh = jax.nn.dot_product_attention(
+                q_btnh,
+                jnp.swapaxes(k_bksh, 1, 2).astype(dt),
+                jnp.swapaxes(v_bksh, 1, 2).astype(dt),
+                mask=mask_bts[:, None, :, :],
+                is_causal=impl == "cudnn",  # lets cuDNN skip the upper triangle
+                implementation=impl,
+            )
+        else:
+            out_btnh = _einsum_attention(q_btnh, k_bksh.astype(dt), v_bksh.astype(dt), mask_bts)
         # A plain 2-D matmul over the flattened (n, h) axis: as a two-axis contraction
         # XLA's CPU layout pass contracted in (h, n) order and transposed o_nhd (a
         # weight copy per decode step).
@@ -442,7 +549,7 @@ class Transformer(nnx.Module):
         elif not c.tie_embeddings:
             self.lm_head_dv = _param(rngs, (c.hidden_size, c.vocab_size), ("embed", "vocab"), c)
 
-    def __call__(
+    def hidden(
         self,
         tokens_bt: jax.Array,
         positions_bt: jax.Array,
@@ -450,21 +557,73 @@ class Transformer(nnx.Module):
         cache: Cache | None = None,
         cache_index: jax.Array | int | None = None,
     ) -> tuple[jax.Array, Cache | None]:
+        """Final-normed hidden states [B, T, D] (compute dtype) and the new cache."""
         c = self.config
         dt = _DTYPES[c.dtype]
         x_btd = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(dt)
         new_cache = [] if cache is not None else None
+        policy = None
+        if c.remat not in ("none", "full"):
+            policy = getattr(jax.checkpoint_policies, c.remat)
+        if c.scan_layers and cache is None:
+            return self.final_norm(self._scan_blocks(x_btd, positions_bt, mask_bts, policy)), None
+        if c.remat != "none" and cache is None:
+            run_block = nnx.remat(lambda block, x, pos, m: block(x, pos, m)[0], policy=policy)
+        else:
+            run_block = None
         for i, layer in enumerate(self.layers):
+            if run_block is not None:
+                x_btd = run_block(layer, x_btd, positions_bt, mask_bts)
+                continue
             layer_cache = cache[i] if cache is not None else None
             x_btd, layer_cache = layer(x_btd, positions_bt, mask_bts, layer_cache, cache_index)
             if new_cache is not None:
                 new_cache.append(layer_cache)
-        x_btd = self.final_norm(x_btd)
+        return self.final_norm(x_btd), new_cache
+
+    def _scan_blocks(self, x_btd, positions_bt, mask_bts, policy) -> jax.Array:
+        """The blocks as one ``lax.scan`` over their stacked ([L, ...]) parameters."""
+        dt = _DTYPES[self.config.dtype]
+        graphdef, _ = nnx.split(self.layers[0])
+        # Cast first: every block casts its weights to the compute dtype anyway, and a
+        # stacked copy in that dtype is the smaller one.
+        stacked = jax.tree.map(
+            lambda *xs: jnp.stack([x.astype(dt) for x in xs]),
+            *[nnx.split(layer)[1] for layer in self.layers],
+        )
+
+        def body(x_btd, state):
+            return nnx.merge(graphdef, state)(x_btd, positions_bt, mask_bts)[0], None
+
+        if self.config.remat != "none":
+            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+        x_btd, _ = jax.lax.scan(body, x_btd, stacked)
+        return x_btd
+
+    def head_dv(self) -> jax.Array:
+        """The LM head matrix [D, V] in storage dtype (the embedding's transpose if tied)."""
+        return self.embed_vd[...].T if self.config.tie_embeddings else self.lm_head_dv[...]
+
+    def __call__(
+        self,
+        tokens_bt: jax.Array,
+        positions_bt: jax.Array,
+        mask_bts: jax.Array,
+        cache: Cache | None = None,
+        cache_index: jax.Array | int | None = None,
+        *,
+        last_only: bool = False,
+    ) -> tuple[jax.Array, Cache | None]:
+        """Logits [B, T, V] float32 (values [B, T]) and the new cache; ``last_only``
+        applies the head at the last position only ([B, 1, V] / [B, 1])."""
+        c = self.config
+        x_btd, new_cache = self.hidden(tokens_bt, positions_bt, mask_bts, cache, cache_index)
+        if last_only:
+            x_btd = x_btd[:, -1:]
         if c.head == "value":
             values_bt = x_btd.astype(jnp.float32) @ self.value_d[...].astype(jnp.float32)
             return values_bt + self.value_bias[...].astype(jnp.float32), new_cache
-        head_dv = self.embed_vd[...].T if c.tie_embeddings else self.lm_head_dv[...]
-        logits_btv = (x_btd @ head_dv.astype(dt)).astype(jnp.float32)
+        logits_btv = (x_btd @ self.head_dv().astype(x_btd.dtype)).astype(jnp.float32)
         return logits_btv, new_cache
 
 
@@ -566,6 +725,32 @@ def forward(
     return out
 
 
+def forward_hidden(
+    config: ModelConfig,
+    params: Params,
+    tokens_bt: jax.Array,
+    *,
+    input_mask_bt: jax.Array | None = None,
+    positions_bt: jax.Array | None = None,
+) -> jax.Array:
+    """``forward`` without the head: final-normed hidden states [B, T, D] in the compute
+    dtype. ``hidden_btd @ lm_head(config, params)`` (in the compute dtype, then float32)
+    are ``forward``'s logits; ``rl_batch.logprobs`` takes it from there in chunks."""
+    if input_mask_bt is None:
+        input_mask_bt = jnp.ones(tokens_bt.shape, bool)
+    if positions_bt is None:
+        positions_bt = positions_from_mask(input_mask_bt)
+    hidden_btd, _ = bind(config, params).hidden(tokens_bt, positions_bt, causal_mask(input_mask_bt))
+    return hidden_btd
+
+
+def lm_head(config: ModelConfig, params: Params) -> jax.Array:
+    """The LM head matrix [D, V] in storage dtype (the embedding transposed if tied)."""
+    if config.head != "lm":
+        raise ValueError(f"lm_head needs ModelConfig.head='lm', got {config.head!r}")
+    return params["embed_vd"].T if config.tie_embeddings else params["lm_head_dv"]
+
+
 def forward_with_cache(
     config: ModelConfig,
     params: Params,
@@ -574,6 +759,8 @@ def forward_with_cache(
     kv_mask_bs: jax.Array,
     cache: Cache,
     cache_index: jax.Array | int,
+    *,
+    last_only: bool = False,
 ) -> tuple[jax.Array, Cache]:
     """Forward pass that appends T tokens to a KV cache at ``cache_index``.
 
@@ -586,12 +773,16 @@ def forward_with_cache(
         slots being written now).
       cache: per-layer caches from ``init_cache``.
       cache_index: first slot to write.
+      last_only: compute the head at the last of the T positions only (a prefill needs
+        no other logits: [B, 1, V] instead of [B, T, V]).
 
     Returns:
       (logits [B, T, V] float32 or values [B, T], updated cache).
     """
     mask_bts = cache_mask(kv_mask_bs, cache_index, tokens_bt.shape[1])
-    return bind(config, params)(tokens_bt, positions_bt, mask_bts, cache, cache_index)
+    return bind(config, params)(
+        tokens_bt, positions_bt, mask_bts, cache, cache_index, last_only=last_only
+    )
 
 
 def init_cache(config: ModelConfig, batch: int, length: int, dtype: str | None = None) -> Cache:

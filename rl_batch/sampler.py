@@ -356,7 +356,9 @@ def prefill(
     # padded to S = P + R: the prompt's attention over empty response slots would be
     # wasted work (about 3x the prefill attention cost for P=16, R=32).
     prompt_cache = model_lib.init_cache(config, b, p, cache_dtype)
-    logits_bpv, prompt_cache = model_lib.forward_with_cache(
+    # Only the last prompt position's logits are used (prompts are left-padded, so it
+    # is every row's last real token): [B, 1, V], not [B, P, V].
+    logits_b1v, prompt_cache = model_lib.forward_with_cache(
         config,
         params,
         prompt_tokens_bp.astype(jnp.int32),
@@ -364,6 +366,7 @@ def prefill(
         prompt_mask_bp,
         prompt_cache,
         0,
+        last_only=True,
     )
     cache = [_pad_slots(layer, p + r) for layer in prompt_cache]
     kv_mask_bs = jnp.concatenate([prompt_mask_bp, jnp.zeros((b, r), bool)], axis=1)
@@ -384,7 +387,7 @@ def prefill(
         pad_id=pad_id,
         sampling=sampling,
     )
-    return _record(state, logits_bpv[:, -1])
+    return _record(state, logits_b1v[:, -1])
 
 
 def _decode_step(config: ModelConfig, params: Params, state: SamplingState) -> SamplingState:

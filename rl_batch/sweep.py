@@ -172,6 +172,26 @@ def plan(
     return points, resolved
 
 
+def check_memory(resolved: dict[str, ConfigDict], device_memory: float, work_dir: str) -> list[str]:
+    """Runs ``experiments.plan_memory --check_json`` in a CPU-only child process (this
+    one keeps its hands off the accelerators) on the points' own shapes; returns one
+    message per point whose update or sampler would not fit ``device_memory`` bytes."""
+    os.makedirs(work_dir, exist_ok=True)
+    path = os.path.join(work_dir, "memory_check.json")
+    artifacts.write_json_atomic(path, {k: c.to_dict() for k, c in resolved.items()})
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.plan_memory", f"--check_json={path}"]
+        + [f"--device_memory={device_memory}"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory check failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None) -> dict:
     old_runs = {r["name"]: r for r in (old or {}).get("runs", [])}
     runs = []
@@ -423,6 +443,12 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     points, resolved = plan(base, sweep_dir, processes.device_count)
     if only is not None and only not in resolved:
         raise ValueError(f"--only={only!r} is not a point of the grid: {sorted(resolved)}")
+    device_memory = base.sweep.get("device_memory", 0)
+    if device_memory:
+        check = {only: resolved[only]} if only is not None else resolved
+        too_big = check_memory(check, device_memory, sweep_dir)
+        if too_big:
+            raise ValueError("sweep points do not fit in memory:\n  " + "\n  ".join(too_big))
     ref_key = reference_key(base.sweep, points)
     # With --only (one job of an array), the jobs run concurrently: none of them owns
     # sweep.json, which ``launch.collect`` rebuilds from the run directories.

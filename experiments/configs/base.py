@@ -5,7 +5,22 @@ values (the LR for a batch size under a rule, the response length from the task)
 filled in by ``rl_batch.config.resolve`` in one place.
 """
 
-from ml_collections import ConfigDict
+import dataclasses
+
+from ml_collections import ConfigDict, config_dict
+
+from rl_batch.model import ModelConfig
+
+
+def model_overrides() -> ConfigDict:
+    """A ConfigDict with one unset (None) typed placeholder per ``ModelConfig`` field."""
+    types = {"int": int, "float": float, "bool": bool, "str": str}
+    return ConfigDict(
+        {
+            f.name: config_dict.placeholder(types[str(f.type)])
+            for f in dataclasses.fields(ModelConfig)
+        }
+    )
 
 
 def run_config() -> ConfigDict:
@@ -31,7 +46,11 @@ def run_config() -> ConfigDict:
 
     c.model = ConfigDict()
     c.model.preset = "tiny-1m"
-    c.model.overrides = ConfigDict()  # ModelConfig fields, e.g. {"num_layers": 2}
+    # ModelConfig fields, e.g. {"num_layers": 2}; every field is a typed placeholder
+    # (None = unset) so that --config.model.overrides.vocab_size=151936 works.
+    c.model.overrides = model_overrides()
+    # bf16-compute models keep float32 params and Adam moments (model.with_master_weights).
+    c.model.master_weights = True
 
     # Starting policy: "pretrain" (supervised warm start on the task, cached in work_dir),
     # "scratch" (random init), "checkpoint" (a run's checkpoint dir), "hf" (an HF dir).
@@ -71,6 +90,9 @@ def run_config() -> ConfigDict:
     c.grpo.loss_agg = "token_mean"
     c.grpo.advantage = "grpo"
     c.grpo.micro_batches = 1  # gradient accumulation; same maths
+    # > 0: at most this many sequences per micro-batch (a memory budget, from
+    # experiments.plan_memory); grpo.micro_batches is then derived per batch size.
+    c.grpo.micro_batch_seqs = 0
     c.grpo.num_minibatches = 1  # >1 departs from the one-update-per-batch protocol
     c.grpo.num_epochs = 1
 
@@ -162,4 +184,8 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # e.g. "8x16:sqrt,32x8:fixed".
     run.sweep.extra_points = ""
     run.sweep.reference = ""  # run config key "PxG:rule"; default: smallest batch, first rule
+    # > 0: bytes of one device; before any point starts, the sweep compiles each point's
+    # update and sampler ahead of time (experiments.plan_memory, CPU) and refuses the
+    # points whose estimate exceeds it, e.g. 141e9 for an H200.
+    run.sweep.device_memory = 0.0
     return run

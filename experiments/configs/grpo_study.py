@@ -29,7 +29,15 @@ def get_config(arg=None):
     c.sampling.temperature = 1.0
     c.lr_ref, c.batch_ref = 1e-6, 128 * 8
     c.max_grad_norm = 1.0
-    c.grpo.micro_batches = 16  # fit large batches in memory; same update
+    # A memory budget per micro-batch, not a fixed count (16 gave 32-2048 sequences over
+    # the grid): micro_batches = B / 4 at every point. experiments.plan_memory (CPU AOT,
+    # einsum attention, one device) put qwen3-1.7b at 1024 + 8193 tokens at 59.9, 84.7
+    # and 132.8 GB peak for 1, 2 and 4 sequences: 4 fit a 141 GB H200 (cuDNN attention
+    # on a GPU needs less). Re-plan for another model or device.
+    c.grpo.micro_batch_seqs = 4
+    # KV cache 1.06 GB per 9.2k-token sequence: gen_batch 64 peaked at 97.8 GB with the
+    # update state resident (plan_memory, same setting; ~103 fit).
+    c.gen_batch = 64
     c.budget_responses = 2_000_000
     c.eval_every_responses = 16_384
     c.eval_prompts = 256

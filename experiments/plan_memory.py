@@ -1,0 +1,181 @@
+r"""Device memory of a sweep's GRPO update and sampler, compiled ahead of time.
+
+Compiles the update and the sampler for abstract shapes (no weights; runs on a CPU host
+for shapes no machine here can run) and prints, per sweep point, the memory of params,
+optimizer state, update activations and KV cache, and the largest sequences per
+micro-batch and ``gen_batch`` that fit ``--device_memory``::
+
+  python -m experiments.plan_memory --config=experiments/configs/grpo_study.py \
+      --config.init.source=scratch --config.model.preset=qwen3-0.6b \
+      --prompt_len=512 --response_len=2048 --micro_seqs=8,16 --gen_batches=16,32
+
+``--baseline`` compiles the settings before issue 19 (bf16 params and Adam moments, no
+remat, einsum attention, unchunked log-probs) for a before/after comparison. Estimates
+are single-device; the update's activations do not depend on the number of
+micro-batches (a scan), only on the sequences in one. Beyond the largest compiled size
+the fit is a straight line through the last two sizes (marked ``~``).
+"""
+
+import os
+
+# Before jax starts: the CPU backend's default scheduler ignores memory (it overstates
+# peaks and hides what remat saves).
+_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+import time  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run or sweep config file.")
+_DEVICE_MEMORY = flags.DEFINE_float("device_memory", 141e9, "Bytes of one device (H200).")
+_PROMPT_LEN = flags.DEFINE_integer(
+    "prompt_len", 0, "Prompt tokens P (0: task.kwargs.max_prompt_len + 1)."
+)
+_RESPONSE_LEN = flags.DEFINE_integer(
+    "response_len", 0, "Response tokens R (0: task.kwargs.max_response_len + 1)."
+)
+# Small sizes can sit where params-sized buffers (gradients, accumulator, optimizer
+# update) set the peak and activations do not show: 1 -> 2 sequences of qwen3-1.7b at
+# 512 + 2048 tokens grew the peak 0.3 GB, 8 -> 16 grew it 17 GB.
+_MICRO_SEQS = flags.DEFINE_list(
+    "micro_seqs", ["8", "16"], "Sequences per micro-batch to compile (the fit uses the last two)."
+)
+_GEN_BATCHES = flags.DEFINE_list("gen_batches", ["16", "32"], "Sampler batches to compile.")
+_BASELINE = flags.DEFINE_bool("baseline", False, "Compile the pre-issue-19 settings.")
+_SKIP_SAMPLER = flags.DEFINE_bool("skip_sampler", False, "Compile the update only.")
+_CHECK_JSON = flags.DEFINE_string(
+    "check_json",
+    None,
+    "A JSON file {run name: resolved run config}: compile each run's own shapes and print "
+    "the runs that do not fit as a JSON list on the last line (used by sweeps).",
+)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.2f}"
+
+
+def main(argv):
+    del argv
+    import jax
+
+    from rl_batch import config as config_lib
+    from rl_batch import learner, memory_plan
+    from rl_batch import model as model_lib
+
+    if _CHECK_JSON.value:
+        import json
+
+        from ml_collections import ConfigDict
+
+        with open(_CHECK_JSON.value) as f:
+            resolved = {k: ConfigDict(v) for k, v in json.load(f).items()}
+        print(json.dumps(memory_plan.check_run_configs(resolved, _DEVICE_MEMORY.value)))
+        return
+    if _CONFIG.value is None:
+        raise app.UsageError("pass --config=... (or --check_json=...)")
+    c = _CONFIG.value
+    mc = config_lib.make_model_config(c)
+    if _BASELINE.value:
+        mc = mc.replace(remat="none", attention="einsum", logits_chunk=0, param_dtype=mc.dtype)
+    p = _PROMPT_LEN.value or c.task.kwargs.max_prompt_len + 1
+    r = _RESPONSE_LEN.value or c.task.kwargs.max_response_len + 1
+    budget = _DEVICE_MEMORY.value
+    optimizer = learner.make_optimizer(1e-6, max_grad_norm=c.max_grad_norm or None)
+    # Two micro-batches: the gradient accumulator exists, as in any M > 1 update.
+    grpo = learner.GRPOConfig(micro_batches=2, temperature=c.sampling.temperature)
+    state = memory_plan.abstract_train_state(mc, optimizer)
+    params_b = memory_plan.tree_bytes(state.params)
+    opt_b = memory_plan.tree_bytes(state.opt_state)
+
+    print(
+        f"# AOT memory plan: {jax.default_backend()} backend, XLA_FLAGS={os.environ['XLA_FLAGS']}"
+    )
+    print(
+        f"model {c.model.preset} ({mc.num_params / 1e6:.0f}M params, {mc.param_dtype} params, "
+        f"{mc.dtype} compute, remat={mc.remat}, attention={model_lib.attention_impl(mc)}, "
+        f"logits_chunk={mc.logits_chunk}); P + R = {p} + {r}; device {_gb(budget)} GB"
+    )
+    print(f"params {_gb(params_b)} GB, optimizer state {_gb(opt_b)} GB\n")
+
+    micro_sizes = sorted(int(x) for x in _MICRO_SEQS.value)
+    print("| sequences / micro-batch | temp (activations) GB | update peak GB | compile s |")
+    print("|---|---|---|---|")
+    update_peaks = []
+    for b in micro_sizes:
+        start = time.perf_counter()
+        m = memory_plan.update_memory(
+            mc, grpo, optimizer, batch=2 * b, prompt_len=p, response_len=r
+        )
+        update_peaks.append(m.peak)
+        print(f"| {b} | {_gb(m.temp)} | {_gb(m.peak)} | {time.perf_counter() - start:.0f} |")
+    micro_fit, micro_extra = memory_plan.largest_fitting(micro_sizes, update_peaks, budget)
+
+    gen_fit, gen_extra = 0, False
+    if not _SKIP_SAMPLER.value:
+        gen_sizes = sorted(int(x) for x in _GEN_BATCHES.value)
+        print(
+            "\n| gen_batch | KV cache GB | prefill temp GB | decode temp GB | peak GB | compile s |"
+        )
+        print("|---|---|---|---|---|---|")
+        gen_peaks = []
+        for g in gen_sizes:
+            start = time.perf_counter()
+            pre, dec = memory_plan.sampler_memory(mc, batch=g, prompt_len=p, response_len=r)
+            kv = model_lib.kv_cache_bytes(mc, g, p + r)
+            # The update's state stays on the device while the sampler runs.
+            peak = max(pre.peak, dec.peak) + opt_b
+            gen_peaks.append(peak)
+            print(
+                f"| {g} | {_gb(kv)} | {_gb(pre.temp)} | {_gb(dec.temp)} | {_gb(peak)} | "
+                f"{time.perf_counter() - start:.0f} |"
+            )
+        gen_fit, gen_extra = memory_plan.largest_fitting(gen_sizes, gen_peaks, budget)
+
+    def mark(extrapolated):
+        return "~" if extrapolated else ""
+
+    print(
+        f"\nfits {_gb(budget)} GB: {mark(micro_extra)}{micro_fit} sequences per micro-batch"
+        + ("" if _SKIP_SAMPLER.value else f", gen_batch {mark(gen_extra)}{gen_fit}")
+    )
+    if "sweep" in c:
+        _sweep_table(c, micro_fit, None if _SKIP_SAMPLER.value else gen_fit)
+
+
+def _sweep_table(c, micro_fit: int, gen_fit: int | None) -> None:
+    """Per sweep point: does the config's own grpo.micro_batches (or the count its
+    grpo.micro_batch_seqs derives) / gen_batch fit, and the fewest micro-batches /
+    largest gen_batch that do."""
+    from rl_batch import config as config_lib
+    from rl_batch import sweep
+
+    print(
+        "\n| sweep point | B | config micro_batches (seqs each) | fits | fewest micro_batches "
+        "that fit | config gen_batch | fits | largest gen_batch that fits |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for point in {pt.key: pt for pt in sweep.expand_grid(c.sweep)}.values():
+        b = point.prompts * point.group_size
+        seqs_cfg = c.grpo.get("micro_batch_seqs", 0)
+        m_cfg = (
+            config_lib.micro_batches_for(b, seqs_cfg) if seqs_cfg else c.grpo.micro_batches
+        ) or c.grpo.micro_batches
+        seqs = b // m_cfg if b % m_cfg == 0 else None
+        fits = "yes" if seqs is not None and 0 < seqs <= micro_fit else "**no**"
+        # The fewest micro-batches whose size fits and divides B.
+        needed = next((m for m in range(1, b + 1) if b % m == 0 and b // m <= micro_fit), None)
+        row = [point.key, b, f"{m_cfg} ({seqs})", fits, needed if micro_fit else "none"]
+        if gen_fit is None:
+            row += ["-", "-", "-"]
+        else:
+            g_cfg = c.gen_batch or b  # 0: the whole batch at once
+            row += [c.gen_batch, "yes" if g_cfg <= gen_fit else "**no**", min(b, gen_fit)]
+        print("| " + " | ".join(str(x) for x in row) + " |")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,202 @@
+"""Ahead-of-time device-memory estimates of the GRPO update and the sampler.
+
+Each estimate compiles the real jitted function for abstract shapes
+(``jax.jit(f).lower(ShapeDtypeStructs).compile().memory_analysis()``): no weights are
+allocated, so shapes far larger than the host can run compile here. On the CPU backend,
+run with ``XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false`` (set by
+``experiments.plan_memory`` before jax starts): the default CPU scheduler ignores
+memory, which overstates peaks and hides what remat saves.
+
+The peak of one call is estimated as ``arguments + temporaries + outputs - aliased``
+(donated state counted once). Compiled on one device with a 1-device mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rl_batch import learner, sharding
+from rl_batch import model as model_lib
+from rl_batch import sampler as sampler_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """Memory of one compiled program (bytes), from XLA's ``memory_analysis``."""
+
+    arguments: int
+    outputs: int
+    aliased: int
+    temp: int
+
+    @property
+    def peak(self) -> int:
+        return self.arguments + self.outputs - self.aliased + self.temp
+
+    @classmethod
+    def of(cls, compiled: Any) -> Compiled:
+        m = compiled.memory_analysis()
+        return cls(
+            arguments=int(m.argument_size_in_bytes),
+            outputs=int(m.output_size_in_bytes),
+            aliased=int(m.alias_size_in_bytes),
+            temp=int(m.temp_size_in_bytes),
+        )
+
+
+def tree_bytes(tree: Any) -> int:
+    """Bytes of a tree of arrays or ``ShapeDtypeStruct``s."""
+    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _mesh():
+    return sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+
+
+def abstract_train_state(
+    model_config: model_lib.ModelConfig, optimizer: optax.GradientTransformation
+) -> learner.TrainState:
+    """The ``TrainState`` as ``ShapeDtypeStruct``s (no memory allocated)."""
+    params = model_lib.abstract_params(model_config)
+    return jax.eval_shape(lambda p: learner.init_train_state(model_config, p, optimizer), params)
+
+
+def abstract_batch(b: int, p: int, r: int) -> learner.Batch:
+    """A GRPO ``Batch`` of B sequences as ``ShapeDtypeStruct``s (with the sampler's
+    old log-probs, as a run passes them)."""
+
+    def sds(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    return learner.Batch(
+        prompt_tokens=sds((b, p), jnp.int32),
+        prompt_mask=sds((b, p), jnp.bool_),
+        response_tokens=sds((b, r), jnp.int32),
+        response_mask=sds((b, r), jnp.bool_),
+        advantages=sds((b,), jnp.float32),
+        old_logprobs=sds((b, r), jnp.float32),
+    )
+
+
+def update_memory(
+    model_config: model_lib.ModelConfig,
+    grpo_config: learner.GRPOConfig,
+    optimizer: optax.GradientTransformation,
+    *,
+    batch: int,
+    prompt_len: int,
+    response_len: int,
+) -> Compiled:
+    """Compiles ``learner.make_update_fn`` for a batch of ``batch`` sequences of
+    ``prompt_len + response_len`` tokens (``grpo_config.micro_batches`` pieces)."""
+    mesh = _mesh()
+    update = learner.make_update_fn(model_config, grpo_config, optimizer, mesh)
+    lowered = update.lower(
+        abstract_train_state(model_config, optimizer),
+        abstract_batch(batch, prompt_len, response_len),
+        jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
+    )
+    return Compiled.of(lowered.compile())
+
+
+def sampler_memory(
+    model_config: model_lib.ModelConfig,
+    *,
+    batch: int,
+    prompt_len: int,
+    response_len: int,
+) -> tuple[Compiled, Compiled]:
+    """Compiles the sampler's prefill and decode loop for ``batch`` rows (gen_batch):
+    (prefill, decode). The decode state (KV cache included) is donated, as in
+    ``Sampler``."""
+    params = model_lib.abstract_params(model_config)
+    tokens = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
+    mask = jax.ShapeDtypeStruct((batch, prompt_len), jnp.bool_)
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    new = jax.ShapeDtypeStruct((), jnp.int32)
+    prefill = jax.jit(
+        functools.partial(
+            sampler_lib.prefill, model_config, response_len=response_len, eos_id=0, pad_id=0
+        )
+    )
+    pre = prefill.lower(params, tokens, mask, rng, new)
+    state = jax.eval_shape(prefill, params, tokens, mask, rng, new)
+    decode = jax.jit(functools.partial(sampler_lib.decode, model_config), donate_argnums=1)
+    dec = decode.lower(params, state)
+    return Compiled.of(pre.compile()), Compiled.of(dec.compile())
+
+
+def largest_fitting(sizes: list[int], peaks: list[int], budget: float) -> tuple[int, bool]:
+    """The largest size whose peak fits ``budget``, from peaks measured at ``sizes``
+    (ascending) and a straight line through the last two beyond them.
+
+    Returns:
+      (size, extrapolated): 0 if even the smallest measured size does not fit;
+      ``extrapolated`` is True when the answer lies beyond the measured sizes.
+    """
+    fitting = [s for s, p in zip(sizes, peaks) if p <= budget]
+    if not fitting:
+        return 0, False
+    if len(sizes) < 2 or fitting[-1] != sizes[-1]:
+        return fitting[-1], False
+    (s0, p0), (s1, p1) = (sizes[-2], peaks[-2]), (sizes[-1], peaks[-1])
+    slope = (p1 - p0) / (s1 - s0)
+    if slope <= 0:
+        return sizes[-1], False
+    return max(sizes[-1], int(s1 + (budget - p1) // slope)), True
+
+
+def check_run_configs(resolved: dict[str, Any], device_memory: float) -> list[str]:
+    """Compiles each GRPO run's update and sampler at its own shapes and names the runs
+    whose estimated peak exceeds ``device_memory`` bytes (an empty list when all fit).
+
+    Args:
+      resolved: run name -> resolved run config (``rl_batch.config.resolve``).
+      device_memory: bytes of one device.
+
+    Returns:
+      One message per run that does not fit (PPO runs are not checked).
+    """
+    from rl_batch import config as config_lib
+
+    errors, cache = [], {}
+    for name, c in resolved.items():
+        if c.algo != "grpo":
+            continue
+        mc = config_lib.make_model_config(c)
+        b = c.prompts * c.group_size
+        m = c.grpo.micro_batches
+        seqs = b // c.grpo.num_minibatches // m
+        p, r = c.derived.max_prompt_len, c.derived.max_new_tokens
+        gen = min(c.gen_batch or b, b)
+        optimizer = learner.make_optimizer(1e-6, max_grad_norm=c.max_grad_norm or None)
+        # Activations do not depend on the micro-batch count beyond 2 (a scan).
+        key = ("update", mc, seqs, min(m, 2), p, r, c.max_grad_norm)
+        if key not in cache:
+            grpo = learner.GRPOConfig(micro_batches=min(m, 2))
+            cache[key] = update_memory(
+                mc, grpo, optimizer, batch=seqs * min(m, 2), prompt_len=p, response_len=r
+            ).peak
+        key_s = ("sampler", mc, gen, p, r)
+        if key_s not in cache:
+            pre, dec = sampler_memory(mc, batch=gen, prompt_len=p, response_len=r)
+            opt = tree_bytes(abstract_train_state(mc, optimizer).opt_state)
+            cache[key_s] = max(pre.peak, dec.peak) + opt
+        for what, peak, hint in (
+            ("update", cache[key], f"{seqs} sequences per micro-batch: raise grpo.micro_batches"),
+            ("sampler", cache[key_s], f"gen_batch {gen}: lower gen_batch"),
+        ):
+            if peak > device_memory:
+                errors.append(
+                    f"{name}: the {what} needs ~{peak / 1e9:.1f} GB, more than the "
+                    f"{device_memory / 1e9:.1f} GB of a device ({hint}, or lower "
+                    "grpo.micro_batch_seqs; see experiments.plan_memory)"
+                )
+    return errors

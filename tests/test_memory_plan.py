@@ -1,0 +1,126 @@
+"""The AOT memory planner: the fit arithmetic, and compiled estimates that show what
+remat and chunked log-probs save (relative, on a tiny model with long sequences)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rl_batch import memory_plan
+
+
+def test_largest_fitting():
+    # Peaks 10 + 4 * size: budget 30 fits size 5 (10 + 20), beyond the measured 1, 2.
+    assert memory_plan.largest_fitting([1, 2], [14, 18], 30) == (5, True)
+    assert memory_plan.largest_fitting([1, 2, 4], [14, 18, 26], 20) == (2, False)
+    assert memory_plan.largest_fitting([1, 2], [14, 18], 13) == (0, False)
+    assert memory_plan.largest_fitting([4], [26], 30) == (4, False)
+
+
+_SCRIPT = """
+import json, sys
+from rl_batch import learner, memory_plan
+from rl_batch import model as model_lib
+
+base = model_lib.get_preset("tiny-1m", num_layers=4, vocab_size=4096, max_seq_len=1024)
+optimizer = learner.make_optimizer(1e-3)
+grpo = learner.GRPOConfig(micro_batches=2)
+out = {}
+for name, changes in json.loads(sys.argv[1]).items():
+    mc = base.replace(**changes)
+    m = memory_plan.update_memory(mc, grpo, optimizer, batch=4, prompt_len=32, response_len=480)
+    out[name] = m.temp
+pre, dec = memory_plan.sampler_memory(base, batch=4, prompt_len=256, response_len=8)
+out["prefill_temp"] = pre.temp
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def temps():
+    """Compiled update temporaries of four settings, in a process with the memory-aware
+    CPU scheduler (as experiments.plan_memory runs)."""
+    settings = {
+        "plain": {},
+        "remat": {"remat": "full"},
+        "chunked": {"logits_chunk": 64},
+        "both": {"remat": "full", "logits_chunk": 64},
+    }
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, json.dumps(settings)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_remat_and_chunking_lower_the_compiled_update_memory(temps):
+    # [B/M=2, R=480, V=4096] fp32 logits are 16 MB; a 64-position block is 2 MB.
+    logits_bytes = 2 * 480 * 4096 * 4
+    assert temps["remat"] < temps["plain"]
+    assert temps["chunked"] < temps["plain"] - logits_bytes
+    assert temps["both"] < min(temps["remat"], temps["chunked"])
+
+
+def test_prefill_has_no_prompt_logits(temps):
+    # [B=4, P=256, V=4096] fp32 prompt logits would be 16 MB on their own.
+    assert temps["prefill_temp"] < 4 * 256 * 4096 * 4
+
+
+def _plan_cli(*flags):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.plan_memory",
+            "--config=experiments/configs/grpo_cpu.py",
+        ]
+        + ["--config.model.preset=tiny-1m", "--prompt_len=8", "--response_len=16"]
+        + ["--micro_seqs=1,2", "--gen_batches=2,4", *flags],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_plan_cli_tables_and_refusal():
+    """One run with room to spare, one with a device smaller than the params: the sweep
+    table says which points fit and refuses them all on the small device."""
+    roomy = _plan_cli("--device_memory=1e12")
+    assert "| sequences / micro-batch |" in roomy and "| gen_batch |" in roomy
+    rows = [line for line in roomy.splitlines() if line.startswith("| 8x8:sqrt")]
+    assert len(rows) == 1 and "**no**" not in rows[0]
+    tight = _plan_cli("--device_memory=1e5")  # params alone are ~4 MB
+    rows = [line for line in tight.splitlines() if line.startswith("| 8x8:sqrt")]
+    assert len(rows) == 1 and rows[0].count("**no**") == 2
+
+
+def test_sweep_refuses_points_that_do_not_fit(tmp_path):
+    from experiments.configs import base
+    from rl_batch import sweep
+    from tests.run_fixtures import tiny_run_config
+
+    c = base.sweep_config(tiny_run_config(str(tmp_path / "work")))
+    c.sweep.prompts, c.sweep.group_sizes = "4", "4"
+    c.sweep.device_memory = 1e5  # the tiny model's params alone are larger
+    started = []
+    with pytest.raises(ValueError) as e:
+        sweep.run_sweep(c, str(tmp_path / "sweep"), run_fn=started.append, log=lambda s: None)
+    message = str(e.value)
+    assert message.startswith("sweep points do not fit in memory")
+    assert "p4_g4_sqrt_s0: the update needs" in message and "p4_g4_sqrt_s0: the sampler" in message
+    assert not started
+    _, resolved = sweep.plan(c, str(tmp_path / "sweep"), 1)
+    assert sweep.check_memory(resolved, 1e12, str(tmp_path / "sweep")) == []
