@@ -274,3 +274,29 @@ def test_cache_forward_matches_full_forward_on_moe():
     assert router_lte.shape == (3, b * s, 4)
     with pytest.raises(ValueError, match="needs a MoE config"):
         moe.forward_with_router(model_lib.get_preset("tiny-1m"), {}, tokens_bs)
+
+
+def test_flops_count_active_parameters():
+    from rl_batch import flops
+
+    # All 4 layers sparse: per layer q 16*2*8 + k, v 2 * 16*8 + o 16*16 = 768, router
+    # 16*4 = 64, k=2 experts of 3 * 16 * 8 = 768: 1600; LM head (tied) 16*32 = 512.
+    config = model_lib.ModelConfig(**BASE)
+    assert flops.matmul_weights(config) == 4 * 1600 + 512
+    # = the active parameters less embedding-as-gather (tied: the head counts it) and norms.
+    norms = 4 * (2 * 16 + 2 * 8) + 16
+    assert flops.matmul_weights(config) == config.num_active_params - norms
+    assert flops.layer_matmul_shapes(config, 0)["gate"] == (16, 16)  # k * F_moe = 2 * 8
+    # mlp_only_layers=(1,): layer 1 is a dense MLP of width 24 and has no router.
+    mixed = config.replace(mlp_only_layers=(1,))
+    assert flops.layer_matmul_shapes(mixed, 1) == flops.layer_matmul_shapes(
+        config.replace(num_experts=0), 1
+    )
+    assert flops.matmul_weights(mixed) == 3 * 1600 + (768 + 3 * 16 * 24) + 512
+    # Qwen3-30B-A3B: the 3.35B active parameters less the (untied) embedding gather and
+    # the norms, i.e. ~2 * 3.04B FLOPs per token (not 2 * 30.5B).
+    big = model_lib.get_preset("qwen3-30b-a3b")
+    norms = 48 * (2 * 2048 + 2 * 128) + 2048
+    embedding = 151_936 * 2048
+    assert flops.matmul_weights(big) == big.num_active_params - embedding - norms
+    assert 6.0e9 < flops.model_flops_per_token(big, 0) < 6.2e9
