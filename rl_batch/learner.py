@@ -36,6 +36,7 @@ from jax.sharding import Mesh
 
 from rl_batch import losses
 from rl_batch import model as model_lib
+from rl_batch import moe as moe_lib
 from rl_batch import sharding as sharding_lib
 from rl_batch.lr_rules import OptimizerHparams
 
@@ -72,6 +73,10 @@ class GRPOConfig:
       num_epochs: passes over the rollout batch.
       shuffle_minibatches: reshuffle the batch each epoch (only with minibatches/epochs).
       micro_batches: gradient-accumulation micro-batches per optimizer update.
+      router_aux_loss_coef: weight of a MoE policy's load-balancing loss
+        (``moe.load_balancing_loss``, HF's) in the loss; 0 = off (Hugging Face's
+        Qwen3-MoE configs carry 0.001 for pre-training). With micro-batches each one's
+        loss counts 1 / micro_batches.
     """
 
     clip_low: float = 0.2
@@ -94,6 +99,7 @@ class GRPOConfig:
     num_epochs: int = 1
     shuffle_minibatches: bool = True
     micro_batches: int = 1
+    router_aux_loss_coef: float = 0.0
 
     def __post_init__(self):
         def bad(name, expected):
@@ -133,6 +139,8 @@ class GRPOConfig:
             bad("eps", ">= 0")
         if not self.weight_decay >= 0.0:
             bad("weight_decay", ">= 0")
+        if not self.router_aux_loss_coef >= 0.0:
+            bad("router_aux_loss_coef", ">= 0")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0.0:
             bad("max_grad_norm", "None or > 0")
         for name in ("num_minibatches", "num_epochs", "micro_batches"):
@@ -384,7 +392,9 @@ def response_outputs(
     model_config: model_lib.ModelConfig,
     params: Params,
     batch: Any,
-) -> jax.Array:
+    *,
+    with_router: bool = False,
+) -> Any:
     """Model outputs aligned with the response tokens.
 
     Args:
@@ -392,10 +402,12 @@ def response_outputs(
       params: its parameters.
       batch: anything with ``prompt_tokens``, ``prompt_mask``, ``response_tokens``,
         ``response_mask`` (see ``Batch``).
+      with_router: also return a MoE model's router logits (``moe.forward_with_router``).
 
     Returns:
       [B, R, V] float32 logits whose row j predicts response token j (``head="lm"``),
-      or [B, R] values of the state before response token j (``head="value"``).
+      or [B, R] values of the state before response token j (``head="value"``). With
+      ``with_router``: (that, router logits [L, B * (P + R), E], token mask [B * (P + R)]).
     """
     p = batch.prompt_tokens.shape[1]
     r = batch.response_tokens.shape[1]
@@ -403,12 +415,14 @@ def response_outputs(
     mask_bt = jnp.concatenate(
         [batch.prompt_mask.astype(bool), batch.response_mask.astype(bool)], axis=1
     )
+    positions_bt = model_lib.positions_from_mask(mask_bt)
+    if with_router:
+        out, router_lte = moe_lib.forward_with_router(
+            model_config, params, tokens_bt, input_mask_bt=mask_bt, positions_bt=positions_bt
+        )
+        return out[:, p - 1 : p + r - 1], router_lte, mask_bt.reshape(-1)
     out = model_lib.forward(
-        model_config,
-        params,
-        tokens_bt,
-        input_mask_bt=mask_bt,
-        positions_bt=model_lib.positions_from_mask(mask_bt),
+        model_config, params, tokens_bt, input_mask_bt=mask_bt, positions_bt=positions_bt
     )
     return out[:, p - 1 : p + r - 1]
 
@@ -535,7 +549,13 @@ def grpo_loss(
       (``|g_own| = own_scale * |g|``), for the gradient noise scale.
     """
     mask_br = batch.response_mask.astype(bool)
-    logits_brv = response_outputs(model_config, params, batch) / config.temperature
+    if model_config.num_experts:
+        logits_brv, router_lte, router_mask_t = response_outputs(
+            model_config, params, batch, with_router=True
+        )
+    else:
+        logits_brv = response_outputs(model_config, params, batch)
+    logits_brv = logits_brv / config.temperature
     logp_br = model_lib.token_logprobs(logits_brv, batch.response_tokens)
     if batch.old_logprobs is None:
         old_br = jax.lax.stop_gradient(logp_br)
@@ -580,6 +600,14 @@ def grpo_loss(
         )
     else:
         sums["kl"] = sums["kl_old"]
+    if model_config.num_experts:
+        # Load-balancing loss over all real (prompt + response) tokens of the micro-batch.
+        k = model_config.num_experts_per_tok
+        aux = moe_lib.load_balancing_loss(router_lte, router_mask_t, k) / config.micro_batches
+        if config.router_aux_loss_coef:
+            loss = loss + config.router_aux_loss_coef * aux
+        sums.update(moe_aux_loss=jax.lax.stop_gradient(aux))
+        sums.update(moe_lib.router_sums(router_lte, router_mask_t, k))
     ratio_br = jnp.exp(jnp.clip(logp_br - old_br, -20.0, 20.0))
     sums.update(
         loss=loss,
@@ -659,7 +687,7 @@ def accumulate_gradients(
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if micro_batches == 1:
         (loss, (sums, maxes, _)), grads = grad_fn(params, batch)
-        return grads, loss, {**sums, **maxes}
+        return grads, loss, moe_lib.finalize_router_metrics({**sums, **maxes})
 
     stacked = split_batch(batch, micro_batches, mesh)
     # Real sequences per micro-batch [M]: rows with at least one response token.
@@ -691,8 +719,7 @@ def accumulate_gradients(
     grad_sq_micro = jnp.sum(jnp.where(nonempty_m, own_sq_m, 0.0)) / jnp.maximum(n_nonempty, 1.0)
     seqs_micro = jnp.where(n_nonempty > 0, n_nonempty / jnp.maximum(inv_seqs, 1e-30), 0.0)
     metrics = {
-        **sums,
-        **maxes,
+        **moe_lib.finalize_router_metrics({**sums, **maxes}),
         "grad_sq_micro": grad_sq_micro,
         "grad_sq_full": _tree_sq_norm(grads),
         "gns_batch_micro": seqs_micro,
@@ -759,8 +786,10 @@ def make_update_fn(
     ``param_norm``, ``lr``, ``skipped`` (updates skipped as non-finite),
     ``num_updates``, ``response_len_mean``, ``response_tokens``, ``sequences``; with
     ``micro_batches > 1`` also ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``,
-    ``gns_batch_full``. With several updates per batch, metrics are means over updates
-    (``ratio_max``: max, ``skipped``: sum).
+    ``gns_batch_full``; for a MoE policy also ``moe_aux_loss`` (added to ``loss`` times
+    ``router_aux_loss_coef``) and the expert-load metrics of
+    ``moe.finalize_router_metrics``. With several updates per batch, metrics are means
+    over updates (``ratio_max``: max, ``skipped``: sum).
 
     Args:
       model_config: the policy's shape.
