@@ -86,10 +86,11 @@ def make_sampler(c: ConfigDict, tokenizer, model_config: model_lib.ModelConfig, 
 
 
 def data_axis_size(c: ConfigDict, device_count: int) -> int:
-    """How many ways the batch is split: the product of the ``data`` and ``fsdp`` axes."""
-    fsdp, tensor = c.mesh.fsdp, c.mesh.tensor
-    data = c.mesh.data if c.mesh.data > 0 else device_count // max(fsdp * tensor, 1)
-    return data * fsdp
+    """How many ways the batch is split: the product of the ``data``, ``fsdp`` and
+    ``expert`` axes."""
+    fsdp, tensor, expert = c.mesh.fsdp, c.mesh.tensor, c.mesh.get("expert", 1)
+    data = c.mesh.data if c.mesh.data > 0 else device_count // max(fsdp * tensor * expert, 1)
+    return data * fsdp * expert
 
 
 def _is_int(value) -> bool:
@@ -349,11 +350,26 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         import jax
 
         device_count = jax.device_count()
-    per_axis = c.mesh.fsdp * c.mesh.tensor * (c.mesh.data if c.mesh.data > 0 else 1)
+    expert = c.mesh.get("expert", 1)
+    per_axis = c.mesh.fsdp * c.mesh.tensor * expert * (c.mesh.data if c.mesh.data > 0 else 1)
     check(
         device_count % per_axis == 0 and (c.mesh.data < 0 or per_axis == device_count),
-        f"mesh data={c.mesh.data} fsdp={c.mesh.fsdp} tensor={c.mesh.tensor} does not fit "
-        f"{device_count} devices",
+        f"mesh data={c.mesh.data} fsdp={c.mesh.fsdp} tensor={c.mesh.tensor} "
+        + (f"expert={expert} " if expert != 1 else "")
+        + f"does not fit {device_count} devices",
+    )
+    if model_config.num_experts:
+        check(
+            _is_int(expert) and expert >= 1 and model_config.num_experts % expert == 0,
+            f"mesh.expert={expert!r}: must be a positive int dividing the model's "
+            f"num_experts={model_config.num_experts}",
+        )
+    else:
+        check(_is_int(expert) and expert >= 1, f"mesh.expert={expert!r}: must be a positive int")
+    aux = c.grpo.get("router_aux_loss_coef", 0.0) if "grpo" in c else 0.0
+    check(
+        isinstance(aux, (int, float)) and aux >= 0,
+        f"grpo.router_aux_loss_coef={aux!r}: must be >= 0",
     )
     if not errors:
         shards = data_axis_size(c, device_count)

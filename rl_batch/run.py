@@ -343,7 +343,9 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     train_data, val_data = load_task_data(c, tokenizer)
     val_examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
 
-    mesh = sharding.make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
+    mesh = sharding.make_mesh(
+        data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor, expert=c.mesh.get("expert", 1)
+    )
     algo = make_algorithm(c, model_config, mesh)
     # (Multi-process: rebuilt so that a checkpoint of the initial state can be saved.)
     state = distributed.rebuild(algo.init_state(initial_params(c, model_config)))
@@ -789,6 +791,7 @@ class GRPO:
             num_minibatches=c.grpo.num_minibatches,
             num_epochs=c.grpo.num_epochs,
             temperature=c.sampling.temperature,
+            router_aux_loss_coef=c.grpo.get("router_aux_loss_coef", 0.0),
         )
         self.update_fn = learner.make_update_fn(
             model_config, self.grpo_config, self.optimizer, mesh

@@ -103,3 +103,27 @@ def test_sampler_runs_on_the_expert_mesh():
     single = greedy(None)
     assert len(np.unique(single)) > 3
     np.testing.assert_array_equal(greedy(sharding.make_mesh(2, expert=4)), single)
+
+
+# ------------------------------------------------------------------------ run config
+
+
+def _run_config(**changes):
+    from experiments.configs import base
+    from tests.run_fixtures import set_fields
+
+    c = base.run_config()
+    c.run_dir = "/tmp/unused"
+    return set_fields(c, {"model.preset": "tiny-moe", **changes})
+
+
+def test_run_config_checks_the_expert_axis():
+    from rl_batch import config as config_lib
+
+    resolved = config_lib.resolve(_run_config(**{"mesh.expert": 4}), 8)
+    assert resolved.mesh.expert == 4
+    assert config_lib.data_axis_size(resolved, 8) == 8  # data 2 x expert 4 split the batch
+    with pytest.raises(ValueError, match=re.escape("mesh.expert=3: must be a positive int divid")):
+        config_lib.resolve(_run_config(**{"mesh.expert": 3, "mesh.data": 1}), 3)
+    with pytest.raises(ValueError, match=re.escape("grpo.router_aux_loss_coef=-1.0: must be >= 0")):
+        config_lib.resolve(_run_config(**{"grpo.router_aux_loss_coef": -1.0}), 1)

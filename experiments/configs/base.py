@@ -73,6 +73,9 @@ def run_config() -> ConfigDict:
     c.grpo.micro_batches = 1  # gradient accumulation; same maths
     c.grpo.num_minibatches = 1  # >1 departs from the one-update-per-batch protocol
     c.grpo.num_epochs = 1
+    # MoE policies: weight of the router load-balancing loss (HF's Switch-style aux loss;
+    # 0 = off; HF Qwen3-MoE configs carry 0.001 for pre-training).
+    c.grpo.router_aux_loss_coef = 0.0
 
     # PPO (algo="ppo"): a critic as large as the policy, trained alone for the first
     # warmup_updates rollout batches (the sample axis starts when the actor starts).
@@ -142,6 +145,7 @@ def run_config() -> ConfigDict:
     c.mesh.data = -1  # -1 = all remaining devices
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
+    c.mesh.expert = 1  # MoE expert parallelism (experts split over it; batch split too)
 
     # Multi-process runs (jax.distributed); empty = single process or auto-detect.
     c.distributed = ConfigDict()
