@@ -74,7 +74,8 @@ def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
 
 def make_sampler(c: ConfigDict, tokenizer, model_config: model_lib.ModelConfig, mesh=None):
     """The rollout sampler of a resolved config: the task's prompt and response limits,
-    the tokenizer's EOS and PAD, the batch sharded over ``mesh`` when it has > 1 device."""
+    the tokenizer's EOS and PAD, the batch sharded over ``mesh`` when it has > 1 device,
+    MoE routing recorded when ``record_routing`` or ``routing_replay`` asks for it."""
     return Sampler(
         model_config,
         eos_id=tokenizer.eos_id,
@@ -82,7 +83,15 @@ def make_sampler(c: ConfigDict, tokenizer, model_config: model_lib.ModelConfig, 
         max_prompt_len=c.derived.max_prompt_len,
         max_new_tokens=c.derived.max_new_tokens,
         mesh=mesh if mesh is not None and mesh.size > 1 else None,
+        record_routing=records_routing(c, model_config),
     )
+
+
+def records_routing(c: ConfigDict, model_config: model_lib.ModelConfig) -> bool:
+    """Whether the sampler keeps a MoE policy's expert choices (GRPO only)."""
+    grpo = c.get("grpo") or {}
+    wanted = bool(grpo.get("record_routing", False) or grpo.get("routing_replay", False))
+    return wanted and c.algo == "grpo" and model_config.num_experts > 0
 
 
 def data_axis_size(c: ConfigDict, device_count: int) -> int:
@@ -366,6 +375,18 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         )
     else:
         check(_is_int(expert) and expert >= 1, f"mesh.expert={expert!r}: must be a positive int")
+    grpo = c.get("grpo") or {}
+    if grpo.get("record_routing", False) or grpo.get("routing_replay", False):
+        check(
+            model_config.num_experts > 0 and c.algo == "grpo",
+            "grpo.record_routing / grpo.routing_replay need algo='grpo' and a MoE model "
+            f"(num_experts={model_config.num_experts})",
+        )
+        check(
+            not c.partial_rollout.enabled,
+            "grpo.record_routing / grpo.routing_replay do not support partial_rollout "
+            "(continued responses carry no routing record)",
+        )
     aux = c.grpo.get("router_aux_loss_coef", 0.0) if "grpo" in c else 0.0
     check(
         isinstance(aux, (int, float)) and aux >= 0,

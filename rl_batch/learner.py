@@ -73,6 +73,16 @@ class GRPOConfig:
       num_epochs: passes over the rollout batch.
       shuffle_minibatches: reshuffle the batch each epoch (only with minibatches/epochs).
       micro_batches: gradient-accumulation micro-batches per optimizer update.
+      policy_loss: ``"token"``: the token-level clipped surrogate
+        (``losses.clipped_policy_loss``); ``"gspo"``: GSPO's sequence-level ratio and
+        clipping (``losses.gspo_policy_loss``, with ``clip_low`` / ``clip_high`` as its
+        bounds: GSPO's paper uses 3e-4 / 4e-4). GSPO averages over sequences, so it needs
+        ``loss_agg="seq_mean_token_mean"`` and no ``dual_clip``.
+      routing_replay: route a MoE policy's update forward by the sampler's recorded
+        expert choices (``Batch.routed_experts``, required) instead of its router's
+        top-k: the tokens meet the experts that generated them, so numerics that flip
+        a near-tie between rollout and update cannot inflate the importance ratio; the
+        routing weights still come from the current router (and get its gradient).
       router_aux_loss_coef: weight of a MoE policy's load-balancing loss
         (``moe.load_balancing_loss``, HF's) in the loss; 0 = off (Hugging Face's
         Qwen3-MoE configs carry 0.001 for pre-training). With micro-batches each one's
@@ -99,6 +109,8 @@ class GRPOConfig:
     num_epochs: int = 1
     shuffle_minibatches: bool = True
     micro_batches: int = 1
+    policy_loss: str = "token"
+    routing_replay: bool = False
     router_aux_loss_coef: float = 0.0
 
     def __post_init__(self):
@@ -141,6 +153,12 @@ class GRPOConfig:
             bad("weight_decay", ">= 0")
         if not self.router_aux_loss_coef >= 0.0:
             bad("router_aux_loss_coef", ">= 0")
+        if self.policy_loss not in losses.POLICY_LOSSES:
+            bad("policy_loss", f"one of {losses.POLICY_LOSSES}")
+        if self.policy_loss == "gspo" and self.loss_agg != "seq_mean_token_mean":
+            bad("loss_agg", "'seq_mean_token_mean' with policy_loss='gspo' (a sequence mean)")
+        if self.policy_loss == "gspo" and self.dual_clip is not None:
+            bad("dual_clip", "None with policy_loss='gspo'")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0.0:
             bad("max_grad_norm", "None or > 0")
         for name in ("num_minibatches", "num_epochs", "micro_batches"):
@@ -194,6 +212,9 @@ class Batch:
         temperature), or None to use ``stop_gradient`` of the current ones (exact with
         one update per batch, where the ratio is 1 at the update).
       ref_logprobs: [B, R] reference-policy log-probs, or None.
+      routed_experts: [B, P + R, L, k] int expert choices of a MoE policy's sampler
+        (``SampleOutput.routed_experts``; -1 = none), or None. Given, the update logs
+        ``moe_routing_disagreement`` and, with ``GRPOConfig.routing_replay``, routes by it.
 
     Rows whose ``response_mask`` is all False are padding: they add nothing to the loss,
     its normalisers or the metrics. Pad a filtered batch to a fixed B with such rows
@@ -207,6 +228,7 @@ class Batch:
     advantages: jax.Array
     old_logprobs: jax.Array | None = None
     ref_logprobs: jax.Array | None = None
+    routed_experts: jax.Array | None = None
 
     @property
     def size(self) -> int:
@@ -241,6 +263,16 @@ def check_rollout_shapes(
 def check_batch(batch: Batch) -> None:
     """Shape check of a GRPO ``Batch`` (see ``check_rollout_shapes``)."""
     check_rollout_shapes(batch, ("advantages",), ("old_logprobs", "ref_logprobs"), "Batch")
+    routed = batch.routed_experts
+    b, s = (
+        batch.prompt_tokens.shape[0],
+        batch.prompt_tokens.shape[1] + batch.response_tokens.shape[1],
+    )
+    if routed is not None and (routed.ndim != 4 or routed.shape[:2] != (b, s)):
+        raise ValueError(
+            f"Batch.routed_experts has shape {tuple(routed.shape)}, "
+            f"expected (B={b}, P + R={s}, L, k)"
+        )
 
 
 # ------------------------------------------------------------------------ optimizer
@@ -394,6 +426,7 @@ def response_outputs(
     batch: Any,
     *,
     with_router: bool = False,
+    replay: bool = False,
 ) -> Any:
     """Model outputs aligned with the response tokens.
 
@@ -403,6 +436,7 @@ def response_outputs(
       batch: anything with ``prompt_tokens``, ``prompt_mask``, ``response_tokens``,
         ``response_mask`` (see ``Batch``).
       with_router: also return a MoE model's router logits (``moe.forward_with_router``).
+      replay: with ``with_router``, route by ``batch.routed_experts`` (routing replay).
 
     Returns:
       [B, R, V] float32 logits whose row j predicts response token j (``head="lm"``),
@@ -417,8 +451,18 @@ def response_outputs(
     )
     positions_bt = model_lib.positions_from_mask(mask_bt)
     if with_router:
+        replay_btlk = None
+        if replay:
+            replay_btlk = getattr(batch, "routed_experts", None)
+            if replay_btlk is None:
+                raise ValueError("routing replay needs the batch's routed_experts (None)")
         out, router_lte = moe_lib.forward_with_router(
-            model_config, params, tokens_bt, input_mask_bt=mask_bt, positions_bt=positions_bt
+            model_config,
+            params,
+            tokens_bt,
+            input_mask_bt=mask_bt,
+            positions_bt=positions_bt,
+            replay_experts_btlk=replay_btlk,
         )
         return out[:, p - 1 : p + r - 1], router_lte, mask_bt.reshape(-1)
     out = model_lib.forward(
@@ -551,7 +595,7 @@ def grpo_loss(
     mask_br = batch.response_mask.astype(bool)
     if model_config.num_experts:
         logits_brv, router_lte, router_mask_t = response_outputs(
-            model_config, params, batch, with_router=True
+            model_config, params, batch, with_router=True, replay=config.routing_replay
         )
     else:
         logits_brv = response_outputs(model_config, params, batch)
@@ -564,14 +608,27 @@ def grpo_loss(
     adv = batch.advantages.astype(jnp.float32)
     # [B] per sequence (GRPO) or [B, R] per token (the PPO actor).
     adv_br = adv[:, None] if adv.ndim == 1 else adv
-    pg_br, clipped_br = losses.clipped_policy_loss(
-        logp_br,
-        old_br,
-        adv_br,
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
-        dual_clip=config.dual_clip,
-    )
+    if config.policy_loss == "gspo":
+        if adv.ndim != 1:
+            raise ValueError(
+                f"policy_loss='gspo' needs one advantage per sequence, got shape {adv.shape}"
+            )
+        loss_b, clipped_b, _ = losses.gspo_policy_loss(
+            logp_br, old_br, adv, mask_br, clip_low=config.clip_low, clip_high=config.clip_high
+        )
+        # Spread over the tokens: with seq_mean_token_mean weights (mask / (len * seqs))
+        # the sum is mean_b loss_b.
+        pg_br = jnp.broadcast_to(loss_b[:, None], mask_br.shape)
+        clipped_br = jnp.broadcast_to(clipped_b[:, None], mask_br.shape)
+    else:
+        pg_br, clipped_br = losses.clipped_policy_loss(
+            logp_br,
+            old_br,
+            adv_br,
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            dual_clip=config.dual_clip,
+        )
     w_br = losses.aggregation_weights(
         mask_br, config.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
     )
@@ -608,6 +665,12 @@ def grpo_loss(
             loss = loss + config.router_aux_loss_coef * aux
         sums.update(moe_aux_loss=jax.lax.stop_gradient(aux))
         sums.update(moe_lib.router_sums(router_lte, router_mask_t, k))
+        routed = getattr(batch, "routed_experts", None)
+        if routed is not None:
+            mask_bt = router_mask_t.reshape(routed.shape[:2])
+            sums.update(moe_lib.routing_disagreement_sums(router_lte, routed, mask_bt, k))
+    elif config.routing_replay:
+        raise ValueError("GRPOConfig.routing_replay=True needs a MoE policy (num_experts > 0)")
     ratio_br = jnp.exp(jnp.clip(logp_br - old_br, -20.0, 20.0))
     sums.update(
         loss=loss,

@@ -792,6 +792,7 @@ class GRPO:
             num_epochs=c.grpo.num_epochs,
             temperature=c.sampling.temperature,
             router_aux_loss_coef=c.grpo.get("router_aux_loss_coef", 0.0),
+            routing_replay=c.grpo.get("routing_replay", False),
         )
         self.update_fn = learner.make_update_fn(
             model_config, self.grpo_config, self.optimizer, mesh
@@ -876,5 +877,6 @@ def rollout_batch(
         response_mask=jnp.asarray(response_mask),
         old_logprobs=jnp.asarray(s.response_logprobs, jnp.float32),
         advantages=jnp.asarray(advantages_b, jnp.float32),
+        routed_experts=None if s.routed_experts is None else jnp.asarray(s.routed_experts),
     )
     return sharding.shard_batch(batch, mesh)

@@ -272,7 +272,7 @@ def test_cache_forward_matches_full_forward_on_moe():
     out_bsv, router_lte = moe.forward_with_router(config, params, tokens_bs, input_mask_bt=mask_bs)
     np.testing.assert_allclose(out_bsv, full_bsv, atol=1e-5)
     assert router_lte.shape == (3, b * s, 4)
-    with pytest.raises(ValueError, match="needs a MoE config"):
+    with pytest.raises(ValueError, match="need a MoE config"):
         moe.forward_with_router(model_lib.get_preset("tiny-1m"), {}, tokens_bs)
 
 

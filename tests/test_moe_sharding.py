@@ -127,3 +127,17 @@ def test_run_config_checks_the_expert_axis():
         config_lib.resolve(_run_config(**{"mesh.expert": 3, "mesh.data": 1}), 3)
     with pytest.raises(ValueError, match=re.escape("grpo.router_aux_loss_coef=-1.0: must be >= 0")):
         config_lib.resolve(_run_config(**{"grpo.router_aux_loss_coef": -1.0}), 1)
+
+
+def test_moe_study_config_fits_its_preset():
+    from experiments.configs import grpo_study_moe
+    from rl_batch import model as model_lib
+
+    c = grpo_study_moe.get_config("/models/Qwen3-30B-A3B")
+    preset = model_lib.get_preset(c.model.preset)
+    assert preset.num_experts % c.mesh.expert == 0 and c.mesh.expert == 8
+    assert c.grpo.record_routing and c.init.source == "hf"
+    # The docstring's estimate: 5.16B parameters per device at expert=8.
+    experts = preset.num_layers * preset.num_experts * 3 * 2048 * 768
+    per_device = experts / 8 + (preset.num_params - experts)
+    assert abs(per_device / 5.16e9 - 1) < 0.01

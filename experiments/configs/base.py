@@ -76,6 +76,10 @@ def run_config() -> ConfigDict:
     # MoE policies: weight of the router load-balancing loss (HF's Switch-style aux loss;
     # 0 = off; HF Qwen3-MoE configs carry 0.001 for pre-training).
     c.grpo.router_aux_loss_coef = 0.0
+    # MoE policies: the sampler records each token's experts (logs the rollout-vs-update
+    # moe_routing_disagreement); routing_replay also routes the update by that record.
+    c.grpo.record_routing = False
+    c.grpo.routing_replay = False
 
     # PPO (algo="ppo"): a critic as large as the policy, trained alone for the first
     # warmup_updates rollout batches (the sample axis starts when the actor starts).
