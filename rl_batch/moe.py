@@ -10,14 +10,21 @@ place of the dense MLP of every sparse layer (``ModelConfig.is_moe_layer``):
     y_t = sum_j w_tj * expert_{idx_tj}(x_t)  [T, D]   expert = SwiGLU of width F
 
 Routing is *dropless*: every token reaches its k experts, whatever the load. The T * k
-(token, slot) pairs are sorted by expert and the experts run as grouped matmuls
-(``jax.lax.ragged_dot`` over contiguous groups), so the work is T * k expert MLPs, not
-the T * E of a dense all-experts einsum -- where the backend has a grouped-matmul kernel.
-On the CPU backend (jax 0.10.2) ``ragged_dot`` is lowered to one masked dense matmul over
-all E groups ([S, E * D] @ [E * D, F], see the compiled HLO): measured fwd + bwd of this
-block (T=2048, D=128, E=8, F=256, k=2) 12.4x a dense SwiGLU of width k * F, against 13.8x
-for the all-experts einsum. On a CPU the block therefore saves nothing over computing
-every expert; FLOP metrics (``rl_batch.flops``) still count the active work.
+(token, slot) pairs are sorted by expert and the experts run as grouped matmuls over the
+contiguous groups, so the work is about T * k expert MLPs, not the T * E of a dense
+all-experts einsum. Two implementations (``sparse_moe(impl=...)``):
+
+- ``"ragged_dot"`` (default on GPU / TPU): ``jax.lax.ragged_dot``, the backends'
+  grouped-matmul kernels. On the CPU backend (jax 0.10.2) it is lowered to one masked
+  dense matmul over all E groups ([S, E * D] @ [E * D, F], see the compiled HLO).
+- ``"tiled"`` (default on CPU): the groups cut into tiles of m rows, one batched einsum
+  over at most ceil(S / m) + E tiles with each tile's expert weights (``_tiled_experts``).
+
+Measured on the 2-core CPU, fwd + bwd of the block (T=2048, D=128, E=8, F=256, k=2,
+best of 7 interleaved, as multiples of a dense SwiGLU of width k * F): ragged_dot 18.6x,
+tiled 3.0x, all-experts einsum 20.8x (a loaded machine; an earlier run gave 12.4x /
+13.8x for ragged_dot / all-experts). FLOP metrics (``rl_batch.flops``) count the active
+work either way.
 
 The router logits of every sparse layer are *sown* (``nnx.Intermediate``) only inside
 ``nnx.capture``; ``forward_with_router`` collects them for the load-balancing loss and
@@ -118,6 +125,7 @@ def sparse_moe(
     top_k: int,
     norm_topk_prob: bool,
     experts_tk: jax.Array | None = None,
+    impl: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The sparse MoE block on a flat batch of tokens (dropless, grouped matmuls).
 
@@ -129,6 +137,8 @@ def sparse_moe(
       top_k: experts per token k.
       norm_topk_prob: renormalise the k routing weights.
       experts_tk: optional [T, k] expert choices to replay (see ``route``).
+      impl: grouped-matmul implementation, ``"ragged_dot"`` or ``"tiled"``; None picks
+        ``default_grouped_impl()`` (tiled on a CPU, ragged_dot elsewhere).
 
     Returns:
       (y_td [T, D] in the compute dtype, router logits [T, E] float32).
@@ -146,14 +156,69 @@ def sparse_moe(
     order_s = jnp.argsort(experts_s, stable=True)  # sorted position -> slot
     x_sd = jnp.take(x_td, order_s // top_k, axis=0)
     group_sizes_e = jnp.bincount(experts_s, length=e).astype(jnp.int32)
-    gate_sf = jax.lax.ragged_dot(x_sd, gate_edf.astype(dt), group_sizes_e)
-    up_sf = jax.lax.ragged_dot(x_sd, up_edf.astype(dt), group_sizes_e)
-    out_sd = jax.lax.ragged_dot(jax.nn.silu(gate_sf) * up_sf, down_efd.astype(dt), group_sizes_e)
+    weights = (gate_edf.astype(dt), up_edf.astype(dt), down_efd.astype(dt))
+    if (impl or default_grouped_impl()) == "tiled":
+        out_sd = _tiled_experts(x_sd, *weights, group_sizes_e)
+    else:
+        gate_sf = jax.lax.ragged_dot(x_sd, weights[0], group_sizes_e)
+        up_sf = jax.lax.ragged_dot(x_sd, weights[1], group_sizes_e)
+        out_sd = jax.lax.ragged_dot(jax.nn.silu(gate_sf) * up_sf, weights[2], group_sizes_e)
     # Back to slot order, then the weighted sum over each token's k slots.
     inverse_s = jnp.argsort(order_s)
     out_tkd = jnp.take(out_sd, inverse_s, axis=0).reshape(t, top_k, d)
     y_td = jnp.einsum("tkd,tk->td", out_tkd, weights_tk.astype(dt))
     return y_td, logits_te
+
+
+GROUPED_IMPLS = ("ragged_dot", "tiled")
+
+
+def default_grouped_impl() -> str:
+    """``"tiled"`` on the CPU backend (whose ``ragged_dot`` computes every group densely,
+    see the module docstring), ``"ragged_dot"`` on GPU / TPU (grouped-matmul kernels)."""
+    return "tiled" if jax.default_backend() == "cpu" else "ragged_dot"
+
+
+def _tiled_experts(x_sd, gate_edf, up_edf, down_efd, group_sizes_e):
+    """The experts' SwiGLU on expert-sorted rows as a block-sparse batched matmul.
+
+    Each expert's contiguous group of rows is cut into tiles of m rows (its last tile
+    partly empty); tile n belongs to one expert and multiplies that expert's weights.
+    At most ceil(S / m) + E tiles exist whatever the routing, so the shapes are static
+    and nothing is dropped; the work is (S + E * m) rows, not the S * E of a masked
+    dense matmul. (The MegaBlocks idea with a plain batched einsum.)
+
+    Args:
+      x_sd: [S, D] rows sorted by expert.
+      gate_edf, up_edf: [E, D, F]; down_efd: [E, F, D].
+      group_sizes_e: [E] rows per expert (sum S).
+
+    Returns:
+      [S, D] expert outputs, row for row.
+    """
+    s, _ = x_sd.shape
+    e = gate_edf.shape[0]
+    # Tile height: about one tile per expert on average, 8..128 rows.
+    m = int(min(128, max(8, 1 << max(0, (s // e - 1)).bit_length())))
+    n_tiles = -(-s // m) + e
+    tiles_e = (group_sizes_e + m - 1) // m
+    tile_end_e = jnp.cumsum(tiles_e)
+    row_start_e = jnp.cumsum(group_sizes_e) - group_sizes_e
+    tile_n = jnp.arange(n_tiles, dtype=jnp.int32)
+    # The expert whose tiles cover tile n: how many experts' tiles end at or before n
+    # (searchsorted, written as a count: jnp.searchsorted fails inside shard_map).
+    ends_before_n = jnp.sum(tile_end_e[None, :] <= tile_n[:, None], axis=1, dtype=jnp.int32)
+    expert_n = jnp.minimum(ends_before_n, e - 1)
+    local_n = tile_n - (tile_end_e - tiles_e)[expert_n]  # tile index within its expert
+    offset_nm = local_n[:, None] * m + jnp.arange(m, dtype=jnp.int32)[None, :]
+    valid_nm = (offset_nm < group_sizes_e[expert_n][:, None]) & (tile_n < tile_end_e[-1])[:, None]
+    row_nm = jnp.where(valid_nm, row_start_e[expert_n][:, None] + offset_nm, s)  # s = none
+    x_nmd = jnp.take(x_sd, row_nm, axis=0, mode="fill", fill_value=0)
+    gate_nmf = jnp.einsum("nmd,ndf->nmf", x_nmd, gate_edf[expert_n])
+    up_nmf = jnp.einsum("nmd,ndf->nmf", x_nmd, up_edf[expert_n])
+    out_nmd = jnp.einsum("nmf,nfd->nmd", jax.nn.silu(gate_nmf) * up_nmf, down_efd[expert_n])
+    out_sd = jnp.zeros((s + 1, out_nmd.shape[-1]), out_nmd.dtype)
+    return out_sd.at[row_nm.reshape(-1)].add(out_nmd.reshape(-1, out_nmd.shape[-1]))[:s]
 
 
 class RoutingReplay(nnx.Variable):

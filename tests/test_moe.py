@@ -41,11 +41,12 @@ def _dense_reference(x_td, router_de, gate_edf, up_edf, down_efd, top_k, norm_to
     return jnp.einsum("ted,te->td", out_ted, mix_te)
 
 
+@pytest.mark.parametrize("impl", moe.GROUPED_IMPLS)
 @pytest.mark.parametrize("top_k", [1, 2, 4])
 @pytest.mark.parametrize("norm", [True, False])
-def test_sparse_moe_equals_dense_reference(top_k, norm):
+def test_sparse_moe_equals_dense_reference(top_k, norm, impl):
     args = _weights(seed=top_k)
-    fn = functools.partial(moe.sparse_moe, top_k=top_k, norm_topk_prob=norm)
+    fn = functools.partial(moe.sparse_moe, top_k=top_k, norm_topk_prob=norm, impl=impl)
     y_td, logits_te = jax.jit(fn)(*args)
     want_td = _dense_reference(*args, top_k, norm)
     assert float(jnp.std(want_td)) > 0.1
@@ -58,26 +59,35 @@ def test_sparse_moe_equals_dense_reference(top_k, norm):
         np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-4)
 
 
-def test_dropless_when_every_token_picks_one_expert():
+@pytest.mark.parametrize("impl", moe.GROUPED_IMPLS)
+def test_dropless_when_every_token_picks_one_expert(impl):
     x_td, router_de, gate_edf, up_edf, down_efd = _weights(seed=5)
     # A huge bias toward expert 2: all T tokens (T * k slots) land there; none dropped.
     x_td = jnp.concatenate([x_td[:, :-1], jnp.full((T, 1), 50.0)], axis=1)
     router_de = router_de.at[-1].set(jnp.array([0.0, 0.0, 1.0, 0.0]))
     y_td, logits_te = moe.sparse_moe(
-        x_td, router_de, gate_edf, up_edf, down_efd, top_k=1, norm_topk_prob=False
+        x_td, router_de, gate_edf, up_edf, down_efd, top_k=1, norm_topk_prob=False, impl=impl
     )
     assert (jnp.argmax(logits_te, -1) == 2).all()
     want = _dense_reference(x_td, router_de, gate_edf, up_edf, down_efd, 1, False)
     np.testing.assert_allclose(y_td, want, rtol=1e-5, atol=1e-3)
 
 
-def test_block_uses_ragged_dot_not_dense_einsum():
-    jaxpr = str(
-        jax.make_jaxpr(functools.partial(moe.sparse_moe, top_k=2, norm_topk_prob=True))(*_weights())
-    )
-    assert jaxpr.count("= ragged_dot_general[") == 3  # gate, up, down on [T * k] rows
-    # No [T, E, F] intermediate: the experts never run on tokens not routed to them.
-    assert f"{T},{E},{F}" not in jaxpr.replace(" ", "")
+def test_grouped_matmuls_do_not_compute_every_expert():
+    def jaxpr(impl):
+        fn = functools.partial(moe.sparse_moe, top_k=2, norm_topk_prob=True, impl=impl)
+        return str(jax.make_jaxpr(fn)(*_weights())).replace(" ", "")
+
+    # gate, up, down as grouped matmuls on the [T * k] routed rows.
+    assert jaxpr("ragged_dot").count("=ragged_dot_general[") == 3
+    tiled = jaxpr("tiled")
+    assert "ragged_dot" not in tiled
+    # Tiles of m = 8 rows (24 rows / 4 experts, rounded up to 8): ceil(24 / 8) + 4 = 7.
+    assert "f32[7,8,8]" in tiled  # [tiles, m, F]
+    for text in (jaxpr("ragged_dot"), tiled):
+        # No [T, E, F] intermediate: the experts never run on tokens not routed to them.
+        assert f"{T},{E},{F}" not in text
+    assert moe.default_grouped_impl() == "tiled"  # this is a CPU
 
 
 def test_route_by_hand():
