@@ -476,11 +476,16 @@ def compute_logprobs(
     params: Params,
     batch: Any,
     temperature: float = 1.0,
+    replay: bool = False,
 ) -> jax.Array:
     """[B, R] log-probs of the response tokens under softmax(logits / temperature),
     0 on padding. Jittable (``temperature`` static); use for reference log-probs or
-    evaluation."""
-    logits_brv = response_outputs(model_config, params, batch) / temperature
+    evaluation. ``replay``: a MoE model routed by ``batch.routed_experts``."""
+    if replay:
+        logits_brv = response_outputs(model_config, params, batch, with_router=True, replay=True)[0]
+    else:
+        logits_brv = response_outputs(model_config, params, batch)
+    logits_brv = logits_brv / temperature
     logp_br = model_lib.token_logprobs(logits_brv, batch.response_tokens)
     return jnp.where(batch.response_mask.astype(bool), logp_br, 0.0)
 
@@ -913,7 +918,13 @@ def make_update_fn(
                 # Later updates need the behaviour policy, i.e. the params before any.
                 batch = batch.replace(
                     old_logprobs=jax.lax.stop_gradient(
-                        compute_logprobs(model_config, state.params, batch, config.temperature)
+                        compute_logprobs(
+                            model_config,
+                            state.params,
+                            batch,
+                            config.temperature,
+                            replay=config.routing_replay,
+                        )
                     )
                 )
 

@@ -154,6 +154,9 @@ def test_routing_disagreement_metric_and_replay():
     logp = np.take_along_axis(logp_brv, tokens_br[..., None], -1)[..., 0]
     mask = np.asarray(moved.response_mask)
     np.testing.assert_allclose(mr["logprob_mean"], logp[mask].mean(), rtol=1e-5)
+    # compute_logprobs(replay=True) (the behaviour log-probs of multi-update batches).
+    got = np.asarray(learner.compute_logprobs(MOE_MODEL, params, moved, replay=True))
+    np.testing.assert_allclose(got[mask], logp[mask], atol=1e-5)
     # Under replay the disagreement compares the router's own top-k with the record; the
     # rewritten layer-0 choices also change later layers' inputs, so it is >= 5 / fed.
     mask_bt = jnp.concatenate([moved.prompt_mask, moved.response_mask], axis=1)
