@@ -91,7 +91,8 @@ def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
 
 def make_sampler(c: ConfigDict, tokenizer, model_config: model_lib.ModelConfig, mesh=None):
     """The rollout sampler of a resolved config: the task's prompt and response limits,
-    the tokenizer's EOS and PAD, the batch sharded over ``mesh`` when it has > 1 device."""
+    the tokenizer's EOS and PAD, the batch sharded over ``mesh`` when it has > 1 device,
+    MoE routing recorded when ``record_routing`` or ``routing_replay`` asks for it."""
     return Sampler(
         model_config,
         eos_id=tokenizer.eos_id,
@@ -99,14 +100,23 @@ def make_sampler(c: ConfigDict, tokenizer, model_config: model_lib.ModelConfig, 
         max_prompt_len=c.derived.max_prompt_len,
         max_new_tokens=c.derived.max_new_tokens,
         mesh=mesh if mesh is not None and mesh.size > 1 else None,
+        record_routing=records_routing(c, model_config),
     )
 
 
+def records_routing(c: ConfigDict, model_config: model_lib.ModelConfig) -> bool:
+    """Whether the sampler keeps a MoE policy's expert choices (GRPO only)."""
+    grpo = c.get("grpo") or {}
+    wanted = bool(grpo.get("record_routing", False) or grpo.get("routing_replay", False))
+    return wanted and c.algo == "grpo" and model_config.num_experts > 0
+
+
 def data_axis_size(c: ConfigDict, device_count: int) -> int:
-    """How many ways the batch is split: the product of the ``data`` and ``fsdp`` axes."""
-    fsdp, tensor = c.mesh.fsdp, c.mesh.tensor
-    data = c.mesh.data if c.mesh.data > 0 else device_count // max(fsdp * tensor, 1)
-    return data * fsdp
+    """How many ways the batch is split: the product of the ``data``, ``fsdp`` and
+    ``expert`` axes."""
+    fsdp, tensor, expert = c.mesh.fsdp, c.mesh.tensor, c.mesh.get("expert", 1)
+    data = c.mesh.data if c.mesh.data > 0 else device_count // max(fsdp * tensor * expert, 1)
+    return data * fsdp * expert
 
 
 def micro_batches_for(sequences: int, max_seqs: int, shards: int = 1) -> int | None:
@@ -364,12 +374,34 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         import jax
 
         device_count = jax.device_count()
-    per_axis = c.mesh.fsdp * c.mesh.tensor * (c.mesh.data if c.mesh.data > 0 else 1)
+    expert = c.mesh.get("expert", 1)
+    per_axis = c.mesh.fsdp * c.mesh.tensor * expert * (c.mesh.data if c.mesh.data > 0 else 1)
     check(
         device_count % per_axis == 0 and (c.mesh.data < 0 or per_axis == device_count),
-        f"mesh data={c.mesh.data} fsdp={c.mesh.fsdp} tensor={c.mesh.tensor} does not fit "
-        f"{device_count} devices",
+        f"mesh data={c.mesh.data} fsdp={c.mesh.fsdp} tensor={c.mesh.tensor} "
+        + (f"expert={expert} " if expert != 1 else "")
+        + f"does not fit {device_count} devices",
     )
+    if model_config.num_experts:
+        check(
+            _is_int(expert) and expert >= 1 and model_config.num_experts % expert == 0,
+            f"mesh.expert={expert!r}: must be a positive int dividing the model's "
+            f"num_experts={model_config.num_experts}",
+        )
+    else:
+        check(_is_int(expert) and expert >= 1, f"mesh.expert={expert!r}: must be a positive int")
+    grpo = c.get("grpo") or {}
+    if grpo.get("record_routing", False) or grpo.get("routing_replay", False):
+        check(
+            model_config.num_experts > 0 and c.algo == "grpo",
+            "grpo.record_routing / grpo.routing_replay need algo='grpo' and a MoE model "
+            f"(num_experts={model_config.num_experts})",
+        )
+        check(
+            not c.partial_rollout.enabled,
+            "grpo.record_routing / grpo.routing_replay do not support partial_rollout "
+            "(continued responses carry no routing record)",
+        )
     if not errors:
         shards = data_axis_size(c, device_count)
         batch = c.prompts * c.group_size

@@ -5,7 +5,11 @@ FLOP counting (forward pass, one token):
     2 * (matmul weights)  +  4 * L * S * N * H
 
 ``matmul weights`` are every layer's q/k/v/o and MLP projections plus the LM head (the
-embedding lookup is a gather: no FLOPs; norms are negligible). The second term is the
+embedding lookup is a gather: no FLOPs; norms are negligible). In a MoE layer they are
+the *active* weights: the router [D, E] and the k experts a token is routed to (k SwiGLU
+MLPs of width F_moe, counted as one of width k * F_moe); the E - k other experts do no
+work for that token. Tokens/s, FLOP/s and the cost model then measure the computation
+the hardware does, as for a dense model of ``num_active_params``. The second term is the
 attention (QK^T and PV, 2 FLOPs per multiply-add each) of a query over ``S`` cached
 slots. Both the sampler and the learner attend over the whole fixed-size sequence
 (masked), so ``S`` is the padded sequence width: the work the hardware does.
@@ -41,8 +45,14 @@ RATE_KEYS = (
 )
 
 
-def layer_matmul_shapes(config: model_lib.ModelConfig) -> dict[str, tuple[int, int]]:
-    """One layer's projections as 2-D matmul weights [in, out], in the order they run."""
+def layer_matmul_shapes(
+    config: model_lib.ModelConfig, layer: int = 0
+) -> dict[str, tuple[int, int]]:
+    """One layer's projections as 2-D matmul weights [in, out], in the order they run.
+
+    For a sparse (MoE) ``layer`` the MLP entries are the active ones, per token: the
+    router (D, E) and gate/up (D, k * F_moe), down (k * F_moe, D) for its k experts.
+    """
     d, n, k, h, f = (
         config.hidden_size,
         config.num_heads,
@@ -50,22 +60,22 @@ def layer_matmul_shapes(config: model_lib.ModelConfig) -> dict[str, tuple[int, i
         config.head_dim,
         config.intermediate_size,
     )
-    return {
-        "q": (d, n * h),
-        "k": (d, k * h),
-        "v": (d, k * h),
-        "o": (n * h, d),
-        "gate": (d, f),
-        "up": (d, f),
-        "down": (f, d),
-    }
+    shapes = {"q": (d, n * h), "k": (d, k * h), "v": (d, k * h), "o": (n * h, d)}
+    if config.is_moe_layer(layer):
+        f = config.num_experts_per_tok * config.moe_intermediate_size
+        shapes["router"] = (d, config.num_experts)
+    return {**shapes, "gate": (d, f), "up": (d, f), "down": (f, d)}
 
 
 def matmul_weights(config: model_lib.ModelConfig) -> int:
-    """Weights used in matmuls per token: the layers' projections plus the LM head."""
-    per_layer = sum(a * b for a, b in layer_matmul_shapes(config).values())
+    """Weights used in matmuls per token: the layers' projections plus the LM head
+    (a MoE layer's active weights only, see ``layer_matmul_shapes``)."""
+    per_layer = [
+        sum(a * b for a, b in layer_matmul_shapes(config, i).values())
+        for i in range(config.num_layers)
+    ]
     head = config.hidden_size if config.head == "value" else config.hidden_size * config.vocab_size
-    return config.num_layers * per_layer + head
+    return sum(per_layer) + head
 
 
 def model_flops_per_token(config: model_lib.ModelConfig, seq_len: int) -> float:

@@ -68,6 +68,20 @@ class GRPOConfig:
       num_minibatches: optimizer updates per epoch over the rollout batch.
       num_epochs: passes over the rollout batch.
       temperature: sampling temperature; log-probs use ``logits / temperature``.
+      policy_loss: ``"token"``: the token-level clipped surrogate
+        (``losses.clipped_policy_loss``); ``"gspo"``: GSPO's sequence-level ratio and
+        clipping (``losses.gspo_policy_loss``, with ``clip_low`` / ``clip_high`` as its
+        bounds: GSPO's paper uses 3e-4 / 4e-4). GSPO averages over sequences, so it needs
+        ``loss_agg="seq_mean_token_mean"``.
+      routing_replay: route a MoE policy's update forward by the sampler's recorded
+        expert choices (``Batch.routed_experts``, required) instead of its router's
+        top-k: the tokens meet the experts that generated them, so numerics that flip
+        a near-tie between rollout and update cannot inflate the importance ratio; the
+        routing weights still come from the current router (and get its gradient).
+      router_aux_loss_coef: weight of a MoE policy's load-balancing loss
+        (``moe.load_balancing_loss``, HF's) in the loss; 0 = off (Hugging Face's
+        Qwen3-MoE configs carry 0.001 for pre-training). With micro-batches each one's
+        loss counts 1 / micro_batches.
     """
 
     clip_low: float = 0.2
@@ -79,6 +93,9 @@ class GRPOConfig:
     num_minibatches: int = 1
     num_epochs: int = 1
     temperature: float = 1.0
+    policy_loss: str = "token"
+    routing_replay: bool = False
+    router_aux_loss_coef: float = 0.0
 
     def __post_init__(self):
         def bad(name, expected):
@@ -91,6 +108,12 @@ class GRPOConfig:
             bad("kl_coef", ">= 0")
         if self.advantage not in losses.ADVANTAGE_MODES:
             bad("advantage", f"one of {losses.ADVANTAGE_MODES}")
+        if not self.router_aux_loss_coef >= 0.0:
+            bad("router_aux_loss_coef", ">= 0")
+        if self.policy_loss not in losses.POLICY_LOSSES:
+            bad("policy_loss", f"one of {losses.POLICY_LOSSES}")
+        if self.policy_loss == "gspo" and self.loss_agg != "seq_mean_token_mean":
+            bad("loss_agg", "'seq_mean_token_mean' with policy_loss='gspo' (a sequence mean)")
         for name in ("num_minibatches", "num_epochs"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -133,7 +156,8 @@ def grpo_loss(
     max_len: int,
 ) -> tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]:
     """GRPO loss of one (micro-)batch, normalised by the *full* batch's totals
-    (``learner.policy_loss`` with GRPO's clip, aggregation and KL weight)."""
+    (``learner.policy_loss`` with GRPO's clip, aggregation, KL weight, surrogate and,
+    for a MoE policy, load-balancing weight and routing replay)."""
     return learner.policy_loss(
         model_config,
         params,
@@ -146,6 +170,10 @@ def grpo_loss(
         num_tokens=num_tokens,
         num_seqs=num_seqs,
         max_len=max_len,
+        surrogate=config.policy_loss,
+        router_aux_loss_coef=config.router_aux_loss_coef,
+        routing_replay=config.routing_replay,
+        micro_batches=config.micro_batches,
     )
 
 
@@ -184,7 +212,10 @@ def make_update_fn(
     ``param_norm``, ``lr``, ``skipped`` (updates skipped as non-finite),
     ``num_updates``, ``response_len_mean``, ``response_tokens``, ``sequences``; with
     ``micro_batches > 1`` also ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``,
-    ``gns_batch_full``. With several updates per batch, metrics are means over updates
+    ``gns_batch_full``; for a MoE policy also ``moe_aux_loss`` (added to ``loss`` times
+    ``router_aux_loss_coef``) and the expert-load metrics of
+    ``moe.finalize_router_metrics`` (``moe_routing_disagreement`` when the batch carries
+    ``routed_experts``). With several updates per batch, metrics are means over updates
     (``ratio_max``: max, ``skipped``: sum).
 
     Args:
@@ -222,7 +253,13 @@ def make_update_fn(
             # Later updates need the behaviour policy, i.e. the params before any.
             batch = batch.replace(
                 old_logprobs=jax.lax.stop_gradient(
-                    learner.compute_logprobs(model_config, state.params, batch, config.temperature)
+                    learner.compute_logprobs(
+                        model_config,
+                        state.params,
+                        batch,
+                        config.temperature,
+                        replay=config.routing_replay,
+                    )
                 )
             )
 
@@ -269,9 +306,12 @@ def rollout_batch(
     Responses of dropped groups (``keep_p`` False) get an all-False response mask, so
     they weigh nothing in the loss while every batch keeps one shape (no recompiles).
     """
+    s = ro.samples
     batch = Batch(
         **learner.rollout_fields(ro, keep_p),
         advantages=jnp.asarray(advantages_b, jnp.float32),
+        # [B, P + R, L, k] the sampler's MoE expert choices, when it recorded them.
+        routed_experts=None if s.routed_experts is None else jnp.asarray(s.routed_experts),
     )
     return sharding_lib.shard_batch(batch, mesh)
 

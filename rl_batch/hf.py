@@ -1,4 +1,5 @@
-"""Hugging Face interop: load and save Qwen3 / Qwen2 / Llama checkpoints without torch.
+"""Hugging Face interop: load and save Qwen3 / Qwen3-MoE / Qwen2 / Llama checkpoints
+without torch.
 
 A Hugging Face model directory holds ``config.json`` and the weights as
 ``model.safetensors`` or as shards listed in ``model.safetensors.index.json``. This
@@ -17,6 +18,11 @@ module maps them to and from `rl_batch.model`'s parameter tree:
     model.layers.{i}.mlp.gate_proj.weight       [F, D]     layers[i].mlp.gate_df         [D, F]
     model.layers.{i}.mlp.up_proj.weight         [F, D]     layers[i].mlp.up_df           [D, F]
     model.layers.{i}.mlp.down_proj.weight       [D, F]     layers[i].mlp.down_fd         [F, D]
+  qwen3_moe sparse layers (``ModelConfig.is_moe_layer``) instead of the three above:
+    model.layers.{i}.mlp.gate.weight            [E, D]     layers[i].mlp.router_de       [D, E]
+    ...mlp.experts.{j}.gate_proj.weight         [F, D]     layers[i].mlp.gate_edf[j]     [D, F]
+    ...mlp.experts.{j}.up_proj.weight           [F, D]     layers[i].mlp.up_edf[j]       [D, F]
+    ...mlp.experts.{j}.down_proj.weight         [D, F]     layers[i].mlp.down_efd[j]     [F, D]
     model.norm.weight                           [D]        final_norm.scale              [D]
     lm_head.weight (untied only)                [V, D]     lm_head_dv                    [D, V]
 
@@ -48,14 +54,15 @@ import numpy as np
 
 from rl_batch import model as model_lib
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen2", "llama")
 _ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "llama": "LlamaForCausalLM",
 }
 # transformers' defaults for fields a config.json may leave out.
-_MAX_POSITIONS_DEFAULT = {"qwen3": 32_768, "qwen2": 32_768, "llama": 2048}
+_MAX_POSITIONS_DEFAULT = {"qwen3": 32_768, "qwen3_moe": 32_768, "qwen2": 32_768, "llama": 2048}
 _CONFIG_FILE = "config.json"
 _SINGLE_FILE = "model.safetensors"
 _INDEX_FILE = "model.safetensors.index.json"
@@ -101,9 +108,13 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str | None = None) -> model_
 
     Missing optional fields take transformers' defaults for the model type (notably
     ``head_dim`` is 128 for qwen3 and ``hidden_size // num_attention_heads`` otherwise).
+    qwen3_moe also maps ``num_experts`` (or ``num_local_experts``), ``num_experts_per_tok``,
+    ``moe_intermediate_size``, ``norm_topk_prob``, ``decoder_sparse_step`` and
+    ``mlp_only_layers``; ``router_aux_loss_coef`` is a training setting, not a shape (see
+    ``GRPOConfig.router_aux_loss_coef``), and is not read.
 
     Args:
-      hf: the parsed ``config.json`` (model_type qwen3, qwen2 or llama).
+      hf: the parsed ``config.json`` (model_type qwen3, qwen3_moe, qwen2 or llama).
       dtype: parameter and compute dtype ("float32", "bfloat16", "float16"); None uses
         the checkpoint's ``dtype`` / ``torch_dtype`` (float32 when absent).
 
@@ -148,6 +159,19 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str | None = None) -> model_
         raise ValueError(f"dtype {dtype!r} is not supported; expected one of {_DTYPE_NAMES}")
     heads = hf["num_attention_heads"]
     default_head_dim = 128 if model_type == "qwen3" else hf["hidden_size"] // heads
+    moe: dict[str, Any] = {}
+    if model_type == "qwen3_moe":
+        # transformers' Qwen3MoeConfig defaults (num_experts is stored as num_local_experts
+        # by transformers 5, as num_experts by 4).
+        num_experts = hf.get("num_experts", hf.get("num_local_experts", 128))
+        moe = dict(
+            num_experts=num_experts,
+            num_experts_per_tok=hf.get("num_experts_per_tok", 8),
+            moe_intermediate_size=hf.get("moe_intermediate_size", 768),
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            decoder_sparse_step=hf.get("decoder_sparse_step", 1),
+            mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+        )
     return model_lib.ModelConfig(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
@@ -158,16 +182,17 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str | None = None) -> model_
         intermediate_size=hf["intermediate_size"],
         rope_theta=_rope_theta(hf),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         qkv_bias=model_type == "qwen2",
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         max_seq_len=hf.get("max_position_embeddings", _MAX_POSITIONS_DEFAULT[model_type]),
         param_dtype=dtype,
         dtype=dtype,
+        **moe,
     )
 
 
-def config_to_hf(config: model_lib.ModelConfig, model_type: str = "qwen3") -> dict[str, Any]:
+def config_to_hf(config: model_lib.ModelConfig, model_type: str | None = None) -> dict[str, Any]:
     """Maps a `ModelConfig` to a Hugging Face ``config.json`` dict.
 
     Both the transformers 4 (``rope_theta``, ``torch_dtype``) and 5 (``rope_parameters``,
@@ -175,8 +200,9 @@ def config_to_hf(config: model_lib.ModelConfig, model_type: str = "qwen3") -> di
 
     Args:
       config: an LM-head config.
-      model_type: "qwen3" (needs qk_norm, no qkv bias), "qwen2" (needs qkv bias, no
-        qk_norm) or "llama" (neither).
+      model_type: "qwen3" (needs qk_norm, no qkv bias), "qwen3_moe" (as qwen3, and
+        ``num_experts > 0``), "qwen2" (needs qkv bias, no qk_norm) or "llama" (neither);
+        only qwen3_moe takes a MoE config. None: qwen3_moe for a MoE config, else qwen3.
 
     Returns:
       The config dict.
@@ -184,15 +210,22 @@ def config_to_hf(config: model_lib.ModelConfig, model_type: str = "qwen3") -> di
     Raises:
       ValueError: when the config cannot be expressed as ``model_type``.
     """
+    if model_type is None:
+        model_type = "qwen3_moe" if config.num_experts else "qwen3"
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type={model_type!r}; expected one of {SUPPORTED_MODEL_TYPES}")
     if config.head != "lm":
         raise ValueError(f"only head='lm' configs export to Hugging Face, got head={config.head!r}")
-    want_qk_norm, want_bias = model_type == "qwen3", model_type == "qwen2"
+    want_qk_norm, want_bias = model_type in ("qwen3", "qwen3_moe"), model_type == "qwen2"
     if config.qk_norm != want_qk_norm or config.qkv_bias != want_bias:
         raise ValueError(
             f"model_type={model_type!r} needs qk_norm={want_qk_norm}, qkv_bias={want_bias}; "
             f"the config has qk_norm={config.qk_norm}, qkv_bias={config.qkv_bias}"
+        )
+    if (model_type == "qwen3_moe") != (config.num_experts > 0):
+        raise ValueError(
+            f"model_type={model_type!r} does not match num_experts={config.num_experts} "
+            "(MoE configs export as qwen3_moe, dense ones as qwen3 / qwen2 / llama)"
         )
     hf: dict[str, Any] = {
         "architectures": [_ARCHITECTURES[model_type]],
@@ -213,7 +246,16 @@ def config_to_hf(config: model_lib.ModelConfig, model_type: str = "qwen3") -> di
         "dtype": config.param_dtype,
         "torch_dtype": config.param_dtype,
     }
-    if model_type in ("qwen3", "llama"):
+    if model_type == "qwen3_moe":
+        hf.update(
+            num_experts=config.num_experts,
+            num_experts_per_tok=config.num_experts_per_tok,
+            moe_intermediate_size=config.moe_intermediate_size,
+            norm_topk_prob=config.norm_topk_prob,
+            decoder_sparse_step=config.decoder_sparse_step,
+            mlp_only_layers=list(config.mlp_only_layers),
+        )
+    if model_type in ("qwen3", "qwen3_moe", "llama"):
         hf["attention_bias"] = False
     if model_type == "llama":
         hf["mlp_bias"] = False
@@ -228,13 +270,15 @@ def config_to_hf(config: model_lib.ModelConfig, model_type: str = "qwen3") -> di
 @dataclasses.dataclass(frozen=True)
 class _Tensor:
     """One checkpoint tensor: its HF name and shape, where it lives in ``params``, and the
-    layout conversions in both directions."""
+    layout conversions in both directions. ``index`` is set for a per-expert tensor: it
+    is slice ``index`` of the leading (expert) dimension of the parameter at ``path``."""
 
     hf_name: str
     path: tuple[Any, ...]
     hf_shape: tuple[int, ...]
     to_ours: Callable[[np.ndarray], np.ndarray]
     to_hf: Callable[[np.ndarray], np.ndarray]
+    index: int | None = None
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
@@ -298,11 +342,25 @@ def _tensor_map(config: model_lib.ModelConfig) -> list[_Tensor]:
                 (d,),
                 same,
             ),
-            ("mlp.gate_proj.weight", (*mlp, "gate_df"), (f, d), swap),
-            ("mlp.up_proj.weight", (*mlp, "up_df"), (f, d), swap),
-            ("mlp.down_proj.weight", (*mlp, "down_fd"), (d, f), swap),
         ]
+        if c.is_moe_layer(i):
+            e, fe = c.num_experts, c.moe_intermediate_size
+            entries.append(("mlp.gate.weight", (*mlp, "router_de"), (e, d), swap))
+        else:
+            entries += [
+                ("mlp.gate_proj.weight", (*mlp, "gate_df"), (f, d), swap),
+                ("mlp.up_proj.weight", (*mlp, "up_df"), (f, d), swap),
+                ("mlp.down_proj.weight", (*mlp, "down_fd"), (d, f), swap),
+            ]
         out += [_Tensor(pre + name, path, shape, *conv) for name, path, shape, conv in entries]
+        if c.is_moe_layer(i):
+            for j in range(e):
+                ex = f"{pre}mlp.experts.{j}."
+                out += [
+                    _Tensor(ex + "gate_proj.weight", (*mlp, "gate_edf"), (fe, d), *swap, j),
+                    _Tensor(ex + "up_proj.weight", (*mlp, "up_edf"), (fe, d), *swap, j),
+                    _Tensor(ex + "down_proj.weight", (*mlp, "down_efd"), (d, fe), *swap, j),
+                ]
     out.append(_Tensor("model.norm.weight", ("final_norm", "scale"), (d,), *same))
     if not c.tie_embeddings:
         out.append(_Tensor("lm_head.weight", ("lm_head_dv",), (v, d), *swap))
@@ -408,7 +466,7 @@ def _is_ignorable(name: str) -> bool:
 def load_hf_checkpoint(
     path: str | os.PathLike, *, dtype: str | None = None, as_numpy: bool = False
 ) -> tuple[model_lib.ModelConfig, model_lib.Params]:
-    """Loads a local Hugging Face Qwen3 / Qwen2 / Llama model directory.
+    """Loads a local Hugging Face Qwen3 / Qwen3-MoE / Qwen2 / Llama model directory.
 
     Args:
       path: directory with ``config.json`` and ``model.safetensors`` (or
@@ -430,6 +488,8 @@ def load_hf_checkpoint(
     config = config_from_hf(read_hf_config(directory), dtype=dtype)
     np_dtype = np.dtype(jnp.dtype(config.param_dtype))
     params: dict[str, Any] = {}
+    shapes = model_lib.abstract_params(config)
+    stacked: dict[tuple[Any, ...], np.ndarray] = {}  # per-expert tensors, filled slice-wise
     with contextlib.ExitStack() as stack:
         reader = _SafetensorsReader(directory, stack)
         expected = _tensor_map(config)
@@ -447,7 +507,14 @@ def load_hf_checkpoint(
                     f"expected {list(t.hf_shape)} from config.json"
                 )
             value = np.ascontiguousarray(t.to_ours(reader.get(t.hf_name)).astype(np_dtype))
+            if t.index is not None:
+                if t.path not in stacked:
+                    stacked[t.path] = np.empty(_get(shapes, t.path).shape, np_dtype)
+                stacked[t.path][t.index] = value
+                continue
             _set(params, t.path, value if as_numpy else jnp.asarray(value))
+        for path, value in stacked.items():
+            _set(params, path, value if as_numpy else jnp.asarray(value))
         used = {t.hf_name for t in expected}
         leftover = sorted(n for n in reader.location if n not in used and not _is_ignorable(n))
         if config.tie_embeddings and "lm_head.weight" in leftover:
@@ -474,6 +541,8 @@ def load_hf_checkpoint(
 def _describe(config: model_lib.ModelConfig) -> str:
     """A short description for messages, e.g. ``"28-layer d=1024 qk_norm"``."""
     extras = [n for n in ("qk_norm", "qkv_bias") if getattr(config, n)]
+    if config.num_experts:
+        extras.append(f"moe {config.num_experts}x top-{config.num_experts_per_tok}")
     return " ".join([f"{config.num_layers}-layer d={config.hidden_size}", *extras])
 
 
@@ -502,7 +571,7 @@ def save_hf_checkpoint(
     params: model_lib.Params,
     path: str | os.PathLike,
     *,
-    model_type: str = "qwen3",
+    model_type: str | None = None,
     extra_config: Mapping[str, Any] | None = None,
 ) -> None:
     """Writes ``config.json`` and a single ``model.safetensors`` that transformers loads.
@@ -515,7 +584,8 @@ def save_hf_checkpoint(
       params: a tree matching ``abstract_params(config)``.
       path: output directory (created if needed; its config.json and model.safetensors
         are overwritten).
-      model_type: "qwen3", "qwen2" or "llama".
+      model_type: "qwen3", "qwen3_moe", "qwen2" or "llama"; None: qwen3_moe for a MoE
+        config, else qwen3.
       extra_config: fields merged into config.json (e.g. ``eos_token_id``).
 
     Raises:
@@ -531,10 +601,15 @@ def save_hf_checkpoint(
     if os.path.exists(os.path.join(directory, _INDEX_FILE)):
         raise ValueError(f"{directory} already holds a sharded checkpoint ({_INDEX_FILE})")
     np_dtype = np.dtype(jnp.dtype(config.param_dtype))
-    tensors = {
-        t.hf_name: np.ascontiguousarray(t.to_hf(np.asarray(_get(params, t.path)).astype(np_dtype)))
-        for t in _tensor_map(config)
-    }
+    host: dict[tuple[Any, ...], np.ndarray] = {}  # each parameter gathered once
+
+    def value(t: _Tensor) -> np.ndarray:
+        if t.path not in host:
+            host[t.path] = np.asarray(_get(params, t.path)).astype(np_dtype)
+        x = host[t.path] if t.index is None else host[t.path][t.index]
+        return np.ascontiguousarray(t.to_hf(x))
+
+    tensors = {t.hf_name: value(t) for t in _tensor_map(config)}
     os.makedirs(directory, exist_ok=True)
     save_file(tensors, os.path.join(directory, _SINGLE_FILE), metadata={"format": "pt"})
     with open(os.path.join(directory, _CONFIG_FILE), "w") as f:

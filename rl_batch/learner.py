@@ -44,6 +44,7 @@ from jax.sharding import Mesh
 from rl_batch import logprobs as logprobs_lib
 from rl_batch import losses
 from rl_batch import model as model_lib
+from rl_batch import moe as moe_lib
 from rl_batch import sharding as sharding_lib
 
 Params = Any
@@ -84,6 +85,9 @@ class Batch:
         temperature), or None to use ``stop_gradient`` of the current ones (exact with
         one update per batch, where the ratio is 1 at the update).
       ref_logprobs: [B, R] reference-policy log-probs, or None.
+      routed_experts: [B, P + R, L, k] int expert choices of a MoE policy's sampler
+        (``SampleOutput.routed_experts``; -1 = none), or None. Given, the update logs
+        ``moe_routing_disagreement`` and, with ``GRPOConfig.routing_replay``, routes by it.
 
     Rows whose ``response_mask`` is all False are padding: they add nothing to the loss,
     its normalisers or the metrics. Pad a filtered batch to a fixed B with such rows
@@ -97,6 +101,7 @@ class Batch:
     advantages: jax.Array
     old_logprobs: jax.Array | None = None
     ref_logprobs: jax.Array | None = None
+    routed_experts: jax.Array | None = None
 
     @property
     def size(self) -> int:
@@ -131,6 +136,16 @@ def check_rollout_shapes(
 def check_batch(batch: Batch) -> None:
     """Shape check of a GRPO ``Batch`` (see ``check_rollout_shapes``)."""
     check_rollout_shapes(batch, ("advantages",), ("old_logprobs", "ref_logprobs"), "Batch")
+    routed = batch.routed_experts
+    b, s = (
+        batch.prompt_tokens.shape[0],
+        batch.prompt_tokens.shape[1] + batch.response_tokens.shape[1],
+    )
+    if routed is not None and (routed.ndim != 4 or routed.shape[:2] != (b, s)):
+        raise ValueError(
+            f"Batch.routed_experts has shape {tuple(routed.shape)}, "
+            f"expected (B={b}, P + R={s}, L, k)"
+        )
 
 
 # ------------------------------------------------------------------------ optimizer
@@ -270,7 +285,10 @@ def response_outputs(
     model_config: model_lib.ModelConfig,
     params: Params,
     batch: Any,
-) -> jax.Array:
+    *,
+    with_router: bool = False,
+    replay: bool = False,
+) -> Any:
     """Model outputs aligned with the response tokens.
 
     Args:
@@ -278,10 +296,13 @@ def response_outputs(
       params: its parameters.
       batch: anything with ``prompt_tokens``, ``prompt_mask``, ``response_tokens``,
         ``response_mask`` (see ``Batch``).
+      with_router: also return a MoE model's router logits (``moe.forward_with_router``).
+      replay: with ``with_router``, route by ``batch.routed_experts`` (routing replay).
 
     Returns:
       [B, R, V] float32 logits whose row j predicts response token j (``head="lm"``),
-      or [B, R] values of the state before response token j (``head="value"``).
+      or [B, R] values of the state before response token j (``head="value"``). With
+      ``with_router``: (that, router logits [L, B * (P + R), E], token mask [B * (P + R)]).
     """
     p = batch.prompt_tokens.shape[1]
     r = batch.response_tokens.shape[1]
@@ -289,12 +310,24 @@ def response_outputs(
     mask_bt = jnp.concatenate(
         [batch.prompt_mask.astype(bool), batch.response_mask.astype(bool)], axis=1
     )
+    positions_bt = model_lib.positions_from_mask(mask_bt)
+    if with_router:
+        replay_btlk = None
+        if replay:
+            replay_btlk = getattr(batch, "routed_experts", None)
+            if replay_btlk is None:
+                raise ValueError("routing replay needs the batch's routed_experts (None)")
+        out, router_lte = moe_lib.forward_with_router(
+            model_config,
+            params,
+            tokens_bt,
+            input_mask_bt=mask_bt,
+            positions_bt=positions_bt,
+            replay_experts_btlk=replay_btlk,
+        )
+        return out[:, p - 1 : p + r - 1], router_lte, mask_bt.reshape(-1)
     out = model_lib.forward(
-        model_config,
-        params,
-        tokens_bt,
-        input_mask_bt=mask_bt,
-        positions_bt=model_lib.positions_from_mask(mask_bt),
+        model_config, params, tokens_bt, input_mask_bt=mask_bt, positions_bt=positions_bt
     )
     return out[:, p - 1 : p + r - 1]
 
@@ -304,11 +337,18 @@ def compute_logprobs(
     params: Params,
     batch: Any,
     temperature: float = 1.0,
+    replay: bool = False,
 ) -> jax.Array:
     """[B, R] log-probs of the response tokens under softmax(logits / temperature),
     0 on padding. Jittable (``temperature`` static); use for reference log-probs or
-    evaluation."""
-    logp_br, _ = logprobs_lib.response_logprobs(model_config, params, batch, temperature)
+    evaluation. ``replay``: a MoE model routed by ``batch.routed_experts`` (routing
+    replay)."""
+    if replay:
+        logp_br = logprobs_lib.response_logprobs_and_router(
+            model_config, params, batch, temperature, replay=True
+        )[0]
+    else:
+        logp_br, _ = logprobs_lib.response_logprobs(model_config, params, batch, temperature)
     return jnp.where(batch.response_mask.astype(bool), logp_br, 0.0)
 
 
@@ -415,13 +455,21 @@ def policy_loss(
     num_tokens: jax.Array,
     num_seqs: jax.Array | int,
     max_len: int,
+    surrogate: str = "token",
+    router_aux_loss_coef: float = 0.0,
+    routing_replay: bool = False,
+    micro_batches: int = 1,
 ) -> tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]:
     """Clipped policy-gradient loss of one (micro-)batch, normalised by the *full*
     batch's totals.
 
     ``batch.advantages`` are [B] per sequence (GRPO) or [B, R] per token (the PPO
     actor). With ``batch.ref_logprobs`` the k3 KL to the reference is reported (``kl``)
-    and weighs ``kl_coef`` in the loss.
+    and weighs ``kl_coef`` in the loss. A MoE policy (``num_experts > 0``) also reports
+    its router's expert-load metrics (``moe.router_sums``, turned into metrics by
+    ``accumulate_gradients``), ``moe_aux_loss`` (HF's load-balancing loss, weighing
+    ``router_aux_loss_coef`` in the loss) and, when the batch carries the sampler's
+    ``routed_experts``, ``moe_routing_disagreement``.
 
     Args:
       model_config: the policy's shape.
@@ -435,6 +483,15 @@ def policy_loss(
       num_seqs: real sequences in the full batch (rows with at least one response
         token; all-padding rows are not counted).
       max_len: fixed length normaliser (seq_mean_token_sum_norm).
+      surrogate: one of ``losses.POLICY_LOSSES``: ``"token"``, the token-level clipped
+        surrogate (``losses.clipped_policy_loss``); ``"gspo"``, GSPO's sequence-level
+        ratio and clipping (``losses.gspo_policy_loss``; needs [B] advantages and is a
+        sequence mean, so use it with ``loss_agg="seq_mean_token_mean"``).
+      router_aux_loss_coef: weight of a MoE policy's load-balancing loss (0 = off).
+      routing_replay: route a MoE policy by ``batch.routed_experts`` (required) instead
+        of its router's top-k.
+      micro_batches: micro-batches of the update: each one's load-balancing loss counts
+        ``1 / micro_batches``.
 
     Returns:
       (loss, (sums, maxes, own_scale)): ``sums`` are metrics that add up over
@@ -444,7 +501,16 @@ def policy_loss(
     """
     mask_br = batch.response_mask.astype(bool)
     # Chunked over response positions (``model_config.logits_chunk``): no [B, R, V].
-    logp_br, entropy_br = logprobs_lib.response_logprobs(model_config, params, batch, temperature)
+    if model_config.num_experts:
+        logp_br, entropy_br, router_lte, router_mask_t = logprobs_lib.response_logprobs_and_router(
+            model_config, params, batch, temperature, replay=routing_replay
+        )
+    elif routing_replay:
+        raise ValueError("routing_replay=True needs a MoE policy (num_experts > 0)")
+    else:
+        logp_br, entropy_br = logprobs_lib.response_logprobs(
+            model_config, params, batch, temperature
+        )
     if batch.old_logprobs is None:
         old_br = jax.lax.stop_gradient(logp_br)
     else:
@@ -452,13 +518,28 @@ def policy_loss(
     adv = batch.advantages.astype(jnp.float32)
     # [B] per sequence (GRPO) or [B, R] per token (the PPO actor).
     adv_br = adv[:, None] if adv.ndim == 1 else adv
-    pg_br, clipped_br = losses.clipped_policy_loss(
-        logp_br,
-        old_br,
-        adv_br,
-        clip_low=clip_low,
-        clip_high=clip_high,
-    )
+    if surrogate == "gspo":
+        if adv.ndim != 1:
+            raise ValueError(
+                f"surrogate='gspo' needs one advantage per sequence, got shape {adv.shape}"
+            )
+        loss_b, clipped_b, _ = losses.gspo_policy_loss(
+            logp_br, old_br, adv, mask_br, clip_low=clip_low, clip_high=clip_high
+        )
+        # Spread over the tokens: with seq_mean_token_mean weights (mask / (len * seqs))
+        # the sum is mean_b loss_b.
+        pg_br = jnp.broadcast_to(loss_b[:, None], mask_br.shape)
+        clipped_br = jnp.broadcast_to(clipped_b[:, None], mask_br.shape)
+    elif surrogate == "token":
+        pg_br, clipped_br = losses.clipped_policy_loss(
+            logp_br,
+            old_br,
+            adv_br,
+            clip_low=clip_low,
+            clip_high=clip_high,
+        )
+    else:
+        raise ValueError(f"surrogate={surrogate!r}; expected one of {losses.POLICY_LOSSES}")
     w_br = losses.aggregation_weights(
         mask_br, loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
     )
@@ -483,6 +564,18 @@ def policy_loss(
         raise ValueError(f"kl_coef={kl_coef} needs Batch.ref_logprobs, which is None")
     else:
         sums["kl"] = sums["kl_old"]
+    if model_config.num_experts:
+        # Load-balancing loss over all real (prompt + response) tokens of the micro-batch.
+        k = model_config.num_experts_per_tok
+        aux = moe_lib.load_balancing_loss(router_lte, router_mask_t, k) / micro_batches
+        if router_aux_loss_coef:
+            loss = loss + router_aux_loss_coef * aux
+        sums.update(moe_aux_loss=jax.lax.stop_gradient(aux))
+        sums.update(moe_lib.router_sums(router_lte, router_mask_t, k))
+        routed = getattr(batch, "routed_experts", None)
+        if routed is not None:
+            mask_bt = router_mask_t.reshape(routed.shape[:2])
+            sums.update(moe_lib.routing_disagreement_sums(router_lte, routed, mask_bt, k))
     ratio_br = jnp.exp(jnp.clip(logp_br - old_br, -20.0, 20.0))
     sums.update(
         loss=loss,
@@ -562,7 +655,7 @@ def accumulate_gradients(
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if micro_batches == 1:
         (loss, (sums, maxes, _)), grads = grad_fn(params, batch)
-        return grads, loss, {**sums, **maxes}
+        return grads, loss, moe_lib.finalize_router_metrics({**sums, **maxes})
 
     stacked = split_batch(batch, micro_batches, mesh)
     # Real sequences per micro-batch [M]: rows with at least one response token.
@@ -594,8 +687,7 @@ def accumulate_gradients(
     grad_sq_micro = jnp.sum(jnp.where(nonempty_m, own_sq_m, 0.0)) / jnp.maximum(n_nonempty, 1.0)
     seqs_micro = jnp.where(n_nonempty > 0, n_nonempty / jnp.maximum(inv_seqs, 1e-30), 0.0)
     metrics = {
-        **sums,
-        **maxes,
+        **moe_lib.finalize_router_metrics({**sums, **maxes}),
         "grad_sq_micro": grad_sq_micro,
         "grad_sq_full": _tree_sq_norm(grads),
         "gns_batch_micro": seqs_micro,

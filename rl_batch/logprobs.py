@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from rl_batch import model as model_lib
+from rl_batch import moe as moe_lib
 
 
 def _block(
@@ -129,3 +130,52 @@ def response_logprobs(
         temperature=temperature,
         chunk=model_config.logits_chunk,
     )
+
+
+def response_logprobs_and_router(
+    model_config: model_lib.ModelConfig,
+    params: Any,
+    batch: Any,
+    temperature: float = 1.0,
+    *,
+    replay: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``response_logprobs`` of a MoE policy, with its router logits.
+
+    Args:
+      model_config: a MoE policy's shape (``num_experts > 0``).
+      params, batch, temperature: as ``response_logprobs``.
+      replay: route by ``batch.routed_experts`` (routing replay) instead of the router's
+        top-k (``moe.forward_hidden_with_router``).
+
+    Returns:
+      (log-probs [B, R], entropies [B, R], router logits [L, B * (P + R), E] of every
+      sparse layer, token mask [B * (P + R)] of the real prompt and response tokens).
+    """
+    replay_btlk = None
+    if replay:
+        replay_btlk = getattr(batch, "routed_experts", None)
+        if replay_btlk is None:
+            raise ValueError("routing replay needs the batch's routed_experts (None)")
+    p = batch.prompt_tokens.shape[1]
+    r = batch.response_tokens.shape[1]
+    tokens_bt = jnp.concatenate([batch.prompt_tokens, batch.response_tokens], axis=1)
+    mask_bt = jnp.concatenate(
+        [batch.prompt_mask.astype(bool), batch.response_mask.astype(bool)], axis=1
+    )
+    hidden_btd, router_lte = moe_lib.forward_hidden_with_router(
+        model_config,
+        params,
+        tokens_bt,
+        input_mask_bt=mask_bt,
+        positions_bt=model_lib.positions_from_mask(mask_bt),
+        replay_experts_btlk=replay_btlk,
+    )
+    logp_br, entropy_br = logprobs_and_entropy(
+        hidden_btd[:, p - 1 : p + r - 1],
+        model_lib.lm_head(model_config, params),
+        batch.response_tokens,
+        temperature=temperature,
+        chunk=model_config.logits_chunk,
+    )
+    return logp_br, entropy_br, router_lte, mask_bt.reshape(-1)

@@ -24,6 +24,8 @@ _LOG_RATIO_CLAMP = 20.0
 ADVANTAGE_MODES = ("grpo", "drgrpo", "rloo")
 LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+# Token-level clipped ratio (PPO / GRPO / DAPO) or GSPO's sequence-level one.
+POLICY_LOSSES = ("token", "gspo")
 
 
 # --------------------------------------------------------------------------- masking
@@ -192,6 +194,47 @@ def clipped_policy_loss(
         loss_bt = jnp.where(adv_bt < 0, capped_bt, loss_bt)
         clipped_bt = clipped_bt | dual_bt
     return loss_bt, clipped_bt.astype(jnp.float32)
+
+
+def gspo_policy_loss(
+    logp_bt: jax.Array,
+    old_logp_bt: jax.Array,
+    advantages_b: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """GSPO's sequence-level clipped surrogate (Zheng et al. 2025, Qwen).
+
+    One importance ratio per sequence, the length-normalised (geometric-mean) likelihood
+    ratio ``s_b = exp(mean_t (logp - old_logp))`` over its real tokens, clipped as a
+    whole: ``loss_b = max(-A_b * s_b, -A_b * clip(s_b, 1 - clip_low, 1 + clip_high))``.
+    A token whose probability moved a lot no longer gets its own ratio (which in MoE RL
+    swings when its experts change between rollout and update); the sequence does. The
+    paper's clip ranges are 3e-4 / 4e-4 (the defaults here), far narrower than
+    token-level ones, since s_b averages the per-token log-ratios.
+
+    Args:
+      logp_bt: [B, T] current log-probs (differentiated).
+      old_logp_bt: [B, T] behaviour log-probs.
+      advantages_b: [B] sequence advantages.
+      mask_bt: [B, T] real response tokens.
+      clip_low, clip_high: ratio bounds ``1 - clip_low``, ``1 + clip_high``.
+
+    Returns:
+      (loss_b, clipped_b, log_ratio_b): per-sequence loss (average it over sequences),
+      1.0 where clipping removed the sequence's gradient, and the length-normalised
+      log-ratio. All-padding rows have ratio 1.
+    """
+    m_bt = mask_bt.astype(bool)
+    len_b = jnp.maximum(jnp.sum(m_bt.astype(jnp.float32), axis=1), 1.0)
+    log_ratio_b = jnp.sum(jnp.where(m_bt, logp_bt - old_logp_bt, 0.0), axis=1) / len_b
+    ratio_b = jnp.exp(jnp.clip(log_ratio_b, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    adv_b = advantages_b.astype(ratio_b.dtype)
+    unclipped_b = -adv_b * ratio_b
+    loss_b = jnp.maximum(unclipped_b, -adv_b * jnp.clip(ratio_b, 1.0 - clip_low, 1.0 + clip_high))
+    return loss_b, (loss_b > unclipped_b).astype(jnp.float32), log_ratio_b
 
 
 # ---------------------------------------------------------------------------- KL

@@ -3,7 +3,8 @@
 One module covers the family through config switches: RMSNorm, rotary position
 embeddings (configurable theta), grouped-query attention, optional QK-norm (Qwen3),
 optional QKV bias (Qwen2), SwiGLU MLP, tied or untied embeddings, and an optional
-scalar value head (PPO critics).
+scalar value head (PPO critics). With ``num_experts > 0`` the MLP of the sparse layers is
+the Qwen3-MoE mixture-of-experts block of ``rl_batch.moe`` (``ModelConfig.is_moe_layer``).
 
 Parameters are exchanged as a *pure* nested dict of arrays (``params``): the learner,
 the optimizer, the sampler, checkpoints and the Hugging Face importer all use that one
@@ -16,7 +17,7 @@ shaped like ``params``.
 
 Shape letters: B batch, T query length, S key/cache length, D model width, N query
 heads, K key/value heads, G = N // K query heads per KV head, H head dim, F MLP width,
-V vocabulary.
+V vocabulary, E experts.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from rl_batch import moe as moe_lib
 
 Params = dict[str, Any]
 # Per-layer KV cache: {"k": [B, K, S, H], "v": [B, K, S, H]} (heads before slots, so
@@ -83,6 +86,13 @@ class ModelConfig:
         ``lax.scan`` over their parameters stacked at trace time (in the compute dtype),
         so the program holds one block instead of ``num_layers``. The parameter tree
         keeps its per-layer layout; the KV-cache path (sampling) keeps the loop.
+      num_experts: E experts per sparse (MoE) layer; 0 = a dense model.
+      num_experts_per_tok: experts k each token is routed to (top-k of the router).
+      moe_intermediate_size: SwiGLU width of one expert.
+      norm_topk_prob: renormalise the k routing weights to sum to 1 (Qwen3-MoE).
+      decoder_sparse_step: layer i is sparse iff (i + 1) % step == 0 (HF's rule) ...
+      mlp_only_layers: ... and i is not in this tuple (those keep the dense MLP of
+        width ``intermediate_size``).
     """
 
     vocab_size: int
@@ -105,6 +115,12 @@ class ModelConfig:
     attention: str = "einsum"
     logits_chunk: int = 0
     scan_layers: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name in (
@@ -146,10 +162,42 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.logits_chunk must be a non-negative int, got {self.logits_chunk!r}"
             )
+        # JSON round trips give lists; the config must stay hashable (jit static arg).
+        object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        moe_lib.check_moe_config(self)
+        if self.scan_layers and self.num_experts:
+            # The scan stacks identical blocks, and the router logits a MoE block sows
+            # (``moe.forward_with_router``) cannot leave a ``lax.scan`` body.
+            raise ValueError(
+                "ModelConfig.scan_layers=True is not supported with a MoE model "
+                f"(num_experts={self.num_experts}); use scan_layers=False"
+            )
 
     def replace(self, **changes) -> ModelConfig:
         """Returns a copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` has the MoE block (HF Qwen3-MoE's rule)."""
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Number of sparse (MoE) layers."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses: ``num_params`` less the experts it is not routed to
+        (E - k of every sparse layer). Equals ``num_params`` for a dense model."""
+        inactive = self.num_experts - self.num_experts_per_tok
+        return self.num_params - self.num_moe_layers * inactive * 3 * self.hidden_size * (
+            self.moe_intermediate_size
+        )
 
     @property
     def num_params(self) -> int:
@@ -166,8 +214,12 @@ class ModelConfig:
             attn += n * h + 2 * k * h
         if self.qk_norm:
             attn += 2 * h
-        layer = attn + 3 * d * f + 2 * d
-        total = self.vocab_size * d + self.num_layers * layer + d
+        dense_layer = attn + 3 * d * f + 2 * d
+        # A sparse layer: router [D, E] and E experts of 3 * D * F_moe each.
+        moe_layer = attn + d * self.num_experts * (1 + 3 * self.moe_intermediate_size) + 2 * d
+        n_moe = self.num_moe_layers
+        total = self.vocab_size * d + (self.num_layers - n_moe) * dense_layer + d
+        total += n_moe * moe_layer
         if self.head == "value":
             total += d + 1
         elif not self.tie_embeddings:
@@ -320,6 +372,62 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=32_768,
         param_dtype="bfloat16",
         dtype="bfloat16",
+    ),
+    # ~3.4M parameters (1.0M active): 4 layers, d=128, 8 experts of width 128, top-2.
+    "tiny-moe": ModelConfig(
+        vocab_size=64,
+        hidden_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=512,
+        qk_norm=True,
+        max_seq_len=256,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+        norm_topk_prob=True,
+    ),
+    # Qwen3-30B-A3B: 48 layers, 128 experts of width 768, 8 active; 30.5B / 3.3B.
+    "qwen3-30b-a3b": ModelConfig(
+        vocab_size=151_936,
+        hidden_size=2048,
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=6144,
+        rope_theta=1_000_000.0,
+        qk_norm=True,
+        tie_embeddings=False,
+        max_seq_len=40_960,
+        param_dtype="bfloat16",
+        dtype="bfloat16",
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+    ),
+    # Qwen3-235B-A22B: 94 layers, 128 experts of width 1536, 8 active; 235B / 22B.
+    "qwen3-235b-a22b": ModelConfig(
+        vocab_size=151_936,
+        hidden_size=4096,
+        num_layers=94,
+        num_heads=64,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=12288,
+        rope_theta=1_000_000.0,
+        qk_norm=True,
+        tie_embeddings=False,
+        max_seq_len=40_960,
+        param_dtype="bfloat16",
+        dtype="bfloat16",
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=1536,
+        norm_topk_prob=True,
     ),
 }
 
@@ -519,11 +627,14 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, layer: int = 0):
         self.input_norm = RMSNorm(config.hidden_size, "embed", config, rngs=rngs)
         self.attn = Attention(config, rngs=rngs)
         self.post_attn_norm = RMSNorm(config.hidden_size, "embed", config, rngs=rngs)
-        self.mlp = MLP(config, rngs=rngs)
+        if config.is_moe_layer(layer):
+            self.mlp = moe_lib.MoeMLP(config, rngs=rngs)
+        else:
+            self.mlp = MLP(config, rngs=rngs)
 
     def __call__(self, x_btd, positions_bt, mask_bts, cache=None, cache_index=None):
         attn_btd, cache = self.attn(
@@ -541,7 +652,7 @@ class Transformer(nnx.Module):
         c = config
         self.config = c
         self.embed_vd = _param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), c)
-        self.layers = nnx.List([Block(c, rngs=rngs) for _ in range(c.num_layers)])
+        self.layers = nnx.List([Block(c, rngs=rngs, layer=i) for i in range(c.num_layers)])
         self.final_norm = RMSNorm(c.hidden_size, "embed", c, rngs=rngs)
         if c.head == "value":
             self.value_d = _param(rngs, (c.hidden_size,), ("embed",), c)

@@ -182,7 +182,9 @@ def to_rollout(
 
 
 def _take_rows(samples: SampleOutput, rows: np.ndarray) -> SampleOutput:
-    return SampleOutput(*(np.asarray(x)[rows] for x in dataclasses.astuple(samples)))
+    return SampleOutput(
+        *(None if x is None else np.asarray(x)[rows] for x in dataclasses.astuple(samples))
+    )
 
 
 def to_json(groups: list[Group]) -> list[dict[str, Any]]:

@@ -490,6 +490,7 @@ def make_update_fn(
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             max_len=r,
+            micro_batches=m,  # a MoE actor's load-balancing loss metric, per micro-batch
         )
         grads, loss, metrics = learner.accumulate_gradients(loss_fn, actor.params, batch, m, mesh)
         grad_norm = optax.tree.norm(grads)

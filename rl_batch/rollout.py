@@ -64,6 +64,7 @@ def rollout_to_json(ro: Rollout) -> dict[str, Any]:
         "samples": {
             f.name: _array_to_json(np.asarray(getattr(ro.samples, f.name)))
             for f in dataclasses.fields(ro.samples)
+            if getattr(ro.samples, f.name) is not None  # routed_experts when not recorded
         },
         "rewards_pg": _array_to_json(np.asarray(ro.rewards_pg)),
         "time_generate_s": ro.time_generate_s,
@@ -105,6 +106,21 @@ def _concat_outputs(chunks: Sequence[SampleOutput]) -> SampleOutput:
         return np.pad(x, pads, constant_values=value)
 
     pad_id = 0  # Padding tokens are masked everywhere downstream.
+    routed = None
+    if all(c.routed_experts is not None for c in chunks):
+        # [B, P_c + R_c, L, k]: the prompt part is left-padded, the response part right.
+        routed = np.concatenate(
+            [
+                np.concatenate(
+                    [
+                        _pad_rows(c.routed_experts[:, : c.prompt_tokens.shape[1]], p, True),
+                        _pad_rows(c.routed_experts[:, c.prompt_tokens.shape[1] :], r, False),
+                    ],
+                    axis=1,
+                )
+                for c in chunks
+            ]
+        )
     return SampleOutput(
         prompt_tokens=np.concatenate([pad(c.prompt_tokens, p, True, pad_id) for c in chunks]),
         prompt_mask=np.concatenate([pad(c.prompt_mask, p, True, False) for c in chunks]),
@@ -112,7 +128,16 @@ def _concat_outputs(chunks: Sequence[SampleOutput]) -> SampleOutput:
         response_mask=np.concatenate([pad(c.response_mask, r, False, False) for c in chunks]),
         response_logprobs=np.concatenate([pad(c.response_logprobs, r, False, 0.0) for c in chunks]),
         lengths=np.concatenate([c.lengths for c in chunks]),
+        routed_experts=routed,
     )
+
+
+def _pad_rows(x: np.ndarray, width: int, left: bool) -> np.ndarray:
+    """Pads axis 1 of ``x`` to ``width`` with -1 (no expert choice), left or right."""
+    extra = width - x.shape[1]
+    pads = [(0, 0)] * x.ndim
+    pads[1] = (extra, 0) if left else (0, extra)
+    return np.pad(x, pads, constant_values=-1) if extra else x
 
 
 def kv_cache_bytes(config: Any, rows: int, seq_len: int, dtype: str | None = None) -> int:

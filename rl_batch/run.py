@@ -367,7 +367,10 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
     tokenizer = config_lib.make_tokenizer(c)
     model_config = config_lib.make_model_config(c)
     train_data, val_data = load_task_data(c, tokenizer)
-    mesh = sharding.make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
+    # ``expert``: MoE expert parallelism (for a dense model one more batch axis).
+    mesh = sharding.make_mesh(
+        data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor, expert=c.mesh.get("expert", 1)
+    )
     algo = make_algorithm(c, model_config, mesh)
     # (Multi-process: rebuilt so that a checkpoint of the initial state can be saved.)
     state = distributed.rebuild(algo.init_state(initial_params(c, model_config)))

@@ -50,6 +50,7 @@ import numpy as np
 
 from rl_batch import distributed
 from rl_batch import model as model_lib
+from rl_batch import moe as moe_lib
 from rl_batch import sharding as sharding_lib
 
 ModelConfig = model_lib.ModelConfig
@@ -250,6 +251,9 @@ class SamplingState:
     cache: model_lib.Cache  # per layer {"k", "v"}: [B, K, S, H] (decode layout)
     done_b: jax.Array  # [B] bool: emitted EOS, reached max_new_tokens, or a pad row
     rng_b: jax.Array  # [B] PRNG keys, one per row; step i uses fold_in(rng_b[b], i)
+    # [B, S, L, k] int16 expert choices of each fed token at its slot, per sparse layer
+    # (MoE with routing recorded; -1 where no token was fed), else None.
+    experts_bslk: Any
     eos_id: int = flax.struct.field(pytree_node=False)
     pad_id: int = flax.struct.field(pytree_node=False)
     sampling: SamplingConfig = flax.struct.field(pytree_node=False)
@@ -265,6 +269,10 @@ class SampleOutput:
     response_mask: Any  # [B, R] bool, True for generated tokens (EOS included)
     response_logprobs: Any  # [B, R] float32 log p(token) at logprob_temperature, 0 if masked
     lengths: Any  # [B] int32 generated tokens (EOS included)
+    # [B, P + R, L, k] int16 expert choices per token and sparse layer in the sampler's
+    # forward (prompt slots, then response slots; -1 where none: padding and the last
+    # token, which is sampled but never fed), or None when routing is not recorded.
+    routed_experts: Any = None
 
 
 def _pad_slots(layer: model_lib.LayerCache, length: int) -> model_lib.LayerCache:
@@ -326,6 +334,7 @@ def prefill(
     pad_id: int,
     sampling: SamplingConfig = SamplingConfig(),
     cache_dtype: str | None = None,
+    record_routing: bool = False,
 ) -> SamplingState:
     """Runs the prompts through the model, fills the cache and samples response token 0.
 
@@ -342,10 +351,14 @@ def prefill(
       pad_id: id written to unused response slots.
       sampling: how tokens are drawn.
       cache_dtype: KV-cache dtype name (default: the model's compute dtype).
+      record_routing: keep every fed token's expert choices (a MoE model;
+        ``SamplingState.experts_bslk``), for routing replay and disagreement metrics.
 
     Returns:
       The decode state after one sampled token (``step == 1``).
     """
+    if record_routing and not config.num_experts:
+        raise ValueError("record_routing=True needs a MoE model (num_experts > 0)")
     if config.head != "lm":
         raise ValueError(f"sampling needs an LM head; got ModelConfig.head={config.head!r}")
     b, p = prompt_tokens_bp.shape
@@ -356,12 +369,19 @@ def prefill(
     # padded to S = P + R: the prompt's attention over empty response slots would be
     # wasted work (about 3x the prefill attention cost for P=16, R=32).
     prompt_cache = model_lib.init_cache(config, b, p, cache_dtype)
+    experts_bslk = None
+    if record_routing:
+        shape = (b, p + r, config.num_moe_layers, config.num_experts_per_tok)
+        experts_bslk = jnp.full(shape, -1, _EXPERT_DTYPE)
     # Only the last prompt position's logits are used (prompts are left-padded, so it
-    # is every row's last real token): [B, 1, V], not [B, P, V].
-    logits_b1v, prompt_cache = model_lib.forward_with_cache(
+    # is every row's last real token): [B, 1, V], not [B, P, V]. The routing record
+    # still covers every prompt token (the router runs before the head).
+    logits_b1v, prompt_cache, experts_bslk = _forward(
         config,
         params,
+        experts_bslk,
         prompt_tokens_bp.astype(jnp.int32),
+        prompt_mask_bp,
         positions_bp,
         prompt_mask_bp,
         prompt_cache,
@@ -383,11 +403,47 @@ def prefill(
         cache=cache,
         done_b=prompt_len_b == 0,
         rng_b=row_keys(rng, b),
+        experts_bslk=experts_bslk,
         eos_id=eos_id,
         pad_id=pad_id,
         sampling=sampling,
     )
     return _record(state, logits_b1v[:, -1])
+
+
+# Expert ids fit int16 (E < 32768), half the memory of int32 ([B, S, L, k] per rollout).
+_EXPERT_DTYPE = jnp.int16
+
+
+def _forward(
+    config,
+    params,
+    experts_bslk,
+    tokens_bt,
+    real_bt,
+    positions_bt,
+    kv_mask_bs,
+    cache,
+    slot,
+    *,
+    last_only=False,
+):
+    """``forward_with_cache`` (``last_only`` as there); with ``experts_bslk`` (recording
+    routing) also writes the router's choices for the T fed tokens at slots
+    [slot, slot + T) (-1 where not ``real_bt``)."""
+    if experts_bslk is None:
+        logits, cache = model_lib.forward_with_cache(
+            config, params, tokens_bt, positions_bt, kv_mask_bs, cache, slot, last_only=last_only
+        )
+        return logits, cache, None
+    logits, cache, router_lte = moe_lib.forward_with_cache_and_router(
+        config, params, tokens_bt, positions_bt, kv_mask_bs, cache, slot, last_only=last_only
+    )
+    experts_btlk = moe_lib.top_experts(router_lte, config.num_experts_per_tok, tokens_bt.shape[0])
+    experts_btlk = jnp.where(real_bt[:, :, None, None], experts_btlk, -1).astype(_EXPERT_DTYPE)
+    zero = jnp.zeros((), jnp.int32)
+    at = (zero, jnp.asarray(slot, jnp.int32), zero, zero)
+    return logits, cache, jax.lax.dynamic_update_slice(experts_bslk, experts_btlk, at)
 
 
 def _decode_step(config: ModelConfig, params: Params, state: SamplingState) -> SamplingState:
@@ -400,10 +456,18 @@ def _decode_step(config: ModelConfig, params: Params, state: SamplingState) -> S
     slot = p + prev
     kv_mask_bs = jax.lax.dynamic_update_slice(state.kv_mask_bs, real_b1, (zero, slot))
     positions_b = state.prompt_len_b + prev
-    logits_b1v, cache = model_lib.forward_with_cache(
-        config, params, token_b1, positions_b[:, None], kv_mask_bs, state.cache, slot
+    logits_b1v, cache, experts_bslk = _forward(
+        config,
+        params,
+        state.experts_bslk,
+        token_b1,
+        real_b1,  # a finished row feeds padding: no routing recorded
+        positions_b[:, None],
+        kv_mask_bs,
+        state.cache,
+        slot,
     )
-    state = state.replace(kv_mask_bs=kv_mask_bs, cache=cache)
+    state = state.replace(kv_mask_bs=kv_mask_bs, cache=cache, experts_bslk=experts_bslk)
     return _record(state, logits_b1v[:, 0])
 
 
@@ -471,6 +535,7 @@ def outputs(state: SamplingState) -> SampleOutput:
         response_mask=state.mask_br,
         response_logprobs=state.logprobs_br,
         lengths=jnp.sum(state.mask_br, axis=1, dtype=jnp.int32),
+        routed_experts=state.experts_bslk,
     )
 
 
@@ -487,6 +552,7 @@ def sample_batch(
     sampling: SamplingConfig = SamplingConfig(),
     response_len: int | None = None,
     cache_dtype: str | None = None,
+    record_routing: bool = False,
 ) -> SampleOutput:
     """Samples responses for a left-padded prompt batch; pure and jittable.
 
@@ -504,6 +570,7 @@ def sample_batch(
       sampling: how tokens are drawn (static).
       response_len: R, size of the response buffer (default: ``max_new_tokens``).
       cache_dtype: KV-cache dtype name (default: the model's compute dtype).
+      record_routing: return the MoE expert choices (``SampleOutput.routed_experts``).
 
     Returns:
       ``SampleOutput`` of device arrays with B rows and R response slots.
@@ -522,6 +589,7 @@ def sample_batch(
         pad_id=pad_id,
         sampling=sampling,
         cache_dtype=cache_dtype,
+        record_routing=record_routing,
     )
     return outputs(decode(config, params, state))
 
@@ -572,6 +640,7 @@ class Sampler:
         batch_granule: int | None = None,
         mesh: jax.sharding.Mesh | None = None,
         cache_dtype: str | None = None,
+        record_routing: bool = False,
     ):
         """Creates a sampler.
 
@@ -590,7 +659,12 @@ class Sampler:
             are rounded to a multiple of its size) and each shard runs its own decode
             loop (``decode_sharded``); params are used as given.
           cache_dtype: KV-cache dtype name (default: the model's compute dtype).
+          record_routing: return every token's MoE expert choices per sparse layer
+            (``SampleOutput.routed_experts``), for routing replay in the update and the
+            rollout-vs-update disagreement metric.
         """
+        if record_routing and not config.num_experts:
+            raise ValueError("record_routing=True needs a MoE model (num_experts > 0)")
         if not 0 <= pad_id < config.vocab_size:
             raise ValueError(f"pad_id={pad_id} is outside the vocabulary [0, {config.vocab_size})")
         if max_prompt_len < 1 or max_new_tokens < 1:
@@ -615,6 +689,7 @@ class Sampler:
         self.batch_granule = batch_granule
         self.mesh = mesh
         self.cache_dtype = cache_dtype
+        self.record_routing = record_routing
         self.last_stats: dict[str, float] = {}
         self._num_traces = 0
 
@@ -631,7 +706,14 @@ class Sampler:
         self._prefill = jax.jit(
             counted_prefill,
             static_argnums=0,
-            static_argnames=("response_len", "eos_id", "pad_id", "sampling", "cache_dtype"),
+            static_argnames=(
+                "response_len",
+                "eos_id",
+                "pad_id",
+                "sampling",
+                "cache_dtype",
+                "record_routing",
+            ),
         )
         # The state (cache included) is donated so the loop updates it in place.
         self._decode = jax.jit(counted_decode, static_argnums=0, donate_argnums=2)
@@ -720,6 +802,7 @@ class Sampler:
             pad_id=self.pad_id,
             sampling=sampling,
             cache_dtype=self.cache_dtype,
+            record_routing=self.record_routing,
         )
         jax.block_until_ready(state)
         prefilled = time.perf_counter()
@@ -727,10 +810,10 @@ class Sampler:
         # Every process gets all rows (a gather when the mesh spans several processes).
         host = distributed.to_host(
             (state.prompt_tokens_bp, state.kv_mask_bs, state.tokens_br, state.mask_br)
-            + (state.logprobs_br, state.step)
+            + (state.logprobs_br, state.step, state.experts_bslk)
         )
         end = time.perf_counter()
-        prompt_tokens_bp, kv_mask_bs, tokens_br, mask_br, logprobs_br, steps = host
+        prompt_tokens_bp, kv_mask_bs, tokens_br, mask_br, logprobs_br, steps, experts = host
         self.last_stats = {
             "prefill_s": prefilled - start,
             "decode_s": end - prefilled,
@@ -747,4 +830,5 @@ class Sampler:
             response_mask=mask_br[:n],
             response_logprobs=logprobs_br[:n],
             lengths=mask_br[:n].sum(axis=1, dtype=np.int32),
+            routed_experts=None if experts is None else experts[:n],
         )

@@ -1,14 +1,21 @@
 """Device mesh, the logical-axis rule table, and shardings for params, batches, state.
 
-One mesh with three named axes:
+One mesh with four named axes:
 
 - ``data``: pure data parallelism (parameters replicated across it);
 - ``fsdp``: data parallelism whose members also split the parameters and optimizer
   state along the ``embed`` axis (ZeRO-3 / FSDP);
+- ``expert``: expert parallelism for MoE models: the experts of every sparse layer (and
+  their optimizer state) are split over it, E / expert per device; for everything else
+  it is one more data-parallel axis (it splits the batch; dense weights are replicated
+  over it);
 - ``tensor``: tensor (model) parallelism over heads, MLP width and vocabulary.
 
-Batches are split over ``("data", "fsdp")`` together: every device of a ``data`` x
-``fsdp`` slice holds a different part of the batch, and a ``tensor`` group shares one.
+Batches are split over ``("data", "fsdp", "expert")`` together: every device of a
+``data`` x ``fsdp`` x ``expert`` slice holds a different part of the batch, and a
+``tensor`` group shares one. The routed tokens meet their experts through GSPMD: the
+expert weights are stored sharded and XLA inserts the collectives the grouped matmuls
+need (no hand-written all-to-all dispatch).
 
 Parameters carry logical axis names (``rl_batch.model.logical_axes``) mapped to mesh
 axes by ``LOGICAL_AXIS_RULES`` below -- the only table of its kind in the project. Two
@@ -37,9 +44,9 @@ from jax.sharding import PartitionSpec as P
 
 from rl_batch import model as model_lib
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
 # Mesh axes that split the batch dimension of rollout batches and activations.
-BATCH_AXES = ("data", "fsdp")
+BATCH_AXES = ("data", "fsdp", "expert")
 
 # Logical axis -> mesh axis (None = replicated). Every logical axis the model uses must
 # appear here, so that a new axis name fails loudly instead of silently replicating.
@@ -50,19 +57,28 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("mlp", "tensor"),
+    ("expert", "expert"),  # the E axis of MoE expert weights
+    ("expert_mlp", "tensor"),  # an expert's SwiGLU width
+    ("router_experts", None),  # the router's E outputs: small, replicated
 )
 
 
 def make_mesh(
-    data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[Any] | None = None
+    data: int = -1,
+    fsdp: int = 1,
+    tensor: int = 1,
+    devices: Sequence[Any] | None = None,
+    *,
+    expert: int = 1,
 ) -> Mesh:
-    """Builds the ``('data', 'fsdp', 'tensor')`` mesh.
+    """Builds the ``('data', 'fsdp', 'expert', 'tensor')`` mesh.
 
     Args:
-      data: size of the ``data`` axis; -1 = all devices left after fsdp x tensor.
+      data: size of the ``data`` axis; -1 = all devices left after fsdp x expert x tensor.
       fsdp: size of the ``fsdp`` axis.
       tensor: size of the ``tensor`` axis.
       devices: devices to use (default ``jax.devices()``, all processes).
+      expert: size of the ``expert`` axis (MoE expert parallelism).
 
     Returns:
       A ``jax.sharding.Mesh`` with auto (GSPMD-propagated) axes.
@@ -72,22 +88,22 @@ def make_mesh(
     """
     devices = list(jax.devices() if devices is None else devices)
     n = len(devices)
-    for name, size in (("fsdp", fsdp), ("tensor", tensor)):
+    for name, size in (("fsdp", fsdp), ("expert", expert), ("tensor", tensor)):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"mesh axis {name}={size!r} must be a positive int")
+    others = fsdp * expert * tensor
+    sizes = f"fsdp={fsdp} x tensor={tensor}" + (f" x expert={expert}" if expert > 1 else "")
     if data == -1:
-        if n % (fsdp * tensor):
+        if n % others:
             raise ValueError(
-                f"cannot infer data: {n} devices are not divisible by "
-                f"fsdp={fsdp} x tensor={tensor} = {fsdp * tensor}"
+                f"cannot infer data: {n} devices are not divisible by {sizes} = {others}"
             )
-        data = n // (fsdp * tensor)
-    if not isinstance(data, int) or data < 1 or data * fsdp * tensor != n:
+        data = n // others
+    if not isinstance(data, int) or data < 1 or data * others != n:
         raise ValueError(
-            f"mesh data={data} x fsdp={fsdp} x tensor={tensor} = {data * fsdp * tensor} "
-            f"does not match the {n} available devices"
+            f"mesh data={data} x {sizes} = {data * others} does not match the {n} available devices"
         )
-    shape = (data, fsdp, tensor)
+    shape = (data, fsdp, expert, tensor)
     try:
         # Topology-aware device order on TPU/GPU; plain order on CPU.
         from jax.experimental import mesh_utils
@@ -127,6 +143,9 @@ def logical_to_spec(
                 f"logical axis {name!r} has no sharding rule; known axes: {sorted(table)}"
             )
         mesh_axis = table[name]
+        # A mesh built without an axis the rules name (e.g. no ``expert``): replicated.
+        if mesh_axis not in mesh.shape:
+            mesh_axis = None
         if mesh_axis is None or mesh_axis in used or dim % mesh.shape[mesh_axis]:
             spec.append(None)
             continue
@@ -140,7 +159,13 @@ def param_specs(
     mesh: Mesh,
     rules: Sequence[tuple[str, str | None]] = LOGICAL_AXIS_RULES,
 ) -> Any:
-    """Tree of ``PartitionSpec`` shaped like the model's params."""
+    """Tree of ``PartitionSpec`` shaped like the model's params.
+
+    Raises:
+      ValueError: when a MoE model's experts do not split evenly over the ``expert`` axis
+        (replicating them instead, as other axes fall back, would hide a config mistake).
+    """
+    check_experts_divisible(model_config, mesh)
     axes = model_lib.logical_axes(model_config)
     shapes = model_lib.abstract_params(model_config)
     return jax.tree.map(
@@ -172,22 +197,39 @@ def param_shardings(
     )
 
 
+def check_experts_divisible(model_config: model_lib.ModelConfig, mesh: Mesh) -> None:
+    """Raises ValueError unless a MoE model's ``num_experts`` is a multiple of the
+    ``expert`` axis size. (For a dense model the axis is one more data-parallel axis.)"""
+    size = mesh.shape.get("expert", 1)
+    if model_config.num_experts and model_config.num_experts % size:
+        raise ValueError(
+            f"num_experts={model_config.num_experts} is not divisible by the mesh's "
+            f"expert axis ({size}): every device must hold the same number of experts"
+        )
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     """A fully replicated sharding (scalars, RNG keys, metrics)."""
     return NamedSharding(mesh, P())
 
 
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The ``BATCH_AXES`` this mesh has (all of them on a ``make_mesh`` mesh)."""
+    return tuple(a for a in BATCH_AXES if a in mesh.shape)
+
+
 def batch_shard_count(mesh: Mesh) -> int:
-    """Number of pieces the batch dimension is split into (data x fsdp)."""
-    return math.prod(mesh.shape[a] for a in BATCH_AXES)
+    """Number of pieces the batch dimension is split into (data x fsdp x expert)."""
+    return math.prod(mesh.shape[a] for a in batch_axes(mesh))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Sharding of batch-major arrays: dimension 0 split over ``('data', 'fsdp')``.
+    """Sharding of batch-major arrays: dimension 0 split over ``('data', 'fsdp',
+    'expert')``.
 
     Used as a pytree *prefix* it shards every leaf of a batch along its first dimension.
     """
-    return NamedSharding(mesh, P(BATCH_AXES))
+    return NamedSharding(mesh, P(batch_axes(mesh)))
 
 
 # The sampler splits its batch over ``data`` only: ``sampler.decode_sharded`` runs one
@@ -204,16 +246,16 @@ def sampler_batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
     """Sharding of ``[M, B / M, ...]`` stacks of micro/mini-batches (dim 1 split)."""
-    return NamedSharding(mesh, P(None, BATCH_AXES))
+    return NamedSharding(mesh, P(None, batch_axes(mesh)))
 
 
 def check_batch_divisible(batch_size: int, mesh: Mesh, what: str = "batch") -> None:
-    """Raises ValueError unless ``batch_size`` splits evenly over ``data x fsdp``."""
+    """Raises ValueError unless ``batch_size`` splits evenly over the batch axes."""
     n = batch_shard_count(mesh)
     if batch_size % n:
+        sizes = " x ".join(f"{a}={mesh.shape[a]}" for a in batch_axes(mesh))
         raise ValueError(
-            f"{what} size {batch_size} is not divisible by the {n} batch shards "
-            f"(mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']})"
+            f"{what} size {batch_size} is not divisible by the {n} batch shards (mesh {sizes})"
         )
 
 

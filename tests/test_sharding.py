@@ -28,10 +28,14 @@ def test_eight_fake_devices():
 
 def test_make_mesh_shapes():
     mesh = sharding.make_mesh()
-    assert mesh.axis_names == ("data", "fsdp", "tensor")
-    assert dict(mesh.shape) == {"data": 8, "fsdp": 1, "tensor": 1}
-    assert dict(sharding.make_mesh(fsdp=2, tensor=2).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
-    assert dict(sharding.make_mesh(2, 4, 1).shape) == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert mesh.axis_names == ("data", "fsdp", "expert", "tensor")
+    assert dict(mesh.shape) == {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}
+    shape = dict(sharding.make_mesh(fsdp=2, tensor=2).shape)
+    assert shape == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
+    shape = dict(sharding.make_mesh(2, 4, 1).shape)
+    assert shape == {"data": 2, "fsdp": 4, "expert": 1, "tensor": 1}
+    shape = dict(sharding.make_mesh(2, expert=4).shape)
+    assert shape == {"data": 2, "fsdp": 1, "expert": 4, "tensor": 1}
     one = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     assert one.size == 1
 
@@ -89,7 +93,7 @@ def test_batch_sharding_and_divisibility():
     mesh = sharding.make_mesh(2, 2, 2)
     assert sharding.batch_shard_count(mesh) == 4
     x = sharding.shard_batch({"a": np.zeros((8, 3))}, mesh)["a"]
-    assert x.sharding.spec == P(("data", "fsdp"))
+    assert x.sharding.spec == P(("data", "fsdp", "expert"))
     rows = {(s.index[0].start, s.index[0].stop) for s in x.addressable_shards}
     assert rows == {(0, 2), (2, 4), (4, 6), (6, 8)}  # 4 row blocks, each on 2 devices
     with pytest.raises(ValueError, match=r"batch size 6 is not divisible by the 4 batch shards"):

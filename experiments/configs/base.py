@@ -14,7 +14,7 @@ from rl_batch.model import ModelConfig
 
 def model_overrides() -> ConfigDict:
     """A ConfigDict with one unset (None) typed placeholder per ``ModelConfig`` field."""
-    types = {"int": int, "float": float, "bool": bool, "str": str}
+    types = {"int": int, "float": float, "bool": bool, "str": str, "tuple[int, ...]": tuple}
     return ConfigDict(
         {
             f.name: config_dict.placeholder(types[str(f.type)])
@@ -95,6 +95,16 @@ def run_config() -> ConfigDict:
     c.grpo.micro_batch_seqs = 0
     c.grpo.num_minibatches = 1  # >1 departs from the one-update-per-batch protocol
     c.grpo.num_epochs = 1
+    # "token": the token-level clipped surrogate; "gspo": GSPO's sequence-level ratio
+    # (needs loss_agg="seq_mean_token_mean"; its paper's clips are 3e-4 / 4e-4).
+    c.grpo.policy_loss = "token"
+    # MoE policies: weight of the router load-balancing loss (HF's Switch-style aux loss;
+    # 0 = off; HF Qwen3-MoE configs carry 0.001 for pre-training).
+    c.grpo.router_aux_loss_coef = 0.0
+    # MoE policies: the sampler records each token's experts (logs the rollout-vs-update
+    # moe_routing_disagreement); routing_replay also routes the update by that record.
+    c.grpo.record_routing = False
+    c.grpo.routing_replay = False
 
     # PPO (algo="ppo"): a critic as large as the policy, trained alone for the first
     # warmup_updates rollout batches (the sample axis starts when the actor starts).
@@ -164,6 +174,7 @@ def run_config() -> ConfigDict:
     c.mesh.data = -1  # -1 = all remaining devices
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
+    c.mesh.expert = 1  # MoE expert parallelism (experts split over it; batch split too)
 
     # Multi-process runs (jax.distributed); empty = single process or auto-detect.
     c.distributed = ConfigDict()
