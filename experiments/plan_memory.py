@@ -63,6 +63,7 @@ def main(argv):
     import jax
 
     from rl_batch import config as config_lib
+    from rl_batch import grpo as grpo_lib
     from rl_batch import learner, memory_plan
     from rl_batch import model as model_lib
 
@@ -86,7 +87,7 @@ def main(argv):
     budget = _DEVICE_MEMORY.value
     optimizer = learner.make_optimizer(1e-6, max_grad_norm=c.max_grad_norm or None)
     # Two micro-batches: the gradient accumulator exists, as in any M > 1 update.
-    grpo = learner.GRPOConfig(micro_batches=2, temperature=c.sampling.temperature)
+    grpo = grpo_lib.GRPOConfig(micro_batches=2, temperature=c.sampling.temperature)
     state = memory_plan.abstract_train_state(mc, optimizer)
     params_b = memory_plan.tree_bytes(state.params)
     opt_b = memory_plan.tree_bytes(state.opt_state)

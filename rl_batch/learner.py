@@ -853,15 +853,3 @@ class Algorithm(Protocol):
     def extra_update_flops(self, costs: dict[str, float]) -> float:
         """FLOPs ``make_batch`` adds to an update besides forward + backward."""
         ...
-
-
-# Moved to ``rl_batch.grpo``; importable from here while other branches still use them.
-_MOVED_TO_GRPO = ("GRPOConfig", "grpo_loss", "make_update_fn")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_GRPO:
-        from rl_batch import grpo
-
-        return getattr(grpo, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

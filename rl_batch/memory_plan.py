@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rl_batch import grpo as grpo_lib
 from rl_batch import learner, sharding
 from rl_batch import model as model_lib
 from rl_batch import sampler as sampler_lib
@@ -87,17 +88,17 @@ def abstract_batch(b: int, p: int, r: int) -> learner.Batch:
 
 def update_memory(
     model_config: model_lib.ModelConfig,
-    grpo_config: learner.GRPOConfig,
+    grpo_config: grpo_lib.GRPOConfig,
     optimizer: optax.GradientTransformation,
     *,
     batch: int,
     prompt_len: int,
     response_len: int,
 ) -> Compiled:
-    """Compiles ``learner.make_update_fn`` for a batch of ``batch`` sequences of
+    """Compiles ``grpo.make_update_fn`` for a batch of ``batch`` sequences of
     ``prompt_len + response_len`` tokens (``grpo_config.micro_batches`` pieces)."""
     mesh = _mesh()
-    update = learner.make_update_fn(model_config, grpo_config, optimizer, mesh)
+    update = grpo_lib.make_update_fn(model_config, grpo_config, optimizer, mesh)
     lowered = update.lower(
         abstract_train_state(model_config, optimizer),
         abstract_batch(batch, prompt_len, response_len),
@@ -180,7 +181,7 @@ def check_run_configs(resolved: dict[str, Any], device_memory: float) -> list[st
         # Activations do not depend on the micro-batch count beyond 2 (a scan).
         key = ("update", mc, seqs, min(m, 2), p, r, c.max_grad_norm)
         if key not in cache:
-            grpo = learner.GRPOConfig(micro_batches=min(m, 2))
+            grpo = grpo_lib.GRPOConfig(micro_batches=min(m, 2))
             cache[key] = update_memory(
                 mc, grpo, optimizer, batch=seqs * min(m, 2), prompt_len=p, response_len=r
             ).peak

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl_batch import grpo as grpo_lib
 from rl_batch import learner, losses, sharding
 from rl_batch import logprobs as logprobs_lib
 from rl_batch import model as model_lib
@@ -142,12 +143,12 @@ def test_chunked_grpo_update_equals_unchunked():
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     optimizer = learner.make_optimizer(1e-3)
     batch = _batch()
-    grpo = learner.GRPOConfig(temperature=0.9, micro_batches=2)
+    grpo = grpo_lib.GRPOConfig(temperature=0.9, micro_batches=2)
     results = []
     for chunk in (0, 3):
         config = CFG.replace(logits_chunk=chunk)
         state = learner.init_train_state(config, _params(config), optimizer, mesh=mesh)
-        update = learner.make_update_fn(config, grpo, optimizer, mesh)
+        update = grpo_lib.make_update_fn(config, grpo, optimizer, mesh)
         results.append(update(state, batch, jax.random.key(0)))
     (state0, m0), (state1, m1) = results
     assert float(m0["grad_norm"]) > 0

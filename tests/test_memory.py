@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl_batch import grpo as grpo_lib
 from rl_batch import learner
 from rl_batch import model as model_lib
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
@@ -43,9 +44,9 @@ def _grpo_grads(config, params, batch):
     """Gradient of the GRPO loss (token mean) through the whole model."""
     mask = batch.response_mask
     loss_fn = functools.partial(
-        learner.grpo_loss,
+        grpo_lib.grpo_loss,
         config,
-        learner.GRPOConfig(),
+        grpo_lib.GRPOConfig(),
         num_tokens=jnp.sum(mask.astype(jnp.float32)),
         num_seqs=B,
         max_len=R,
@@ -253,7 +254,7 @@ def test_tiny_lr_update_changes_every_weight_with_a_gradient(master):
     moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim >= 1]
     assert {x.dtype for x in moments} == {jnp.dtype(config.param_dtype)}
     before = [np.asarray(x) for x in jax.tree.leaves(state.params)]
-    update = learner.make_update_fn(config, learner.GRPOConfig(), optimizer, mesh)
+    update = grpo_lib.make_update_fn(config, grpo_lib.GRPOConfig(), optimizer, mesh)
     state, metrics = update(state, batch, jax.random.key(0))
     assert float(metrics["skipped"]) == 0.0
     changed = [np.asarray(a) != b for a, b in zip(jax.tree.leaves(state.params), before)]

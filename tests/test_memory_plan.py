@@ -22,11 +22,12 @@ def test_largest_fitting():
 _SCRIPT = """
 import json, sys
 from rl_batch import learner, memory_plan
+from rl_batch import grpo as grpo_lib
 from rl_batch import model as model_lib
 
 base = model_lib.get_preset("tiny-1m", num_layers=4, vocab_size=4096, max_seq_len=1024)
 optimizer = learner.make_optimizer(1e-3)
-grpo = learner.GRPOConfig(micro_batches=2)
+grpo = grpo_lib.GRPOConfig(micro_batches=2)
 out = {}
 for name, changes in json.loads(sys.argv[1]).items():
     mc = base.replace(**changes)
