@@ -124,7 +124,8 @@ def load_average() -> list[float] | None:
         return None
 
 
-def _now() -> str:
+def now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -142,7 +143,7 @@ def read(run_dir: str) -> list[dict[str, Any]]:
 def start_session(run_dir: str) -> dict[str, Any]:
     """Appends a session record (software, git, hardware, start load) and returns it."""
     session = {
-        "started_at": _now(),
+        "started_at": now(),
         "load_start": load_average(),
         "software": software(),
         "git": imported_git_state(),
@@ -160,7 +161,7 @@ def end_session(run_dir: str, status: str) -> None:
     sessions = read(run_dir)
     if not sessions:
         return
-    sessions[-1] |= {"ended_at": _now(), "load_end": load_average(), "status": status}
+    sessions[-1] |= {"ended_at": now(), "load_end": load_average(), "status": status}
     _write(run_dir, sessions)
 
 
@@ -176,7 +177,7 @@ def record_command(
     record = {
         "argv": list(argv),
         "started_at": started_at,
-        "ended_at": _now(),
+        "ended_at": now(),
         "wall_s": round(wall_s, 1),
         "load_start": load_start,
         "load_end": load_average(),
@@ -191,11 +192,6 @@ def read_commands(sweep_dir: str) -> list[dict[str, Any]]:
     """The invocations recorded in ``<sweep_dir>/commands.jsonl`` ([] when none)."""
     path = os.path.join(sweep_dir, COMMANDS_FILE)
     return list(artifacts.iter_jsonl(path)) if os.path.exists(path) else []
-
-
-def now() -> str:
-    """The current UTC time, ISO 8601 to the second."""
-    return _now()
 
 
 def _write(run_dir: str, sessions: list[dict[str, Any]]) -> None:

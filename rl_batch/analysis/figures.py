@@ -656,36 +656,26 @@ def figure_ratios(analysis: Analysis) -> Figure | None:
 
 def figure_time_breakdown(analysis: Analysis) -> Figure | None:
     """Mean seconds per update in each part of training time, stacked, per batch."""
-    parts = {"time_generate_s": "generation", "time_score_s": "scoring",
-             "time_update_s": "update", "time_idle_s": "idle"}  # fmt: skip
-    per_batch: dict[int, dict[str, list[float]]] = {}
-    for k, runs in analysis.runs_by_key.items():
-        for r in runs:
-            if not r.has_field("time_update_s"):
-                continue
-            d = per_batch.setdefault(k.batch, {p: [] for p in parts})
-            for p in parts:
-                v = r.field(p) if r.has_field(p) else np.zeros(1)
-                d[p].append(float(np.nanmean(v)) if np.isfinite(v).any() else 0.0)
-    if not per_batch:
+    rows = findings.time_per_update(analysis)
+    if not rows:
         log.info("figure time_breakdown: skipped (no time_update_s)")
         return None
+    labels = {"time_generate_s": "generation", "time_score_s": "scoring",
+              "time_update_s": "update", "time_idle_s": "idle"}  # fmt: skip
     fig = _figure(analysis, 1, width=6.5)
     ax = fig.subplots()
-    batches = sorted(per_batch)
-    x = np.arange(len(batches))
-    bottom = np.zeros(len(batches))
-    for i, (p, label) in enumerate(parts.items()):
-        h = np.array([np.mean(per_batch[b][p]) for b in batches])
-        ax.bar(x, h, 0.6, bottom=bottom, label=label, color=f"C{i}")
+    x = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    for i, part in enumerate(findings.COST_PARTS):
+        h = np.array([parts[part] for _, parts in rows])
+        ax.bar(x, h, 0.6, bottom=bottom, label=labels[part], color=f"C{i}")
         bottom += h
-    for i, b in enumerate(batches):
-        share = np.mean(per_batch[b]["time_generate_s"]) / bottom[i] if bottom[i] > 0 else 0.0
+    shares = [parts["time_generate_s"] / total for (_, parts), total in zip(rows, bottom)]
+    for i, share in enumerate(shares):
         ax.text(i, bottom[i], f"gen {share:.0%}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(x, [str(b) for b in batches])
+    ax.set_xticks(x, [str(b) for b, _ in rows])
     ax.set_xlabel("training batch B (responses)")
-    ax.set_ylabel("seconds per update (mean over runs)")
-    shares = [c["time_generate_s"] for _, c in findings.cost_structure(analysis)]
+    ax.set_ylabel("seconds per update (mean over update lines)")
     ax.set_title(
         f"time per update by part: generation {min(shares):.0%}-{max(shares):.0%} of training"
     )

@@ -161,6 +161,13 @@ def _n_stars(analysis: Analysis, key: ConfigKey) -> list[float] | None:
     return [r.n_star for r in s.runs] if s.reached else None
 
 
+def _n_star_ratio(analysis: Analysis, num: list[float], den: list[float]) -> Estimate:
+    """mean N*(num) / mean N*(den) with the analysis' interval method."""
+    return ratio_estimate(
+        num, den, [1.0], analysis.n_boot, analysis.level, analysis.seed, analysis.method
+    )
+
+
 def batch_unit_finding(analysis: Analysis, tol: float) -> Finding:
     """Configurations of one B = P x G with different G need the same samples."""
     name, paper = "B = P x G is the batch unit", "(128, 8) ~ (64, 16); (256, 8) ~ (128, 16)"
@@ -183,8 +190,7 @@ def batch_unit_finding(analysis: Analysis, tol: float) -> Finding:
             parts.append(f"{label}: not reached")
             verdicts.append(UNDECIDED)
             continue
-        e = ratio_estimate(na, nb, [1.0], analysis.n_boot, analysis.level, analysis.seed,
-                           analysis.method)  # fmt: skip
+        e = _n_star_ratio(analysis, na, nb)
         parts.append(f"{label} = {e.fmt()}")
         if not e.has_interval:
             verdicts.append(UNDECIDED)
@@ -222,8 +228,7 @@ def fixed_lr_finding(analysis: Analysis) -> Finding:
         if st.incomplete:
             return Finding(name, paper, updates, UNDECIDED, "fixed-LR seeds still running")
         return Finding(name, paper, updates, HOLDS, "fixed LR did not reach within the budget")
-    e = ratio_estimate(nf, ns, [1.0], analysis.n_boot, analysis.level, analysis.seed,
-                       analysis.method)  # fmt: skip
+    e = _n_star_ratio(analysis, nf, ns)
     measured = f"N*(fixed) / N*(sqrt) = {e.fmt()}; {updates}"
     if not e.has_interval:
         return Finding(name, paper, measured, UNDECIDED, "no interval")
@@ -320,25 +325,36 @@ def study_findings(
 COST_PARTS = ("time_generate_s", "time_score_s", "time_update_s", "time_idle_s")
 
 
-def cost_structure(analysis: Analysis) -> list[tuple[int, dict[str, float]]]:
-    """Per batch: the share of training time in each of `COST_PARTS` (all its runs).
+def time_per_update(analysis: Analysis) -> list[tuple[int, dict[str, float]]]:
+    """Per batch: mean seconds per update line in each of `COST_PARTS` (all its runs).
 
     Returns:
-      ``[(batch, {part: share})]`` by batch; a batch whose runs carry no timings is left out.
+      ``[(batch, {part: seconds})]`` by batch; a batch whose runs carry no timings is left out.
     """
     totals: dict[int, dict[str, float]] = {}
+    lines: dict[int, int] = {}
     for k, runs in analysis.runs_by_key.items():
         t = totals.setdefault(k.batch, dict.fromkeys(COST_PARTS, 0.0))
         for r in runs:
+            if not r.has_field("time_update_s"):
+                continue
+            lines[k.batch] = lines.get(k.batch, 0) + len(r.update_records)
             for part in COST_PARTS:
-                v = r.field(part) if r.has_field(part) else np.zeros(0)
-                t[part] += float(np.nansum(v))
-    out = []
-    for batch in sorted(totals):
-        whole = sum(totals[batch].values())
-        if whole > 0:
-            out.append((batch, {p: v / whole for p, v in totals[batch].items()}))
-    return out
+                if r.has_field(part):
+                    t[part] += float(np.nansum(r.field(part)))
+    return [
+        (b, {p: v / lines[b] for p, v in totals[b].items()})
+        for b in sorted(totals)
+        if lines.get(b) and sum(totals[b].values()) > 0
+    ]
+
+
+def cost_structure(analysis: Analysis) -> list[tuple[int, dict[str, float]]]:
+    """Per batch: the share of training time in each of `COST_PARTS` (all its runs)."""
+    return [
+        (b, {p: v / sum(parts.values()) for p, v in parts.items()})
+        for b, parts in time_per_update(analysis)
+    ]
 
 
 def cost_sentence(rows: Sequence[tuple[int, dict[str, float]]]) -> str:
