@@ -6,7 +6,8 @@ r"""Writes the README's study section from a finished sweep: example output, not
 The section (between ``<!-- study:begin -->`` and ``<!-- study:end -->``) says which
 command produced the sweep, when, on which machine (from ``commands.jsonl`` and each
 run's ``provenance.json``), its wall time and host load, the seeds per configuration,
-then the report's findings table with verdicts, the cost structure and the planner's
+then the report's findings table with verdicts, the cost structure, how it measured
+(estimator, validation and seed noise, measured against calibrated q) and the planner's
 verdict (one recommendation, or the candidates it cannot tell apart). Every number in it
 is computed from the sweep's files, so a rerun of the same command replaces it with what
 that run measured.
@@ -18,7 +19,14 @@ import shlex
 from absl import app, flags
 
 from rl_batch import provenance
-from rl_batch.analysis import analyze_sweep, critical_batch, load_sweep, planner, report
+from rl_batch.analysis import (
+    analyze_sweep,
+    critical_batch,
+    load_sweep,
+    measurement,
+    planner,
+    report,
+)
 from rl_batch.analysis.figures import load_generation
 
 BEGIN, END = "<!-- study:begin -->", "<!-- study:end -->"
@@ -66,6 +74,7 @@ def study_section(sweep_dir: str) -> str:
         "",
         *provenance.describe_sweep({r.name: provenance.read(r.run_dir) for r in runs}),
         *report.findings_section(analysis, generation, critical_batch.DEFAULT_TOL)[2:],
+        *measurement.measurement_section(analysis)[2:],
         "Planner (Algorithm 1):",
         "",
         planner.format_plan_table(plan),

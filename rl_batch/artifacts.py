@@ -62,6 +62,8 @@ SWEEP_FILE = "sweep.json"
 RUNS_DIR = "runs"
 FIGURES_DIR = "figures"
 REPORT_FILE = "report.md"
+CALIBRATION_FILE = "calibration.json"  # rl_batch.calibrate
+CALIBRATION_VERSION = 1
 
 NOT_REACHED = "not reached"
 
@@ -194,3 +196,16 @@ def _json_default(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return obj.tolist()
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def read_calibration(sweep_dir: str) -> dict[str, float] | None:
+    """``"PxG:rule"`` -> calibrated seconds per training step (``rl_batch.calibrate``'s
+    ``<sweep>/calibration.json``), or None when the sweep has none."""
+    path = os.path.join(sweep_dir, CALIBRATION_FILE)
+    if not os.path.exists(path):
+        return None
+    raw = read_json(path)
+    try:
+        return {str(k): float(v["step_s_median"]) for k, v in raw["configs"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: malformed calibration record ({e!r})") from e

@@ -26,6 +26,8 @@ from rl_batch.tasks.registry import TASKS, get_task
 from rl_batch.tokenizers import CharTokenizer
 
 ALGOS = ("grpo", "ppo")
+# Validation accuracy the target is on: sampled mean@k, or the exact p(reference response).
+EVAL_METRICS = ("mean_at_k", "p_ref")
 INIT_SOURCES = ("pretrain", "scratch", "checkpoint", "hf")
 SYNTHETIC_TASKS = ("addition", "multiplication", "countdown")
 # "-1": derive the value (``lr`` from ``lr_rule``, ``ppo.critic_lr`` from its rule).
@@ -320,7 +322,22 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     )
     check(c.eval_k >= 1, f"eval_k={c.eval_k}: must be >= 1")
     check(c.eval_prompts >= 1, f"eval_prompts={c.eval_prompts}: must be >= 1")
+    check(
+        c.eval_metric in EVAL_METRICS,
+        f"eval_metric={c.eval_metric!r}: expected one of {EVAL_METRICS}",
+    )
+    check(c.eval_ref_prompts >= 0, f"eval_ref_prompts={c.eval_ref_prompts}: must be >= 0")
+    check(
+        c.eval_metric != "p_ref" or c.task.name != "math",
+        "eval_metric='p_ref' needs a task with one reference response per prompt "
+        "(the synthetic tasks); math data has final answers only: use 'mean_at_k'",
+    )
     check(0 < c.target <= 1, f"target={c.target}: must be an accuracy in (0, 1]")
+    band_lo = c.get("target_band_lo")
+    check(
+        band_lo is None or 0 <= band_lo < c.target,
+        f"target_band_lo={band_lo}: must be below the target {c.target} (or None)",
+    )
     check(c.init.source in INIT_SOURCES, f"init.source={c.init.source!r}: expected {INIT_SOURCES}")
     check(
         c.init.source in ("pretrain", "scratch") or bool(c.init.path),

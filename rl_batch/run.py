@@ -38,6 +38,7 @@ from ml_collections import ConfigDict
 from rl_batch import (
     artifacts,
     distributed,
+    exact_eval,
     flops,
     grpo,
     locks,
@@ -224,6 +225,11 @@ def _summary(c: ConfigDict, counters: Counters, records: list[dict], status: str
     summary["q"] = reach.q
     if not reach.reached:
         summary["n_star_text"] = artifacts.NOT_REACHED
+    if c.get("target_band_lo") is not None:  # the whole-curve estimator the analysis uses
+        band = targets.reach_of_records(records, c.target, c.target_band_lo)
+        summary["target_band_lo"] = c.target_band_lo
+        summary["n_star_band"] = band.n_star
+        summary["time_to_band_s"] = band.time_to_target_s
     return summary
 
 
@@ -275,13 +281,26 @@ class MetricsLog:
 
 
 class Evaluator:
-    """Validation: mean@k on the held-out prompts, booked into the counters."""
+    """Validation, booked into the counters: sampled mean@k on ``eval_prompts`` held-out
+    prompts and, with ``eval_metric="p_ref"``, the exact p(reference response) on
+    ``eval_ref_prompts`` of them (``rl_batch.exact_eval``). ``eval_accuracy``, the
+    validation accuracy that the target and N* are on, is the metric ``eval_metric``
+    names (``eval_metric`` in the line); ``eval_mean_at_k`` is always the sampled one."""
 
-    def __init__(self, c: ConfigDict, sampler, task, tokenizer, val_data, base_rng):
+    def __init__(self, c: ConfigDict, sampler, task, tokenizer, val_data, base_rng, model_config):
         self.c, self.sampler, self.task, self.tokenizer = c, sampler, task, tokenizer
         self.examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
         self.rng = jax.random.fold_in(base_rng, 1)
         self.sampling = rollout_source.sampling_config(c)
+        self.scorer = None
+        if c.eval_metric == "p_ref":
+            n_ref = c.eval_ref_prompts or len(val_data)
+            self.scorer = exact_eval.ReferenceScorer(
+                model_config,
+                tokenizer,
+                [val_data[i] for i in range(min(n_ref, len(val_data)))],
+                temperature=c.sampling.temperature,
+            )
 
     def __call__(self, params, counters: Counters) -> dict:
         """Validates ``params``; returns the eval line (and schedules the next validation)."""
@@ -298,6 +317,11 @@ class Evaluator:
             greedy=c.eval_greedy,
             gen_batch=c.gen_batch,
         )
+        m["eval_mean_at_k"] = m["eval_accuracy"]
+        if self.scorer is not None:
+            exact = self.scorer(params)
+            m["time_eval_s"] += exact.pop("time_eval_ref_s")
+            m.update(exact, eval_accuracy=exact["eval_p_ref"])
         counters.time_eval_s += m["time_eval_s"]
         counters.next_eval = counters.responses_cum + c.eval_every_responses
         counters.evals_at_target += int(m["eval_accuracy"] >= c.target)
@@ -307,6 +331,7 @@ class Evaluator:
             "responses_cum": counters.responses_cum,
             "responses_generated_cum": counters.responses_generated_cum,
             "time_train_cum_s": counters.time_train_cum_s,
+            "eval_metric": c.eval_metric,
             **m,
         }
 
@@ -390,7 +415,7 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
         source.restore(meta, counters)
         resumed_step = counters.step
         log.info("resumed %s at step %d", run_dir, counters.step)
-    evaluator = Evaluator(c, sampler, task, tokenizer, val_data, base_rng)
+    evaluator = Evaluator(c, sampler, task, tokenizer, val_data, base_rng, model_config)
     for what, n in (
         ("training rollout", c.prompts * c.group_size),
         ("validation", len(evaluator.examples) * c.eval_k),
@@ -431,6 +456,18 @@ def _compile(s: _Setup, state, counters: Counters) -> float:
     return matmul_rate
 
 
+def enable_xla_cache(work_dir: str) -> None:
+    """JAX's persistent compilation cache in ``<work_dir>/xla_cache`` (every program,
+    however fast it compiled), unless ``$JAX_COMPILATION_CACHE_DIR`` or the config has one."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+        return
+    jax.config.update(
+        "jax_compilation_cache_dir", os.path.join(os.path.abspath(work_dir), "xla_cache")
+    )
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> dict[str, Any]:
     """Runs one configuration to its budget (or to a confirmed target) and returns the summary.
 
@@ -447,6 +484,8 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     """
     distributed.maybe_initialize(config)
     c = config_lib.resolve(config)
+    if c.get("xla_cache", False):
+        enable_xla_cache(c.work_dir)
     if not c.run_dir:
         raise ValueError("run_dir is empty: set --config.run_dir")
     # One writer per run directory (process 0 of a multi-process run is its only writer).

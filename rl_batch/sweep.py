@@ -33,6 +33,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent import futures as concurrent_futures
 from typing import Any
 
 import jax
@@ -214,6 +215,7 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
         "name": os.path.basename(os.path.normpath(base.get("sweep_dir", "") or "sweep")),
         "algo": base.algo,
         "target": base.target,
+        "target_band_lo": base.get("target_band_lo"),
         "reference": ref_name,
         "reference_key": ref_key,
         "budget_responses": base.budget_responses,
@@ -470,59 +472,108 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         run_fn = run_lib.run
 
     todo = [p for p in points if only is None or p.name == only]
-    t_start, done_walls = time.time(), []
-    for i, point in enumerate(todo):
-        entry = next(r for r in record["runs"] if r["name"] == point.name)
-        config = resolved[point.name]
-        status = _run_status(config.run_dir)
-        if status == FINISHED:
-            entry["status"], entry["error"] = FINISHED, None
-            save(sweep_path, record)
-            log(f"[sweep {i + 1}/{len(todo)}] {point.name}: already finished, skipped")
-            continue
-        eta = ""
-        if done_walls:
-            remaining = len(todo) - i
-            eta = f", sweep ETA {remaining * sum(done_walls) / len(done_walls) / 60:.1f} min"
-        resume = status is not None or os.path.isdir(os.path.join(config.run_dir, "checkpoints"))
-        log(
-            f"[sweep {i + 1}/{len(todo)}] {point.name}: B={point.prompts}x{point.group_size}"
-            f"={point.prompts * point.group_size}, lr={config.lr:.3g} ({point.lr_rule})"
-            f"{' (resuming)' if resume else ''}{eta}"
-        )
-        entry["status"] = "running"
-        save(sweep_path, record)
-        t0 = time.time()
-        try:
-            if isolate:
-                os.makedirs(config.run_dir, exist_ok=True)
-                # (Each process of a multi-process sweep has its own child and log.)
-                log_name = "stdout.log" if writer else f"stdout.process_{processes.process_id}.log"
-                _run_subprocess(config, os.path.join(config.run_dir, log_name))
-                entry["status"] = _run_status(config.run_dir) or "failed"
-            else:
-                summary = run_fn(config)
-                entry["status"] = summary.get("status", FINISHED)
-            entry["error"] = None
-        except KeyboardInterrupt:
-            entry["status"] = "interrupted"
-            save(sweep_path, record)
-            raise
-        except Exception as e:  # A failed point is recorded; the sweep goes on.
-            logging.exception("run %s failed", point.name)
-            entry["status"] = "failed"
-            entry["error"] = f"{type(e).__name__}: {e}"
-            if writer:
-                with open(os.path.join(sweep_dir, "errors.log"), "a") as f:
-                    f.write(f"== {point.name}\n{traceback.format_exc()}\n")
-        entry["wall_s"] = time.time() - t0
-        done_walls.append(entry["wall_s"])
-        save(sweep_path, record)
-        log(
-            f"[sweep {i + 1}/{len(todo)}] {point.name}: {entry['status']} in {entry['wall_s']:.0f}s"
-        )
-    log(f"sweep finished in {(time.time() - t_start) / 60:.1f} min: {sweep_path}")
+    concurrent = max(1, int(base.sweep.get("concurrent", 1))) if only is None else 1
+    isolate = isolate or concurrent > 1
+    progress = _Progress(len(todo), log, concurrent)
+    guard = threading.Lock()  # the record and its file, from concurrent points
+
+    def run_one(i: int, point: Point) -> None:
+        _run_point(i, point, resolved[point.name], record, isolate, run_fn, processes, progress,
+                   lambda: save(sweep_path, record), guard)  # fmt: skip
+
+    if concurrent == 1 or len(todo) < 2:
+        for i, point in enumerate(todo):
+            run_one(i, point)
+    else:
+        # The first point alone builds the shared caches (task data, the warm start);
+        # then ``concurrent`` child processes at a time.
+        run_one(0, todo[0])
+        with concurrent_futures.ThreadPoolExecutor(concurrent) as pool:
+            for f in [pool.submit(run_one, i, p) for i, p in enumerate(todo) if i > 0]:
+                f.result()
+    log(f"sweep finished in {(time.time() - progress.t_start) / 60:.1f} min: {sweep_path}")
+    rounds = int(base.sweep.get("calibrate_rounds", 0))
+    if only is None and writer and rounds > 0:
+        _calibrate(sweep_dir, rounds, int(base.sweep.get("calibrate_steps", 2)), log)
     return record
+
+
+class _Progress:
+    """``[sweep i/n]`` lines with an ETA from the finished points' wall times."""
+
+    def __init__(self, total: int, log: Callable[[str], None], concurrent: int = 1):
+        self.total, self.log, self.t_start, self.walls = total, log, time.time(), []
+        self.concurrent = concurrent
+
+    def eta(self) -> str:
+        """The remaining points at the mean wall time of those done (none: no ETA)."""
+        if not self.walls:
+            return ""
+        remaining = (self.total - len(self.walls)) / self.concurrent
+        return f", sweep ETA {remaining * sum(self.walls) / len(self.walls) / 60:.1f} min"
+
+
+def _run_point(i, point, config, record, isolate, run_fn, processes, progress, save, guard):
+    """Runs one point of ``_run_points`` (skips it when finished) and books its status."""
+    n, log = progress.total, progress.log
+    entry = next(r for r in record["runs"] if r["name"] == point.name)
+    status = _run_status(config.run_dir)
+    if status == FINISHED:
+        with guard:
+            entry["status"], entry["error"] = FINISHED, None
+            save()
+        log(f"[sweep {i + 1}/{n}] {point.name}: already finished, skipped")
+        return
+    resume = status is not None or os.path.isdir(os.path.join(config.run_dir, "checkpoints"))
+    log(
+        f"[sweep {i + 1}/{n}] {point.name}: B={point.prompts}x{point.group_size}"
+        f"={point.prompts * point.group_size}, lr={config.lr:.3g} ({point.lr_rule})"
+        f"{' (resuming)' if resume else ''}{progress.eta()}"
+    )
+    with guard:
+        entry["status"] = "running"
+        save()
+    t0 = time.time()
+    try:
+        if isolate:
+            os.makedirs(config.run_dir, exist_ok=True)
+            # (Each process of a multi-process sweep has its own child and log.)
+            log_name = (
+                "stdout.log" if processes.writer else f"stdout.process_{processes.process_id}.log"
+            )
+            _run_subprocess(config, os.path.join(config.run_dir, log_name))
+            status = _run_status(config.run_dir) or "failed"
+        else:
+            status = run_fn(config).get("status", FINISHED)
+        error = None
+    except KeyboardInterrupt:
+        with guard:
+            entry["status"] = "interrupted"
+            save()
+        raise
+    except Exception as e:  # A failed point is recorded; the sweep goes on.
+        logging.exception("run %s failed", point.name)
+        status, error = "failed", f"{type(e).__name__}: {e}"
+        if processes.writer:
+            sweep_dir = os.path.dirname(os.path.dirname(os.path.abspath(config.run_dir)))
+            with guard, open(os.path.join(sweep_dir, "errors.log"), "a") as f:
+                f.write(f"== {point.name}\n{traceback.format_exc()}\n")
+    with guard:
+        entry["status"], entry["error"], entry["wall_s"] = status, error, time.time() - t0
+        progress.walls.append(entry["wall_s"])
+        save()
+    log(f"[sweep {i + 1}/{n}] {point.name}: {entry['status']} in {entry['wall_s']:.0f}s")
+
+
+def _calibrate(sweep_dir: str, rounds: int, steps: int, log: Callable[[str], None]) -> None:
+    """``experiments.calibrate`` of the sweep in a child process (a clean, JAX-free
+    parent; every configuration timed in one process); a failure is logged, not raised."""
+    log(f"[sweep] calibrating the configurations' step times ({rounds} interleaved rounds)")
+    cmd = [sys.executable, "-m", "experiments.calibrate", f"--sweep_dir={sweep_dir}",
+           f"--rounds={rounds}", f"--steps={steps}"]  # fmt: skip
+    code = run_child(cmd, os.path.join(sweep_dir, "calibration.log"))
+    if code != 0:
+        log(f"[sweep] calibration failed (exit {code}); see {sweep_dir}/calibration.log")
 
 
 def _discard(*args) -> None:

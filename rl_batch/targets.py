@@ -234,14 +234,77 @@ def time_to_target(
     return Reach(n_star, t_star, q, u_star, n_final, t_final)
 
 
-def reach_of_records(records: Iterable[dict[str, Any]], target: float) -> Reach:
-    """``time_to_target`` of a run's metric lines (``metrics.jsonl`` order)."""
+BAND_LEVELS = 9  # accuracy levels of a target band, evenly spaced, both edges included
+
+
+def band_levels(target: float, band_lo: float | None, n: int = BAND_LEVELS) -> np.ndarray:
+    """The accuracy levels of the band ``[band_lo, target]`` (just ``[target]`` without one).
+
+    Raises:
+      ValueError: ``band_lo`` is not below the target.
+    """
+    if band_lo is None:
+        return np.array([float(target)])
+    if not band_lo < target:
+        raise ValueError(f"target band lower edge {band_lo} must be below the target {target}")
+    return np.linspace(float(band_lo), float(target), n)
+
+
+def time_to_band(
+    *,
+    eval_responses: np.ndarray,
+    eval_accuracy: np.ndarray,
+    responses: np.ndarray,
+    time_train: np.ndarray,
+    updates_done: np.ndarray,
+    levels: Sequence[float],
+) -> Reach:
+    """`time_to_target` over a band of accuracy levels: the whole-curve estimator.
+
+    N*, T and updates are the geometric means over ``levels`` of each level's
+    `time_to_target` values, so the ratio of two runs' band N* is the mean horizontal
+    distance between their learning curves on a log-responses axis across the band
+    (a single level's crossing, as N* at the target, rides on one stretch of a noisy
+    curve). ``q = N* / T`` of those means. The band is reached when every level is;
+    otherwise N*, T and updates are ``None`` and q is the whole run's throughput.
+    """
+    reaches = [
+        time_to_target(
+            eval_responses=eval_responses,
+            eval_accuracy=eval_accuracy,
+            responses=responses,
+            time_train=time_train,
+            updates_done=updates_done,
+            target=float(a),
+        )
+        for a in levels
+    ]
+    last = reaches[-1]
+    if len(reaches) == 1 or not all(r.reached for r in reaches):
+        return last
+
+    def gmean(name: str) -> float:
+        v = np.array([getattr(r, name) for r in reaches], float)
+        return float(np.exp(np.mean(np.log(np.maximum(v, 1e-12)))))
+
+    n_star, t_star = gmean("n_star"), gmean("time_to_target_s")
+    q = n_star / t_star if t_star > 0 else last.q
+    return Reach(
+        n_star, t_star, q, gmean("updates_to_target"), last.responses_final, last.time_train_final
+    )
+
+
+def reach_of_records(
+    records: Iterable[dict[str, Any]], target: float, band_lo: float | None = None
+) -> Reach:
+    """``time_to_target`` (with ``band_lo``: ``time_to_band`` over ``[band_lo, target]``)
+    of a run's metric lines (``metrics.jsonl`` order)."""
     axes = actor_axes(records)
-    return time_to_target(
+    return time_to_band(
         eval_responses=axes.eval_responses,
         eval_accuracy=axes.eval_accuracy,
         responses=axes.responses,
         time_train=axes.time_train,
         updates_done=axes.updates_done,
-        target=target,
+        levels=band_levels(target, band_lo),
     )

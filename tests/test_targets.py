@@ -4,6 +4,7 @@ import json
 import os
 
 import analysis_fixtures as fx
+import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
@@ -94,3 +95,49 @@ def test_ppo_warmup_summary_matches_the_analysis(tmp_path):
     assert summary["n_star"] == analysed.n_star
     assert summary["time_to_target_s"] == analysed.time_to_target_s
     assert summary["updates_to_target"] == analysed.updates_to_target
+
+
+def _linear_run_records():
+    """Accuracy 0.4 + n / 1000 (evals every 50 responses), updates of 10 responses at 1 s."""
+    lines = []
+    for step in range(0, 31):
+        if step:
+            lines.append({"kind": "update", "step": step, "responses_cum": 10 * step,
+                          "time_train_cum_s": float(step), "batch_responses": 10})  # fmt: skip
+        if step % 5 == 0:
+            lines.append({"kind": "eval", "step": step, "responses_cum": 10 * step,
+                          "time_train_cum_s": float(step),
+                          "eval_accuracy": 0.4 + step / 100})  # fmt: skip
+    return lines
+
+
+def test_band_is_the_geometric_mean_of_the_levels_crossings():
+    # Level a is crossed at n = 1000 (a - 0.4): 0.42 .. 0.46 -> 20, 25, ..., 60 responses.
+    reach = targets.reach_of_records(_linear_run_records(), 0.46, band_lo=0.42)
+    ns = np.linspace(20.0, 60.0, targets.BAND_LEVELS)
+    assert reach.n_star == pytest.approx(float(np.exp(np.log(ns).mean())))
+    assert reach.time_to_target_s == pytest.approx(reach.n_star / 10)  # 10 responses/s
+    assert reach.updates_to_target == pytest.approx(reach.n_star / 10)
+    # The band's top level alone is the single-target N*.
+    single = targets.reach_of_records(_linear_run_records(), 0.46)
+    assert single.n_star == pytest.approx(60.0)
+    assert reach.n_star < single.n_star
+
+
+def test_band_not_reached_when_its_top_is_not():
+    reach = targets.reach_of_records(_linear_run_records(), 0.75, band_lo=0.42)
+    assert reach.n_star is None and reach.time_to_target_s is None
+    assert reach.q == pytest.approx(10.0)  # the whole run's throughput
+
+
+def test_band_lower_edge_must_be_below_the_target():
+    with pytest.raises(ValueError, match="below the target"):
+        targets.band_levels(0.5, 0.5)
+
+
+def test_summary_carries_the_band_estimate():
+    c = ConfigDict({"name": "lin", "target": 0.46, "target_band_lo": 0.42})
+    s = run._summary(c, run.Counters(), _linear_run_records(), "finished")
+    band = targets.reach_of_records(_linear_run_records(), 0.46, 0.42)
+    assert s["n_star"] == pytest.approx(60.0)
+    assert s["n_star_band"] == band.n_star and s["time_to_band_s"] == band.time_to_target_s

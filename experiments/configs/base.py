@@ -31,6 +31,10 @@ def run_config() -> ConfigDict:
     c.run_dir = ""  # output directory; required for experiments.train
     c.seed = 0
     c.work_dir = "./workdir"  # caches: TFDS data, warm-start checkpoints
+    # Compiled programs cached in <work_dir>/xla_cache (JAX's persistent cache), so that
+    # the seeds of a configuration compile once (6 s -> 2 s per run on a 2-core CPU).
+    # $JAX_COMPILATION_CACHE_DIR, when set, wins.
+    c.xla_cache = True
 
     c.task = ConfigDict()
     c.task.name = "addition"
@@ -162,7 +166,17 @@ def run_config() -> ConfigDict:
     c.eval_prompts = 128
     c.eval_k = 4
     c.eval_greedy = True
-    c.target = 0.5  # validation mean@k accuracy to reach
+    # The validation accuracy that the target and N* are on: "mean_at_k" (sampled, above;
+    # always logged as eval_mean_at_k) or "p_ref", the exact mean p(reference response) at
+    # the sampling temperature on eval_ref_prompts validation prompts (0 = all): mean@inf
+    # of exact matches, without sampling noise (synthetic tasks; rl_batch.exact_eval).
+    c.eval_metric = "mean_at_k"
+    c.eval_ref_prompts = 0
+    c.target = 0.5  # validation accuracy (eval_metric) to reach
+    # Set: N*, T and q are also taken over the band [target_band_lo, target] (geometric
+    # means over 9 levels; rl_batch.targets.time_to_band), the whole-curve estimator the
+    # analysis then uses for every ratio. None: the single target.
+    c.target_band_lo = config_dict.placeholder(float)
     c.stop_at_target = False  # stop once the target has been reached confirm_evals times
     c.confirm_evals = 2
 
@@ -199,4 +213,13 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # update and sampler ahead of time (experiments.plan_memory, CPU) and refuses the
     # points whose estimate exceeds it, e.g. 141e9 for an H200.
     run.sweep.device_memory = 0.0
+    # Points run this many at a time, each in its own process (> 1 implies --isolate):
+    # on a 2-core CPU two small runs together finish ~1.3x sooner than one after the
+    # other. Their measured q then shares the host; the calibration below does not.
+    run.sweep.concurrent = 1
+    # > 0: after the points, every configuration's training step is timed side by side
+    # in one process, interleaved over this many rounds (experiments.calibrate), and the
+    # analysis takes T and q from those step times (calibration.json).
+    run.sweep.calibrate_rounds = 0
+    run.sweep.calibrate_steps = 2  # timed steps per configuration and round
     return run

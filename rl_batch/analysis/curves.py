@@ -130,6 +130,8 @@ class Sweep:
     eval_every_responses: float | None
     runs: tuple[RunData, ...]
     raw: dict[str, Any]
+    target_band_lo: float | None = None  # the whole-curve band's lower edge, if any
+    calibration: dict[str, float] | None = None  # "PxG:rule" -> calibrated step seconds
 
     def run(self, name: str) -> RunData:
         """Returns the run called ``name``."""
@@ -269,6 +271,8 @@ def load_sweep(sweep_dir: str) -> Sweep:
         eval_every_responses=None if every is None else float(every),
         runs=tuple(runs),
         raw=raw,
+        target_band_lo=None if raw.get("target_band_lo") is None else float(raw["target_band_lo"]),
+        calibration=artifacts.read_calibration(sweep_dir),
     )
 
 

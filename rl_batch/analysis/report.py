@@ -13,7 +13,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from rl_batch import provenance
-from rl_batch.analysis import cost_model, critical_batch, findings, noise_scale, planner
+from rl_batch.analysis import (
+    cost_model,
+    critical_batch,
+    findings,
+    measurement,
+    noise_scale,
+    planner,
+)
 from rl_batch.analysis.time_to_target import (
     INCOMPLETE,
     NOT_REACHED,
@@ -400,6 +407,7 @@ def build_report(
         "",
         *ratio_table(analysis),
         "",
+        *measurement.measurement_section(analysis),
         *_critical_section(analysis, tol),
         *_noise_section(analysis),
         *_generation_section(generation, analysis, tol),

@@ -82,6 +82,11 @@ class RunTarget:
     responses_final: float
     time_train_s: float
     finished: bool = True
+    # With a calibration (``rl_batch.calibrate``), ``time_to_target_s`` and ``q`` are the
+    # calibrated ones and these keep the run's own measurement.
+    time_measured_s: float | None = None
+    q_measured: float | None = None
+    calibrated: bool = False
 
     @property
     def reached(self) -> bool:
@@ -96,38 +101,55 @@ class RunTarget:
 FINISHED_STATUSES = ("finished", "pilot")
 
 
-def run_time_to_target(run: RunData, target: float) -> RunTarget:
+def run_time_to_target(
+    run: RunData, target: float, band_lo: float | None = None, step_s: float | None = None
+) -> RunTarget:
     """Computes N*, T, q and updates-to-target of one run.
 
     Args:
       run: the run.
       target: validation accuracy target.
+      band_lo: with a value, the whole-curve estimator over ``[band_lo, target]``
+        (``targets.time_to_band``) instead of the single target.
+      step_s: the configuration's calibrated seconds per training step: T becomes
+        ``updates_to_target x step_s`` and q follows (the measured ones are kept).
 
     Returns:
       The run's ``RunTarget`` (``finished`` is False unless the status is ``finished``
       or ``pilot``).
     """
     finished = run.status in FINISHED_STATUSES
-    r = targets.time_to_target(
+    r = targets.time_to_band(
         eval_responses=run.eval_responses,
         eval_accuracy=run.eval_accuracy,
         responses=run.responses,
         time_train=run.time_train,
         updates_done=run.updates_done,
-        target=target,
+        levels=targets.band_levels(target, band_lo),
     )
+    t, q = r.time_to_target_s, r.q
+    if step_s is not None:
+        updates_final = float(run.updates_done[-1]) if len(run.updates_done) else 0.0
+        if r.reached:
+            t = r.updates_to_target * step_s
+            q = r.n_star / t if t > 0 else None
+        else:
+            q = r.responses_final / (updates_final * step_s) if updates_final > 0 else None
     return RunTarget(
         run.name,
         run.key,
         run.seed,
         target,
         r.n_star,
-        r.time_to_target_s,
-        r.q,
+        t,
+        q,
         r.updates_to_target,
         r.responses_final,
         r.time_train_final,
         finished,
+        r.time_to_target_s,
+        r.q,
+        step_s is not None,
     )
 
 
@@ -472,6 +494,8 @@ class Analysis:
     level: float = DEFAULT_LEVEL
     seed: int = DEFAULT_SEED
     method: str = DEFAULT_METHOD
+    band_lo: float | None = None  # set: N*, T, q are band means over [band_lo, target]
+    calibrated: bool = False  # T and q from the sweep's calibration.json
 
     def ratios_against(self, reference: ConfigKey) -> dict[ConfigKey, Ratios]:
         """Ratios of every configuration against another reference."""
@@ -547,6 +571,8 @@ def analyze_sweep(
     level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
     method: str = DEFAULT_METHOD,
+    band_lo: float | None | str = "sweep",
+    calibrated: bool = True,
 ) -> Analysis:
     """Time-to-target analysis of a sweep.
 
@@ -556,6 +582,10 @@ def analyze_sweep(
       reference: reference configuration (see ``resolve_reference``).
       n_boot, level, seed: bootstrap settings (``method="bootstrap"``).
       method: interval method, ``t`` (default) or ``bootstrap``.
+      band_lo: lower edge of the whole-curve band (``run_time_to_target``); ``"sweep"``
+        (default) takes ``sweep.json``'s ``target_band_lo``, ``None`` the single target.
+      calibrated: use the sweep's calibrated step times (``calibration.json``) for T and q
+        where it has them (every configuration, or none is used).
 
     Returns:
       The ``Analysis``.
@@ -565,11 +595,18 @@ def analyze_sweep(
         target = sweep.target
     if target is None:
         raise ValueError(f"sweep {sweep.sweep_dir}: no target in sweep.json; pass target=")
+    if band_lo == "sweep":
+        band_lo = sweep.target_band_lo
+    step_s = sweep.calibration if calibrated else None
+    if step_s and not all(run.key.point_key in step_s for run in sweep.runs):
+        log.warning("sweep %s: calibration.json misses configurations; not used", sweep.sweep_dir)
+        step_s = None
     targets, used, excluded = {}, [], []
     for run in sweep.runs:
         ok, why = run_is_usable(run)
         if ok:
-            targets[run.name] = run_time_to_target(run, target)
+            step = step_s[run.key.point_key] if step_s else None
+            targets[run.name] = run_time_to_target(run, target, band_lo, step)
             used.append(run)
         else:
             excluded.append((run.name, why))
@@ -594,4 +631,6 @@ def analyze_sweep(
         level,
         seed,
         method,
+        band_lo,
+        bool(step_s),
     )

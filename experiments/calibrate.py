@@ -1,0 +1,31 @@
+r"""Times every configuration of a sweep side by side: ``<sweep>/calibration.json``.
+
+  python -m experiments.calibrate --sweep_dir=sweeps/grpo_cpu [--rounds=3] [--steps=2]
+
+Each configuration's training step (its first run's config, from the warm-start policy)
+is timed in one process, interleaved over ``--rounds`` rounds (``rl_batch.calibrate``);
+the report and the planner then take T and q from these step times, not from the
+host load each run happened to see. ``experiments.grpo_sweep`` runs this after its
+points when ``--config.sweep.calibrate_rounds`` > 0.
+"""
+
+from absl import app, flags
+
+from rl_batch import calibrate
+
+_SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved visits per configuration.")
+_STEPS = flags.DEFINE_integer("steps", 2, "Timed training steps per visit.")
+
+
+def main(argv):
+    del argv
+    record = calibrate.calibrate_sweep(_SWEEP_DIR.value, rounds=_ROUNDS.value, steps=_STEPS.value)
+    for key, v in record["configs"].items():
+        spread = ", ".join(f"{s:.3f}" for s in v["step_s"])
+        print(f"{key:>12}  B={v['batch']:<5d} step {v['step_s_median']:.3f} s  [{spread}]")
+    print(f"load {record['load_start']} -> {record['load_end']}, {record['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,94 @@
+r"""Does a study's answer survive a rerun? Two (or more) sweeps of one study, side by side.
+
+  python -m experiments.compare_studies --sweeps=sweeps/run_a,sweeps/run_b
+
+Prints, per sweep, its wall time and host load (``commands.jsonl``), the findings table
+(measurement, interval, verdict), the largest 95% half-width of r_N and T/T_ref over its
+configurations, and the planner's verdict; then whether the findings verdicts agree and
+whether the recommendation sets (the recommendation, or the candidates that cannot be
+told apart) overlap. Exit status 1 when a verdict differs or the sets do not overlap.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from absl import app, flags
+
+from rl_batch import provenance
+from rl_batch.analysis import analyze_sweep, critical_batch, findings, load_sweep, planner
+from rl_batch.analysis.figures import load_generation
+
+_SWEEPS = flags.DEFINE_list("sweeps", None, "Sweep directories of one study.", required=True)
+
+
+def half_widths(analysis) -> dict[str, float]:
+    """Largest (hi - lo) / 2 of r_N and of T/T_ref over the non-reference configurations
+    (inf when one has no interval: not reached, or one seed)."""
+    worst = {"r_N": 0.0, "T/T_ref": 0.0}
+    for key, r in analysis.ratios.items():
+        if key == analysis.reference:
+            continue
+        for name, e in (("r_N", r.r_n), ("T/T_ref", r.r_t)):
+            hw = math.inf if e is None or not e.has_interval else (e.hi - e.lo) / 2
+            worst[name] = max(worst[name], hw)
+    return worst
+
+
+def _wall(sweep_dir: str) -> str:
+    done = [c for c in provenance.read_commands(sweep_dir) if c["status"] == "finished"]
+    if not done:
+        return "wall time not recorded"
+    c = done[-1]
+    load = "/".join(f"{x[0]:.1f}" for x in (c.get("load_start"), c.get("load_end")) if x)
+    return f"{c['wall_s'] / 60:.1f} min wall, started {c['started_at']}, load {load}"
+
+
+def study(sweep_dir: str):
+    """(findings, plan, half-widths, text) of one sweep."""
+    sweep = load_sweep(sweep_dir)
+    analysis = analyze_sweep(sweep)
+    runs = [r for rs in analysis.runs_by_key.values() for r in rs]
+    found = findings.study_findings(
+        analysis, load_generation(sweep_dir, runs), critical_batch.DEFAULT_TOL
+    )
+    plan = planner.plan_full(analysis)
+    hw = half_widths(analysis)
+    lines = [f"## {sweep_dir}", "", f"- {_wall(sweep_dir)}", f"- {len(runs)} runs"]
+    lines += [f"- largest 95% half-width: r_N {hw['r_N']:.3g}, T/T_ref {hw['T/T_ref']:.3g}"]
+    lines += [f"- planner: {plan.verdict}", ""]
+    lines += ["| finding | measured | verdict |", "|---|---|---|"]
+    lines += [f"| {f.name} | {f.measured} | {f.verdict} |" for f in found]
+    return found, plan, hw, "\n".join(lines) + "\n"
+
+
+def recommendation_set(plan) -> set[str]:
+    """The recommendation, or the candidates it cannot tell apart (by name)."""
+    if plan.recommendation is not None:
+        return {plan.recommendation.name}
+    return {k.name for k in plan.candidates}
+
+
+def main(argv):
+    del argv
+    results = [study(d) for d in _SWEEPS.value]
+    for _, _, _, text in results:
+        print(text)
+    names = [f.name for f in results[0][0]]
+    agree = all([f.verdict for f in r[0]] == [f.verdict for f in results[0][0]] for r in results)
+    sets = [recommendation_set(r[1]) for r in results]
+    overlap = set.intersection(*sets)
+    print("## Across sweeps\n")
+    for i, name in enumerate(names):
+        verdicts = [r[0][i].verdict for r in results]
+        mark = "same" if len(set(verdicts)) == 1 else "DIFFERENT"
+        print(f"- {name}: {' / '.join(verdicts)} ({mark})")
+    print("- recommendation sets: " + " / ".join(", ".join(sorted(s)) for s in sets))
+    print(f"- overlap: {', '.join(sorted(overlap)) or 'none'}")
+    print(f"- findings verdicts agree: {agree}")
+    sys.exit(0 if agree and overlap else 1)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,157 @@
+"""Calibrated throughput: every configuration's training step timed side by side.
+
+A run's measured q (responses per training second) carries the host load of the minutes
+it ran in: on a shared machine two configurations with identical compute per update
+have measured q 143 and 180 responses/s in one sweep. ``calibrate_sweep`` times one
+training step of each configuration of a sweep (the run loop's own code path:
+``RolloutSource.next`` -> filter -> ``make_batch`` -> ``update_fn`` -> metrics to host,
+from the warm-start policy, the run's resolved config and shapes) in one process,
+interleaved: round r visits the configurations in order, starting one further along
+each round (A B C, B C A, C A B, ...), ``steps`` steps per visit. Every configuration
+then sees the same host load, and the ratio of two step times is a side-by-side
+measurement. The spread over rounds is kept.
+
+``<sweep>/calibration.json`` (written here; its reader is ``artifacts.read_calibration``)::
+
+    {"version": 1, "rounds": R, "steps": S, "host": ..., "load_start": [1, 5, 15 min],
+     "load_end": [...], "wall_s": float,
+     "configs": {"PxG:rule": {"batch": B, "step_s": [R per-visit mean seconds],
+                             "step_s_median": float, "run": run name used}}}
+
+The analysis turns a run's updates-to-target ``u*`` into calibrated training time
+``T = u* x step_s_median`` of its configuration (``rl_batch.analysis.time_to_target``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from ml_collections import ConfigDict
+
+from rl_batch import artifacts, provenance, rollout_source, sharding
+from rl_batch import config as config_lib
+from rl_batch import run as run_lib
+from rl_batch.accounting import Counters, keep_mask
+
+log = logging.getLogger(__name__)
+
+
+class _Stepper:
+    """One configuration's learner and rollout source, stepping as the run loop does."""
+
+    def __init__(self, c: ConfigDict):
+        self.c = c
+        task = config_lib.make_task(c)
+        tokenizer = config_lib.make_tokenizer(c)
+        model_config = config_lib.make_model_config(c)
+        train_data, _ = run_lib.load_task_data(c, tokenizer)
+        mesh = sharding.make_mesh(
+            data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor, expert=c.mesh.expert
+        )
+        self.algo = run_lib.make_algorithm(c, model_config, mesh)
+        self.state = self.algo.init_state(run_lib.initial_params(c, model_config))
+        self.rng = jax.random.key(c.seed)
+        sampler = config_lib.make_sampler(c, tokenizer, model_config, mesh)
+        self.source = rollout_source.RolloutSource(
+            c, sampler, model_config, task, tokenizer, train_data, self.rng, mesh
+        )
+        self.counters = Counters()
+
+    def step(self) -> float:
+        """Seconds of one training step (what the run books as training time)."""
+        t0 = time.perf_counter()
+        job, ro, _ = self.source.next(self.algo.policy_params(self.state), self.counters)
+        keep_p = keep_mask(ro, self.algo.filter_groups)
+        if keep_p.any():
+            batch = self.algo.make_batch(ro, keep_p)
+            rng = jax.random.fold_in(jax.random.fold_in(self.rng, job.index), 1)
+            self.state, metrics = self.algo.update_fn(self.state, batch, rng)
+            jax.device_get(metrics)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def calibrate(
+    configs: dict[str, ConfigDict],
+    *,
+    rounds: int = 3,
+    steps: int = 2,
+    log_fn=print,
+) -> dict[str, Any]:
+    """Times one training step of each configuration, interleaved (see the module doc).
+
+    Args:
+      configs: ``"PxG:rule"`` -> a resolved run config of that configuration.
+      rounds: visits per configuration (R >= 1).
+      steps: timed steps per visit (their mean is the visit's value).
+      log_fn: where progress lines go.
+
+    Returns:
+      The ``calibration.json`` record.
+    """
+    if rounds < 1 or steps < 1:
+        raise ValueError(f"calibration needs rounds >= 1 and steps >= 1, got {rounds}, {steps}")
+    t_start = time.time()
+    load_start = provenance.load_average()
+    keys = list(configs)
+    steppers = {}
+    for key in keys:  # build and compile (one untimed step each)
+        steppers[key] = _Stepper(configs[key])
+        steppers[key].step()
+    step_s: dict[str, list[float]] = {k: [] for k in keys}
+    for r in range(rounds):
+        order = keys[r % len(keys) :] + keys[: r % len(keys)]
+        for key in order:
+            step_s[key].append(float(np.mean([steppers[key].step() for _ in range(steps)])))
+        log_fn(f"[calibrate] round {r + 1}/{rounds} done")
+    for s in steppers.values():
+        s.close()
+    return {
+        "version": artifacts.CALIBRATION_VERSION,
+        "rounds": rounds,
+        "steps": steps,
+        "host": provenance.hardware(),
+        "load_start": load_start,
+        "load_end": provenance.load_average(),
+        "wall_s": time.time() - t_start,
+        "configs": {
+            k: {
+                "batch": configs[k].prompts * configs[k].group_size,
+                "step_s": step_s[k],
+                "step_s_median": statistics.median(step_s[k]),
+                "run": configs[k].name,
+            }
+            for k in keys
+        },
+    }
+
+
+def sweep_configs(sweep_dir: str) -> dict[str, ConfigDict]:
+    """``"PxG:rule"`` -> the resolved config (``config.json``) of its first listed run."""
+    record = artifacts.read_json(os.path.join(sweep_dir, artifacts.SWEEP_FILE))
+    configs: dict[str, ConfigDict] = {}
+    for entry in record.get("runs", []):
+        path = os.path.join(sweep_dir, artifacts.RUNS_DIR, entry["name"], artifacts.CONFIG_FILE)
+        if not os.path.exists(path):
+            continue
+        c = ConfigDict(artifacts.read_json(path))
+        configs.setdefault(artifacts.point_key(c.prompts, c.group_size, c.lr_rule), c)
+    if not configs:
+        raise ValueError(f"{sweep_dir}: no run has a config.json to calibrate")
+    return configs
+
+
+def calibrate_sweep(sweep_dir: str, *, rounds: int, steps: int, log_fn=print) -> dict[str, Any]:
+    """``calibrate`` each configuration of a sweep (its first run's config); writes
+    ``<sweep>/calibration.json`` and returns the record."""
+    record = calibrate(sweep_configs(sweep_dir), rounds=rounds, steps=steps, log_fn=log_fn)
+    artifacts.write_json_atomic(os.path.join(sweep_dir, artifacts.CALIBRATION_FILE), record)
+    return record

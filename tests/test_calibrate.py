@@ -1,0 +1,101 @@
+"""Calibrated throughput: interleaved step timing, and the analysis that uses it."""
+
+import json
+import os
+
+import analysis_fixtures as fx
+import pytest
+from run_fixtures import tiny_run_config
+
+from rl_batch import artifacts, calibrate, sweep
+from rl_batch.analysis import curves
+from rl_batch.analysis import time_to_target as ttt
+
+
+def test_rounds_interleave_and_rotate(monkeypatch):
+    calls = []
+
+    class FakeStepper:
+        def __init__(self, c):
+            self.key = c.name
+
+        def step(self):
+            calls.append(self.key)
+            return {"a": 1.0, "b": 2.0, "c": 4.0}[self.key]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(calibrate, "_Stepper", FakeStepper)
+    configs = {
+        k: tiny_run_config("/unused", name=k, prompts=p) for k, p in (("a", 2), ("b", 4), ("c", 8))
+    }
+    record = calibrate.calibrate(configs, rounds=3, steps=2, log_fn=lambda s: None)
+    warm, timed = calls[:3], calls[3:]
+    assert warm == ["a", "b", "c"]  # one untimed (compiling) step each
+    assert (
+        timed
+        == ["a"] * 2
+        + ["b"] * 2
+        + ["c"] * 2
+        + ["b"] * 2
+        + ["c"] * 2
+        + ["a"] * 2
+        + ["c"] * 2
+        + ["a"] * 2
+        + ["b"] * 2
+    )
+    assert record["configs"]["b"]["step_s"] == [2.0, 2.0, 2.0]
+    assert record["configs"]["c"]["step_s_median"] == 4.0
+    assert record["configs"]["a"]["batch"] == 2 * 4
+
+
+def test_analysis_takes_t_and_q_from_the_calibration(tmp_path):
+    d = fx.write_sweep(str(tmp_path), configs=fx.STANDARD_CONFIGS[:2])
+    measured = ttt.analyze_sweep(curves.load_sweep(d))
+    steps = {"8x8:sqrt": 0.5, "16x8:sqrt": 0.75}
+    artifacts.write_json_atomic(
+        os.path.join(d, artifacts.CALIBRATION_FILE),
+        {"configs": {k: {"step_s_median": v} for k, v in steps.items()}},
+    )
+    cal = ttt.analyze_sweep(curves.load_sweep(d))
+    assert cal.calibrated and not measured.calibrated
+    for name, rt in cal.targets.items():
+        before = measured.targets[name]
+        step = steps[rt.key.point_key]
+        assert rt.calibrated and rt.n_star == before.n_star
+        assert rt.time_to_target_s == pytest.approx(before.updates_to_target * step)
+        assert rt.q == pytest.approx(before.n_star / (before.updates_to_target * step))
+        assert rt.time_measured_s == before.time_to_target_s and rt.q_measured == before.q
+    # Side by side, B = 128 does 128 responses in 0.75 s against 64 in 0.5 s: r_q = 4/3.
+    r = cal.ratios[curves.ConfigKey("grpo", 16, 8, "sqrt")]
+    assert r.r_q.mean == pytest.approx(4 / 3, rel=0.02)
+    assert ttt.analyze_sweep(curves.load_sweep(d), calibrated=False).targets == measured.targets
+
+
+def test_a_malformed_calibration_names_the_file(tmp_path):
+    (tmp_path / artifacts.CALIBRATION_FILE).write_text(json.dumps({"configs": {"8x8:sqrt": 3}}))
+    with pytest.raises(ValueError, match="calibration.json: malformed"):
+        artifacts.read_calibration(str(tmp_path))
+
+
+def test_concurrent_sweep_runs_every_point_and_calibrates(tmp_path):
+    """Two points at a time in child processes, then the interleaved calibration."""
+    c = tiny_run_config(str(tmp_path / "work"))
+    c.budget_responses = 32
+    from experiments.configs import base
+
+    c = base.sweep_config(c)
+    c.sweep.prompts, c.sweep.group_sizes, c.sweep.seeds = "2,4", "4", "0,1"
+    c.sweep.concurrent, c.sweep.calibrate_rounds, c.sweep.calibrate_steps = 2, 1, 1
+    d = str(tmp_path / "sweep")
+    record = sweep.run_sweep(c, d, log=lambda s: None)
+    logs = {r["name"]: r["status"] for r in record["runs"]}
+    assert set(logs.values()) == {"finished"}, logs
+    for r in record["runs"]:
+        assert len(artifacts.read_metrics(os.path.join(d, "runs", r["name"]), "update")) >= 1
+    cal = artifacts.read_calibration(d)
+    assert cal is not None and set(cal) == {"2x4:sqrt", "4x4:sqrt"}, open(
+        os.path.join(d, "calibration.log")
+    ).read()[-2000:]
+    assert all(v > 0 for v in cal.values())
