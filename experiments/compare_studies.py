@@ -23,17 +23,22 @@ from rl_batch.analysis.figures import load_generation
 _SWEEPS = flags.DEFINE_list("sweeps", None, "Sweep directories of one study.", required=True)
 
 
-def half_widths(analysis) -> dict[str, float]:
-    """Largest (hi - lo) / 2 of r_N and of T/T_ref over the non-reference configurations
-    (inf when one has no interval: not reached, or one seed)."""
+def half_widths(analysis) -> tuple[dict[str, float], list[str]]:
+    """Largest (hi - lo) / 2 of r_N and of T/T_ref over the configurations that reached
+    the target in every seed (inf when one of them has no interval, e.g. one seed), and
+    the names of those that did not reach (no ratio, no interval)."""
     worst = {"r_N": 0.0, "T/T_ref": 0.0}
+    not_reached = []
     for key, r in analysis.ratios.items():
         if key == analysis.reference:
+            continue
+        if not analysis.stats[key].reached:
+            not_reached.append(key.name)
             continue
         for name, e in (("r_N", r.r_n), ("T/T_ref", r.r_t)):
             hw = math.inf if e is None or not e.has_interval else (e.hi - e.lo) / 2
             worst[name] = max(worst[name], hw)
-    return worst
+    return worst, not_reached
 
 
 def _wall(sweep_dir: str) -> str:
@@ -54,9 +59,13 @@ def study(sweep_dir: str):
         analysis, load_generation(sweep_dir, runs), critical_batch.DEFAULT_TOL
     )
     plan = planner.plan_full(analysis)
-    hw = half_widths(analysis)
+    hw, not_reached = half_widths(analysis)
     lines = [f"## {sweep_dir}", "", f"- {_wall(sweep_dir)}", f"- {len(runs)} runs"]
-    lines += [f"- largest 95% half-width: r_N {hw['r_N']:.3g}, T/T_ref {hw['T/T_ref']:.3g}"]
+    lines += [
+        f"- largest 95% half-width over the configurations that reached: r_N "
+        f"{hw['r_N']:.3g}, T/T_ref {hw['T/T_ref']:.3g}; not reached in every seed: "
+        f"{', '.join(not_reached) or 'none'}"
+    ]
     lines += [f"- planner: {plan.verdict}", ""]
     lines += ["| finding | measured | verdict |", "|---|---|---|"]
     lines += [f"| {f.name} | {f.measured} | {f.verdict} |" for f in found]

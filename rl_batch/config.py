@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+from typing import Any
 
 from ml_collections import ConfigDict
 
@@ -321,6 +322,7 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         f"eval_every_responses={c.eval_every_responses}: must be >= 1",
     )
     check(c.eval_k >= 1, f"eval_k={c.eval_k}: must be >= 1")
+    check(_is_int(c.seed) and c.seed >= 0, f"seed={c.seed!r}: must be an int >= 0")
     check(c.eval_prompts >= 1, f"eval_prompts={c.eval_prompts}: must be >= 1")
     check(
         c.eval_metric in EVAL_METRICS,
@@ -342,6 +344,10 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     check(
         c.init.source in ("pretrain", "scratch") or bool(c.init.path),
         f"init.source={c.init.source!r} needs init.path",
+    )
+    check(
+        c.init.source in ("pretrain", "scratch") or not c.init.path or os.path.isdir(c.init.path),
+        f"init.path={c.init.path!r}: no such directory (init.source={c.init.source!r})",
     )
     check(c.task.name in TASKS, f"task.name={c.task.name!r}: known tasks are {sorted(TASKS)}")
     check(
@@ -365,6 +371,12 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
 
     max_prompt_len = task.max_prompt_len + 1  # + BOS
     max_new_tokens = c.max_new_tokens or task.max_response_len + 1  # + EOS
+    if c.task.name in SYNTHETIC_TASKS:  # (their responses have a known longest length)
+        check(
+            max_new_tokens >= task.max_response_len + 1,
+            f"max_new_tokens={c.max_new_tokens}: the task's responses take up to "
+            f"{task.max_response_len + 1} tokens with EOS (0 = exactly that)",
+        )
     check(
         max_prompt_len + max_new_tokens <= model_config.max_seq_len,
         f"prompt ({max_prompt_len}) + response ({max_new_tokens}) tokens exceed the model "
@@ -482,3 +494,52 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     c.derived.device_count = device_count
     c.derived.python = platform.python_version()
     return c
+
+
+# Settings that may differ when a run directory is resumed (every other field of the
+# resolved config, ``derived`` included, must match): the runway and when to stop
+# (extending a run), checkpoint cadence, the stuck-run guards, where things live, the
+# process layout of a multi-process launch (its device count: a sharded step equals the
+# unsharded one, tests/test_sharding.py) and the compile cache. None of them changes the
+# computation of the steps already done.
+RESUME_ALLOWED = (
+    "budget_responses",
+    "stop_at_target",
+    "confirm_evals",
+    "checkpoint_every",
+    "max_consecutive_skips",
+    "max_empty_rollouts",
+    "name",
+    "run_dir",
+    "work_dir",
+    "distributed",
+    "derived.device_count",
+    "xla_cache",
+)
+
+
+def resume_diffs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``"field: old -> new"`` for every setting outside `RESUME_ALLOWED` (a field or a
+    dotted path and everything under it) that differs between a run directory's
+    config.json and a resolved config (``to_dict()``)."""
+    keys = sorted((old.keys() | new.keys()) - {"sweep"})
+    diffs = [d for k in keys for d in _leaf_diffs(old.get(k), new.get(k), k)]
+
+    def allowed(diff: str) -> bool:
+        path = diff.split(":", 1)[0]
+        return any(path == a or path.startswith(a + ".") for a in RESUME_ALLOWED)
+
+    return [d for d in diffs if not allowed(d)]
+
+
+def _leaf_diffs(old: Any, new: Any, name: str) -> list[str]:
+    """``"name.key: old -> new"`` for every leaf that differs between two config values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            d
+            for key in sorted(old.keys() | new.keys())
+            for d in _leaf_diffs(old.get(key), new.get(key), f"{name}.{key}")
+        ]
+    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
+        old, new = list(old), list(new)  # (JSON has no tuples)
+    return [] if old == new else [f"{name}: {old!r} -> {new!r}"]

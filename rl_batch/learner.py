@@ -698,21 +698,38 @@ def accumulate_gradients(
     return grads, sums["loss"], metrics
 
 
+def all_finite(tree: Any) -> jax.Array:
+    """Scalar bool: every value of every floating-point leaf of ``tree`` is finite."""
+    leaves = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+    ]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
 def apply_update(
     state: TrainState,
     grads: Params,
     loss: jax.Array,
     optimizer: optax.GradientTransformation,
 ) -> tuple[TrainState, Metrics]:
-    """One optimizer update, skipped (state unchanged) if the loss or grads are non-finite.
+    """One optimizer update, skipped (state unchanged) if the loss, the grads, or any
+    value of the new params or optimizer state is non-finite (an infinite or huge LR
+    makes finite grads into non-finite params).
 
     Returns:
       (new state, {"grad_norm": pre-clipping global norm, "skipped": 0. or 1.}).
     """
     grad_norm = optax.tree.norm(grads)
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
+    ok = (
+        jnp.isfinite(loss)
+        & jnp.isfinite(grad_norm)
+        & all_finite(new_params)
+        & all_finite(new_opt_state)
+    )
 
     def keep_if_ok(new, old):
         return jnp.where(ok, new, old)

@@ -58,10 +58,6 @@ from rl_batch.tasks.tfds_builders import load_split
 
 log = logging.getLogger(__name__)
 
-# Fields that must match for a run directory to be resumed with a config.
-_IDENTITY_FIELDS = ("algo", "seed", "prompts", "group_size", "lr", "lr_rule", "task", "model")
-
-
 # (Kept importable here: tests and older call-sites use ``run._training_order``.)
 _training_order = rollout_source.training_order
 
@@ -70,25 +66,13 @@ def _check_resumable(run_dir: str, c: ConfigDict) -> None:
     path = os.path.join(run_dir, artifacts.CONFIG_FILE)
     if not os.path.exists(path):
         return
-    old = artifacts.read_json(path)
-    new = c.to_dict()
-    diffs = [d for f in _IDENTITY_FIELDS for d in _leaf_diffs(old.get(f), new.get(f), f)]
+    diffs = config_lib.resume_diffs(artifacts.read_json(path), c.to_dict())
     if diffs:
         raise ValueError(
-            f"{run_dir} holds a run with a different config ({'; '.join(diffs)}); "
-            "use a new run_dir or delete it"
+            f"{run_dir} holds a run with a different config ({'; '.join(diffs)}); only "
+            f"{', '.join(config_lib.RESUME_ALLOWED)} may change on resume: use a new run_dir "
+            "or delete it"
         )
-
-
-def _leaf_diffs(old: Any, new: Any, name: str) -> list[str]:
-    """``"name.key: old -> new"`` for every leaf that differs between two config values."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [
-            d
-            for key in sorted(old.keys() | new.keys())
-            for d in _leaf_diffs(old.get(key), new.get(key), f"{name}.{key}")
-        ]
-    return [] if old == new else [f"{name}: {old!r} -> {new!r}"]
 
 
 def _truncate_metrics(path: str, step: int) -> None:
@@ -176,8 +160,9 @@ class _Progress:
         acc = "-" if self.accuracy is None else f"{self.accuracy:.3f}"
         if self._bar is not None:
             self._bar.n = min(counters.responses_cum, self.total)
+            # One render per step (set_postfix_str refreshes; a second refresh() would
+            # print every step twice in a non-TTY log).
             self._bar.set_postfix_str(f"step {counters.step} reward {reward:.3f} acc {acc}")
-            self._bar.refresh()
         else:
             print(
                 f"[{self.name}] {counters.responses_cum}/{self.total} reward {reward:.3f} acc {acc}"
@@ -511,6 +496,7 @@ def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
         metrics_log.write(evaluator(algo.policy_params(state), counters))
     bar = _Progress(c.budget_responses, c.name, progress)
     status, reward = "running", 0.0
+    _write_summary(s, counters, status)  # "running" until the run ends (or dies)
     try:
         while counters.responses_cum < c.budget_responses:
             t_step = time.perf_counter()
@@ -551,6 +537,7 @@ def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
                     break
             if counters.step and counters.step % c.checkpoint_every == 0 and record is not None:
                 save_checkpoint(ckpt, state, counters, source, c.budget_responses)
+                _write_summary(s, counters, status)
             bar.update(counters, reward, accuracy)
         # The rollouts in flight go into the last checkpoint (a longer run resumed from it
         # trains on them); they are generated past the budget: not training time.
@@ -562,20 +549,25 @@ def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
         status = "finished"
     except BaseException as e:
         status = "failed" if not isinstance(e, KeyboardInterrupt) else "interrupted"
-        if s.is_writer:
-            summary = _summary(c, counters, metrics_log.records, status)
-            summary["error"] = f"{type(e).__name__}: {e}"
-            artifacts.write_json_atomic(os.path.join(s.run_dir, artifacts.SUMMARY_FILE), summary)
+        _write_summary(s, counters, status, error=f"{type(e).__name__}: {e}")
         raise
     finally:
         bar.close()
         source.close()
         if s.is_writer:
             provenance.end_session(s.run_dir, status)
-    summary = _summary(c, counters, metrics_log.records, status)
+    summary = _write_summary(s, counters, status)
+    ckpt.close()
+    return summary
+
+
+def _write_summary(s: _Setup, counters: Counters, status: str, error: str | None = None) -> dict:
+    """``summary.json`` of the run so far (written by process 0), returned."""
+    summary = _summary(s.c, counters, s.log.records, status)
+    if error is not None:
+        summary["error"] = error
     if s.is_writer:
         artifacts.write_json_atomic(os.path.join(s.run_dir, artifacts.SUMMARY_FILE), summary)
-    ckpt.close()
     return summary
 
 

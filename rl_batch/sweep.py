@@ -225,6 +225,20 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
     }
 
 
+def _changed_settings(resolved: dict[str, ConfigDict]) -> list[str]:
+    """``"run: field: old -> new"`` for each point whose run directory holds a run
+    (``summary.json``: started, finished or not) whose config differs outside
+    `config.RESUME_ALLOWED`, checked before any point starts, in every process. (A
+    directory with a config.json alone is refused by ``run.run`` at its point.)"""
+    out = []
+    for name, c in resolved.items():
+        path = os.path.join(c.run_dir, artifacts.CONFIG_FILE)
+        if os.path.exists(path) and os.path.exists(os.path.join(c.run_dir, artifacts.SUMMARY_FILE)):
+            diffs = config_lib.resume_diffs(artifacts.read_json(path), c.to_dict())
+            out += [f"{name}: {d}" for d in diffs]
+    return out
+
+
 def _run_status(run_dir: str) -> str | None:
     path = os.path.join(run_dir, artifacts.SUMMARY_FILE)
     if not os.path.exists(path):
@@ -452,6 +466,12 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         if too_big:
             raise ValueError("sweep points do not fit in memory:\n  " + "\n  ".join(too_big))
     ref_key = reference_key(base.sweep, points)
+    changed = _changed_settings(resolved if only is None else {only: resolved[only]})
+    if changed:
+        raise ValueError(
+            f"{sweep_dir} holds runs with a different config ({'; '.join(changed)}); only "
+            f"{', '.join(config_lib.RESUME_ALLOWED)} may change: use a new --sweep_dir"
+        )
     # With --only (one job of an array), the jobs run concurrently: none of them owns
     # sweep.json, which ``launch.collect`` rebuilds from the run directories.
     sweep_path = os.path.join(sweep_dir, artifacts.SWEEP_FILE)
@@ -518,7 +538,7 @@ def _run_point(i, point, config, record, isolate, run_fn, processes, progress, s
     n, log = progress.total, progress.log
     entry = next(r for r in record["runs"] if r["name"] == point.name)
     status = _run_status(config.run_dir)
-    if status == FINISHED:
+    if status == FINISHED and _budget_of(config.run_dir) >= config.budget_responses:
         with guard:
             entry["status"], entry["error"] = FINISHED, None
             save()
@@ -563,6 +583,14 @@ def _run_point(i, point, config, record, isolate, run_fn, processes, progress, s
         progress.walls.append(entry["wall_s"])
         save()
     log(f"[sweep {i + 1}/{n}] {point.name}: {entry['status']} in {entry['wall_s']:.0f}s")
+
+
+def _budget_of(run_dir: str) -> float:
+    """The runway a finished run was given (a longer one now extends it)."""
+    path = os.path.join(run_dir, artifacts.CONFIG_FILE)
+    if not os.path.exists(path):
+        return float("inf")
+    return float(artifacts.read_json(path)["budget_responses"])
 
 
 def _calibrate(sweep_dir: str, rounds: int, steps: int, log: Callable[[str], None]) -> None:

@@ -82,3 +82,22 @@ def test_the_report_opens_with_the_findings(tmp_path):
     assert text.index("## Findings") < text.index("## Time to target per configuration")
     assert "| T is U-shaped in B |" in text and "**holds**" in text
     assert "Cost structure (share of training time" in text
+
+
+@pytest.mark.parametrize(
+    "taus, seed_factors, verdict",
+    [
+        # B = 64 fastest by far, tight seeds: every other batch decidedly slower.
+        ((1.0, 3.0, 6.0), (0.99, 1.01), findings.FAILS),
+        # Best mean at the end B = 64, but B = 128's interval overlaps it: undecided.
+        ((1.0, 1.6, 8.0), (0.8, 1.25), findings.UNDECIDED),
+    ],
+)
+def test_u_shape_fails_only_when_the_end_is_decidedly_fastest(
+    tmp_path, taus, seed_factors, verdict
+):
+    configs = tuple((p, 8, "sqrt", t) for p, t in zip((8, 16, 32), taus))
+    a, gen = _analysis(tmp_path / "s", configs=configs, seed_factors=seed_factors)
+    f = _by_name(a, gen)["T is U-shaped in B"]
+    assert f.verdict == verdict, f
+    assert "B = 64" in f.note

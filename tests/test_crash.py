@@ -154,7 +154,8 @@ def test_killed_run_resumes_from_its_last_checkpoint_with_the_same_metrics(env, 
     ckpt_dir = os.path.join(run_dir, artifacts.CHECKPOINT_DIR)
     last = max(_complete_steps(ckpt_dir))
     before = artifacts.read_metrics(run_dir)
-    assert not os.path.exists(os.path.join(run_dir, artifacts.SUMMARY_FILE))
+    # A killed run's summary says it was running (never "finished").
+    assert artifacts.read_json(os.path.join(run_dir, artifacts.SUMMARY_FILE))["status"] == "running"
     assert max(_update_steps(run_dir)) < 20  # killed mid-run
     # A half-written checkpoint of a later step, as a kill during a save leaves it.
     leftover = os.path.join(ckpt_dir, f"{last + 2}{TMP_MARK}-1700000000")
@@ -251,11 +252,11 @@ def test_killed_sweep_skips_finished_points_and_resumes_the_interrupted_one(
 
     def first_done_second_running():
         summary = os.path.join(first, artifacts.SUMMARY_FILE)
-        return os.path.exists(summary) and past_checkpoint()
+        return _status(summary) == "finished" and past_checkpoint()
 
     _kill_when(_start(cmd, env, str(tmp_path / "killed.log")), first_done_second_running)
     assert artifacts.read_json(os.path.join(first, artifacts.SUMMARY_FILE))["status"] == "finished"
-    assert not os.path.exists(os.path.join(second, artifacts.SUMMARY_FILE))
+    assert _status(os.path.join(second, artifacts.SUMMARY_FILE)) == "running"
     first_metrics_mtime = os.path.getmtime(os.path.join(first, artifacts.METRICS_FILE))
 
     out = _finish(_start(cmd, env, str(tmp_path / "resumed.log")))
@@ -269,6 +270,14 @@ def test_killed_sweep_skips_finished_points_and_resumes_the_interrupted_one(
     }
     # Same LR, seed and batch: the resumed point matches the uninterrupted one.
     _assert_same_metrics(artifacts.read_metrics(second), artifacts.read_metrics(first))
+
+
+def _status(summary_path: str) -> str | None:
+    """A summary's status (None while there is no readable summary yet)."""
+    try:
+        return artifacts.read_json(summary_path)["status"]
+    except (OSError, ValueError):
+        return None
 
 
 # A run whose training rollouts 2 and 5, 6, 7, ... have NaN rewards (0 is the compile

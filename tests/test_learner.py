@@ -425,3 +425,20 @@ def test_minibatches_and_epochs_equal_sequential_updates(params, optimizer, mesh
     np.testing.assert_allclose(metrics["grad_norm"], np.mean(grad_norms), rtol=1e-5)
     # Later updates see a moved policy: ratios differ from 1.
     assert float(metrics["ratio_max"]) > 1.0
+
+
+def test_an_update_that_makes_params_nonfinite_is_skipped(params, mesh):
+    # Finite loss and grads, but an infinite step: the new params would be +-inf / nan.
+    huge = optax.sgd(learning_rate=float("inf"))
+    f = update_fn_for(mesh, huge)
+    state, metrics = f(fresh_state(params, huge, mesh), make_batch(), KEY)
+    assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+    assert float(metrics["skipped"]) == 1.0 and int(state.step) == 0
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_all_finite():
+    assert bool(learner.all_finite({"a": jnp.ones(3), "n": jnp.arange(3)}))
+    assert not bool(learner.all_finite({"a": jnp.array([1.0, jnp.inf]), "b": jnp.ones(2)}))
+    assert not bool(learner.all_finite([jnp.array(jnp.nan)]))

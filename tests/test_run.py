@@ -99,3 +99,34 @@ def test_grpo_kl_to_the_initial_policy(work_dir, tmp_path):
     assert first[0.0]["update_tokens"] == first[0.5]["update_tokens"]
     upd_flops = {k: r["update_flops_per_s"] * r["time_update_s"] for k, r in first.items()}
     assert upd_flops[0.5] == pytest.approx(upd_flops[0.0] * 4 / 3, rel=1e-6)
+
+
+def test_resume_refuses_any_setting_outside_the_allow_list(work_dir, tmp_path):
+    run_dir = str(tmp_path / "run")
+    run_lib.run(tiny_run_config(work_dir, run_dir, budget_responses=16), progress=False)
+    before = open(os.path.join(run_dir, artifacts.CONFIG_FILE)).read()
+    changed = tiny_run_config(work_dir, run_dir, budget_responses=16, eval_k=1)
+    changed.sampling.temperature = 0.5
+    with pytest.raises(ValueError) as e:
+        run_lib.run(changed, progress=False)
+    assert "eval_k: 2 -> 1" in str(e.value) and "sampling.temperature: 1.0 -> 0.5" in str(e.value)
+    assert open(os.path.join(run_dir, artifacts.CONFIG_FILE)).read() == before  # untouched
+    # Extending the runway (an allowed change) resumes and runs on.
+    longer = tiny_run_config(work_dir, run_dir, budget_responses=32)
+    assert run_lib.run(longer, progress=False)["responses_cum"] >= 32
+
+
+def test_summary_says_running_while_the_run_is_alive(work_dir, tmp_path, monkeypatch):
+    run_dir = str(tmp_path / "run")
+    path = os.path.join(run_dir, artifacts.SUMMARY_FILE)
+    seen, save = [], run_lib.save_checkpoint
+
+    def spy(ckpt, state, counters, *args):
+        seen.append((counters.step, json.load(open(path))["status"]))
+        save(ckpt, state, counters, *args)
+
+    monkeypatch.setattr(run_lib, "save_checkpoint", spy)
+    config = tiny_run_config(work_dir, run_dir, budget_responses=48, checkpoint_every=1)
+    assert run_lib.run(config, progress=False)["status"] == "finished"
+    assert seen and all(status == "running" for _, status in seen), seen
+    assert json.load(open(path))["status"] == "finished"

@@ -185,3 +185,24 @@ def test_only_process_zero_writes_sweep_files(tmp_path, monkeypatch):
     assert not printed
     assert not (tmp_path / artifacts.SWEEP_FILE).exists()
     assert not (tmp_path / "errors.log").exists()
+
+
+def test_a_rerun_with_other_settings_is_refused_before_any_point(tmp_path):
+    c = _sweep_config(prompts="2,4", group_sizes="4")
+    run_fn, calls = _fake_run()
+    sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, log=lambda s: None)
+    for r in ("p2_g4_sqrt_s0", "p4_g4_sqrt_s0"):  # what run.run would have written
+        cfg = sweep.plan(c, str(tmp_path))[1][r]
+        artifacts.write_json_atomic(
+            os.path.join(str(tmp_path), "runs", r, artifacts.CONFIG_FILE), cfg.to_dict()
+        )
+    before = open(tmp_path / artifacts.SWEEP_FILE).read()
+    c.eval_k = 1
+    with pytest.raises(ValueError, match=r"p2_g4_sqrt_s0: eval_k: 2 -> 1.*use a new --sweep_dir"):
+        sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, log=lambda s: None)
+    assert open(tmp_path / artifacts.SWEEP_FILE).read() == before
+    assert calls == ["p2_g4_sqrt_s0", "p4_g4_sqrt_s0"]
+    # A longer runway extends the finished points instead of skipping them.
+    c.eval_k, c.budget_responses = 2, 2 * c.budget_responses
+    sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, log=lambda s: None)
+    assert calls == ["p2_g4_sqrt_s0", "p4_g4_sqrt_s0"] * 2

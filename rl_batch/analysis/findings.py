@@ -266,20 +266,27 @@ def u_shape_finding(analysis: Analysis) -> Finding:
         return Finding(name, paper, measured, NOT_MEASURED, "no sqrt batch reached")
     best = min(reached, key=lambda k: r_t[k].mean)
 
-    def slower(end: ConfigKey) -> bool | None:
-        """Whether ``end`` is slower than ``best`` (None: cannot tell)."""
-        e = r_t[end]
+    def slower(k: ConfigKey) -> bool | None:
+        """Whether ``k`` is decidedly slower than ``best`` (False: decidedly faster; None:
+        cannot tell). T/T_ref intervals already carry the reference's own noise, so the
+        reference (exactly 1) is compared with the other's interval."""
+        e, b = r_t[k], r_t[best]
         if e is None:
-            return None if analysis.stats[end].incomplete else True
-        b = r_t[best]
+            return None if analysis.stats[k].incomplete else True
+        if e.exact and b.exact:
+            return None
+        if e.exact:  # the reference: slower when best's interval lies below 1
+            return (True if b.hi < 1 else (False if b.lo > 1 else None)) if b.has_interval else None
+        if b.exact:
+            return (True if e.lo > 1 else (False if e.hi < 1 else None)) if e.has_interval else None
         if not (e.has_interval and b.has_interval):
             return None
         return True if e.lo > b.hi else (False if e.hi < b.lo else None)
 
     if best in (fam[0], fam[-1]):
-        other = fam[-1] if best == fam[0] else fam[0]
-        told = slower(other)
-        if told:
+        # Not U-shaped only when every other batch, interior ones included, is decidedly
+        # slower than this end; a best *mean* at an end decides nothing.
+        if all(slower(k) for k in fam if k != best):
             return Finding(name, paper, measured, FAILS, f"fastest at the end B = {best.batch}")
         return Finding(name, paper, measured, UNDECIDED, f"best mean at the end B = {best.batch}")
     ends = [slower(fam[0]), slower(fam[-1])]
