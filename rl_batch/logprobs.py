@@ -30,7 +30,7 @@ def _block(
     hidden_bcd: jax.Array, head_dv: jax.Array, targets_bc: jax.Array, temperature: float
 ) -> tuple[jax.Array, jax.Array]:
     """(log p(target) [B, C], entropy [B, C]) of one block, in float32."""
-    logits_bcv = (hidden_bcd @ head_dv).astype(jnp.float32) / temperature
+    logits_bcv = model_lib.dense(hidden_bcd, head_dv).astype(jnp.float32) / temperature
     logp_bcv = jax.nn.log_softmax(logits_bcv, axis=-1)
     logp_bc = jnp.take_along_axis(logp_bcv, targets_bc[..., None], axis=-1)[..., 0]
     entropy_bc = -jnp.sum(jnp.exp(logp_bcv) * logp_bcv, axis=-1)

@@ -473,6 +473,17 @@ class RMSNorm(nnx.Module):
         return rms_norm(x, self.scale[...], self.eps)
 
 
+def dense(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x [..., D] @ w [D, F]`` as one 2-D matmul over the flattened leading axes.
+
+    The same values as the batched form, but its backward pass is two plain GEMMs: with a
+    3-D ``x`` XLA's CPU backend computed the weight gradient (a contraction over batch and
+    time at once) about 3x slower, which made the decoder's backward pass ~9x its forward.
+    """
+    lead = x.shape[:-1]
+    return (x.reshape(-1, x.shape[-1]) @ w).reshape(*lead, w.shape[-1])
+
+
 def rope(x_btnh: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
     """Rotary embedding, "rotate half" convention (Llama/Qwen in HF)."""
     h = x_btnh.shape[-1]
@@ -557,9 +568,11 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, LayerCache | None]:
         c = self.config
         dt = _DTYPES[c.dtype]
-        q_btnh = jnp.einsum("btd,dnh->btnh", x_btd, self.q_dnh[...].astype(dt))
-        k_btkh = jnp.einsum("btd,dkh->btkh", x_btd, self.k_dkh[...].astype(dt))
-        v_btkh = jnp.einsum("btd,dkh->btkh", x_btd, self.v_dkh[...].astype(dt))
+        b, t, d = x_btd.shape
+        n, k, h = c.num_heads, c.num_kv_heads, c.head_dim
+        q_btnh = dense(x_btd, self.q_dnh[...].astype(dt).reshape(d, n * h)).reshape(b, t, n, h)
+        k_btkh = dense(x_btd, self.k_dkh[...].astype(dt).reshape(d, k * h)).reshape(b, t, k, h)
+        v_btkh = dense(x_btd, self.v_dkh[...].astype(dt).reshape(d, k * h)).reshape(b, t, k, h)
         if c.qkv_bias:
             q_btnh = q_btnh + self.q_bias_nh[...].astype(dt)
             k_btkh = k_btkh + self.k_bias_kh[...].astype(dt)
@@ -605,7 +618,7 @@ class Attention(nnx.Module):
         # XLA's CPU layout pass contracted in (h, n) order and transposed o_nhd (a
         # weight copy per decode step).
         o_qd = self.o_nhd[...].reshape(n * h, -1).astype(dt)
-        out_btd = out_btnh.reshape(b, t, n * h) @ o_qd
+        out_btd = dense(out_btnh.reshape(b, t, n * h), o_qd)
         return out_btd, cache
 
 
@@ -621,9 +634,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x_btd: jax.Array) -> jax.Array:
         dt = self.dtype
-        gate_btf = x_btd @ self.gate_df[...].astype(dt)
-        up_btf = x_btd @ self.up_df[...].astype(dt)
-        return (jax.nn.silu(gate_btf) * up_btf) @ self.down_fd[...].astype(dt)
+        gate_btf = dense(x_btd, self.gate_df[...].astype(dt))
+        up_btf = dense(x_btd, self.up_df[...].astype(dt))
+        return dense(jax.nn.silu(gate_btf) * up_btf, self.down_fd[...].astype(dt))
 
 
 class Block(nnx.Module):
@@ -732,9 +745,11 @@ class Transformer(nnx.Module):
         if last_only:
             x_btd = x_btd[:, -1:]
         if c.head == "value":
-            values_bt = x_btd.astype(jnp.float32) @ self.value_d[...].astype(jnp.float32)
+            values_bt = dense(
+                x_btd.astype(jnp.float32), self.value_d[...].astype(jnp.float32)[:, None]
+            )[..., 0]
             return values_bt + self.value_bias[...].astype(jnp.float32), new_cache
-        logits_btv = (x_btd @ self.head_dv().astype(x_btd.dtype)).astype(jnp.float32)
+        logits_btv = dense(x_btd, self.head_dv().astype(x_btd.dtype)).astype(jnp.float32)
         return logits_btv, new_cache
 
 
