@@ -146,6 +146,72 @@ class Checkpointer:
             params_like,
         )
 
+    def restore_policy_params(self, params_like: Any, step: int | None = None) -> Any:
+        """Restores only the policy parameters of a run checkpoint, as numpy arrays.
+
+        Unlike `restore_params`, nothing else is read from disk (no optimizer state, no
+        PPO critic or reference): an orbax partial restore of ``state.params`` (GRPO) or
+        ``state.actor.params`` (PPO), or ``params`` of a base-policy checkpoint.
+
+        Args:
+          params_like: a tree with the model's structure and shapes (e.g.
+            ``model.abstract_params(config)``).
+          step: which step; the latest when None.
+
+        Returns:
+          A tree in ``params_like``'s structure of host numpy arrays in the stored dtype.
+
+        Raises:
+          FileNotFoundError: no checkpoint in the directory, or no such step.
+          CheckpointMismatchError: the stored parameters have other names or shapes.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        if step not in self.all_steps():
+            raise FileNotFoundError(
+                f"no step {step} in {self.directory}; available steps: {self.all_steps()}"
+            )
+        metadata = self._manager.item_metadata(step)
+        stored = metadata["state"] if metadata is not None else None
+        stored = getattr(stored, "tree", stored)
+        if stored is None:
+            raise FileNotFoundError(f"{self.directory}/{step} holds no state metadata")
+        if "state" in stored:  # a run: GRPO keeps state.params, PPO state.actor.params
+            keys = (
+                ("state", "actor", "params") if "actor" in stored["state"] else ("state", "params")
+            )
+        else:
+            keys = ("params",)
+        node = stored
+        for key in keys:
+            node = node[key]
+        got, expected = _shapes(node), _shapes(params_like)
+        problems = [
+            f"{name}: checkpoint {got.get(name)}, expected {expected.get(name)}"
+            for name in sorted(expected.keys() | got.keys())
+            if expected.get(name) != got.get(name)
+        ]
+        if problems:
+            raise CheckpointMismatchError(
+                f"params in {self.directory}/{step} do not match the model:\n  "
+                + "\n  ".join(problems[:10])
+            )
+        item = jax.tree.map(lambda x: np.zeros((), np.float32), params_like)
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+        for key in reversed(keys):
+            item, restore_args = {key: item}, {key: restore_args}
+        tree = ocp.PyTreeCheckpointer().restore(
+            os.path.join(self.directory, str(step), "state"),
+            args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True),
+        )
+        for key in keys:
+            tree = tree[key]
+        by_name = {_path_name(path): x for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: np.asarray(by_name[_path_name(path)]), params_like
+        )
+
     def _check_compatible(self, like: Any, step: int) -> None:
         metadata = self._manager.item_metadata(step)
         stored_tree = metadata["state"] if metadata is not None else None
