@@ -329,6 +329,11 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         f"eval_metric={c.eval_metric!r}: expected one of {EVAL_METRICS}",
     )
     check(c.eval_ref_prompts >= 0, f"eval_ref_prompts={c.eval_ref_prompts}: must be >= 0")
+    stop_metric = c.pretrain.get("stop_metric", "sampled")
+    check(
+        stop_metric in ("sampled", "p_ref"),
+        f"pretrain.stop_metric={stop_metric!r}: expected 'sampled' or 'p_ref'",
+    )
     check(
         c.eval_metric != "p_ref" or c.task.name != "math",
         "eval_metric='p_ref' needs a task with one reference response per prompt "

@@ -143,6 +143,7 @@ PPO = {"algo": "ppo", "group_size": 1, "filter_groups": False}
         ({"seed": -1}, "seed=-1: must be an int >= 0"),
         ({"init.source": "checkpoint", "init.path": "/nonexistent/ckpt"}, "no such directory"),
         ({"max_new_tokens": 2}, "max_new_tokens=2: the task's responses take up to"),
+        ({"pretrain.stop_metric": "greedy"}, "pretrain.stop_metric='greedy': expected"),
         ({"eval_metric": "pass"}, "eval_metric='pass': expected one of ('mean_at_k', 'p_ref')"),
         ({"eval_ref_prompts": -1}, "eval_ref_prompts=-1: must be >= 0"),
         ({"target": 0.4, "target_band_lo": 0.4}, "target_band_lo=0.4: must be below the target"),
