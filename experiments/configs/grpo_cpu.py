@@ -5,20 +5,20 @@ the invariance family P x 8 for P = 4 ... 64 (B = 32 ... 512 responses) under th
 LR rule, the fixed LR rule at 2x the reference batch, and a group-size pair (8 x 16
 against 16 x 8, both B = 128).
 
-Built for power (the measurements behind each choice are in the README's study section
-and in the report's Measurement section):
+Measurement choices (their measured effects, and what they do not fix, are in the
+README's study section and each report's Measurement section):
 
 - Validation is exact: ``eval_metric="p_ref"``, the policy's mean probability of the
   reference response of each of the 512 validation prompts (``rl_batch.exact_eval``), so
-  N* carries no sampling noise. Sampled mean@4 on 128 prompts, the earlier metric, differs
-  from it by ~0.02 (binomial), several hundred responses of N* on these curves; sampled
-  mean@1 on 64 prompts is still logged beside it.
-- A long runway: from the warm start (p_ref 0.37) the curves climb fast to ~0.46 within a
-  few updates, where seed-to-seed spread of N* is 20-60%, then slowly; N* at 0.5 (~2000
-  responses at B = 64) varied 5% over three seeds.
+  N* carries no sampling noise (sampled mean@4 on 128 prompts, the earlier metric, has a
+  standard error of ~0.02). Sampled mean@1 on 64 prompts is logged beside it.
+- The warm start ends where its exact p_ref first reaches 0.37 (checked every 2 steps),
+  not at a sampled accuracy, whose noise moved where RL starts between p_ref 0.31 and 0.37.
+  It is still one warm start per study, shared by every run: how fast RL climbs from it
+  varied 3.6x between two warm starts that both ended at p_ref ~0.375.
 - The target band: N*, T and q are geometric means over 9 accuracy levels from 0.48 to the
-  0.5 target (``rl_batch.targets.time_to_band``): the mean shift between curves across the
-  band rather than one crossing of a curve that wobbles by ~0.005 between validations.
+  0.5 target (``rl_batch.targets.time_to_band``) rather than one crossing of a curve that
+  wobbles by ~0.005 between validations.
 - Two points at a time (``sweep.concurrent``): ~1.3x the throughput of one at a time on 2
   cores. Each configuration's step is then timed side by side (``sweep.calibrate_rounds``)
   and T uses those step times, not the contended measured q.
@@ -35,8 +35,7 @@ def get_config(arg=None):
     del arg
     c = base.sweep_config(base.run_config())
     c.lr_ref, c.batch_ref = 5e-5, 64
-    # The warm start ends where its exact p_ref first reaches 0.37 (checked every 2 steps),
-    # not at a sampled accuracy, whose noise moved the start of RL between 0.31 and 0.37.
+    # The warm start ends where its exact p_ref first reaches 0.37 (see the docstring).
     c.pretrain.stop_metric = "p_ref"
     c.pretrain.stop_accuracy = 0.37
     c.pretrain.eval_every = 2
