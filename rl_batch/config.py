@@ -519,6 +519,9 @@ RESUME_ALLOWED = (
     "work_dir",
     "distributed",
     "derived.device_count",
+    # An async checkpoint may be resumed synchronously (its batches in flight are drawn
+    # again, rl_batch.rollout_source): the steps already done are unchanged.
+    "async_rollout.enabled",
     "xla_cache",
 )
 

@@ -3,12 +3,11 @@
 Every other end-to-end test runs a random policy with zero reward (zero advantages), so a
 sign flip in the advantages or a wrong row order in the batch would pass them. This one
 runs the default CPU study's configuration (``experiments/configs/grpo_cpu.py``: 3-digit
-scratchpad addition, ~1M parameters, supervised warm start to ~0.25 sampled accuracy) at
-P x G = 8 x 8 for 1024 retained responses (16 updates), validating on 128 prompts
-(mean@4, standard error ~0.02). Measured on the 2-core CPU with the tests' eight fake
-devices (the run is deterministic; ~5 min on a loaded machine): mean@4 0.260 -> 0.283 ->
-0.334, greedy 0.70 -> 0.77 -> 0.80, and the rollout reward rises with them. (That a sign
-flip in the advantages fails it is expected, not measured.)
+scratchpad addition, ~1M parameters, supervised warm start to an exact p_ref of 0.37) at
+P x G = 8 x 8 for 1024 retained responses (16 updates), validating every 512 responses
+with the exact p_ref on 512 prompts (no sampling noise), sampled mean@4 on 128 prompts
+(standard error ~0.02) and greedy accuracy. (That a sign flip in the advantages fails it
+is expected, not measured.)
 """
 
 import numpy as np
@@ -26,16 +25,19 @@ def test_grpo_raises_validation_accuracy_from_a_warm_start(tmp_path):
     c.work_dir = str(tmp_path / "work")
     c.run_dir = str(tmp_path / "run")
     c.prompts, c.group_size = 8, 8
-    c.eval_prompts = 128  # mean@4: standard error ~0.02
+    c.eval_prompts, c.eval_k, c.eval_greedy = 128, 4, True  # mean@4: standard error ~0.02
     c.eval_every_responses = 512
     c.budget_responses = 1024
     c.stop_at_target = False
     summary = run_lib.run(c, progress=False)
     assert summary["status"] == "finished"
     evals = artifacts.read_metrics(c.run_dir, "eval")
-    accuracy = [e["eval_accuracy"] for e in evals]
+    exact = [e["eval_p_ref"] for e in evals]
+    assert [e["eval_accuracy"] for e in evals] == exact  # the study's metric is the exact one
+    accuracy = [e["eval_mean_at_k"] for e in evals]
     greedy = [e["eval_greedy_accuracy"] for e in evals]
     rewards = [u["reward_mean"] for u in artifacts.read_metrics(c.run_dir, "update")]
+    assert exact[-1] >= exact[0] + 0.05, exact
     assert accuracy[-1] >= accuracy[0] + 0.05, accuracy
     assert greedy[-1] >= greedy[0], greedy
     assert np.mean(rewards[-4:]) > np.mean(rewards[:4]), rewards
