@@ -41,15 +41,6 @@ def half_widths(analysis) -> tuple[dict[str, float], list[str]]:
     return worst, not_reached
 
 
-def _wall(sweep_dir: str) -> str:
-    done = [c for c in provenance.read_commands(sweep_dir) if c["status"] == "finished"]
-    if not done:
-        return "wall time not recorded"
-    c = done[-1]
-    load = "/".join(f"{x[0]:.1f}" for x in (c.get("load_start"), c.get("load_end")) if x)
-    return f"{c['wall_s'] / 60:.1f} min wall, started {c['started_at']}, load {load}"
-
-
 def study(sweep_dir: str):
     """(findings, plan, half-widths, text) of one sweep."""
     sweep = load_sweep(sweep_dir)
@@ -60,7 +51,12 @@ def study(sweep_dir: str):
     )
     plan = planner.plan_full(analysis)
     hw, not_reached = half_widths(analysis)
-    lines = [f"## {sweep_dir}", "", f"- {_wall(sweep_dir)}", f"- {len(runs)} runs"]
+    lines = [
+        f"## {sweep_dir}",
+        "",
+        f"- {provenance.describe_last_command(sweep_dir)[1]}",
+        f"- {len(runs)} runs",
+    ]
     lines += [
         f"- largest 95% half-width over the configurations that reached: r_N "
         f"{hw['r_N']:.3g}, T/T_ref {hw['T/T_ref']:.3g}; not reached in every seed: "

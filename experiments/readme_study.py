@@ -13,9 +13,6 @@ is computed from the sweep's files, so a rerun of the same command replaces it w
 that run measured.
 """
 
-import os
-import shlex
-
 from absl import app, flags
 
 from rl_batch import provenance
@@ -36,20 +33,6 @@ _README = flags.DEFINE_string("readme", "README.md", "The README to rewrite.")
 _PRINT = flags.DEFINE_bool("print", False, "Print the section instead of writing it.")
 
 
-def _command_line(sweep_dir: str) -> tuple[str, str]:
-    """(the last finished invocation as a command, its wall time and load)."""
-    done = [c for c in provenance.read_commands(sweep_dir) if c["status"] == "finished"]
-    if not done:
-        return "(not recorded)", "wall time not recorded"
-    c = done[-1]
-    argv = list(c["argv"])
-    module = os.path.splitext(os.path.basename(argv[0]))[0] if argv else "grpo_sweep"
-    cmd = shlex.join(["python", "-m", f"experiments.{module}", *argv[1:]])
-    load = "/".join(f"{x[0]:.1f}" for x in (c.get("load_start"), c.get("load_end")) if x)
-    when = f"{c['wall_s'] / 60:.1f} min wall, started {c['started_at']}"
-    return cmd, f"{when}; host load (1 min) at start/end {load}"
-
-
 def study_section(sweep_dir: str) -> str:
     """The README's study section for ``sweep_dir`` (markdown, with its markers)."""
     sweep = load_sweep(sweep_dir)
@@ -57,7 +40,7 @@ def study_section(sweep_dir: str) -> str:
     runs = [r for rs in analysis.runs_by_key.values() for r in rs]
     generation = load_generation(sweep_dir, runs)
     plan = planner.plan_full(analysis)
-    cmd, timing = _command_line(sweep_dir)
+    cmd, timing = provenance.describe_last_command(sweep_dir)
     seeds = sorted({s.n_seeds for s in analysis.stats.values()})
     lines = [
         BEGIN,

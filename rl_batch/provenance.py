@@ -28,6 +28,7 @@ import datetime
 import importlib.metadata
 import os
 import platform
+import shlex
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -192,6 +193,21 @@ def read_commands(sweep_dir: str) -> list[dict[str, Any]]:
     """The invocations recorded in ``<sweep_dir>/commands.jsonl`` ([] when none)."""
     path = os.path.join(sweep_dir, COMMANDS_FILE)
     return list(artifacts.iter_jsonl(path)) if os.path.exists(path) else []
+
+
+def describe_last_command(sweep_dir: str) -> tuple[str, str]:
+    """(the last finished sweep invocation as a ``python -m`` command, its wall time,
+    start and 1-minute host load at start/end), from ``commands.jsonl``."""
+    done = [c for c in read_commands(sweep_dir) if c["status"] == "finished"]
+    if not done:
+        return "(not recorded)", "wall time not recorded"
+    c = done[-1]
+    argv = list(c["argv"])
+    module = os.path.splitext(os.path.basename(argv[0]))[0] if argv else "grpo_sweep"
+    cmd = shlex.join(["python", "-m", f"experiments.{module}", *argv[1:]])
+    load = "/".join(f"{x[0]:.1f}" for x in (c.get("load_start"), c.get("load_end")) if x)
+    when = f"{c['wall_s'] / 60:.1f} min wall, started {c['started_at']}"
+    return cmd, f"{when}; host load (1 min) at start/end {load}"
 
 
 def _write(run_dir: str, sessions: list[dict[str, Any]]) -> None:

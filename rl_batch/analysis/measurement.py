@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rl_batch.analysis import time_to_target as ttt
-from rl_batch.analysis.time_to_target import Analysis, fmt_estimate
+from rl_batch.analysis.time_to_target import Analysis, fmt_estimate, markdown_table
 
 Q_DISAGREEMENT = 0.10  # measured q of identical-compute runs: max/min above 1 + this warns
 
@@ -190,6 +190,4 @@ def measurement_section(analysis: Analysis) -> list[str]:
     header.append("q used (calibrated)" if analysis.calibrated else "q (measured)")
     if analysis.calibrated:
         header.append("q measured")
-    out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out + [""]
+    return out + markdown_table(header, rows) + [""]

@@ -27,6 +27,7 @@ from rl_batch.analysis.time_to_target import (
     Analysis,
     ConfigStats,
     fmt_estimate,
+    markdown_table,
 )
 
 
@@ -44,12 +45,6 @@ def _interval_words(analysis: Analysis) -> str:
 
 def _num(v: float | None, spec: str = ".4g", missing: str = NOT_REACHED) -> str:
     return missing if v is None else f"{v:{spec}}"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return out
 
 
 def _seeds_cell(s: ConfigStats) -> str:
@@ -89,7 +84,7 @@ def config_table(analysis: Analysis) -> list[str]:
         "T (s)",
         "updates to target",
     ]
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def run_table(analysis: Analysis) -> list[str]:
@@ -125,7 +120,7 @@ def run_table(analysis: Analysis) -> list[str]:
         "responses run",
         "train s run",
     ]
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def ratio_table(analysis: Analysis) -> list[str]:
@@ -153,7 +148,7 @@ def ratio_table(analysis: Analysis) -> list[str]:
         "updates ratio",
         "ideal updates ratio (B_ref/B)",
     ]
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def findings_section(
@@ -165,7 +160,7 @@ def findings_section(
         for f in findings.study_findings(analysis, generation, tol)
     ]
     out = ["## Findings", ""]
-    out += _table(["finding", "the study", "measured here", "verdict", "how decided"], rows)
+    out += markdown_table(["finding", "the study", "measured here", "verdict", "how decided"], rows)
     n_seeds = sorted({s.n_seeds for s in analysis.stats.values()})
     out += [
         "",
@@ -177,7 +172,7 @@ def findings_section(
         "",
     ]
     costs = findings.cost_structure(analysis)
-    out += _table(
+    out += markdown_table(
         ["B", "generation", "scoring", "update", "idle"],
         [[b, *(f"{s[p]:.0%}" for p in findings.COST_PARTS)] for b, s in costs],
     )
@@ -224,7 +219,7 @@ def _critical_section(analysis: Analysis, tol: float) -> list[str]:
         )
     out.append("- first batch outside the family: " + outside)
     out.append("")
-    out += _table(
+    out += markdown_table(
         ["B", "r_N"],
         [
             [k.batch, fmt_estimate(e, missing=analysis.stats[k].missing_label)]
@@ -250,7 +245,7 @@ def _critical_section(analysis: Analysis, tol: float) -> list[str]:
             )
         out.append("")
         seg = ["-", *(f"{s:.3f}" for s in tr.segment_slopes)]
-        out += _table(
+        out += markdown_table(
             ["B", "mean norm", "slope from previous"],
             [[f"{b:.0f}", f"{n:.4g}", s] for b, n, s in zip(tr.batches, tr.norms, seg)],
         )
@@ -279,7 +274,7 @@ def _noise_section(analysis: Analysis) -> list[str]:
     if not rows:
         return []
     out = ["## Gradient noise scale (B_simple)", ""]
-    out += _table(
+    out += markdown_table(
         ["run", "B", "model", "source", "final (EMA)", "median, 2nd half", "pooled, 2nd half"], rows
     )
     meds = [float(r[5]) for r in rows if r[2] == "actor" and np.isfinite(float(r[5]))]
@@ -331,7 +326,7 @@ def _generation_section(
     if gen.update_fit_note:
         out.append(f"- {gen.update_fit_note}")
     out.append("")
-    out += _table(
+    out += markdown_table(
         ["c", "tokens/s", "fit tokens/s"],
         [
             [f"{c:.0f}", f"{t:.4g}", f"{p:.4g}"]
@@ -432,6 +427,6 @@ def build_report(
         out.append("")
     if analysis.excluded:
         out += ["## Excluded runs", ""]
-        out += _table(["run", "reason"], [[n, why] for n, why in analysis.excluded])
+        out += markdown_table(["run", "reason"], [[n, why] for n, why in analysis.excluded])
         out.append("")
     return "\n".join(out)

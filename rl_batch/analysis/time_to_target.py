@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -194,6 +195,12 @@ class Estimate:
 def fmt_estimate(e: Estimate | None, spec: str = ".3g", missing: str = NOT_REACHED) -> str:
     """Formats an estimate, or ``missing`` (default "not reached") when it is ``None``."""
     return missing if e is None else e.fmt(spec)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """The lines of a markdown table (cells formatted with ``str``)."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return out + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
 def bootstrap(
