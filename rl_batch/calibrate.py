@@ -16,14 +16,20 @@ measurement. The spread over rounds is kept.
     {"version": 1, "rounds": R, "steps": S, "host": ..., "load_start": [1, 5, 15 min],
      "load_end": [...], "wall_s": float,
      "configs": {"PxG:rule": {"batch": B, "step_s": [R per-visit mean seconds],
-                             "step_s_median": float, "run": run name used}}}
+                             "step_s_median": float, "run": run name used,
+                             "generate_s": [R per-visit mean seconds generating],
+                             "gen_tokens_per_s": [R per-visit generated tokens/s],
+                             "gen_concurrency": sequences decoded together}}}
 
 The analysis turns a run's updates-to-target ``u*`` into calibrated training time
-``T = u* x step_s_median`` of its configuration (``rl_batch.analysis.time_to_target``).
+``T = u* x step_s_median`` of its configuration (``rl_batch.analysis.time_to_target``),
+and takes the generation throughput per concurrency (the critical generation batch,
+``rl_batch.analysis.cost_model``) from the same interleaved pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import statistics
@@ -40,6 +46,21 @@ from rl_batch import run as run_lib
 from rl_batch.accounting import Counters, keep_mask
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """One timed training step: the whole step, its generation part, tokens generated."""
+
+    step_s: float
+    generate_s: float
+    gen_tokens: int
+
+
+def gen_concurrency(c: ConfigDict) -> int:
+    """Sequences one training rollout decodes together: P x G, capped by ``gen_batch``."""
+    batch = int(c.prompts) * int(c.group_size)
+    return min(batch, int(c.gen_batch)) if c.get("gen_batch", 0) else batch
 
 
 class _Stepper:
@@ -63,8 +84,8 @@ class _Stepper:
         )
         self.counters = Counters()
 
-    def step(self) -> float:
-        """Seconds of one training step (what the run books as training time)."""
+    def step(self) -> StepTime:
+        """One training step's seconds (what the run books as training time)."""
         t0 = time.perf_counter()
         job, ro, _ = self.source.next(self.algo.policy_params(self.state), self.counters)
         keep_p = keep_mask(ro, self.algo.filter_groups)
@@ -73,7 +94,7 @@ class _Stepper:
             rng = jax.random.fold_in(jax.random.fold_in(self.rng, job.index), 1)
             self.state, metrics = self.algo.update_fn(self.state, batch, rng)
             jax.device_get(metrics)
-        return time.perf_counter() - t0
+        return StepTime(time.perf_counter() - t0, ro.time_generate_s, int(ro.gen_tokens))
 
     def close(self) -> None:
         self.source.close()
@@ -106,11 +127,11 @@ def calibrate(
     for key in keys:  # build and compile (one untimed step each)
         steppers[key] = _Stepper(configs[key])
         steppers[key].step()
-    step_s: dict[str, list[float]] = {k: [] for k in keys}
+    visits: dict[str, list[list[StepTime]]] = {k: [] for k in keys}
     for r in range(rounds):
         order = keys[r % len(keys) :] + keys[: r % len(keys)]
         for key in order:
-            step_s[key].append(float(np.mean([steppers[key].step() for _ in range(steps)])))
+            visits[key].append([steppers[key].step() for _ in range(steps)])
         log_fn(f"[calibrate] round {r + 1}/{rounds} done")
     for s in steppers.values():
         s.close()
@@ -122,15 +143,25 @@ def calibrate(
         "load_start": load_start,
         "load_end": provenance.load_average(),
         "wall_s": time.time() - t_start,
-        "configs": {
-            k: {
-                "batch": configs[k].prompts * configs[k].group_size,
-                "step_s": step_s[k],
-                "step_s_median": statistics.median(step_s[k]),
-                "run": configs[k].name,
-            }
-            for k in keys
-        },
+        "configs": {k: _config_record(configs[k], visits[k]) for k in keys},
+    }
+
+
+def _config_record(c: ConfigDict, visits: list[list[StepTime]]) -> dict[str, Any]:
+    """One configuration's entry of ``calibration.json`` from its visits' step times."""
+    step_s = [float(np.mean([t.step_s for t in v])) for v in visits]
+    generate_s = [float(np.mean([t.generate_s for t in v])) for v in visits]
+    tokens_per_s = [
+        sum(t.gen_tokens for t in v) / max(sum(t.generate_s for t in v), 1e-12) for v in visits
+    ]
+    return {
+        "batch": int(c.prompts) * int(c.group_size),
+        "step_s": step_s,
+        "step_s_median": statistics.median(step_s),
+        "run": c.name,
+        "generate_s": generate_s,
+        "gen_tokens_per_s": tokens_per_s,
+        "gen_concurrency": gen_concurrency(c),
     }
 
 

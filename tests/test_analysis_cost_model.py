@@ -118,6 +118,37 @@ def test_generation_report_from_run_metrics(tmp_path):
     assert cm.generation_report(None, runs[:1]) is None
 
 
+def test_generation_report_prefers_the_interleaved_calibration(tmp_path):
+    runs = []
+    for p in (8, 32, 128):
+        d = str(tmp_path / f"p{p}")
+        fx.write_run(d, prompts=p, group_size=8, tau=1000.0, budget=2048)
+        runs.append(curves.load_run(d))
+
+    def entry(c, tokens_per_s):
+        return {"step_s_median": 1.0, "gen_concurrency": c, "gen_tokens_per_s": tokens_per_s}
+
+    # Side by side: 100 tokens/s at c = 32, 190 at 64 (one slow visit), 200 at 128.
+    calibration = {
+        "configs": {
+            "4x8:sqrt": entry(32, [100.0, 100.0, 100.0]),
+            "8x8:sqrt": entry(64, [190.0, 20.0, 190.0]),
+            "16x8:sqrt": entry(128, [200.0, 200.0, 200.0]),
+        }
+    }
+    rep = cm.generation_report(None, runs, calibration=calibration)
+    assert rep.source == cm.CALIBRATION_SOURCE
+    np.testing.assert_allclose(rep.fit.batches, [32, 64, 128])
+    np.testing.assert_allclose(rep.fit.tokens_per_s, [100, 190, 200])  # median over visits
+    assert rep.plateau_batch_measured == 64  # 190 >= 0.9 * 200
+    assert rep.update_fit is not None  # the update fit still comes from the runs
+    # A calibration without generation timing (older file) leaves the run metrics.
+    old = {"configs": {"8x8:sqrt": {"step_s_median": 1.0}}}
+    assert cm.generation_report(None, runs, calibration=old).source == "run metrics"
+    one = {"configs": {"8x8:sqrt": entry(64, [1.0])}}
+    assert cm.generation_report(None, runs, calibration=one).source == "run metrics"
+
+
 def test_update_fit_uses_update_tokens_not_gen_tokens(tmp_path):
     # Hand-made lines: update_tokens 1000/2000/4000 in 0.5 + 2e-4 * tokens seconds, with
     # gen_tokens (generated only, dropped responses too) unrelated to the update size.

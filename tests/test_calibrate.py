@@ -21,7 +21,8 @@ def test_rounds_interleave_and_rotate(monkeypatch):
 
         def step(self):
             calls.append(self.key)
-            return {"a": 1.0, "b": 2.0, "c": 4.0}[self.key]
+            step_s = {"a": 1.0, "b": 2.0, "c": 4.0}[self.key]
+            return calibrate.StepTime(step_s, step_s / 4, int(100 * step_s))
 
         def close(self):
             pass
@@ -48,6 +49,10 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     assert record["configs"]["b"]["step_s"] == [2.0, 2.0, 2.0]
     assert record["configs"]["c"]["step_s_median"] == 4.0
     assert record["configs"]["a"]["batch"] == 2 * 4
+    # Generation: a quarter of each step, 100 tokens per step-second: 400 tokens/s.
+    assert record["configs"]["c"]["generate_s"] == [1.0, 1.0, 1.0]
+    assert record["configs"]["c"]["gen_tokens_per_s"] == [400.0, 400.0, 400.0]
+    assert record["configs"]["b"]["gen_concurrency"] == 4 * 4
 
 
 def test_analysis_takes_t_and_q_from_the_calibration(tmp_path):
@@ -99,3 +104,8 @@ def test_concurrent_sweep_runs_every_point_and_calibrates(tmp_path):
         os.path.join(d, "calibration.log")
     ).read()[-2000:]
     assert all(v > 0 for v in cal.values())
+    raw = artifacts.read_json(os.path.join(d, artifacts.CALIBRATION_FILE))["configs"]
+    assert [raw[k]["gen_concurrency"] for k in ("2x4:sqrt", "4x4:sqrt")] == [8, 16]
+    for entry in raw.values():  # generation is a timed part of the step
+        assert 0 < entry["generate_s"][0] < entry["step_s"][0]
+        assert entry["gen_tokens_per_s"][0] > 0

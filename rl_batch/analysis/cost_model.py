@@ -56,6 +56,9 @@ from rl_batch import artifacts
 from rl_batch.analysis.curves import RunData, find_config_value
 
 THROUGHPUT_FILE = "throughput.json"
+# The sweep's interleaved step timing (``rl_batch.calibrate``): every concurrency measured
+# side by side, so host load cannot move the plateau as it can between runs.
+CALIBRATION_SOURCE = "calibration.json (interleaved)"
 DEFAULT_PLATEAU_FRAC = 0.9
 # Parameters + gradients (f32) + Adam m and v (f32): 4 + 4 + 8 bytes per parameter.
 DEFAULT_TRAIN_BYTES_PER_PARAM = 16
@@ -400,7 +403,7 @@ class GenerationReport:
     """The critical generation batch.
 
     Attributes:
-      source: ``"throughput.json"`` or ``"run metrics"``.
+      source: ``"throughput.json"``, ``CALIBRATION_SOURCE`` or ``"run metrics"``.
       device: device description (when known).
       fit: the ``t_step = a + b c`` fit.
       frac: plateau fraction.
@@ -557,19 +560,41 @@ def run_update_points(runs: Sequence[RunData]) -> tuple[list[float], list[float]
     return tokens, times, lacking
 
 
+def calibration_generation(
+    calibration: dict[str, Any] | None,
+) -> dict[float, list[float]] | None:
+    """Concurrency -> per-visit generated tokens/s from a ``calibration.json`` record
+    (``rl_batch.calibrate``), or None when it has no generation timing (older files)."""
+    if not calibration:
+        return None
+    by_c: dict[float, list[float]] = {}
+    for entry in calibration.get("configs", {}).values():
+        if "gen_concurrency" not in entry or not entry.get("gen_tokens_per_s"):
+            return None
+        by_c.setdefault(float(entry["gen_concurrency"]), []).extend(
+            float(x) for x in entry["gen_tokens_per_s"]
+        )
+    return by_c or None
+
+
 def generation_report(
     throughput: Throughput | None = None,
     runs: Sequence[RunData] = (),
     frac: float = DEFAULT_PLATEAU_FRAC,
     usable_frac: float = 0.9,
+    calibration: dict[str, Any] | None = None,
 ) -> GenerationReport | None:
-    """Critical generation batch from a throughput file, else from run metrics.
+    """Critical generation batch from a throughput file, else from the sweep's
+    calibration, else from run metrics.
 
     Args:
       throughput: parsed throughput file (preferred when it has >= 2 batches; its model
         is checked against the runs', see ``model_check``).
       runs: runs whose update lines carry ``gen_tokens`` and ``time_generate_s`` (and
         ``update_tokens``, ``time_update_s`` for the update fit).
+      calibration: the sweep's ``calibration.json`` record; its interleaved generation
+        timing is used when it covers >= 2 concurrencies (the update fit still comes
+        from the runs).
       frac: plateau fraction.
       usable_frac: memory fraction for ``max_kv_batch``.
 
@@ -590,16 +615,19 @@ def generation_report(
         if throughput.model is not None and throughput.device_memory_bytes is not None:
             kv = max_kv_batch(throughput.model, throughput.device_memory_bytes, usable_frac)
     else:
-        source = "run metrics"
-        by_c: dict[float, list[float]] = {}
-        for r in runs:
-            pt = run_generation_point(r)
-            if pt is not None:
-                by_c.setdefault(pt[0], []).append(pt[1])
+        by_c = calibration_generation(calibration)
+        source = CALIBRATION_SOURCE
+        if by_c is None or len(by_c) < 2:
+            source, by_c = "run metrics", {}
+            for r in runs:
+                pt = run_generation_point(r)
+                if pt is not None:
+                    by_c.setdefault(pt[0], []).append(pt[1])
         if len(by_c) < 2:
             return None
         c = sorted(by_c)
-        tps = [float(np.mean(by_c[x])) for x in c]
+        average = np.median if source == CALIBRATION_SOURCE else np.mean  # over visits / runs
+        tps = [float(average(by_c[x])) for x in c]
         tokens, times, lacking = run_update_points(runs)
         if len(set(tokens)) >= 2:
             update_fit = fit_update(tokens, times)

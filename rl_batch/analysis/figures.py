@@ -774,12 +774,15 @@ def load_generation(
     sweep_dir: str, runs: Sequence[RunData], throughput_path: str | None = None
 ) -> cost_model.GenerationReport | None:
     """Critical generation batch from ``throughput_path`` (default
-    ``<sweep>/throughput.json`` when present), else from the runs' metrics."""
+    ``<sweep>/throughput.json`` when present), else from the sweep's interleaved
+    calibration (``calibration.json``), else from the runs' metrics."""
     path = throughput_path or os.path.join(sweep_dir, cost_model.THROUGHPUT_FILE)
     if throughput_path is not None and not os.path.exists(path):
         raise FileNotFoundError(f"throughput file {path} does not exist")
     tp = cost_model.load_throughput(path) if os.path.exists(path) else None
-    return cost_model.generation_report(tp, runs)
+    cal_path = os.path.join(sweep_dir, artifacts.CALIBRATION_FILE)
+    calibration = artifacts.read_json(cal_path) if os.path.exists(cal_path) else None
+    return cost_model.generation_report(tp, runs, calibration=calibration)
 
 
 def write_all(
