@@ -77,6 +77,24 @@ def test_seeds_to_separate_by_hand():
     assert intervals.seeds_to_separate(a, (10.01, 7.0, 13.0, 3), 0.95, max_seeds=50) is None
 
 
+def test_seeds_for_half_width_by_hand():
+    # a = [2, 4] against a spread-free reference: r = 3, per-seed var(log) = 2/9, so at m
+    # seeds the half-width is 3 sinh(t_{m-1} sqrt(2 / (9 m))) (Welch df = m - 1).
+    a, ref = np.array([[2.0], [4.0]]), np.ones((3, 1))
+
+    def half(m):
+        return 3.0 * math.sinh(stats.t.ppf(0.975, m - 1) * math.sqrt(2.0 / (9.0 * m)))
+
+    assert half(10) > 1.0 >= half(11)
+    assert intervals.seeds_for_half_width(a, ref, [1.0], 1.0, 0.95) == 11
+    assert intervals.seeds_for_half_width(a, ref, [1.0], 0.2, 0.95, max_seeds=50) is None
+    # At the seeds it has, the answer agrees with the interval actually computed.
+    _, lo, hi = intervals.t_log_ratio(a, ref, [1.0], 0.95)
+    assert (hi - lo) / 2 == pytest.approx(half(2))
+    assert intervals.seeds_for_half_width(a, ref, [1.0], half(2) + 1e-9, 0.95) == 2
+    assert intervals.seeds_for_half_width(a[:1], ref, [1.0], 1.0, 0.95) is None  # 1 seed
+
+
 def test_analysis_rejects_an_unknown_method():
     with pytest.raises(ValueError, match="interval method must be one of"):
         ttt.check_method("bca")

@@ -85,3 +85,25 @@ def test_band_sweep_shows_the_single_target_beside(tmp_path):
     text = "\n".join(measurement.measurement_section(analysis))
     assert "geometric means over 9 accuracy levels from 0.5 to the target 0.8" in text
     assert "r_N (band)" in text and "r_N (single target)" in text
+
+
+def test_power_is_the_ratio_half_width_and_the_seeds_it_needs(tmp_path):
+    # Seeds with 0.9 / 1.1 of the time constant: N* spreads about 10% per configuration.
+    d = fx.write_sweep(str(tmp_path), configs=CONFIGS, seed_factors=(0.9, 1.1))
+    analysis = ttt.analyze_sweep(curves.load_sweep(d))
+    (p,) = measurement.power(analysis)
+    r = analysis.ratios[curves.ConfigKey("grpo", 16, 8, "sqrt")]
+    assert p.batch == 128 and p.seeds == 2
+    assert p.r_n_half == pytest.approx((r.r_n.hi - r.r_n.lo) / 2)
+    assert p.r_t_half == pytest.approx((r.r_t.hi - r.r_t.lo) / 2)
+    # Two seeds give t_1 = 12.7: far too wide; more seeds would bring it to +-0.2.
+    assert p.r_n_half > measurement.POWER_HALF_WIDTH and 2 < p.r_n_seeds <= 100
+    stats = analysis.stats
+    n = [[x.n_star] for x in stats[r.key].runs], [[x.n_star] for x in stats[r.reference].runs]
+    assert p.r_n_seeds == measurement.intervals.seeds_for_half_width(*n, [1.0], 0.2, 0.95)
+    # A looser bar is met with fewer seeds; the summary counts what is met now.
+    (loose,) = measurement.power(analysis, half_width=1e6)
+    assert loose.r_n_seeds == 2
+    text = "\n".join(measurement.measurement_section(analysis))
+    assert "Power: 0 of 2 ratio intervals (r_N, T/T_ref) have half-width <= 0.2" in text
+    assert f"at about {max(p.r_n_seeds, p.r_t_seeds)} seeds per configuration" in text

@@ -83,6 +83,42 @@ def t_log_ratio(
     return point, float(np.exp(log_point - half)), float(np.exp(log_point + half))
 
 
+def seeds_for_half_width(
+    a: np.ndarray,
+    ref: np.ndarray,
+    weights: Sequence[float],
+    half_width: float,
+    level: float,
+    max_seeds: int = 100,
+) -> int | None:
+    """Seeds per configuration at which `t_log_ratio`'s interval would have half-width
+    ``(hi - lo) / 2 <= half_width`` in ratio units.
+
+    The per-seed variances of the log statistic (``a``, ``ref`` as in `t_log_ratio`) and
+    the point ratio are assumed unchanged at ``m`` seeds on both sides.
+
+    Returns:
+      The smallest ``m >= 2``; ``None`` when an interval is missing or more than
+      ``max_seeds`` would be needed.
+    """
+    a = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
+    ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
+    w = np.asarray(weights, dtype=np.float64)
+    point, lo, hi = t_log_ratio(a, ref, w, level)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return None
+    sa2, sr2 = _log_mean_var(a, w) * len(a), _log_mean_var(ref, w) * len(ref)  # per seed
+    for m in range(2, max_seeds + 1):
+        var = (sa2 + sr2) / m
+        if var <= 0:
+            return m
+        df = var**2 / (((sa2 / m) ** 2 + (sr2 / m) ** 2) / (m - 1))
+        half = t_quantile(df, level) * np.sqrt(var)
+        if point * np.sinh(half) <= half_width:  # (e^{+h} - e^{-h}) / 2 of the ratio
+            return m
+    return None
+
+
 def seeds_to_separate(
     a: tuple[float, float, float, int],
     b: tuple[float, float, float, int],

@@ -13,6 +13,9 @@ The report's "Measurement" section, from the same runs as the rest of it:
 - *Throughput noise*: runs with identical compute per update (same P and G, any LR rule
   or seed) should have equal measured q; their spread is host contention. With a
   calibration (``rl_batch.calibrate``) the analysis uses the calibrated q, shown beside.
+- *Power*: each ratio's interval half-width (ratio units) and the seeds per configuration
+  at which it would reach ``POWER_HALF_WIDTH`` with the spread measured here
+  (`intervals.seeds_for_half_width`).
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rl_batch.analysis import intervals
 from rl_batch.analysis import time_to_target as ttt
 from rl_batch.analysis.time_to_target import Analysis, fmt_estimate, markdown_table
 
 Q_DISAGREEMENT = 0.10  # measured q of identical-compute runs: max/min above 1 + this warns
+POWER_HALF_WIDTH = 0.2  # the ratio half-width a decided study aims at (ratio units)
+MAX_SEEDS = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +121,91 @@ def _cv_cell(values: Sequence[float | None]) -> str:
     return "-" if cv is None else f"{cv:.2f}"
 
 
+def _half_width(e: ttt.Estimate | None) -> float | None:
+    if e is None or e.exact or not (np.isfinite(e.lo) and np.isfinite(e.hi)):
+        return None
+    return (e.hi - e.lo) / 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Power:
+    """One configuration's ratio half-widths and the seeds that would bring them to
+    ``half_width`` (``None``: no interval, or more than ``MAX_SEEDS``)."""
+
+    name: str
+    batch: int
+    seeds: int
+    r_n_half: float | None
+    r_n_seeds: int | None
+    r_t_half: float | None
+    r_t_seeds: int | None
+
+
+def _fields(stats: ttt.ConfigStats, names: Sequence[str]) -> np.ndarray:
+    """[seeds, len(names)] of each seed's ``RunTarget`` fields (NaN where missing)."""
+    return np.array([[getattr(r, n) or np.nan for n in names] for r in stats.runs], float)
+
+
+def _seeds_needed(a, ref, names, weights, half_width, level) -> int | None:
+    x, r = _fields(a, names), _fields(ref, names)
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(r))):
+        return None
+    return intervals.seeds_for_half_width(x, r, weights, half_width, level, MAX_SEEDS)
+
+
+def power(analysis: Analysis, half_width: float = POWER_HALF_WIDTH) -> list[Power]:
+    """`Power` of every configuration but the reference that reached the target."""
+    ref = analysis.stats[analysis.reference]
+    out = []
+    for key, s in analysis.stats.items():
+        if key == analysis.reference or not (s.reached and ref.reached):
+            continue
+        ratios, level = analysis.ratios[key], analysis.level
+        out.append(
+            Power(
+                key.name,
+                key.batch,
+                s.n_seeds,
+                _half_width(ratios.r_n),
+                _seeds_needed(s, ref, ["n_star"], [1.0], half_width, level),
+                _half_width(ratios.r_t),
+                _seeds_needed(s, ref, ["n_star", "q"], [1.0, -1.0], half_width, level),
+            )
+        )
+    return out
+
+
+def power_lines(analysis: Analysis, half_width: float = POWER_HALF_WIDTH) -> list[str]:
+    """The power table and its one-sentence summary."""
+    rows = power(analysis, half_width)
+    if not rows:
+        return []
+
+    def cell(v, spec=".2f"):
+        return "-" if v is None else format(v, spec)
+
+    def seeds_cell(v):
+        return f"> {MAX_SEEDS}" if v is None else str(v)
+
+    table = [
+        [p.name, str(p.batch), str(p.seeds), cell(p.r_n_half), seeds_cell(p.r_n_seeds)]
+        + [cell(p.r_t_half), seeds_cell(p.r_t_seeds)]
+        for p in rows
+    ]
+    halves = [h for p in rows for h in (p.r_n_half, p.r_t_half)]
+    met = sum(h is not None and h <= half_width for h in halves)
+    needed = [n for p in rows for n in (p.r_n_seeds, p.r_t_seeds)]
+    most = f"> {MAX_SEEDS}" if any(n is None for n in needed) else str(max(needed))
+    summary = (
+        f"Power: {met} of {len(halves)} ratio intervals (r_N, T/T_ref) have half-width <= "
+        f"{half_width:g} at the seeds run; with the seed spread measured here, every one "
+        f"would at about {most} seeds per configuration."
+    )
+    header = ["config", "B", "seeds", "r_N half-width", f"seeds for r_N +-{half_width:g}"]
+    header += ["T/T_ref half-width", f"seeds for T/T_ref +-{half_width:g}"]
+    return [summary, ""] + markdown_table(header, table) + [""]
+
+
 def measurement_section(analysis: Analysis) -> list[str]:
     """The report's "Measurement" section (see the module docstring)."""
     sw = analysis.sweep
@@ -190,4 +281,4 @@ def measurement_section(analysis: Analysis) -> list[str]:
     header.append("q used (calibrated)" if analysis.calibrated else "q (measured)")
     if analysis.calibrated:
         header.append("q measured")
-    return out + markdown_table(header, rows) + [""]
+    return out + markdown_table(header, rows) + [""] + power_lines(analysis)
