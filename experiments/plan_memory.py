@@ -27,9 +27,10 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Run or sweep config file.")
+from experiments import cli  # noqa: E402
+
+_CONFIG = cli.define_config("config", None, "Run or sweep config file.")
 _DEVICE_MEMORY = flags.DEFINE_float("device_memory", 141e9, "Bytes of one device (H200).")
 _PROMPT_LEN = flags.DEFINE_integer(
     "prompt_len", 0, "Prompt tokens P (0: task.kwargs.max_prompt_len + 1)."

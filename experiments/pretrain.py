@@ -12,11 +12,10 @@ import os
 import shutil
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-from experiments import configs
+from experiments import cli, configs
 
-_CONFIG = config_flags.DEFINE_config_file(
+_CONFIG = cli.define_config(
     "config", configs.path("grpo_cpu.py"), "Run config file.", lock_config=False
 )
 _FORCE = flags.DEFINE_bool("force", False, "Retrain even when a cached base policy exists.")

@@ -1,35 +1,72 @@
 """The command line shared by ``experiments.grpo_sweep`` and ``experiments.ppo_sweep``.
 
 One definition of the flags (``--config`` with its ``--config.*`` overrides,
-``--sweep_dir``, ``--isolate``, ``--list_runs``, ``--only``, ``--analyze``) and of
-``main``; each entry point calls `define_flags` with its own default config once, at
-import, so the override flags are registered for that config only.
+``--sweep_dir``, ``--isolate``, ``--list_runs``, ``--only``, ``--analyze``,
+``--print_config``, ``--quiet``) and of ``main``; each entry point calls `define_flags`
+with its own default config once, at import, so the override flags are registered for
+that config only.
 """
 
+import functools
 import os
 import sys
 import time
 
 from absl import app, flags, logging
-from ml_collections import config_flags
+
+from experiments import cli
+
+# Fields the sweep sets at every grid point, and where a sweep takes them instead.
+POINT_FIELDS = {
+    "prompts": "--config.sweep.prompts",
+    "group_size": "--config.sweep.group_sizes",
+    "lr_rule": "--config.sweep.lr_rules",
+    "seed": "--config.sweep.seeds",
+    "name": "--sweep_dir (points are named from the grid)",
+    "run_dir": "--sweep_dir",
+}
 
 
 def define_flags(default_config: str) -> None:
     """Defines the sweep flags, ``--config`` defaulting to ``default_config``."""
-    config_flags.DEFINE_config_file(
-        "config", default_config, "Sweep config file.", lock_config=False
-    )
+    cli.define_config("config", default_config, "Sweep config file.", lock_config=False)
     flags.DEFINE_string("sweep_dir", None, "Output directory (default sweeps/<config>).")
     flags.DEFINE_bool("isolate", False, "Run each point in its own process.")
     flags.DEFINE_bool("list_runs", False, "Print the grid as JSON and exit.")
     flags.DEFINE_string("only", None, "Run only this grid point (by run name).")
     flags.DEFINE_bool("analyze", True, "Write figures/ and report.md at the end.")
+    flags.DEFINE_bool("print_config", False, "Print the config (after overrides) and exit.")
+    flags.DEFINE_bool("quiet", False, "No per-run progress bars; the report is not printed.")
+
+
+def check_point_overrides(argv) -> None:
+    """Rejects ``--config.<field>`` for a field the sweep sets at every grid point.
+
+    Raises:
+      app.UsageError: naming the flag and the sweep field that sets it.
+    """
+    for arg in argv:
+        field = arg.split("=", 1)[0].removeprefix("--config.")
+        if arg.startswith("--config.") and field in POINT_FIELDS:
+            raise app.UsageError(
+                f"{arg}: a sweep sets {field} at every grid point, so this override would "
+                f"be ignored; use {POINT_FIELDS[field]}"
+            )
 
 
 def default_sweep_dir(config_path: str) -> str:
     """``sweeps/<config file name without .py>``."""
     name = os.path.splitext(os.path.basename(config_path.split(":")[0]))[0]
     return os.path.join("sweeps", name)
+
+
+def _or_exit(fn, *args, **kwargs):
+    """``fn(...)``; a ValueError (a bad grid or config: the sweep raises them before any
+    point starts, and records a failing point's errors instead) exits with its message."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
 
 
 def main(argv, algo: str = "grpo"):
@@ -44,11 +81,14 @@ def main(argv, algo: str = "grpo"):
 
     f = flags.FLAGS
     config = f.config
+    if f.print_config:
+        cli.print_config_and_exit(config)
+    check_point_overrides(sys.argv)
     if config.algo != algo:
         raise app.UsageError(f"--config is a {config.algo!r} config; this job runs {algo!r}")
     sweep_dir = f.sweep_dir or default_sweep_dir(f["config"].config_filename)
     if f.list_runs:
-        print(sweep.list_runs(config, sweep_dir))
+        print(_or_exit(sweep.list_runs, config, sweep_dir))
         return
     # A multi-process sweep joins jax.distributed before any JAX call (run_sweep's plan
     # counts the devices); after that, each process knows whether it is the writer. With
@@ -56,7 +96,15 @@ def main(argv, algo: str = "grpo"):
     logging.set_verbosity(logging.WARNING)
     t0, started_at, load_start = time.perf_counter(), provenance.now(), provenance.load_average()
     processes = sweep.join_processes(config, isolate=f.isolate)
-    record = sweep.run_sweep(config, sweep_dir, isolate=f.isolate, only=f.only, processes=processes)
+    run_fn = None
+    if f.quiet and not f.isolate:
+        from rl_batch import run as run_lib
+
+        run_fn = functools.partial(run_lib.run, progress=False)
+    record = _or_exit(
+        sweep.run_sweep,
+        config, sweep_dir, isolate=f.isolate, only=f.only, processes=processes, run_fn=run_fn,
+    )  # fmt: skip
     if not processes.writer:
         return  # Process 0 writes the analysis and reports the sweep's status.
     failed = sweep.failed_points(record, only=f.only)
@@ -71,7 +119,7 @@ def main(argv, algo: str = "grpo"):
         written = write_all(sweep_dir)
         print(f"analysis: {len(written)} files under {sweep_dir}")
         report = os.path.join(sweep_dir, "report.md")
-        if os.path.exists(report):
+        if os.path.exists(report) and not f.quiet:
             print(open(report).read())
     if failed:
         print(

@@ -19,12 +19,12 @@ import os
 import signal
 
 from absl import app, flags, logging
-from ml_collections import ConfigDict, config_flags
+from ml_collections import ConfigDict
 
-from experiments import configs
+from experiments import cli, configs
 from rl_batch import artifacts
 
-_CONFIG = config_flags.DEFINE_config_file(
+_CONFIG = cli.define_config(
     "config", configs.path("grpo_cpu.py"), "Run config file.", lock_config=False
 )
 _CONFIG_JSON = flags.DEFINE_string(
@@ -35,6 +35,9 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", "", "host:port of proc
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes of a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index.")
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress bar.")
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False, "Print the config (after overrides) and exit."
+)
 
 
 def _interrupt(signum, frame):
@@ -49,6 +52,8 @@ def main(argv):
         config = _CONFIG.value
         if "sweep" in config:
             del config["sweep"]
+    if _PRINT_CONFIG.value:
+        cli.print_config_and_exit(config)
     if _COORDINATOR.value or _NUM_PROCESSES.value:
         config.distributed.coordinator_address = _COORDINATOR.value
         config.distributed.num_processes = _NUM_PROCESSES.value

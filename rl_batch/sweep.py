@@ -155,21 +155,27 @@ def plan(
       (points, resolved run config per point name).
 
     Raises:
-      ValueError: for a fixed base ``lr`` (see ``check_base_lr``), or listing every
-        invalid point and why.
+      ValueError: for a fixed base ``lr`` (see ``check_base_lr``), a reference that is
+        not a grid point, or listing each reason the grid is invalid once, with the
+        points it applies to.
     """
     check_base_lr(base)
     points = expand_grid(base.sweep)
-    resolved, errors = {}, []
+    reference_key(base.sweep, points)
+    resolved, errors = {}, {}  # error message -> the points it is about
     for point in points:
         try:
             resolved[point.name] = config_lib.resolve(
                 point_config(base, point, sweep_dir), device_count
             )
         except ValueError as e:
-            errors.append(f"{point.name}: {e}")
+            errors.setdefault(str(e), []).append(point.name)
     if errors:
-        raise ValueError("invalid sweep grid:\n  " + "\n  ".join(errors))
+        lines = [
+            f"{'every point' if len(names) == len(points) else ', '.join(names)}: {message}"
+            for message, names in errors.items()
+        ]
+        raise ValueError("invalid sweep grid:\n  " + "\n  ".join(lines))
     return points, resolved
 
 
@@ -526,11 +532,16 @@ class _Progress:
         self.concurrent = concurrent
 
     def eta(self) -> str:
-        """The remaining points at the mean wall time of those done (none: no ETA)."""
+        """The remaining points at the mean wall time of those done (none: no ETA).
+
+        The first point also builds the shared caches (the warm start, task data,
+        compiled programs), so its wall time is left out once another point has finished.
+        """
         if not self.walls:
             return ""
+        walls = self.walls[1:] or self.walls
         remaining = (self.total - len(self.walls)) / self.concurrent
-        return f", sweep ETA {remaining * sum(self.walls) / len(self.walls) / 60:.1f} min"
+        return f", sweep ETA {remaining * sum(walls) / len(walls) / 60:.1f} min"
 
 
 def _run_point(i, point, config, record, isolate, run_fn, processes, progress, save, guard):

@@ -147,6 +147,7 @@ def test_both_sweep_programs_take_config_overrides(tmp_path, module, algo, group
     cmd = [
         sys.executable, "-m", module, "--list_runs", "--config.sweep.seeds=0,1",
         "--config.sweep.prompts=32,64", f"--config.work_dir={tmp_path}",
+        f"--config.sweep.reference=32x{group}:sqrt",  # (the default's is not in this grid)
     ]  # fmt: skip
     out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -19,6 +19,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -216,15 +217,24 @@ class SplitSource(Sequence):
 
 @contextlib.contextmanager
 def _quiet_progress() -> Iterator[None]:
-    """Hides TFDS's per-split tqdm bars while preparing, then restores the setting."""
+    """Hides TFDS's per-split tqdm bars while preparing, and its warning that a dataset
+    not yet prepared "has no dataset_info.json" (every first run), then restores both."""
     from tensorflow_datasets.core.utils import tqdm_utils
 
     was_active = getattr(tqdm_utils, "_active", True)
     tfds.display_progress_bar(False)
+    absl_log = logging.getLogger("absl")
+    absl_log.addFilter(_not_prepared_yet)
     try:
         yield
     finally:
+        absl_log.removeFilter(_not_prepared_yet)
         tfds.display_progress_bar(was_active)
+
+
+def _not_prepared_yet(record: logging.LogRecord) -> bool:
+    """False (drop) for TFDS's benign first-preparation warning."""
+    return "has no dataset_info.json" not in record.getMessage()
 
 
 @contextlib.contextmanager

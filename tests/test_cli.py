@@ -1,0 +1,72 @@
+"""The command line's answers to bad input: one line naming the flag, before compute."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import app
+
+from experiments import cli, sweep_main
+from rl_batch import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args):
+    cmd = [sys.executable, "-m", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+
+
+def test_an_unknown_config_field_is_one_line_naming_the_flag():
+    out = _run("experiments.grpo_sweep", "--config.sweep.promts=32", "--list_runs")
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line == (
+        "error: --config.sweep.promts: the config has no field 'promts'; "
+        'Did you mean "prompts" instead of "promts"?'
+    )
+
+
+def test_print_config_shows_the_overrides_and_a_bad_grid_is_one_error():
+    out = _run("experiments.train", "--print_config", "--config.target=0.625")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "target: 0.625" in out.stdout
+    out = _run("experiments.ppo_sweep", "--config.target=1.5", "--list_runs")
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    # Every point has the same problem: said once, not once per point.
+    assert out.stderr.count("target=1.5") == 1 and "every point:" in out.stderr
+
+
+def test_unknown_field_message_without_a_hint():
+    try:
+        raise AttributeError(KeyError("'foo'"))
+    except AttributeError as e:
+        msg = cli.unknown_field_message(e, ["prog", "--config.foo=1", "--config.lr=2"])
+    assert msg == "--config.foo: the config has no field 'foo'"
+
+
+def test_a_sweep_refuses_overrides_of_fields_it_sets_per_point():
+    sweep_main.check_point_overrides(["prog", "--config.sweep.prompts=8", "--config.lr_ref=1"])
+    with pytest.raises(app.UsageError, match="use --config.sweep.prompts"):
+        sweep_main.check_point_overrides(["prog", "--config.prompts=32"])
+    with pytest.raises(app.UsageError, match="sets seed at every grid point"):
+        sweep_main.check_point_overrides(["prog", "--config.seed=3"])
+
+
+def test_sweep_eta_leaves_out_the_first_point_once_others_finished():
+    progress = sweep._Progress(total=5, log=lambda s: None)
+    assert progress.eta() == ""
+    progress.walls.append(120.0)  # the warm start and compiles ran inside it
+    assert progress.eta() == ", sweep ETA 8.0 min"  # 4 left at 120 s: all it knows
+    progress.walls += [30.0, 30.0]
+    assert progress.eta() == ", sweep ETA 1.0 min"  # 2 left at 30 s, not at 60 s
+
+
+def test_list_runs_checks_the_reference_as_the_sweep_does(tmp_path):
+    from experiments.configs import grpo_cpu
+
+    c = grpo_cpu.get_config()
+    c.sweep.prompts, c.sweep.extra_points = "32,64", ""
+    with pytest.raises(ValueError, match="sweep.reference='8x8:sqrt' is not a point"):
+        sweep.list_runs(c, str(tmp_path))
