@@ -23,6 +23,7 @@ from ml_collections import ConfigDict
 from rl_batch import grpo, lr_rules, ppo
 from rl_batch import model as model_lib
 from rl_batch.sampler import Sampler, SamplingConfig
+from rl_batch.tasks.custom_reward import WithReward
 from rl_batch.tasks.registry import TASKS, get_task
 from rl_batch.tokenizers import CharTokenizer
 
@@ -58,8 +59,10 @@ PPO_FIELDS = (
 
 
 def make_task(c: ConfigDict):
-    """The task of a run config."""
-    return get_task(c.task.name, **c.task.kwargs.to_dict())
+    """The task of a run config, scored by ``task.reward_fn`` when one is named."""
+    task = get_task(c.task.name, **c.task.kwargs.to_dict())
+    spec = c.task.get("reward_fn")
+    return WithReward(task, spec) if spec else task
 
 
 def make_tokenizer(c: ConfigDict):

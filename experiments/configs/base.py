@@ -47,6 +47,10 @@ def run_config() -> ConfigDict:
     c.task.train_file = ""
     c.task.validation_file = ""
     c.task.format = "auto"
+    # Your own reward instead of the task's verifier: "package.module:function" or
+    # "path/to/file.py:function", called as fn(prompt, response, answer, meta) -> float
+    # (rl_batch.tasks.custom_reward).
+    c.task.reward_fn = ""
 
     c.model = ConfigDict()
     c.model.preset = "tiny-1m"
