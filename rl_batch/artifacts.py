@@ -135,7 +135,7 @@ def write_json_atomic(path: str, obj: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=_json_default)
+            json.dump(obj, f, indent=2, sort_keys=True, default=json_default)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -157,7 +157,7 @@ def read_json(path: str) -> Any:
 def append_jsonl(path: str, record: dict[str, Any]) -> None:
     """Appends one JSON line and flushes it to disk."""
     with open(path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True, default=_json_default) + "\n")
+        f.write(json.dumps(record, sort_keys=True, default=json_default) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -189,7 +189,13 @@ def read_metrics(run_dir: str, kind: str | None = None) -> list[dict[str, Any]]:
     return [r for r in iter_jsonl(path) if kind is None or r.get("kind") == kind]
 
 
-def _json_default(obj: Any) -> Any:
+def json_roundtrip(obj: Any) -> Any:
+    """``obj`` as JSON would give it back (numpy scalars as numbers, tuples as lists)."""
+    return json.loads(json.dumps(obj, default=json_default))
+
+
+def json_default(obj: Any) -> Any:
+    """``json.dumps``'s ``default`` for numpy / jax scalars and arrays."""
     # numpy / jax scalars and arrays.
     if hasattr(obj, "item") and getattr(obj, "size", 2) == 1:
         return obj.item()

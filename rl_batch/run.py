@@ -79,12 +79,38 @@ def _truncate_metrics(path: str, step: int) -> None:
     """Drops metrics written after the checkpoint at ``step`` (they will be redone)."""
     if not os.path.exists(path):
         return
-    kept = [r for r in artifacts.iter_jsonl(path) if r.get("step", 0) <= step]
+    _rewrite_metrics(path, [r for r in artifacts.iter_jsonl(path) if r.get("step", 0) <= step])
+
+
+def _rewrite_metrics(path: str, records: list[dict]) -> None:
+    """Replaces the metrics file with ``records``, atomically."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        for r in kept:
-            f.write(json.dumps(r, sort_keys=True) + "\n")
+        for r in records:
+            f.write(json.dumps(r, sort_keys=True, default=artifacts.json_default) + "\n")
     os.replace(tmp, path)
+
+
+def _metrics_damage(path: str, step: int, saved: list[dict]) -> str:
+    """What is wrong with the metrics file up to ``step`` against the checkpoint's copy
+    (``""`` when it holds exactly those lines)."""
+    if not os.path.exists(path):
+        return "missing"
+    try:
+        lines = [r for r in artifacts.iter_jsonl(path) if r.get("step", 0) <= step]
+    except ValueError as e:  # a malformed line, named with its number
+        return str(e).removeprefix(f"{path}:").strip()
+
+    def text(records):  # (NaN != NaN: compare the JSON text)
+        return [json.dumps(r, sort_keys=True) for r in records]
+
+    lines, saved = text(lines), text(saved)
+    if lines == saved:
+        return ""
+    if len(lines) != len(saved):
+        return f"{len(lines)} lines up to step {step} where the checkpoint has {len(saved)}"
+    first = next(i for i, (a, b) in enumerate(zip(lines, saved)) if a != b)
+    return f"line {first + 1} differs from the checkpoint's copy"
 
 
 def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
@@ -244,11 +270,28 @@ class MetricsLog:
     checkpoint (process 0 may still be cutting later ones away).
     """
 
-    def __init__(self, run_dir: str, is_writer: bool, resumed_step: int | None):
+    def __init__(
+        self,
+        run_dir: str,
+        is_writer: bool,
+        resumed_step: int | None,
+        saved: list[dict] | None = None,
+    ):
+        """``saved``: the checkpoint's copy of the lines up to ``resumed_step`` (older
+        checkpoints have none: the file is then cut back to that step and trusted)."""
         self.path = os.path.join(run_dir, artifacts.METRICS_FILE)
         self.is_writer = is_writer
         self.records: list[dict] = []
-        if resumed_step is not None:
+        if resumed_step is not None and saved is not None:
+            self.records = list(saved)
+            if is_writer:
+                damage = _metrics_damage(self.path, resumed_step, saved)
+                if damage:
+                    log.warning(
+                        "%s: %s; rebuilt from checkpoint %d", self.path, damage, resumed_step
+                    )
+                _rewrite_metrics(self.path, saved)
+        elif resumed_step is not None:
             if is_writer:
                 _truncate_metrics(self.path, resumed_step)
             self.records = [r for r in artifacts.read_metrics(run_dir) if r["step"] <= resumed_step]
@@ -321,13 +364,16 @@ class Evaluator:
         }
 
 
-def save_checkpoint(ckpt: Checkpointer, state, counters: Counters, source, budget: int) -> None:
-    """Saves the state, the counters and the rollouts not yet trained on (once per step).
+def save_checkpoint(s: _Setup, state, counters: Counters) -> None:
+    """Saves the state, the counters, the rollouts not yet trained on and a copy of the
+    metrics lines so far (what a resumed run's ``metrics.jsonl`` is rebuilt from), once
+    per step.
 
     Async: the batches in flight came from older params than the state's; they are saved
     themselves, so the save waits for them: the learner's wait, as before validation
     (training time unless the budget is spent and this run will not train on them).
     """
+    ckpt, source, budget = s.ckpt, s.source, s.c.budget_responses
     if ckpt.latest_step() == counters.step:
         return  # This step is already on disk.
     if source.in_flight:
@@ -335,7 +381,11 @@ def save_checkpoint(ckpt: Checkpointer, state, counters: Counters, source, budge
         if counters.responses_cum < budget:
             counters.add_learner_wait(waited)
     t0 = time.perf_counter()
-    meta = {"counters": dataclasses.asdict(counters), **source.checkpoint_meta()}
+    meta = {
+        "counters": dataclasses.asdict(counters),
+        **source.checkpoint_meta(),
+        "metrics": artifacts.json_roundtrip(s.log.records),
+    }
     ckpt.save(counters.step, {"state": state}, meta)
     counters.time_checkpoint_s += time.perf_counter() - t0
 
@@ -392,13 +442,13 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
     )
     counters = Counters()
     ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR), cleanup_tmp=True)
-    resumed_step = None
+    resumed_step, saved_metrics = None, None
     if resume and ckpt.latest_step() is not None:
         tree, meta = ckpt.restore({"state": state})
         state = tree["state"]
         counters = Counters(**meta["counters"])
         source.restore(meta, counters)
-        resumed_step = counters.step
+        resumed_step, saved_metrics = counters.step, meta.get("metrics")
         log.info("resumed %s at step %d", run_dir, counters.step)
     evaluator = Evaluator(c, sampler, task, tokenizer, val_data, base_rng, model_config)
     for what, n in (
@@ -406,7 +456,7 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
         ("validation", len(evaluator.examples) * c.eval_k),
     ):
         rollout_lib.check_kv_memory(sampler, n, c.gen_batch, c.get("max_kv_bytes", 0), what)
-    metrics_log = MetricsLog(run_dir, is_writer, resumed_step)
+    metrics_log = MetricsLog(run_dir, is_writer, resumed_step, saved_metrics)
     return _Setup(
         c, run_dir, is_writer, model_config, train_data, algo, state, counters, ckpt,
         metrics_log, sampler, source, evaluator, base_rng,
@@ -524,7 +574,7 @@ def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
             reward = float(ro.rewards_pg.mean())
             error = stuck_error(c, counters, reward, ckpt.directory)
             if error is not None:
-                save_checkpoint(ckpt, state, counters, source, c.budget_responses)
+                save_checkpoint(s, state, counters)
                 raise error
             accuracy = None
             if counters.responses_cum >= counters.next_eval:
@@ -536,7 +586,7 @@ def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
                     bar.update(counters, reward, accuracy)
                     break
             if counters.step and counters.step % c.checkpoint_every == 0 and record is not None:
-                save_checkpoint(ckpt, state, counters, source, c.budget_responses)
+                save_checkpoint(s, state, counters)
                 _write_summary(s, counters, status)
             bar.update(counters, reward, accuracy)
         # The rollouts in flight go into the last checkpoint (a longer run resumed from it
@@ -545,7 +595,7 @@ def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
         last = metrics_log.last_eval
         if last is None or last["responses_cum"] != counters.responses_cum:
             metrics_log.write(evaluator(algo.policy_params(state), counters))
-        save_checkpoint(ckpt, state, counters, source, c.budget_responses)
+        save_checkpoint(s, state, counters)
         status = "finished"
     except BaseException as e:
         status = "failed" if not isinstance(e, KeyboardInterrupt) else "interrupted"

@@ -55,6 +55,36 @@ def test_resumed_run_matches_uninterrupted(work_dir, tmp_path):
     assert_same_records(full, split, rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.parametrize("damage", ["cut mid-line", "removed", "doubled", "edited"])
+def test_damaged_metrics_are_rebuilt_from_the_checkpoint_on_resume(
+    work_dir, tmp_path, damage, caplog
+):
+    run_dir = str(tmp_path / "run")
+    # 3 updates, checkpointed at the last; the file then holds the lines up to step 3.
+    run_lib.run(tiny_run_config(work_dir, run_dir, budget_responses=48), progress=False)
+    path = os.path.join(run_dir, artifacts.METRICS_FILE)
+    intact = open(path).read()
+    lines = intact.splitlines(keepends=True)
+    damaged = {
+        "cut mid-line": intact[: len(intact) // 2],
+        "removed": None,
+        "doubled": intact + intact,
+        "edited": "".join(lines[:1] + [lines[1].replace('"step": 1', '"step": 1, "x": 1')]
+                          + lines[2:]),
+    }[damage]  # fmt: skip
+    if damaged is None:
+        os.remove(path)
+    else:
+        open(path, "w").write(damaged)
+    with caplog.at_level("WARNING"):
+        run_lib.run(tiny_run_config(work_dir, run_dir, budget_responses=96), progress=False)
+    assert "rebuilt from checkpoint 3" in caplog.text
+    resumed = artifacts.read_metrics(run_dir)
+    assert [json.loads(x) for x in lines] == resumed[: len(lines)]  # the lines up to step 3
+    steps = [(r["kind"], r["step"]) for r in resumed]
+    assert len(steps) == len(set(steps)) and steps[-1] == ("eval", 6)  # each once, to the end
+
+
 def test_a_different_config_does_not_resume_into_a_run_dir(work_dir, tmp_path):
     run_dir = str(tmp_path / "run")
     run_lib.run(tiny_run_config(work_dir, run_dir, budget_responses=16), progress=False)
