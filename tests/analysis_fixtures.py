@@ -108,9 +108,11 @@ def write_run(
     lines: list[dict[str, Any]] = []
     n = t = 0.0
     step = 0
+    # As in a run, an update line's step counts the updates so far (1 for the first).
     for _ in range(warmup_updates):  # Critic warm-up: counters run, the actor is frozen.
         n += batch
         t += tpu
+        step += 1
         lines.append(
             {
                 "kind": "update",
@@ -122,7 +124,6 @@ def write_run(
                 "critic_grad_norm": 1.0,
             }
         )
-        step += 1
     lines.append(
         {
             "kind": "eval",
@@ -137,6 +138,7 @@ def write_run(
     while n - offset < budget:
         n += batch
         t += tpu
+        step += 1
         rec = {
             "kind": "update",
             "step": step,
@@ -174,7 +176,6 @@ def write_run(
                 }
             )
         lines.append(rec)
-        step += 1
         if n - offset >= next_eval:
             acc = accuracy(n - offset, tau, a_max, a0)
             lines.append(

@@ -338,3 +338,15 @@ def test_finished_seed_that_never_reached_is_not_reached(tmp_path):
     s = a.stats[curves.ConfigKey("grpo", 16, 8, "sqrt")]
     assert (s.n_seeds, s.n_reached, s.n_pending) == (2, 1, 0)
     assert not s.incomplete and s.n_star is None and s.missing_label == "not reached"
+
+
+def test_a_run_whose_metrics_end_before_its_summary_is_excluded(tmp_path):
+    d = fx.write_sweep(str(tmp_path), configs=fx.STANDARD_CONFIGS[:2])
+    name = fx.run_name(8, 8, "sqrt", 1)
+    path = os.path.join(d, "runs", name, artifacts.METRICS_FILE)
+    lines = open(path).readlines()
+    open(path, "w").writelines(lines[: len(lines) // 2])  # half of it lost
+    analysis = ttt.analyze_sweep(curves.load_sweep(d))
+    ((excluded, why),) = analysis.excluded
+    assert excluded == name and "metrics disagree with summary.json" in why
+    assert name not in analysis.targets

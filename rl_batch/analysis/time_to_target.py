@@ -559,7 +559,8 @@ def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[Config
 def run_is_usable(run: RunData) -> tuple[bool, str]:
     """Whether a run enters the statistics, and why not.
 
-    Failed runs are left out (a crash says nothing about learning). Every other run is
+    Failed runs are left out (a crash says nothing about learning), and so are finished
+    runs whose metrics end at another step than their ``summary.json`` says. Every other run is
     one of its configuration's seeds, finished or not: dropping the seeds that have not
     reached the target yet would average the lucky seeds only. A run still going (or
     of unknown status, or without evaluations yet) that has not reached the target
@@ -567,6 +568,14 @@ def run_is_usable(run: RunData) -> tuple[bool, str]:
     """
     if run.status == "failed":
         return False, "failed"
+    if run.status == "finished":
+        ours = run.summary.get("steps")
+        last = max((r.get("step", 0) for r in run.update_records), default=0)
+        if ours is not None and ours != last:
+            return False, (
+                f"metrics disagree with summary.json (its last update is step {ours}, "
+                f"metrics.jsonl's is {last}): a damaged or mixed-up run directory"
+            )
     return True, ""
 
 
