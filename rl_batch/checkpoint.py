@@ -5,20 +5,45 @@ No PRNG state is stored: a run derives every key from its seed and the counters.
 Orbax writes each step into a temporary directory and renames it when complete, so a
 process killed mid-save leaves no checkpoint that ``latest_step`` would return. Saves
 here are synchronous: when ``save`` returns, the step is on disk.
+
+Each step's metadata carries a CRC-32 of every array of the tree (``meta["checksums"]``,
+arrays this process holds whole). ``restore`` of the latest step checks them, and when a
+step cannot be read or its arrays do not match their checksums (damaged on disk), it
+warns, naming the step and the problem, and falls back to the previous step; only a
+checkpoint of another model or optimizer (``CheckpointMismatchError``) stops it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import zlib
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+log = logging.getLogger(__name__)
+CHECKSUMS = "checksums"  # meta key: array name -> CRC-32 of its bytes
+
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint does not fit the tree it is restored into."""
+
+
+class CheckpointDamagedError(ValueError):
+    """A checkpoint step cannot be read, or its arrays do not match their checksums."""
+
+
+def checksums(tree: Any) -> dict[str, int]:
+    """CRC-32 of the bytes of each array of ``tree`` that this process holds whole."""
+    out = {}
+    for path, x in jax.tree_util.tree_leaves_with_path(tree):
+        if not hasattr(x, "shape") or not getattr(x, "is_fully_addressable", True):
+            continue
+        out[_path_name(path)] = zlib.crc32(np.ascontiguousarray(jax.device_get(x)).tobytes())
+    return out
 
 
 def _path_name(path) -> str:
@@ -78,7 +103,9 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def save(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
-        """Writes ``tree`` (arrays) and ``meta`` (JSON) as ``step`` and waits for it."""
+        """Writes ``tree`` (arrays) and ``meta`` (JSON, with the arrays' checksums added)
+        as ``step`` and waits for it."""
+        meta = {**meta, CHECKSUMS: checksums(tree)}
         args = ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta))
         self._manager.save(step, args=args, force=True)
         self._manager.wait_until_finished()
@@ -92,16 +119,48 @@ class Checkpointer:
           step: which step; the latest when None.
 
         Returns:
-          (tree, meta).
+          (tree, meta). With ``step=None`` a damaged latest step falls back to the
+          previous one, with a warning (see the module doc).
 
         Raises:
           FileNotFoundError: no checkpoint in the directory.
           CheckpointMismatchError: the checkpoint holds different names or shapes
             (the message lists the first differences).
+          CheckpointDamagedError: the step asked for (or every step) is damaged.
         """
-        step = self.latest_step() if step is None else step
-        if step is None:
+        if step is not None:
+            return self._restore_checked(like, step)
+        steps = sorted(self.all_steps(), reverse=True)
+        if not steps:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        for i, candidate in enumerate(steps):
+            try:
+                return self._restore_checked(like, candidate)
+            except CheckpointDamagedError as e:
+                if i + 1 == len(steps):
+                    raise
+                log.warning("%s; falling back to step %d", e, steps[i + 1])
+        raise AssertionError("unreachable")
+
+    def _restore_checked(self, like: Any, step: int) -> tuple[Any, dict[str, Any]]:
+        """`restore` of one step, its arrays checked against their checksums."""
+        where = f"checkpoint {self.directory}/{step}"
+        try:
+            tree, meta = self._restore_step(like, step)
+        except CheckpointMismatchError:
+            raise
+        except Exception as e:  # orbax, tensorstore and json raise many kinds
+            raise CheckpointDamagedError(f"{where} cannot be read ({type(e).__name__}: {e})") from e
+        expected = meta.get(CHECKSUMS) or {}
+        got = checksums(tree)
+        bad = sorted(name for name, crc in expected.items() if got.get(name, crc) != crc)
+        if bad:
+            raise CheckpointDamagedError(
+                f"{where}: {len(bad)} array(s) do not match their checksums ({', '.join(bad[:3])})"
+            )
+        return tree, {k: v for k, v in meta.items() if k != CHECKSUMS}
+
+    def _restore_step(self, like: Any, step: int) -> tuple[Any, dict[str, Any]]:
         self._check_compatible(like, step)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         args = ocp.args.Composite(

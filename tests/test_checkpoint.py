@@ -1,4 +1,6 @@
-"""Checkpoint round trip and mismatch errors."""
+"""Checkpoint round trip, mismatch errors, damaged steps and their fallback."""
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +9,7 @@ import optax
 import pytest
 
 from rl_batch import model
-from rl_batch.checkpoint import Checkpointer, CheckpointMismatchError
+from rl_batch.checkpoint import CheckpointDamagedError, Checkpointer, CheckpointMismatchError
 
 SMALL = model.get_preset("tiny-1m", num_layers=2, hidden_size=32, intermediate_size=64)
 
@@ -53,3 +55,61 @@ def test_shape_mismatch_names_the_parameter(tmp_path):
 def test_empty_directory_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         Checkpointer(str(tmp_path / "none")).restore(_tree(SMALL))
+
+
+def _three_steps(tmp_path):
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), max_to_keep=3)
+    trees = [_tree(SMALL, seed=s) for s in (1, 2, 3)]
+    for step, tree in zip((1, 2, 3), trees):
+        ckpt.save(step, tree, {"step": step})
+    return ckpt, trees
+
+
+def _assert_restores_step(ckpt, trees, step):
+    restored, meta = ckpt.restore(_tree(SMALL))
+    assert meta == {"step": step}
+    for a, b in zip(jax.tree.leaves(trees[step - 1]), jax.tree.leaves(restored)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_unreadable_latest_metadata_falls_back_to_the_previous_step(tmp_path, caplog):
+    ckpt, trees = _three_steps(tmp_path)
+    (tmp_path / "ckpt" / "3" / "meta" / "metadata").write_text("{garbage")
+    with caplog.at_level("WARNING"):
+        _assert_restores_step(ckpt, trees, 2)
+    assert "ckpt/3 cannot be read" in caplog.text and "falling back to step 2" in caplog.text
+    with pytest.raises(CheckpointDamagedError, match="ckpt/3 cannot be read"):
+        ckpt.restore(_tree(SMALL), step=3)  # a step asked for by number does not fall back
+
+
+def test_arrays_that_do_not_match_their_checksums_fall_back(tmp_path, caplog):
+    ckpt, trees = _three_steps(tmp_path)
+    path = tmp_path / "ckpt" / "3" / "meta" / "metadata"
+    meta = json.loads(path.read_text())
+    name = sorted(meta["checksums"])[0]
+    meta["checksums"][name] ^= 1  # as if the stored array had changed since it was saved
+    path.write_text(json.dumps(meta))
+    with caplog.at_level("WARNING"):
+        _assert_restores_step(ckpt, trees, 2)
+    assert f"1 array(s) do not match their checksums ({name})" in caplog.text
+
+
+def test_flipped_bytes_in_the_latest_arrays_fall_back(tmp_path, caplog):
+    ckpt, trees = _three_steps(tmp_path)
+    files = [p for p in (tmp_path / "ckpt" / "3" / "state").rglob("*") if p.is_file()]
+    data = max(files, key=lambda p: p.stat().st_size)  # the array data
+    raw = bytearray(data.read_bytes())
+    for i in range(len(raw) // 3, len(raw) // 3 + 64):
+        raw[i] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with caplog.at_level("WARNING"):
+        _assert_restores_step(ckpt, trees, 2)
+    assert "ckpt/3" in caplog.text and "falling back to step 2" in caplog.text
+
+
+def test_every_step_damaged_is_an_error_naming_the_last(tmp_path):
+    ckpt, _ = _three_steps(tmp_path)
+    for step in (1, 2, 3):
+        (tmp_path / "ckpt" / str(step) / "meta" / "metadata").write_text("{garbage")
+    with pytest.raises(CheckpointDamagedError, match="ckpt/1 cannot be read"):
+        ckpt.restore(_tree(SMALL))
