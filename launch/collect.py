@@ -308,7 +308,8 @@ def run_entry(run_dir: str, name: str, log: Log = _stderr_log) -> dict[str, Any]
         status, error = summary.get("status") or INCOMPLETE, summary.get("error")
     return artifacts.sweep_entry(
         name,
-        **{k: config.get(k) for k in ENTRY_CONFIG_KEYS},
+        **{k: config.get(k) for k in ENTRY_CONFIG_KEYS if k != "lr"},
+        lr=artifacts.config_lr(config),
         batch_responses=config.get("batch_responses"),
         status=status,
         error=error,

@@ -110,6 +110,16 @@ def sweep_entry(
     }
 
 
+def config_lr(config: dict[str, Any]) -> Any:
+    """A run's effective policy LR from its config.json: ``derived.lr`` (resolve keeps
+    the input ``lr``, None when the rule derives it), or, in a config.json written before
+    ``derived.lr`` existed, ``lr`` (which resolve overwrote with the effective LR then)."""
+    derived = config.get("derived")
+    if isinstance(derived, dict) and "lr" in derived:
+        return derived["lr"]
+    return config.get("lr")
+
+
 def point_key(prompts: int, group_size: int, lr_rule: str) -> str:
     """A configuration's key (seed excluded), e.g. ``"64x8:sqrt"``: the spelling of
     ``sweep.extra_points``, ``sweep.reference`` and the analysis's ``--reference``."""

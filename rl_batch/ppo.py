@@ -622,7 +622,7 @@ class PPO:
     """PPO for the run loop (``learner.Algorithm``, as ``grpo.GRPO``): state, batch, update.
 
     Reads the run config's ``ppo`` section (``experiments/configs/base.py``); the critic's
-    learning rate ``ppo.critic_lr`` and Adam settings ``derived.critic`` are resolved by
+    learning rate ``derived.critic_lr`` and Adam settings ``derived.critic`` are resolved by
     ``rl_batch.config.resolve``.
     """
 
@@ -637,7 +637,7 @@ class PPO:
         self.actor_optimizer = learner.actor_optimizer(c)
         hp = c.derived.critic
         self.critic_optimizer = make_critic_optimizer(
-            p.critic_lr,
+            c.derived.critic_lr,
             b1=hp.b1,
             b2=hp.b2,
             eps=hp.eps,
