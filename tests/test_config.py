@@ -244,3 +244,18 @@ def test_every_study_grid_resolves(name, tmp_path):
     config = importlib.import_module(f"experiments.configs.{name}").get_config()
     points, resolved = sweep.plan(config, str(tmp_path))
     assert points and all(r.derived.lr > 0 and r.lr is None for r in resolved.values())
+
+
+def test_resume_compares_a_run_dirs_config_json_with_the_new_resolved_config():
+    def resolved(devices=1, **changes):
+        return config_lib.resolve(_config(lr_rule="malladi", **changes), devices).to_dict()
+
+    saved = json.loads(json.dumps(resolved()))  # a run dir's config.json
+    assert config_lib.resume_diffs(saved, resolved()) == []
+    # Its own config.json resolved again (experiments.train --config_json) resumes too.
+    assert config_lib.resume_diffs(saved, config_lib.resolve(ConfigDict(saved), 1).to_dict()) == []
+    # More devices (derived.device_count may differ) resume ...
+    assert config_lib.resume_diffs(saved, resolved(devices=2)) == []
+    # ... a new lr_ref does not, and the effective LR it changes is named too.
+    paths = {d.split(":")[0] for d in config_lib.resume_diffs(saved, resolved(lr_ref=1e-4))}
+    assert {"lr_ref", "derived.lr"} <= paths and "lr" not in paths
