@@ -2,7 +2,8 @@
 
 Every field of a run lives here so that ``config.json`` records all of them. Derived
 values (the LR for a batch size under a rule, the response length from the task) are
-filled in by ``rl_batch.config.resolve`` in one place.
+computed by ``rl_batch.config.resolve`` in one place and written under ``derived``; the
+inputs here keep their values (``lr`` None = derive it).
 """
 
 import dataclasses
