@@ -131,7 +131,8 @@ class PPOConfig:
 
     @classmethod
     def from_config(cls, c: ConfigDict) -> PPOConfig:
-        """The run config's ``ppo`` section (and ``sampling.temperature``)."""
+        """A resolved run config's ``ppo`` section (and ``sampling.temperature``), with the
+        update's micro-batch count from ``derived.micro_batches``."""
         p = c.ppo
         return cls(
             gamma=p.gamma,
@@ -146,7 +147,7 @@ class PPOConfig:
             clip_high=p.clip_high,
             loss_agg=p.loss_agg,
             temperature=c.sampling.temperature,
-            micro_batches=p.micro_batches,
+            micro_batches=c.derived.micro_batches,
         )
 
     def replace(self, **changes) -> PPOConfig:
