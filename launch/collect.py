@@ -50,7 +50,7 @@ NAME_FROM_CHOICES = ("config", "dir")
 MUST_AGREE_KEYS = ("algo", "target")
 RUNWAY_KEYS = ("budget_responses", "eval_every_responses")
 ENTRY_CONFIG_KEYS = artifacts.SWEEP_ENTRY_CONFIG_KEYS
-ENTRY_FIELDS = artifacts.SWEEP_ENTRY_FIELDS
+ENTRY_FIELDS = artifacts.SWEEP_ENTRY_FIELDS + artifacts.OLD_SWEEP_ENTRY_FIELDS
 _FINGERPRINT_FILES = (artifacts.CONFIG_FILE, artifacts.SUMMARY_FILE, artifacts.METRICS_FILE)
 # What ``rl_batch.sweep.run_sweep(only=...)`` writes into its run directory: the sweep record
 # (``reference`` run name, ``reference_key``, ``grid``, ``runs``) the shared sweep.json would
@@ -289,8 +289,9 @@ def run_entry(run_dir: str, name: str, log: Log = _stderr_log) -> dict[str, Any]
       log: where warnings go.
 
     Returns:
-      ``{"name", "prompts", "group_size", "batch_responses", "lr_rule", "lr", "seed",
-      "status", "error"}``; ``status`` is ``"incomplete"`` without summary.json.
+      ``{"name", "prompts", "group_size", "lr_rule", "lr", "seed", "batch", "status",
+      "error"}`` (``artifacts.sweep_entry``: ``lr`` is the effective LR,
+      ``artifacts.config_lr``); ``status`` is ``"incomplete"`` without summary.json.
     """
     config_path = os.path.join(run_dir, artifacts.CONFIG_FILE)
     config = artifacts.read_json(config_path)
@@ -308,8 +309,9 @@ def run_entry(run_dir: str, name: str, log: Log = _stderr_log) -> dict[str, Any]
         status, error = summary.get("status") or INCOMPLETE, summary.get("error")
     return artifacts.sweep_entry(
         name,
-        **{k: config.get(k) for k in ENTRY_CONFIG_KEYS},
-        batch_responses=config.get("batch_responses"),
+        **{k: config.get(k) for k in ENTRY_CONFIG_KEYS if k != "lr"},
+        lr=artifacts.config_lr(config),
+        batch=artifacts.entry_batch(config.get("derived") or {}),
         status=status,
         error=error,
     )
@@ -321,7 +323,7 @@ def missing_entry(point: dict[str, Any], status: str = MISSING) -> dict[str, Any
     return artifacts.sweep_entry(
         point["name"],
         **{k: overrides.get(k) for k in ENTRY_CONFIG_KEYS},
-        batch_responses=overrides.get("batch_responses"),
+        batch=overrides.get("batch"),
         status=status,
     )
 
@@ -360,7 +362,7 @@ def _sort_key(entry: dict[str, Any]) -> tuple:
         return float(x) if isinstance(x, (int, float)) else float("inf")
 
     return (
-        num(entry["batch_responses"]),
+        num(artifacts.entry_batch(entry)),
         num(entry["prompts"]),
         num(entry["group_size"]),
         str(entry["lr_rule"]),
@@ -774,7 +776,8 @@ def _check_reference_runs(
 
 
 def _entry_extras(sweep: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Run name -> the non-contract fields of its sweep.json entry."""
+    """Run name -> the non-contract fields of its sweep.json entry (an old entry's
+    ``batch_responses`` is the contract's ``batch`` and is not carried over)."""
     out = {}
     for entry in sweep.get("runs") or []:
         if isinstance(entry, dict) and isinstance(entry.get("name"), str):

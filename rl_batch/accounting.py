@@ -162,7 +162,7 @@ class StepAccounting:
             "group_size": c.group_size,
             "batch_responses": retained,
             "batch_generated": generated,
-            "lr": c.lr,
+            "lr": c.derived.lr,
             "reward_mean": float(ro.rewards_pg.mean()),
             "reward_retained_mean": float(ro.rewards_pg[s.keep_p].mean()),
             "time_generate_s": ro.time_generate_s,

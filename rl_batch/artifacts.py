@@ -42,8 +42,12 @@ A sweep directory::
 
 ``sweep.json`` holds ``name``, ``algo``, ``target``, ``reference`` (run name of the
 reference configuration), ``budget_responses``, ``eval_every_responses`` and ``runs``: a
-list of ``{"name", "prompts", "group_size", "batch_responses", "lr_rule", "lr", "seed",
-"status", "error"}`` (``sweep_entry``; ``batch_responses`` there is the configured P x G).
+list of ``{"name", "prompts", "group_size", "lr_rule", "lr", "seed", "batch", "status",
+"error"}`` (``sweep_entry``): ``lr`` is the run's effective LR (its config.json's
+``derived.lr``, ``config_lr``) and ``batch`` the configured batch B = P x G (the
+config's ``derived.batch``). ``batch_responses`` means one thing: the responses an
+update retained (update lines); entries written before the rename carry the configured
+batch under that name, which ``entry_batch`` still reads.
 """
 
 from __future__ import annotations
@@ -74,7 +78,9 @@ PHASE_TRAIN = "train"
 
 # The fields of a run's entry in sweep.json (``sweep_entry``); writers may add more.
 SWEEP_ENTRY_CONFIG_KEYS = ("prompts", "group_size", "lr_rule", "lr", "seed")
-SWEEP_ENTRY_FIELDS = ("name", *SWEEP_ENTRY_CONFIG_KEYS, "batch_responses", "status", "error")
+SWEEP_ENTRY_FIELDS = ("name", *SWEEP_ENTRY_CONFIG_KEYS, "batch", "status", "error")
+# Fields of entries written by older code, read by ``entry_batch`` (never written now).
+OLD_SWEEP_ENTRY_FIELDS = ("batch_responses",)
 
 
 def sweep_entry(
@@ -87,16 +93,16 @@ def sweep_entry(
     seed: Any,
     status: str,
     error: str | None = None,
-    batch_responses: Any = None,
+    batch: Any = None,
 ) -> dict[str, Any]:
     """A run's entry in sweep.json (the one builder: ``rl_batch.sweep``, ``launch/collect``).
 
-    ``batch_responses`` is the configured training batch B = P x G (GRPO's batch unit;
-    PPO has G = 1), filled in from ``prompts`` and ``group_size`` when not given; the
-    update lines' ``batch_responses`` count the responses each update retained.
+    ``batch`` is the configured training batch B = P x G (GRPO's batch unit; PPO has
+    G = 1), filled in from ``prompts`` and ``group_size`` when not given (the update
+    lines' ``batch_responses`` count the responses each update retained instead).
     """
-    if batch_responses is None and isinstance(prompts, int) and isinstance(group_size, int):
-        batch_responses = prompts * group_size
+    if batch is None and isinstance(prompts, int) and isinstance(group_size, int):
+        batch = prompts * group_size
     return {
         "name": name,
         "prompts": prompts,
@@ -104,10 +110,33 @@ def sweep_entry(
         "lr_rule": lr_rule,
         "lr": lr,
         "seed": seed,
-        "batch_responses": batch_responses,
+        "batch": batch,
         "status": status,
         "error": error,
     }
+
+
+def entry_batch(entry: dict[str, Any]) -> Any:
+    """The configured batch B = P x G of a sweep.json entry: ``batch``, or
+    ``batch_responses`` in an entry written before the rename, else prompts x group_size
+    (None when unknown)."""
+    for key in ("batch", "batch_responses"):
+        if entry.get(key) is not None:
+            return entry[key]
+    prompts, group_size = entry.get("prompts"), entry.get("group_size")
+    if isinstance(prompts, int) and isinstance(group_size, int):
+        return prompts * group_size
+    return None
+
+
+def config_lr(config: dict[str, Any]) -> Any:
+    """A run's effective policy LR from its config.json: ``derived.lr`` (resolve keeps
+    the input ``lr``, None when the rule derives it), or, in a config.json written before
+    ``derived.lr`` existed, ``lr`` (which resolve overwrote with the effective LR then)."""
+    derived = config.get("derived")
+    if isinstance(derived, dict) and "lr" in derived:
+        return derived["lr"]
+    return config.get("lr")
 
 
 def point_key(prompts: int, group_size: int, lr_rule: str) -> str:

@@ -1,14 +1,14 @@
 """Resolving and validating run configs: every derived value is computed here, once.
 
-``resolve(config)`` returns a copy with the derived fields filled in (the LR under the
-batch rule, the response length from the task, the model's vocabulary from the
-tokenizer) and raises one ``ValueError`` naming each bad field before any compute.
+``resolve(config)`` returns a copy with a ``derived`` section (the LR and Adam settings
+under the batch rule, the micro-batch count, the response length from the task, the
+model's shape) and raises one ``ValueError`` naming each bad field before any compute.
 
-Resolving is idempotent: ``resolve(resolve(c)) == resolve(c)``. The optimizer reads
-``lr``, ``b1``, ``b2``, ``eps`` and ``ppo.critic_lr`` where the user set them, so resolve
-writes the derived values there and records each replaced input in
-``derived.replaced``; resolving again starts from those inputs, not from the values
-derived from them (which would scale the betas and epsilon twice).
+Resolve never changes an input: every derived value lives under ``derived`` (see
+``resolve``), and everything that trains reads the effective values there
+(``derived.lr``, not ``lr``, which stays None when the rule derives it). Resolving a
+resolved config recomputes ``derived`` from the same inputs, so
+``resolve(resolve(c)) == resolve(c)``.
 """
 
 from __future__ import annotations
@@ -32,10 +32,6 @@ ALGOS = ("grpo", "ppo")
 EVAL_METRICS = ("mean_at_k", "p_ref")
 INIT_SOURCES = ("pretrain", "scratch", "checkpoint", "hf")
 SYNTHETIC_TASKS = ("addition", "multiplication", "countdown")
-# "-1": derive the value (``lr`` from ``lr_rule``, ``ppo.critic_lr`` from its rule).
-DERIVE = -1
-# Config keys that resolve() may replace with derived values (see ``derived.replaced``).
-DERIVED_KEYS = ("lr", "b1", "b2", "eps", "ppo.critic_lr", "grpo.micro_batches")
 # The ``grpo.GRPOConfig`` field behind each key of a GRPO run's ``grpo`` section (all its
 # fields but ``temperature``, which comes from ``sampling``).
 GRPO_FIELDS = grpo.GRPOConfig.config_fields()
@@ -140,48 +136,6 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _get_key(c: ConfigDict, key: str, default=None):
-    """The value at a dotted key (``"ppo.critic_lr"``), or ``default`` when absent."""
-    node = c
-    for part in key.split("."):
-        if part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def _set_key(c: ConfigDict, key: str, value) -> None:
-    """Sets the value at a dotted key in place."""
-    *parents, leaf = key.split(".")
-    node = c
-    for part in parents:
-        node = node[part]
-    node[leaf] = value
-
-
-def unresolved(config: ConfigDict) -> ConfigDict:
-    """A copy of ``config`` with the inputs of an earlier ``resolve`` back in place.
-
-    Each key listed in ``derived.replaced`` that still holds the value resolve wrote gets
-    back the user's input (``lr=-1``, the reference ``b1``, ...); a key changed since
-    keeps its new value, which becomes the input. A config never resolved is copied as is.
-    """
-    c = ConfigDict(config.to_dict())
-    for record in _get_key(c, "derived.replaced", ()):
-        if _get_key(c, record["key"]) == record["value"]:
-            _set_key(c, record["key"], record["input"])
-    return c
-
-
-def _replaced(inputs: dict, c: ConfigDict) -> list[dict]:
-    """``{"key", "input", "value"}`` for each key of ``inputs`` whose value resolve changed."""
-    return [
-        {"key": key, "input": value, "value": _get_key(c, key)}
-        for key, value in inputs.items()
-        if _get_key(c, key) != value
-    ]
-
-
 def _dataclass_errors(cls, fields: dict[str, tuple[str, object]]) -> list[str]:
     """Runs ``cls``'s own validation on each config key alone.
 
@@ -264,8 +218,9 @@ def _check_ppo(c: ConfigDict, check) -> None:
         f"ppo.critic_lr_ref={p.critic_lr_ref}: must be finite and > 0",
     )
     check(
-        p.critic_lr == DERIVE or (p.critic_lr > 0 and math.isfinite(p.critic_lr)),
-        f"ppo.critic_lr={p.critic_lr}: must be > 0 (or -1 to derive it from critic_lr_rule)",
+        p.critic_lr is None or (p.critic_lr > 0 and math.isfinite(p.critic_lr)),
+        f"ppo.critic_lr={p.critic_lr}: must be > 0, or None (unset) to derive it from "
+        "critic_lr_rule",
     )
     check(
         p.critic_lr_rule in ("",) + lr_rules.RULES,
@@ -287,14 +242,31 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
       device_count: devices the mesh spans (default ``jax.device_count()``).
 
     Returns:
-      A new, resolved ConfigDict (``lr`` set, ``derived`` section added). Resolving it
-      again gives an equal config (see ``unresolved``).
+      A new ConfigDict: the inputs exactly as given plus a ``derived`` section (an input
+      ``derived`` section, e.g. of a resolved config, is recomputed, so resolving again
+      gives an equal config). The effective optimizer settings are there:
+
+      - ``derived.lr``: the policy's LR, ``lr`` when set, else ``lr_rule`` applied to
+        ``lr_ref`` at B / ``batch_ref``;
+      - ``derived.b1``, ``derived.b2``, ``derived.eps``: the policy's Adam settings, the
+        rule's (``malladi`` rescales them) when it derives the LR, else the inputs;
+      - ``derived.lr_arithmetic``: how the rule got there, in words;
+      - ``derived.critic_lr`` (PPO): ``ppo.critic_lr`` when set, else the critic's rule
+        at k x B; ``derived.critic``: that rule's whole result (its Adam settings are the
+        critic's);
+      - ``derived.micro_batches``: the update's gradient-accumulation micro-batches (GRPO:
+        from ``grpo.micro_batch_seqs`` when it is > 0, else ``grpo.micro_batches``; PPO:
+        ``ppo.micro_batches``);
+      - ``derived.batch``: the configured batch B = prompts x group_size;
+      - ``derived.max_prompt_len``, ``derived.max_new_tokens``, ``derived.model``,
+        ``derived.num_params``, ``derived.device_count``, ``derived.python``.
 
     Raises:
       ValueError: naming every invalid field.
     """
-    c = unresolved(config)
-    inputs = {key: _get_key(c, key) for key in DERIVED_KEYS}
+    c = ConfigDict(config.to_dict())
+    if "derived" in c:
+        del c["derived"]
     errors: list[str] = []
 
     def check(ok: bool, message: str) -> None:
@@ -315,8 +287,8 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     check(c.lr_ref > 0 and math.isfinite(c.lr_ref), f"lr_ref={c.lr_ref}: must be finite and > 0")
     check(c.batch_ref >= 1, f"batch_ref={c.batch_ref}: must be >= 1")
     check(
-        c.lr == DERIVE or (c.lr > 0 and math.isfinite(c.lr)),
-        f"lr={c.lr}: must be > 0 (or -1 to derive it from lr_rule)",
+        c.lr is None or (c.lr > 0 and math.isfinite(c.lr)),
+        f"lr={c.lr}: must be > 0, or None (unset) to derive it from lr_rule",
     )
     _check_run_fields(c, check)
     check(c.budget_responses >= 1, f"budget_responses={c.budget_responses}: must be >= 1")
@@ -439,6 +411,7 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
             "grpo.record_routing / grpo.routing_replay do not support partial_rollout "
             "(continued responses carry no routing record)",
         )
+    micro_batches = c.ppo.micro_batches if c.algo == "ppo" else c.grpo.micro_batches
     if not errors:
         shards = data_axis_size(c, device_count)
         batch = c.prompts * c.group_size
@@ -457,7 +430,7 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
                 f"splits the {batch // c.grpo.num_minibatches} sequences of an update into "
                 f"pieces of at most that many, divisible by the data-parallel size {shards}",
             )
-            c.grpo.micro_batches = micro or c.grpo.micro_batches
+            micro_batches = micro or micro_batches
     if errors:
         raise ValueError("invalid config: " + "; ".join(errors))
 
@@ -485,16 +458,17 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
             b2=c.b2,
             eps=c.eps,
         )
-        if c.ppo.critic_lr == DERIVE:
-            c.ppo.critic_lr = critic_hp.lr
-    if c.lr == DERIVE:
-        c.lr, c.b1, c.b2, c.eps = hp.lr, hp.b1, hp.b2, hp.eps
     c.derived = ConfigDict()
-    c.derived.replaced = _replaced(inputs, c)
+    if c.lr is None:  # the rule's LR and Adam settings
+        c.derived.lr, c.derived.b1, c.derived.b2, c.derived.eps = hp.lr, hp.b1, hp.b2, hp.eps
+    else:  # a fixed LR trains with the Adam settings as given
+        c.derived.lr, c.derived.b1, c.derived.b2, c.derived.eps = c.lr, c.b1, c.b2, c.eps
     c.derived.lr_arithmetic = hp.describe()
     if c.algo == "ppo":
+        c.derived.critic_lr = critic_hp.lr if c.ppo.critic_lr is None else c.ppo.critic_lr
         c.derived.critic = critic_hp.to_dict()
-    c.derived.batch_responses = c.prompts * c.group_size
+    c.derived.micro_batches = micro_batches
+    c.derived.batch = c.prompts * c.group_size
     c.derived.max_prompt_len = max_prompt_len
     c.derived.max_new_tokens = max_new_tokens
     c.derived.model = model_config.to_dict()

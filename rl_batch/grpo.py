@@ -126,9 +126,11 @@ class GRPOConfig:
 
     @classmethod
     def from_config(cls, c: ConfigDict) -> GRPOConfig:
-        """The run config's ``grpo`` section (and ``sampling.temperature``)."""
-        fields = cls.config_fields()
-        return cls(temperature=c.sampling.temperature, **{k: c.grpo[k] for k in fields})
+        """A resolved run config's ``grpo`` section (and ``sampling.temperature``), with
+        the update's micro-batch count from ``derived.micro_batches``."""
+        fields = {k: c.grpo[k] for k in cls.config_fields()}
+        fields["micro_batches"] = c.derived.micro_batches
+        return cls(temperature=c.sampling.temperature, **fields)
 
     @property
     def updates_per_batch(self) -> int:

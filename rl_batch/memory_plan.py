@@ -173,7 +173,7 @@ def check_run_configs(resolved: dict[str, Any], device_memory: float) -> list[st
             continue
         mc = config_lib.make_model_config(c)
         b = c.prompts * c.group_size
-        m = c.grpo.micro_batches
+        m = c.derived.micro_batches
         seqs = b // c.grpo.num_minibatches // m
         p, r = c.derived.max_prompt_len, c.derived.max_new_tokens
         gen = min(c.gen_batch or b, b)

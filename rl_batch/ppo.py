@@ -131,7 +131,8 @@ class PPOConfig:
 
     @classmethod
     def from_config(cls, c: ConfigDict) -> PPOConfig:
-        """The run config's ``ppo`` section (and ``sampling.temperature``)."""
+        """A resolved run config's ``ppo`` section (and ``sampling.temperature``), with the
+        update's micro-batch count from ``derived.micro_batches``."""
         p = c.ppo
         return cls(
             gamma=p.gamma,
@@ -146,7 +147,7 @@ class PPOConfig:
             clip_high=p.clip_high,
             loss_agg=p.loss_agg,
             temperature=c.sampling.temperature,
-            micro_batches=p.micro_batches,
+            micro_batches=c.derived.micro_batches,
         )
 
     def replace(self, **changes) -> PPOConfig:
@@ -622,7 +623,7 @@ class PPO:
     """PPO for the run loop (``learner.Algorithm``, as ``grpo.GRPO``): state, batch, update.
 
     Reads the run config's ``ppo`` section (``experiments/configs/base.py``); the critic's
-    learning rate ``ppo.critic_lr`` and Adam settings ``derived.critic`` are resolved by
+    learning rate ``derived.critic_lr`` and Adam settings ``derived.critic`` are resolved by
     ``rl_batch.config.resolve``.
     """
 
@@ -637,7 +638,7 @@ class PPO:
         self.actor_optimizer = learner.actor_optimizer(c)
         hp = c.derived.critic
         self.critic_optimizer = make_critic_optimizer(
-            p.critic_lr,
+            c.derived.critic_lr,
             b1=hp.b1,
             b2=hp.b2,
             eps=hp.eps,

@@ -120,7 +120,7 @@ def point_config(base: ConfigDict, point: Point, sweep_dir: str) -> ConfigDict:
     )
     c.name = point.name
     c.run_dir = os.path.join(sweep_dir, artifacts.RUNS_DIR, point.name)
-    c.lr = -1.0  # Always derived from the rule for sweep points.
+    c.lr = None  # Always derived from the rule for sweep points (derived.lr).
     return c
 
 
@@ -130,11 +130,11 @@ def check_base_lr(base: ConfigDict) -> None:
     Raises:
       ValueError: naming ``lr`` and its value, and how to train every point at one LR.
     """
-    if base.lr != config_lib.DERIVE:
+    if base.get("lr") is not None:
         raise ValueError(
             f"lr={base.lr}: a sweep sets lr at each point from its rule in "
             f"sweep.lr_rules={base.sweep.lr_rules!r} and lr_ref, so a fixed base lr would "
-            "be ignored; leave lr=-1, or train every point at one learning rate with "
+            "be ignored; leave lr unset (None), or train every point at one learning rate with "
             f"--config.sweep.lr_rules=fixed --config.lr_ref={base.lr} "
             "(the fixed rule keeps lr = lr_ref at every batch size)"
         )
@@ -210,7 +210,7 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
             prompts=point.prompts,
             group_size=point.group_size,
             lr_rule=point.lr_rule,
-            lr=c.lr,
+            lr=c.derived.lr,
             seed=point.seed,
             status=prev.get("status", "pending"),
             error=prev.get("error"),
@@ -558,7 +558,7 @@ def _run_point(i, point, config, record, isolate, run_fn, processes, progress, s
     resume = status is not None or os.path.isdir(os.path.join(config.run_dir, "checkpoints"))
     log(
         f"[sweep {i + 1}/{n}] {point.name}: B={point.prompts}x{point.group_size}"
-        f"={point.prompts * point.group_size}, lr={config.lr:.3g} ({point.lr_rule})"
+        f"={point.prompts * point.group_size}, lr={config.derived.lr:.3g} ({point.lr_rule})"
         f"{' (resuming)' if resume else ''}{progress.eta()}"
     )
     with guard:
@@ -630,7 +630,7 @@ def list_runs(base: ConfigDict, sweep_dir: str) -> str:
                     "prompts": p.prompts,
                     "group_size": p.group_size,
                     "lr_rule": p.lr_rule,
-                    "lr": resolved[p.name].lr,
+                    "lr": resolved[p.name].derived.lr,
                     "seed": p.seed,
                 },
             }

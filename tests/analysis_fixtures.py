@@ -209,7 +209,7 @@ def _sweep_entry(
         "name": name,
         "prompts": prompts,
         "group_size": group_size,
-        "batch_responses": prompts * group_size,
+        "batch": prompts * group_size,
         "lr_rule": lr_rule,
         "lr": 1e-4,
         "seed": seed,

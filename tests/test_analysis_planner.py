@@ -45,6 +45,9 @@ def test_full_plan_ranks_by_r_t(full):
     obj = planner.plan_to_json(plan)
     assert obj["recommendation"] == "grpo-P32-G8-sqrt" and obj["recommended_batch"] == 256
     assert obj["rows"][-1]["r_n"] == "not reached"
+    # Each row's configured batch B = P x G ("batch_responses" is an update's retained count).
+    assert all(r["batch"] == r["prompts"] * r["group_size"] for r in obj["rows"])
+    assert not any("batch_responses" in r for r in obj["rows"])
     json.dumps(obj)  # Serializable.
 
 

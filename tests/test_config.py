@@ -22,19 +22,22 @@ def _config(**changes):
 def test_sqrt_rule_derives_the_lr():
     c = config_lib.resolve(_config(prompts=32, group_size=8, lr_ref=1e-4, batch_ref=64), 1)
     # B = 256 = 4 x B_ref, so lr = 1e-4 * sqrt(4) = 2e-4.
-    assert math.isclose(c.lr, 2e-4)
-    assert c.derived.batch_responses == 256
+    assert math.isclose(c.derived.lr, 2e-4)
+    assert c.lr is None  # the input: unset
+    assert c.derived.batch == 256
     assert "sqrt" in c.derived.lr_arithmetic
 
 
 def test_fixed_rule_keeps_the_reference_lr():
     c = config_lib.resolve(_config(prompts=32, lr_rule="fixed", lr_ref=1e-4, batch_ref=64), 1)
-    assert math.isclose(c.lr, 1e-4)
+    assert math.isclose(c.derived.lr, 1e-4)
 
 
 def test_explicit_lr_overrides_the_rule():
-    c = config_lib.resolve(_config(lr=3e-4), 1)
-    assert c.lr == 3e-4
+    c = config_lib.resolve(_config(lr=3e-4, lr_rule="malladi", prompts=32, group_size=8), 1)
+    assert c.lr == c.derived.lr == 3e-4
+    # A fixed LR trains with the Adam settings as given (the rule rescales none of them).
+    assert (c.derived.b1, c.derived.b2, c.derived.eps) == (0.9, 0.999, 1e-8)
 
 
 # A batch of 256 responses, twice the base config's batch_ref of 128 (k = 2).
@@ -55,13 +58,16 @@ def test_malladi_rule_scales_adam_once_however_often_resolved(algo):
     twice = _resolve_again(once)
     # k = 2: lr = 5e-5 * sqrt(2), 1 - b -> 2 (1 - b), eps -> 1e-8 / sqrt(2).
     for c in (once, twice, _resolve_again(twice)):
-        assert c.lr == pytest.approx(5e-5 * math.sqrt(2))
-        assert (c.b1, c.b2, c.eps) == pytest.approx((0.8, 0.998, 1e-8 / math.sqrt(2)))
+        d = c.derived
+        assert d.lr == pytest.approx(5e-5 * math.sqrt(2))
+        assert (d.b1, d.b2, d.eps) == pytest.approx((0.8, 0.998, 1e-8 / math.sqrt(2)))
+        assert (c.lr, c.b1, c.b2, c.eps) == (None, 0.9, 0.999, 1e-8)  # the inputs
         assert "b1 = 1 - k * (1 - 0.9) = 1 - 2 * 0.1 = 0.8" in c.derived.lr_arithmetic
         assert "b2 = 1 - k * (1 - 0.999) = 1 - 2 * 0.001 = 0.998" in c.derived.lr_arithmetic
         if algo == "ppo":  # the critic's rule starts from the reference betas too
             critic = c.derived.critic
-            assert c.ppo.critic_lr == pytest.approx(1e-3 * math.sqrt(2))
+            assert c.derived.critic_lr == pytest.approx(1e-3 * math.sqrt(2))
+            assert c.ppo.critic_lr is None
             assert (critic.ref_b1, critic.ref_b2, critic.ref_eps) == (0.9, 0.999, 1e-8)
             assert (critic.b1, critic.b2) == pytest.approx((0.8, 0.998))
             assert critic.eps == pytest.approx(1e-8 / math.sqrt(2))
@@ -76,12 +82,38 @@ def test_resolve_is_idempotent(rule, algo, fixed):
     assert config_lib.resolve(once, 1).to_dict() == once.to_dict()
 
 
+@pytest.mark.parametrize("rule", lr_rules.RULES)
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"lr": 3e-4, "ppo.critic_lr": 2e-3}, {"grpo.micro_batch_seqs": 64}],
+)
+def test_resolve_leaves_every_input_as_given(rule, algo, changes):
+    given = _config(lr_rule=rule, **BATCH_256[algo], **changes)
+    resolved = config_lib.resolve(given, 1).to_dict()
+    derived = resolved.pop("derived")
+    assert resolved == given.to_dict()
+    assert derived["lr"] > 0 and derived["micro_batches"] >= 1
+
+
+def test_derived_micro_batches_come_from_the_memory_budget():
+    c = config_lib.resolve(_config(prompts=32, group_size=8, **{"grpo.micro_batch_seqs": 64}), 1)
+    assert c.derived.micro_batches == 256 // 64 and c.grpo.micro_batches == 1  # the input
+    assert config_lib.resolve(_config(**{"grpo.micro_batches": 2}), 1).derived.micro_batches == 2
+
+
+def test_resolve_recomputes_an_input_derived_section():
+    once = config_lib.resolve(_config(), 1)
+    once.derived.lr = 123.0  # stale: resolve does not read it
+    assert config_lib.resolve(once, 1).derived.lr == pytest.approx(5e-5)
+
+
 def test_a_field_changed_after_resolve_is_the_new_input():
     once = config_lib.resolve(_config(lr_rule="malladi", prompts=32, group_size=8), 1)
     once.b1, once.prompts = 0.95, 64  # B = 512: k = 4
-    again = config_lib.resolve(once, 1)
+    again = config_lib.resolve(once, 1).derived
     assert again.lr == pytest.approx(5e-5 * 2)  # re-derived, not kept from k = 2
-    assert again.b1 == pytest.approx(1 - 4 * 0.05)  # the new reference b1
+    assert again.b1 == pytest.approx(1 - 4 * 0.05)  # from the new reference b1
     assert again.b2 == pytest.approx(1 - 4 * 0.001)  # the original reference b2
 
 
@@ -97,6 +129,7 @@ def test_response_length_comes_from_the_task():
     "changes, message",
     [
         ({"lr": -1e-3}, "lr=-0.001: must be > 0"),
+        ({"lr": -1.0}, "lr=-1.0: must be > 0, or None (unset) to derive it from lr_rule"),
         ({"lr_ref": -1e-3}, "lr_ref=-0.001"),
         ({"lr_ref": float("inf")}, "lr_ref=inf: must be finite and > 0"),
         ({"lr_ref": float("nan")}, "lr_ref=nan: must be finite and > 0"),
@@ -150,8 +183,8 @@ PPO = {"algo": "ppo", "group_size": 1, "filter_groups": False}
         ({"task.name": "math", "eval_metric": "p_ref"}, "eval_metric='p_ref' needs a task with"),
         ({"b1": 1.0}, "b1=1.0: must be in [0, 1)"),
         ({"eps": -1e-8}, "eps=-1e-08: must be >= 0"),
-        ({**PPO, "ppo.critic_lr": -0.5}, "ppo.critic_lr=-0.5: must be > 0 (or -1 to derive"),
-        ({**PPO, "ppo.critic_lr": 0.0}, "ppo.critic_lr=0.0: must be > 0 (or -1 to derive"),
+        ({**PPO, "ppo.critic_lr": -0.5}, "ppo.critic_lr=-0.5: must be > 0, or None (unset)"),
+        ({**PPO, "ppo.critic_lr": 0.0}, "ppo.critic_lr=0.0: must be > 0, or None (unset)"),
         ({**PPO, "ppo.critic_lr_ref": float("inf")}, "ppo.critic_lr_ref=inf: must be finite"),
     ],
 )
@@ -177,7 +210,8 @@ def test_every_bad_field_is_named_at_once():
         {"sampling.top_k": 0, "sampling.top_p": 1.0},  # filters off
         {"async_rollout.enabled": False, "async_rollout.max_staleness": 0},  # unused
         {"max_grad_norm": 0.0},  # clipping off
-        {**PPO, "ppo.critic_lr": -1.0},  # derived
+        {"lr": None},  # derived
+        {**PPO, "ppo.critic_lr": None},  # derived
     ],
 )
 def test_documented_sentinels_are_accepted(changes):
@@ -198,7 +232,7 @@ def test_default_study_config_resolves():
     c = grpo_cpu.get_config()
     del c["sweep"]
     c.run_dir = "/tmp/unused"
-    assert config_lib.resolve(c, 1).lr > 0
+    assert config_lib.resolve(c, 1).derived.lr > 0
 
 
 @pytest.mark.parametrize("name", ["grpo_cpu", "ppo_cpu", "grpo_gpu", "grpo_tpu"])
@@ -209,4 +243,19 @@ def test_every_study_grid_resolves(name, tmp_path):
 
     config = importlib.import_module(f"experiments.configs.{name}").get_config()
     points, resolved = sweep.plan(config, str(tmp_path))
-    assert points and all(r.lr > 0 for r in resolved.values())
+    assert points and all(r.derived.lr > 0 and r.lr is None for r in resolved.values())
+
+
+def test_resume_compares_a_run_dirs_config_json_with_the_new_resolved_config():
+    def resolved(devices=1, **changes):
+        return config_lib.resolve(_config(lr_rule="malladi", **changes), devices).to_dict()
+
+    saved = json.loads(json.dumps(resolved()))  # a run dir's config.json
+    assert config_lib.resume_diffs(saved, resolved()) == []
+    # Its own config.json resolved again (experiments.train --config_json) resumes too.
+    assert config_lib.resume_diffs(saved, config_lib.resolve(ConfigDict(saved), 1).to_dict()) == []
+    # More devices (derived.device_count may differ) resume ...
+    assert config_lib.resume_diffs(saved, resolved(devices=2)) == []
+    # ... a new lr_ref does not, and the effective LR it changes is named too.
+    paths = {d.split(":")[0] for d in config_lib.resume_diffs(saved, resolved(lr_ref=1e-4))}
+    assert {"lr_ref", "derived.lr"} <= paths and "lr" not in paths

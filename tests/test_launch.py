@@ -609,7 +609,15 @@ def two_jobs(tmp_path):
     job1 = tmp_path / "jobs" / "job1"
     job2 = tmp_path / "jobs" / "job2"
     _fake_run(job1 / "runs" / "p64_g8_sqrt_s0", "p64_g8_sqrt_s0")
-    _fake_run(job1 / "runs" / "p128_g8_sqrt_s0", "p128_g8_sqrt_s0", prompts=128, lr=1.4e-6)
+    # Written by the current resolve (the effective LR in derived.lr); the others as older
+    # code wrote them (the effective LR in lr).
+    _fake_run(
+        job1 / "runs" / "p128_g8_sqrt_s0",
+        "p128_g8_sqrt_s0",
+        prompts=128,
+        lr=None,
+        derived={"lr": 1.4e-6, "batch": 1024},
+    )
     _fake_run(
         job2 / "runs" / "p128_g16_fixed_s1",
         "p128_g16_fixed_s1",
@@ -639,13 +647,13 @@ def test_collect_merges_jobs_into_a_sweep(two_jobs):
     assert on_disk["name"] == "sweep" and on_disk["reference"] == "p64_g8_sqrt_s0"
     # Ordered by batch B = P x G: 512, 1024, 2048 (two), names break the tie.
     assert on_disk["runs"] == [
-        dict(name="p64_g8_sqrt_s0", prompts=64, group_size=8, batch_responses=512,
+        dict(name="p64_g8_sqrt_s0", prompts=64, group_size=8, batch=512,
              lr_rule="sqrt", lr=1e-6, seed=0, status="finished", error=None),
-        dict(name="p128_g8_sqrt_s0", prompts=128, group_size=8, batch_responses=1024,
+        dict(name="p128_g8_sqrt_s0", prompts=128, group_size=8, batch=1024,
              lr_rule="sqrt", lr=1.4e-6, seed=0, status="finished", error=None),
-        dict(name="p128_g16_fixed_s1", prompts=128, group_size=16, batch_responses=2048,
+        dict(name="p128_g16_fixed_s1", prompts=128, group_size=16, batch=2048,
              lr_rule="fixed", lr=1e-6, seed=1, status="failed", error="NaN loss at step 7"),
-        dict(name="p256_g8_sqrt_s0", prompts=256, group_size=8, batch_responses=2048,
+        dict(name="p256_g8_sqrt_s0", prompts=256, group_size=8, batch=2048,
              lr_rule="sqrt", lr=1e-6, seed=0, status="incomplete", error=None),
     ]  # fmt: skip
     assert sorted(result.actions) == sorted((r["name"], "copied") for r in on_disk["runs"])
@@ -670,7 +678,14 @@ def test_collect_keeps_what_a_sweep_program_added(two_jobs):
         "reference": "p64_g8_sqrt_s0",
         "grid": {"prompts": "64,128"},
         "runs": [
-            {"name": "p64_g8_sqrt_s0", "key": "64x8:sqrt", "wall_s": 12.5, "status": "running"},
+            # (An entry written before the configured batch was renamed to "batch".)
+            {
+                "name": "p64_g8_sqrt_s0",
+                "key": "64x8:sqrt",
+                "wall_s": 12.5,
+                "status": "running",
+                "batch_responses": 512,
+            },  # fmt: skip
             {"name": "p128_g8_sqrt_s0", "key": "128x8:sqrt", "status": "pending"},
         ],
     }
@@ -690,6 +705,22 @@ def test_collect_keeps_what_a_sweep_program_added(two_jobs):
         "finished",  # From summary.json, not the stale sweep.json.
     )
     assert sweep["runs"][1]["status"] == "finished"
+    assert first["batch"] == 512 and "batch_responses" not in first
+
+
+def test_old_sweep_entries_with_batch_responses_are_still_read():
+    old = {"name": "p64_g8_sqrt_s0", "prompts": 64, "group_size": 8, "batch_responses": 512}
+    assert artifacts.entry_batch(old) == 512
+    assert artifacts.entry_batch({**old, "batch_responses": None}) == 512  # from P x G
+    new = artifacts.sweep_entry(
+        "p64_g8_sqrt_s0", prompts=64, group_size=8, lr_rule="sqrt", lr=1e-6, seed=0,
+        status="finished",
+    )  # fmt: skip
+    assert new["batch"] == artifacts.entry_batch(new) == 512 and "batch_responses" not in new
+    assert artifacts.entry_batch({"name": "x"}) is None
+    # The effective LR of a run: derived.lr now, lr in a config.json of older code.
+    assert artifacts.config_lr({"lr": None, "derived": {"lr": 2e-6}}) == 2e-6
+    assert artifacts.config_lr({"lr": 3e-6, "derived": {"batch_responses": 512}}) == 3e-6
 
 
 def test_collect_detects_conflicts_and_prefer_newest(two_jobs):
@@ -743,7 +774,7 @@ def test_collect_symlinks_grid_missing_and_inconsistent_sweeps(two_jobs):
         os.path.join(two_jobs.job1, "runs", "p64_g8_sqrt_s0")
     )
     # Grid order; points with no run directory are "missing".
-    assert [(r["name"], r["status"], r["batch_responses"]) for r in result.sweep["runs"]] == [
+    assert [(r["name"], r["status"], r["batch"]) for r in result.sweep["runs"]] == [
         ("p64_g8_sqrt_s0", "finished", 512),
         ("p128_g8_sqrt_s0", "finished", 1024),
         ("p128_g16_fixed_s1", "incomplete", 2048),

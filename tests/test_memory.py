@@ -336,7 +336,8 @@ def test_resolve_derives_micro_batches_from_micro_batch_seqs():
     c.grpo.micro_batches = 16  # the input; the budget wins
     c.grpo.micro_batch_seqs = 32
     once = config_lib.resolve(c, 1)
-    assert once.grpo.micro_batches == 128 // 32
+    assert once.derived.micro_batches == 128 // 32
+    assert once.grpo.micro_batches == 16  # the input is kept
     assert config_lib.resolve(once, 1).to_dict() == once.to_dict()  # idempotent
     c.grpo.micro_batch_seqs = 1
     with pytest.raises(ValueError, match="grpo.micro_batch_seqs=1: no micro-batch count"):

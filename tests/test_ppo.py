@@ -296,11 +296,13 @@ def ppo_run_config(**changes):
 def test_resolve_derives_the_critic_lr():
     c = config_lib.resolve(ppo_run_config(**{"ppo.critic_batch_scale": 8}), device_count=1)
     # Actor: 1.5e-4 * sqrt(32 / 64); critic: its own 1e-3 at k x B = 8 x 32 = 256.
-    assert c.lr == pytest.approx(1.5e-4 * np.sqrt(0.5))
-    assert c.ppo.critic_lr == pytest.approx(1e-3 * 2.0)
+    assert c.derived.lr == pytest.approx(1.5e-4 * np.sqrt(0.5))
+    assert c.derived.critic_lr == pytest.approx(1e-3 * 2.0) and c.ppo.critic_lr is None
     assert c.derived.critic["batch"] == 256 and c.derived.critic["rule"] == "sqrt"
     fixed = config_lib.resolve(ppo_run_config(**{"ppo.critic_lr_rule": "fixed"}), 1)
-    assert fixed.ppo.critic_lr == pytest.approx(1e-3)
+    assert fixed.derived.critic_lr == pytest.approx(1e-3)
+    given = config_lib.resolve(ppo_run_config(**{"ppo.critic_lr": 5e-4}), 1)
+    assert given.derived.critic_lr == given.ppo.critic_lr == 5e-4
 
 
 def test_resolve_rejects_bad_ppo_fields():
@@ -336,7 +338,8 @@ def test_tiny_ppo_run_starts_the_sample_axis_after_warmup(tmp_path):
     evals = artifacts.read_metrics(run_dir, "eval")
     assert [e["responses_cum"] for e in evals] == [0, 8, 16]
     saved = artifacts.read_json(os.path.join(run_dir, artifacts.CONFIG_FILE))
-    assert saved["ppo"]["critic_lr"] > 0 and saved["derived"]["critic"]["batch"] == 8
+    assert saved["ppo"]["critic_lr"] is None  # the input: derived
+    assert saved["derived"]["critic_lr"] > 0 and saved["derived"]["critic"]["batch"] == 8
 
     # The run's own q counts training time from the first actor update, like the analysis.
     warmup_time = updates[1]["time_train_cum_s"]

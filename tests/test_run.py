@@ -39,7 +39,9 @@ def test_run_writes_the_artifacts(work_dir, tmp_path):
     assert updates[-1]["time_train_cum_s"] == pytest.approx(summary["time_train_s"])
     assert summary["time_eval_s"] > 0 and summary["time_compile_s"] > 0
     config = artifacts.read_json(os.path.join(run_dir, artifacts.CONFIG_FILE))
-    assert config["lr"] == pytest.approx(1e-3)  # B = B_ref under the sqrt rule
+    assert config["derived"]["lr"] == pytest.approx(1e-3)  # B = B_ref under the sqrt rule
+    assert config["lr"] is None  # the input: derived from the rule
+    assert all(u["lr"] == pytest.approx(1e-3) for u in updates)  # the effective LR
     assert os.listdir(os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
 
 

@@ -39,9 +39,10 @@ def test_each_point_gets_its_lr_from_the_rule(tmp_path):
     c = _sweep_config(prompts="4,16", group_sizes="4", lr_rules="sqrt,fixed")
     _, resolved = sweep.plan(c, str(tmp_path))
     # lr_ref 1e-3 at B_ref = 16: B = 64 is 4x, so sqrt gives 2e-3 and fixed keeps 1e-3.
-    assert resolved["p16_g4_sqrt_s0"].lr == pytest.approx(2e-3)
-    assert resolved["p16_g4_fixed_s0"].lr == pytest.approx(1e-3)
-    assert resolved["p4_g4_sqrt_s0"].lr == pytest.approx(1e-3)
+    assert resolved["p16_g4_sqrt_s0"].derived.lr == pytest.approx(2e-3)
+    assert resolved["p16_g4_fixed_s0"].derived.lr == pytest.approx(1e-3)
+    assert resolved["p4_g4_sqrt_s0"].derived.lr == pytest.approx(1e-3)
+    assert all(r.lr is None for r in resolved.values())  # the input: unset
 
 
 def test_a_fixed_base_lr_is_rejected_and_the_fixed_rule_is_the_fix(tmp_path):
@@ -55,9 +56,9 @@ def test_a_fixed_base_lr_is_rejected_and_the_fixed_rule_is_the_fix(tmp_path):
     assert "--config.sweep.lr_rules=fixed --config.lr_ref=0.0003" in message
     assert not started and not os.path.exists(tmp_path / artifacts.SWEEP_FILE)
     # The suggested fix trains every point at that learning rate.
-    c.lr, c.sweep.lr_rules, c.lr_ref = -1.0, "fixed", 3e-4
+    c.lr, c.sweep.lr_rules, c.lr_ref = None, "fixed", 3e-4
     _, resolved = sweep.plan(c, str(tmp_path))
-    assert [r.lr for r in resolved.values()] == pytest.approx([3e-4, 3e-4])
+    assert [r.derived.lr for r in resolved.values()] == pytest.approx([3e-4, 3e-4])
 
 
 def test_a_planned_point_resolves_to_itself_in_the_run(tmp_path):
@@ -135,6 +136,23 @@ def test_list_runs_is_json_with_overrides(tmp_path):
     listed = json.loads(sweep.list_runs(c, str(tmp_path)))
     assert [r["name"] for r in listed] == ["p2_g4_sqrt_s0", "p4_g4_sqrt_s0"]
     assert listed[1]["overrides"]["prompts"] == 4
+    # B = 16 = B_ref: lr_ref; B = 8: lr_ref * sqrt(1/2) (the effective LR, not the None input)
+    assert [r["overrides"]["lr"] for r in listed] == pytest.approx([1e-3 * 0.5**0.5, 1e-3])
+
+
+def test_a_points_effective_lr_is_in_derived_and_in_its_sweep_entry(tmp_path):
+    c = _sweep_config(prompts="4,16", group_sizes="4", lr_rules="sqrt,malladi")
+    run_fn, _ = _fake_run()
+    record = sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, log=lambda s: None)
+    _, resolved = sweep.plan(c, str(tmp_path))
+    entries = {r["name"]: r for r in json.load(open(tmp_path / artifacts.SWEEP_FILE))["runs"]}
+    assert entries == {r["name"]: r for r in record["runs"]}
+    for name, point in resolved.items():
+        assert point.lr is None and point.derived.lr > 0, name
+        assert entries[name]["lr"] == point.derived.lr, name
+    # B = 64 = 4 x B_ref (16): sqrt and malladi both double lr_ref.
+    assert entries["p16_g4_malladi_s0"]["lr"] == pytest.approx(2e-3)
+    assert resolved["p16_g4_malladi_s0"].derived.b1 == pytest.approx(1 - 4 * 0.1)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 
 Every field of a run lives here so that ``config.json`` records all of them. Derived
 values (the LR for a batch size under a rule, the response length from the task) are
-filled in by ``rl_batch.config.resolve`` in one place.
+computed by ``rl_batch.config.resolve`` in one place and written under ``derived``; the
+inputs here keep their values (``lr`` None = derive it).
 """
 
 import dataclasses
@@ -87,7 +88,9 @@ def run_config() -> ConfigDict:
     c.lr_rule = "sqrt"
     c.lr_ref = 5e-5
     c.batch_ref = 128  # responses (P x G) at which lr_ref was tuned
-    c.lr = -1.0  # derived; a positive value here overrides the rule
+    # None (unset): derived from the rule (resolve writes the effective LR, and the Adam
+    # settings the rule implies, to derived.lr/b1/b2/eps); a value > 0 overrides the rule.
+    c.lr = config_dict.placeholder(float)
     c.b1 = 0.9
     c.b2 = 0.999
     c.eps = 1e-8
@@ -102,7 +105,8 @@ def run_config() -> ConfigDict:
     c.grpo.advantage = "grpo"
     c.grpo.micro_batches = 1  # gradient accumulation; same maths
     # > 0: at most this many sequences per micro-batch (a memory budget, from
-    # experiments.plan_memory); grpo.micro_batches is then derived per batch size.
+    # experiments.plan_memory); the update's micro-batch count (derived.micro_batches) is
+    # then derived per batch size instead of taken from grpo.micro_batches.
     c.grpo.micro_batch_seqs = 0
     c.grpo.num_minibatches = 1  # >1 departs from the one-update-per-batch protocol
     c.grpo.num_epochs = 1
@@ -126,7 +130,8 @@ def run_config() -> ConfigDict:
     # Critic LR: critic_lr = rule(critic_lr_ref, k * B / batch_ref), k = critic_batch_scale.
     c.ppo.critic_lr_ref = 1e-3
     c.ppo.critic_lr_rule = ""  # "" = the actor's lr_rule
-    c.ppo.critic_lr = -1.0  # derived; a positive value here overrides the rule
+    # None (unset): derived from the rule (derived.critic_lr); a value > 0 overrides it.
+    c.ppo.critic_lr = config_dict.placeholder(float)
     c.ppo.critic_batch_scale = 1  # the critic steps once per k rollout batches (grad mean)
     c.ppo.critic_from_policy = True  # critic body = a copy of the initial policy's
     c.ppo.gamma = 1.0

@@ -528,7 +528,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                 "algo": r.key.algo,
                 "prompts": r.key.prompts,
                 "group_size": r.key.group_size,
-                "batch_responses": r.key.batch,
+                "batch": r.key.batch,
                 "lr_rule": r.key.lr_rule,
                 "r_n": _est_json(r.r_n, r.missing_label),
                 "r_q": _est_json(r.r_q),
