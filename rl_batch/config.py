@@ -234,6 +234,27 @@ def _check_ppo(c: ConfigDict, check) -> None:
         check(False, message)
 
 
+def check_data_sizes(c: ConfigDict, n_train: int, n_val: int, train_name: str, val_name: str):
+    """Enough training examples for one batch of prompts and validation examples for the
+    evaluation the config asks for, else a one-line error naming the data and the field.
+
+    Raises:
+      ValueError: naming the data (``train_name``/``val_name``), its size and the field.
+    """
+    needs = [
+        (train_name, n_train, "prompts", c.prompts),
+        (val_name, n_val, "eval_prompts", c.eval_prompts),
+    ]
+    if c.eval_metric == "p_ref" and c.eval_ref_prompts:
+        needs.append((val_name, n_val, "eval_ref_prompts", c.eval_ref_prompts))
+    for name, have, field, want in needs:
+        if have < want:
+            raise ValueError(
+                f"{name} has {have} examples, fewer than {field}={want}: lower {field} or "
+                "add examples"
+            )
+
+
 def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     """Validates a run config and fills in derived values.
 
@@ -337,7 +358,14 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     if errors:
         raise ValueError("invalid config: " + "; ".join(errors))
 
-    if c.task.name not in SYNTHETIC_TASKS:
+    if c.task.name in SYNTHETIC_TASKS:  # (their sizes are settings: checked here)
+        try:
+            check_data_sizes(
+                c, c.task.n_train, c.task.n_validation, "task.n_train", "task.n_validation"
+            )
+        except ValueError as e:
+            errors.append(str(e))
+    else:
         for field in ("train_file", "validation_file"):
             path = c.task[field]
             check(bool(path) and os.path.exists(path), f"task.{field}={path!r}: no such file")

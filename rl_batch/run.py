@@ -63,8 +63,15 @@ _training_order = rollout_source.training_order
 
 
 def _check_resumable(run_dir: str, c: ConfigDict) -> None:
+    """Refuses a config that differs from the one ``run_dir``'s run trained with (a
+    config.json left by a run that stopped before any metrics or checkpoint is not
+    a run: it is replaced)."""
     path = os.path.join(run_dir, artifacts.CONFIG_FILE)
-    if not os.path.exists(path):
+    ran = any(
+        os.path.exists(os.path.join(run_dir, name))
+        for name in (artifacts.METRICS_FILE, artifacts.CHECKPOINT_DIR)
+    )
+    if not os.path.exists(path) or not ran:
         return
     diffs = config_lib.resume_diffs(artifacts.read_json(path), c.to_dict())
     if diffs:
@@ -141,7 +148,9 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
         )
         return [ex.to_dict() for ex in examples]
 
-    return load(c.task.train_file), load(c.task.validation_file)
+    train, val = load(c.task.train_file), load(c.task.validation_file)
+    config_lib.check_data_sizes(c, len(train), len(val), "task.train_file", "task.validation_file")
+    return train, val
 
 
 def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:

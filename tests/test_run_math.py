@@ -1,6 +1,7 @@
 """A GRPO run from a local Hugging Face checkpoint on math data files (no downloads)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -54,6 +55,26 @@ def test_missing_math_file_is_named(hf_dir, tmp_path):
     c.init.source, c.init.path = "hf", str(hf_dir)
     with pytest.raises(ValueError, match=r"task.train_file='.*nope.jsonl': no such file"):
         run_lib.run(c, progress=False)
+
+
+def test_too_few_examples_for_the_batch_or_the_evaluation_are_named(hf_dir, tmp_path):
+    c = _math_config(hf_dir, tmp_path, _write_gsm8k(tmp_path / "train.jsonl", 16))
+    c.task.kwargs = {"max_prompt_len": 96, "max_response_len": 12}
+    c.task.validation_file = _write_gsm8k(tmp_path / "val.jsonl", 1)
+    c.eval_prompts = 256
+    with pytest.raises(ValueError, match=r"task.validation_file has 1 examples, fewer than "
+                       r"eval_prompts=256"):  # fmt: skip
+        run_lib.run(c, progress=False)
+    assert not os.path.exists(os.path.join(c.run_dir, artifacts.METRICS_FILE))
+    c.eval_prompts, c.prompts = 1, 32
+    with pytest.raises(ValueError, match=r"task.train_file has 16 examples, fewer than prompts=32"):
+        run_lib.run(c, progress=False)
+
+
+def test_synthetic_split_sizes_are_checked_at_resolve(tmp_path):
+    c = tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run"), eval_prompts=64)
+    with pytest.raises(ValueError, match="task.n_validation has 32 examples, fewer than "):
+        config_lib.resolve(c, device_count=1)
 
 
 def _math_config(hf_dir, tmp_path, train_file, **task_kwargs):
