@@ -136,15 +136,21 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
             load_split(c.task.name, "train", data_dir, **kwargs),
             load_split(c.task.name, "validation", data_dir, **kwargs),
         )
-    from rl_batch.tasks.math_data import load_math_file
+    from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION, load_math_file
+
+    instruction = c.task.get("instruction")
 
     def load(path):
-        # Prompts over the sampler's budget fail here, naming the file and line.
+        # Prompts over the sampler's budget fail here (or, with task.drop_long_prompts,
+        # are dropped with a warning), naming the file and line.
         examples = load_math_file(
             path,
             fmt=c.task.format,
             tokenizer=tokenizer,
+            instruction=DEFAULT_INSTRUCTION if instruction is None else instruction,
+            system=c.task.get("system_prompt") or None,
             max_prompt_tokens=c.derived.max_prompt_len,
+            drop_long_prompts=bool(c.task.get("drop_long_prompts", False)),
         )
         return [ex.to_dict() for ex in examples]
 

@@ -9,7 +9,7 @@ import pytest
 from rl_batch import artifacts
 from rl_batch import config as config_lib
 from rl_batch import run as run_lib
-from rl_batch.tasks.math_data import load_math_file
+from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION, load_math_file
 from rl_batch.tokenizers import HFTokenizer, encode_prompt
 from tests.hf_fixtures import make_tiny_hf_dir
 from tests.run_fixtures import tiny_run_config
@@ -134,3 +134,19 @@ def test_over_long_math_prompt_fails_at_load_time(hf_dir, tmp_path):
         ValueError, match=r"train\.jsonl:17: prompt has \d+ tokens, over the limit of 97"
     ):
         run_lib.load_task_data(c, HFTokenizer(hf_dir))
+    # With task.drop_long_prompts the over-long prompt is dropped (with a warning).
+    c = _math_config(hf_dir, tmp_path, train, max_prompt_len=96, max_response_len=12)
+    c.task.drop_long_prompts = True
+    kept, _ = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    assert len(kept) == 16
+
+
+def test_instruction_and_system_prompt_reach_the_prompts(hf_dir, tmp_path):
+    train = _write_gsm8k(tmp_path / "train.jsonl", 16)
+    c = _math_config(hf_dir, tmp_path, train, max_prompt_len=96, max_response_len=12)
+    default, _ = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    assert DEFAULT_INSTRUCTION in default[0]["prompt"]
+    c.task.instruction, c.task.system_prompt = "Answer briefly.", "You are terse."
+    ours, _ = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    assert "Answer briefly." in ours[0]["prompt"] and "You are terse." in ours[0]["prompt"]
+    assert DEFAULT_INSTRUCTION not in ours[0]["prompt"]

@@ -48,6 +48,13 @@ def run_config() -> ConfigDict:
     c.task.train_file = ""
     c.task.validation_file = ""
     c.task.format = "auto"
+    # Math data prompting: the instruction appended to each question (None: "Please
+    # reason step by step, and put your final answer within \boxed{}."; DAPO prompts carry
+    # their own), an optional system message, and whether prompts over the sampler's
+    # budget are dropped (with a warning naming their lines) instead of stopping the run.
+    c.task.instruction = config_dict.placeholder(str)
+    c.task.system_prompt = ""
+    c.task.drop_long_prompts = False
     # Your own reward instead of the task's verifier: "package.module:function" or
     # "path/to/file.py:function", called as fn(prompt, response, answer, meta) -> float
     # (rl_batch.tasks.custom_reward).
