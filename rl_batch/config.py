@@ -93,11 +93,12 @@ def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
 
 def make_sampler(c: ConfigDict, tokenizer, model_config: model_lib.ModelConfig, mesh=None):
     """The rollout sampler of a resolved config: the task's prompt and response limits,
-    the tokenizer's EOS and PAD, the batch sharded over ``mesh`` when it has > 1 device,
-    MoE routing recorded when ``record_routing`` or ``routing_replay`` asks for it."""
+    the tokenizer's stop ids (EOS and any other end-of-response id) and PAD, the batch
+    sharded over ``mesh`` when it has > 1 device, MoE routing recorded when
+    ``record_routing`` or ``routing_replay`` asks for it."""
     return Sampler(
         model_config,
-        eos_id=tokenizer.eos_id,
+        eos_id=tokenizer.stop_ids,
         pad_id=tokenizer.pad_id,
         max_prompt_len=c.derived.max_prompt_len,
         max_new_tokens=c.derived.max_new_tokens,

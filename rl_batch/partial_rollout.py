@@ -83,7 +83,7 @@ def advance(
     params: Any,
     groups: list[Group],
     *,
-    eos_id: int,
+    eos_id: int | tuple[int, ...],
     max_new_tokens: int,
     tokens_per_iter: int,
     rng: jax.Array,
@@ -97,6 +97,7 @@ def advance(
     as generated, but their re-prefill is counted as prefill work). Tokens the sampler
     decodes past ``max_new_tokens`` are dropped and not counted.
     """
+    eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)  # any one ends a row
     rows = [(g, i) for g in groups for i in range(len(g.done)) if not g.done[i]]
     if not rows:
         return Advanced()
@@ -108,7 +109,7 @@ def advance(
         new = out.response_tokens[row, :n].tolist()
         g.tokens[i].extend(new)
         g.logprobs[i].extend(out.response_logprobs[row, :n].tolist())
-        g.done[i] = eos_id in new or len(g.tokens[i]) >= max_new_tokens
+        g.done[i] = any(e in new for e in eos_ids) or len(g.tokens[i]) >= max_new_tokens
         generated += n
     prefill_tokens = sum(len(p) for p in prompts)
     prompt_len = out.prompt_tokens.shape[1]  # the buckets the sampler ran with

@@ -208,10 +208,12 @@ def generate(
 
 
 def decode_responses(tokenizer, samples: SampleOutput) -> list[str]:
-    """Response texts, EOS and padding removed."""
+    """Response texts, the stop id that ended each (``tokenizer.stop_ids``) and padding
+    removed."""
+    stops = set(getattr(tokenizer, "stop_ids", (tokenizer.eos_id,)))
     texts = []
     for tokens, mask in zip(samples.response_tokens, samples.response_mask):
-        ids = [int(t) for t, m in zip(tokens, mask) if m and t != tokenizer.eos_id]
+        ids = [int(t) for t, m in zip(tokens, mask) if m and int(t) not in stops]
         texts.append(tokenizer.decode(ids))
     return texts
 

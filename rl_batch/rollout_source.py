@@ -102,7 +102,7 @@ class RolloutSource:
         if c.partial_rollout.enabled:  # continues responses: prompt + tokens so far
             self.partial_sampler = Sampler(
                 model_config,
-                eos_id=tokenizer.eos_id,
+                eos_id=tokenizer.stop_ids,
                 pad_id=tokenizer.pad_id,
                 max_prompt_len=c.derived.max_prompt_len + c.derived.max_new_tokens,
                 max_new_tokens=c.partial_rollout.tokens_per_iter,
@@ -224,7 +224,7 @@ class RolloutSource:
             sampler,
             params,
             groups,
-            eos_id=tokenizer.eos_id,
+            eos_id=tokenizer.stop_ids,
             max_new_tokens=c.derived.max_new_tokens,
             tokens_per_iter=c.partial_rollout.tokens_per_iter,
             rng=jax.random.fold_in(jax.random.fold_in(self.base_rng, index), 0),

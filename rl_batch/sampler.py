@@ -39,6 +39,7 @@ the padding rows or the device shard it lands in.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -52,6 +53,15 @@ from rl_batch import distributed
 from rl_batch import model as model_lib
 from rl_batch import moe as moe_lib
 from rl_batch import sharding as sharding_lib
+
+
+def eos_ids_of(eos_id: int | Sequence[int]) -> tuple[int, ...]:
+    """The end-of-sequence ids as a tuple: one id, or several in order (deduplicated)."""
+    ids = (eos_id,) if isinstance(eos_id, (int, np.integer)) else tuple(eos_id)
+    if not ids:
+        raise ValueError("eos_id: at least one end-of-sequence id is needed")
+    return tuple(dict.fromkeys(int(i) for i in ids))
+
 
 ModelConfig = model_lib.ModelConfig
 Params = model_lib.Params
@@ -254,7 +264,7 @@ class SamplingState:
     # [B, S, L, k] int16 expert choices of each fed token at its slot, per sparse layer
     # (MoE with routing recorded; -1 where no token was fed), else None.
     experts_bslk: Any
-    eos_id: int = flax.struct.field(pytree_node=False)
+    eos_ids: tuple[int, ...] = flax.struct.field(pytree_node=False)  # any of them ends a row
     pad_id: int = flax.struct.field(pytree_node=False)
     sampling: SamplingConfig = flax.struct.field(pytree_node=False)
 
@@ -311,7 +321,8 @@ def _record(state: SamplingState, logits_bv: jax.Array) -> SamplingState:
     logprobs_b = jnp.where(live_b, logprobs_b, 0.0)
     zero = jnp.zeros((), jnp.int32)
     at = (zero, step)
-    done_b = state.done_b | (tokens_b == state.eos_id) | (step + 1 >= state.max_new_tokens)
+    eos_b = functools.reduce(jnp.logical_or, [tokens_b == e for e in state.eos_ids])
+    done_b = state.done_b | eos_b | (step + 1 >= state.max_new_tokens)
     return state.replace(
         step=step + 1,
         tokens_br=jax.lax.dynamic_update_slice(state.tokens_br, tokens_b[:, None], at),
@@ -330,7 +341,7 @@ def prefill(
     max_new_tokens: jax.Array | int,
     *,
     response_len: int,
-    eos_id: int,
+    eos_id: int | tuple[int, ...],
     pad_id: int,
     sampling: SamplingConfig = SamplingConfig(),
     cache_dtype: str | None = None,
@@ -347,7 +358,8 @@ def prefill(
       rng: PRNG key; row b draws its tokens from ``fold_in(rng, b)``.
       max_new_tokens: per-call token limit, traced; clipped to ``response_len``.
       response_len: R, the static size of the response buffer.
-      eos_id: end-of-sequence id (an id outside [0, V) never stops a row early).
+      eos_id: end-of-sequence id, or a tuple of ids any of which ends a row (an id
+        outside [0, V) never stops a row early).
       pad_id: id written to unused response slots.
       sampling: how tokens are drawn.
       cache_dtype: KV-cache dtype name (default: the model's compute dtype).
@@ -404,7 +416,7 @@ def prefill(
         done_b=prompt_len_b == 0,
         rng_b=row_keys(rng, b),
         experts_bslk=experts_bslk,
-        eos_id=eos_id,
+        eos_ids=eos_ids_of(eos_id),
         pad_id=pad_id,
         sampling=sampling,
     )
@@ -547,7 +559,7 @@ def sample_batch(
     rng: jax.Array,
     *,
     max_new_tokens: int | jax.Array,
-    eos_id: int,
+    eos_id: int | tuple[int, ...],
     pad_id: int,
     sampling: SamplingConfig = SamplingConfig(),
     response_len: int | None = None,
@@ -565,7 +577,7 @@ def sample_batch(
       rng: PRNG key.
       max_new_tokens: maximum tokens per row (an int, or a traced scalar when
         ``response_len`` is given).
-      eos_id: end-of-sequence id; a row stops after emitting it.
+      eos_id: end-of-sequence id (or a tuple of them); a row stops after emitting one.
       pad_id: id written after the end of each response.
       sampling: how tokens are drawn (static).
       response_len: R, size of the response buffer (default: ``max_new_tokens``).
@@ -630,7 +642,7 @@ class Sampler:
         self,
         config: ModelConfig,
         *,
-        eos_id: int,
+        eos_id: int | tuple[int, ...],
         pad_id: int,
         max_prompt_len: int,
         max_new_tokens: int,
@@ -646,7 +658,8 @@ class Sampler:
 
         Args:
           config: model shape.
-          eos_id: end-of-sequence id (an id outside [0, V) never stops a row early).
+          eos_id: end-of-sequence id, or a tuple of ids any of which ends a row (an id
+        outside [0, V) never stops a row early).
           pad_id: padding id, in [0, V).
           max_prompt_len: longest prompt accepted; the largest prompt bucket.
           max_new_tokens: default and largest response length; the largest response
@@ -679,7 +692,8 @@ class Sampler:
         if mesh is not None and "data" not in mesh.axis_names:
             raise ValueError(f"mesh axes {mesh.axis_names} have no 'data' axis")
         self.config = config
-        self.eos_id = int(eos_id)
+        self.eos_ids = eos_ids_of(eos_id)
+        self.eos_id = self.eos_ids[0]
         self.pad_id = int(pad_id)
         self.max_prompt_len = max_prompt_len
         self.max_new_tokens = max_new_tokens
@@ -798,7 +812,7 @@ class Sampler:
             rng,
             np.int32(max_new),
             response_len=r,
-            eos_id=self.eos_id,
+            eos_id=self.eos_ids,
             pad_id=self.pad_id,
             sampling=sampling,
             cache_dtype=self.cache_dtype,

@@ -44,6 +44,9 @@ class Tokenizer(Protocol):
     def eos_id(self) -> int: ...
 
     @property
+    def stop_ids(self) -> tuple[int, ...]: ...
+
+    @property
     def pad_id(self) -> int: ...
 
     def encode(self, text: str) -> list[int]: ...
@@ -98,6 +101,11 @@ class CharTokenizer:
     @property
     def eos_id(self) -> int:
         return EOS_ID
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Ids that end a response: EOS only."""
+        return (self.eos_id,)
 
     @property
     def pad_id(self) -> int:
@@ -243,6 +251,7 @@ class HFTokenizer:
         pad = self._resolve(config.get("pad_token"), _KNOWN_PAD, "pad")
         self._pad_id = self._eos_id if pad is None else pad
         self._eos_token = self._tok.id_to_token(self._eos_id)
+        self._stop_ids = self._generation_stop_ids(os.path.dirname(file))
         self._bos_token = None if self._bos_id is None else self._tok.id_to_token(self._bos_id)
 
         if chat_template is None:
@@ -300,6 +309,27 @@ class HFTokenizer:
     @property
     def eos_id(self) -> int:
         return self._eos_id
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Ids that end a response: EOS, then every ``eos_token_id`` of the checkpoint's
+        ``generation_config.json`` (Qwen chat models list ``<|im_end|>`` and
+        ``<|endoftext|>``) that is in the vocabulary."""
+        return self._stop_ids
+
+    def _generation_stop_ids(self, directory: str) -> tuple[int, ...]:
+        path = os.path.join(directory, "generation_config.json")
+        listed = []
+        if os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    value = json.load(f).get("eos_token_id")
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{path}: unreadable generation config ({e})") from e
+            listed = [value] if isinstance(value, int) else list(value or [])
+        vocab = self._tok.get_vocab_size()
+        ids = [self._eos_id] + [int(i) for i in listed if isinstance(i, int) and 0 <= i < vocab]
+        return tuple(dict.fromkeys(ids))
 
     @property
     def pad_id(self) -> int:

@@ -104,6 +104,29 @@ def test_sequence_stops_at_eos_then_pad_and_masked(params):
     assert out.lengths[0] <= 3 and out.response_tokens[0, out.lengths[0] - 1] == eos
 
 
+def test_any_of_several_stop_ids_ends_a_row(params):
+    free = sampler_lib.Sampler(
+        CONFIG, eos_id=NO_EOS, pad_id=PAD, max_prompt_len=8, max_new_tokens=8
+    )
+    greedy = SamplingConfig(greedy=True)
+    ref = free(params, PROMPTS, rng=jax.random.key(0), sampling=greedy)
+    stops = (int(ref.response_tokens[0, 2]), int(ref.response_tokens[1, 4]), NO_EOS)
+    stopping = sampler_lib.Sampler(
+        CONFIG, eos_id=stops, pad_id=PAD, max_prompt_len=8, max_new_tokens=8
+    )
+    assert stopping.eos_id == stops[0] and stopping.eos_ids == stops
+    out = stopping(params, PROMPTS, rng=jax.random.key(0), sampling=greedy)
+    for i in range(len(PROMPTS)):  # each row ends at its first stop id, whichever it is
+        hits = np.flatnonzero(np.isin(ref.response_tokens[i], stops))
+        n = int(hits[0]) + 1 if hits.size else 8
+        assert out.lengths[i] == n, i
+        np.testing.assert_array_equal(out.response_tokens[i, :n], ref.response_tokens[i, :n])
+    assert out.lengths[0] <= 3 and out.lengths[1] <= 5
+    assert sampler_lib.eos_ids_of(7) == (7,) and sampler_lib.eos_ids_of([7, 3, 7]) == (7, 3)
+    with pytest.raises(ValueError, match="at least one end-of-sequence id"):
+        sampler_lib.eos_ids_of(())
+
+
 def test_loop_stops_when_every_row_is_done(params):
     prompt, greedy = [PROMPTS[1]], SamplingConfig(greedy=True)
     free = sampler_lib.Sampler(

@@ -202,6 +202,24 @@ def test_hf_tokenizer_config_token_missing_from_vocab(tmp_path):
         HFTokenizer(directory)
 
 
+def test_stop_ids_add_the_generation_configs_eos_ids(tmp_path):
+    directory = make_hf_tokenizer(tmp_path / "tok", config={"eos_token": "<|im_end|>"})
+    tok = HFTokenizer(directory)
+    im_end, endoftext = tok.eos_id, tok._tok.token_to_id("<|endoftext|>")
+    assert tok.stop_ids == (im_end,)  # no generation_config.json: EOS alone
+    # Qwen chat checkpoints list both; an id outside the vocabulary is left out.
+    (directory / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [endoftext, im_end, 10**6]})
+    )
+    assert HFTokenizer(directory).stop_ids == (im_end, endoftext)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": endoftext}))
+    assert HFTokenizer(directory).stop_ids == (im_end, endoftext)
+    (directory / "generation_config.json").write_text("{broken")
+    with pytest.raises(ValueError, match="generation_config.json: unreadable generation config"):
+        HFTokenizer(directory)
+    assert CharTokenizer().stop_ids == (CharTokenizer().eos_id,)
+
+
 def test_hf_tokenizer_without_any_eos(tmp_path):
     directory = make_hf_tokenizer(tmp_path / "tok", specials=["<unk>"])
     with pytest.raises(ValueError, match="cannot find an EOS token"):
