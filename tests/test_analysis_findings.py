@@ -101,3 +101,26 @@ def test_u_shape_fails_only_when_the_end_is_decidedly_fastest(
     f = _by_name(a, gen)["T is U-shaped in B"]
     assert f.verdict == verdict, f
     assert "B = 64" in f.note
+
+
+@pytest.mark.parametrize(
+    "below_top, verdict",
+    [
+        ([95.0, 96.0, 94.0], findings.HOLDS),  # c = 128 at 0.95 [0.93, 0.97] of c = 256
+        ([60.0, 62.0, 58.0], findings.FAILS),  # every smaller c well below 90%
+        ([80.0, 100.0, 90.0], findings.UNDECIDED),  # 0.9 with an interval across 90%
+    ],
+)
+def test_generation_saturation_is_decided_on_the_visits_intervals(below_top, verdict):
+    # Three interleaved visits per concurrency (calibration.json): c = 256 at ~100 tokens/s.
+    calibration = {
+        "configs": {
+            "a": {"gen_concurrency": 64, "gen_tokens_per_s": [40.0, 41.0, 39.0]},
+            "b": {"gen_concurrency": 128, "gen_tokens_per_s": below_top},
+            "c": {"gen_concurrency": 256, "gen_tokens_per_s": [100.0, 101.0, 99.0]},
+        }
+    }
+    gen = cost_model.generation_report(None, (), calibration=calibration)
+    finding = findings.generation_finding(gen)
+    assert finding.verdict == verdict, finding
+    assert "tokens/s against c = 256: c=64: 0.4" in finding.measured

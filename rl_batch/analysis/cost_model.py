@@ -418,6 +418,8 @@ class GenerationReport:
         made (e.g. runs initialised from a Hugging Face checkpoint).
       model_warnings: throughput file only: mismatches with the runs (its preset
         differs from theirs).
+      samples: concurrency -> the tokens/s measurements behind its point (calibration
+        visits, or runs); empty for a throughput file.
     """
 
     source: str
@@ -432,6 +434,7 @@ class GenerationReport:
     measured: str = ""
     model_notes: tuple[str, ...] = ()
     model_warnings: tuple[str, ...] = ()
+    samples: dict[float, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def critical_generation_batch(self) -> float:
@@ -658,4 +661,5 @@ def generation_report(
         measured=measured,
         model_notes=notes,
         model_warnings=warnings,
+        samples={} if source == THROUGHPUT_FILE else {x: tuple(by_c[x]) for x in c},
     )

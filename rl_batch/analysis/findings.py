@@ -236,19 +236,47 @@ def fixed_lr_finding(analysis: Analysis) -> Finding:
     return Finding(name, paper, measured, verdict, "N* ratio interval against 1")
 
 
-def generation_finding(gen: GenerationReport | None) -> Finding:
-    """Generation throughput saturates inside the measured concurrency range."""
+def generation_finding(gen: GenerationReport | None, level: float = 0.95) -> Finding:
+    """Generation throughput saturates inside the measured concurrency range: some c below
+    the largest reaches ``gen.frac`` of its tokens/s.
+
+    With repeated measurements per concurrency (``gen.samples``: calibration visits or
+    runs) each c's ratio to the largest c has a t interval: *holds* when one lies above
+    ``frac``, *does not hold* when all lie below, else undecided. A single measurement
+    per concurrency decides on the point values (said so in "how decided").
+    """
     name, paper = "generation throughput saturates", "4x the batch costs far less than 4x time"
     if gen is None:
         return Finding(name, paper, "-", NOT_MEASURED, "no throughput data")
-    top = int(np.max(gen.fit.batches))
+    batches = [float(b) for b in gen.fit.batches]
+    top = max(batches)
     best = float(np.max(gen.fit.tokens_per_s))
     measured = (
         f"plateau ({gen.frac:.0%} of the best, {best:.4g} tokens/s) at c = "
-        f"{gen.plateau_batch_measured} of c <= {top} measured ({gen.source})"
+        f"{gen.plateau_batch_measured} of c <= {int(top)} measured ({gen.source})"
     )
-    verdict = HOLDS if gen.plateau_batch_measured < top else FAILS
-    return Finding(name, paper, measured, verdict, "one measurement: no interval")
+    top_samples = np.asarray(gen.samples.get(top, ()), float)
+    if len(top_samples) < 2:
+        verdict = HOLDS if gen.plateau_batch_measured < top else FAILS
+        return Finding(name, paper, measured, verdict, "one measurement: no interval")
+    ratios = []
+    for c in sorted(b for b in batches if b < top):
+        own = np.asarray(gen.samples.get(c, ()), float)
+        if len(own) >= 2:
+            ratio = intervals.t_log_ratio(own[:, None], top_samples[:, None], [1.0], level)
+            ratios.append((c, ratio))
+    measured += (
+        "; tokens/s against c = "
+        + f"{int(top)}: "
+        + ", ".join(f"c={int(c)}: {_fmt_interval(p, lo, hi, 0)}" for c, (p, lo, hi) in ratios)
+    )
+    if any(lo >= gen.frac for _, (_, lo, _) in ratios):
+        verdict, how = HOLDS, f"a smaller c's interval lies above {gen.frac:.0%}"
+    elif ratios and all(hi < gen.frac for _, (_, _, hi) in ratios):
+        verdict, how = FAILS, f"every smaller c's interval lies below {gen.frac:.0%}"
+    else:
+        verdict, how = UNDECIDED, f"an interval contains {gen.frac:.0%}"
+    return Finding(name, paper, measured, verdict, how)
 
 
 def u_shape_finding(analysis: Analysis) -> Finding:
