@@ -289,12 +289,52 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     c = ConfigDict(config.to_dict())
     if "derived" in c:
         del c["derived"]
-    errors: list[str] = []
+    _raise_if(_field_errors(c))  # each field alone
+    _raise_if(_data_errors(c))  # the task's data is there, and large enough
+    try:
+        task = make_task(c)
+        model_config = make_model_config(c)
+    except (OSError, TypeError, ValueError) as e:
+        raise ValueError(f"invalid config: {e}") from e
+    max_prompt_len = task.max_prompt_len + 1  # + BOS
+    max_new_tokens = c.max_new_tokens or task.max_response_len + 1  # + EOS
+    if device_count is None:
+        import jax
 
-    def check(ok: bool, message: str) -> None:
+        device_count = jax.device_count()
+    errors = _length_errors(c, task, model_config, max_prompt_len, max_new_tokens)
+    errors += _layout_errors(c, model_config, device_count)
+    _raise_if(errors)
+    micro_batches = _micro_batches(c, device_count)
+    c.derived = ConfigDict(_optimizer_settings(c))
+    c.derived.micro_batches = micro_batches
+    c.derived.batch = c.prompts * c.group_size
+    c.derived.max_prompt_len = max_prompt_len
+    c.derived.max_new_tokens = max_new_tokens
+    c.derived.model = model_config.to_dict()
+    c.derived.num_params = model_config.num_params
+    c.derived.device_count = device_count
+    c.derived.python = platform.python_version()
+    return c
+
+
+class _Errors(list):
+    """Messages of the checks that failed."""
+
+    def check(self, ok: bool, message: str) -> None:
         if not ok:
-            errors.append(message)
+            self.append(message)
 
+
+def _raise_if(errors: list[str]) -> None:
+    if errors:
+        raise ValueError("invalid config: " + "; ".join(errors))
+
+
+def _field_errors(c: ConfigDict) -> list[str]:
+    """Checks of each field on its own (values, ranges, known names)."""
+    errors = _Errors()
+    check = errors.check
     check(c.algo in ALGOS, f"algo={c.algo!r}: expected one of {ALGOS}")
     check(c.prompts >= 1, f"prompts={c.prompts}: must be >= 1")
     check(c.group_size >= 1, f"group_size={c.group_size}: must be >= 1")
@@ -356,9 +396,12 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         c.model.preset in model_lib.PRESETS,
         f"model.preset={c.model.preset!r}: known presets are {sorted(model_lib.PRESETS)}",
     )
-    if errors:
-        raise ValueError("invalid config: " + "; ".join(errors))
+    return errors
 
+
+def _data_errors(c: ConfigDict) -> list[str]:
+    """Synthetic split sizes against the batch and evaluation; data files that exist."""
+    errors = _Errors()
     if c.task.name in SYNTHETIC_TASKS:  # (their sizes are settings: checked here)
         try:
             check_data_sizes(
@@ -369,17 +412,16 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     else:
         for field in ("train_file", "validation_file"):
             path = c.task[field]
-            check(bool(path) and os.path.exists(path), f"task.{field}={path!r}: no such file")
-    if errors:
-        raise ValueError("invalid config: " + "; ".join(errors))
-    try:
-        task = make_task(c)
-        model_config = make_model_config(c)
-    except (OSError, TypeError, ValueError) as e:
-        raise ValueError(f"invalid config: {e}") from e
+            errors.check(
+                bool(path) and os.path.exists(path), f"task.{field}={path!r}: no such file"
+            )
+    return errors
 
-    max_prompt_len = task.max_prompt_len + 1  # + BOS
-    max_new_tokens = c.max_new_tokens or task.max_response_len + 1  # + EOS
+
+def _length_errors(c, task, model_config, max_prompt_len: int, max_new_tokens: int) -> list[str]:
+    """Prompt and response lengths against the task and the model context."""
+    errors = _Errors()
+    check = errors.check
     if c.task.name in SYNTHETIC_TASKS:  # (their responses have a known longest length)
         check(
             max_new_tokens >= task.max_response_len + 1,
@@ -391,7 +433,6 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         f"prompt ({max_prompt_len}) + response ({max_new_tokens}) tokens exceed the model "
         f"context max_seq_len={model_config.max_seq_len}",
     )
-
     if c.partial_rollout.enabled:
         check(
             c.partial_rollout.tokens_per_iter >= 1,
@@ -407,11 +448,13 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
             "partial rollout continues prompt + response + tokens_per_iter tokens, more than "
             f"the model context max_seq_len={model_config.max_seq_len}",
         )
+    return errors
 
-    if device_count is None:
-        import jax
 
-        device_count = jax.device_count()
+def _layout_errors(c: ConfigDict, model_config, device_count: int) -> list[str]:
+    """The mesh against the devices and the model's experts; MoE routing options."""
+    errors = _Errors()
+    check = errors.check
     expert = c.mesh.get("expert", 1)
     per_axis = c.mesh.fsdp * c.mesh.tensor * expert * (c.mesh.data if c.mesh.data > 0 else 1)
     check(
@@ -440,29 +483,40 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
             "grpo.record_routing / grpo.routing_replay do not support partial_rollout "
             "(continued responses carry no routing record)",
         )
-    micro_batches = c.ppo.micro_batches if c.algo == "ppo" else c.grpo.micro_batches
-    if not errors:
-        shards = data_axis_size(c, device_count)
-        batch = c.prompts * c.group_size
-        check(
-            batch % shards == 0,
-            f"batch prompts x group_size = {c.prompts} x {c.group_size} = {batch} is not "
-            f"divisible by the data-parallel size {shards}",
-        )
-        if c.algo == "grpo" and c.grpo.get("micro_batch_seqs", 0):
-            micro = micro_batches_for(
-                batch // c.grpo.num_minibatches, c.grpo.micro_batch_seqs, shards
-            )
-            check(
-                micro is not None,
-                f"grpo.micro_batch_seqs={c.grpo.micro_batch_seqs}: no micro-batch count "
-                f"splits the {batch // c.grpo.num_minibatches} sequences of an update into "
-                f"pieces of at most that many, divisible by the data-parallel size {shards}",
-            )
-            micro_batches = micro or micro_batches
-    if errors:
-        raise ValueError("invalid config: " + "; ".join(errors))
+    return errors
 
+
+def _micro_batches(c: ConfigDict, device_count: int) -> int:
+    """The update's micro-batch count (GRPO: from ``grpo.micro_batch_seqs`` when set),
+    after checking that the batch splits over the data-parallel shards.
+
+    Raises:
+      ValueError: the batch or its micro-batches do not divide over the shards.
+    """
+    errors = _Errors()
+    micro_batches = c.ppo.micro_batches if c.algo == "ppo" else c.grpo.micro_batches
+    shards = data_axis_size(c, device_count)
+    batch = c.prompts * c.group_size
+    errors.check(
+        batch % shards == 0,
+        f"batch prompts x group_size = {c.prompts} x {c.group_size} = {batch} is not "
+        f"divisible by the data-parallel size {shards}",
+    )
+    if c.algo == "grpo" and c.grpo.get("micro_batch_seqs", 0):
+        micro = micro_batches_for(batch // c.grpo.num_minibatches, c.grpo.micro_batch_seqs, shards)
+        errors.check(
+            micro is not None,
+            f"grpo.micro_batch_seqs={c.grpo.micro_batch_seqs}: no micro-batch count "
+            f"splits the {batch // c.grpo.num_minibatches} sequences of an update into "
+            f"pieces of at most that many, divisible by the data-parallel size {shards}",
+        )
+        micro_batches = micro or micro_batches
+    _raise_if(errors)
+    return micro_batches
+
+
+def _optimizer_settings(c: ConfigDict) -> dict:
+    """``derived``'s LR and Adam settings of the policy (and PPO's critic) from the rules."""
     try:
         hp = lr_rules.scale_hparams(
             rule=c.lr_rule,
@@ -475,6 +529,11 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
         )
     except ValueError as e:
         raise ValueError(f"invalid config: lr_rule={c.lr_rule!r}: {e}") from e
+    if c.lr is None:  # the rule's LR and Adam settings
+        out = {"lr": hp.lr, "b1": hp.b1, "b2": hp.b2, "eps": hp.eps}
+    else:  # a fixed LR trains with the Adam settings as given
+        out = {"lr": c.lr, "b1": c.b1, "b2": c.b2, "eps": c.eps}
+    out["lr_arithmetic"] = hp.describe()
     if c.algo == "ppo":
         # The critic's own rule and reference LR, at its effective batch k x B (it steps
         # once per critic_batch_scale rollout batches on their mean gradient).
@@ -487,24 +546,9 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
             b2=c.b2,
             eps=c.eps,
         )
-    c.derived = ConfigDict()
-    if c.lr is None:  # the rule's LR and Adam settings
-        c.derived.lr, c.derived.b1, c.derived.b2, c.derived.eps = hp.lr, hp.b1, hp.b2, hp.eps
-    else:  # a fixed LR trains with the Adam settings as given
-        c.derived.lr, c.derived.b1, c.derived.b2, c.derived.eps = c.lr, c.b1, c.b2, c.eps
-    c.derived.lr_arithmetic = hp.describe()
-    if c.algo == "ppo":
-        c.derived.critic_lr = critic_hp.lr if c.ppo.critic_lr is None else c.ppo.critic_lr
-        c.derived.critic = critic_hp.to_dict()
-    c.derived.micro_batches = micro_batches
-    c.derived.batch = c.prompts * c.group_size
-    c.derived.max_prompt_len = max_prompt_len
-    c.derived.max_new_tokens = max_new_tokens
-    c.derived.model = model_config.to_dict()
-    c.derived.num_params = model_config.num_params
-    c.derived.device_count = device_count
-    c.derived.python = platform.python_version()
-    return c
+        out["critic_lr"] = critic_hp.lr if c.ppo.critic_lr is None else c.ppo.critic_lr
+        out["critic"] = critic_hp.to_dict()
+    return out
 
 
 # Settings that may differ when a run directory is resumed (every other field of the
