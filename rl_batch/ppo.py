@@ -429,6 +429,94 @@ def _critic_metric_name(key: str) -> str:
 # ------------------------------------------------------------------------ update_fn
 
 
+def _train_actor(
+    model_config: model_lib.ModelConfig,
+    config: PPOConfig,
+    actor_optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    actor: learner.TrainState,
+    batch: learner.Batch,
+    critic_ok: jax.Array,
+    counts: tuple[jax.Array, jax.Array, int],
+):
+    """The actor's clipped-surrogate gradient and update: ``(new actor, metrics, ok)``.
+
+    ``counts``: (tokens, sequences, R) of the batch; ``critic_ok``: an update is applied
+    whole, so a non-finite critic also stops the actor.
+    """
+    num_tokens, num_seqs, r = counts
+    m = config.micro_batches
+    # The clipped surrogate with per-token advantages; its own KL term is off (PPO puts
+    # the KL into the rewards), the KL to the reference is still reported.
+    loss_fn = functools.partial(
+        learner.policy_loss,
+        model_config,
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        loss_agg=config.loss_agg,
+        temperature=config.temperature,
+        kl_coef=0.0,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        max_len=r,
+        micro_batches=m,  # a MoE actor's load-balancing loss metric, per micro-batch
+    )
+    grads, loss, metrics = learner.accumulate_gradients(loss_fn, actor.params, batch, m, mesh)
+    grad_norm = optax.tree.norm(grads)
+    actor_ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    new, update_metrics = learner.apply_update(
+        actor, grads, jnp.where(critic_ok, loss, jnp.nan), actor_optimizer
+    )
+    metrics = {**metrics, "grad_norm": update_metrics["grad_norm"]}
+    metrics["update_norm"] = learner.delta_norm(new.params, actor.params)
+    metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+    return new, metrics, actor_ok
+
+
+def _rollout_outputs(model_config, critic_config, config: PPOConfig, state, batch, mask_br, mesh):
+    """Rollout-time quantities (no gradient): behaviour and reference log-probs and the
+    critic's values, each [B, R] (0 off the response mask; reference None without one).
+    The log-probs run in the update's micro-batches: [B / M, R, V] logits at a time."""
+
+    def logprobs(params):
+        return learner.compute_logprobs_micro(
+            model_config,
+            params,
+            batch,
+            config.temperature,
+            micro_batches=config.micro_batches,
+            mesh=mesh,
+        )
+
+    if batch.old_logprobs is None:
+        old_logp_br = logprobs(state.actor.params)
+    else:
+        old_logp_br = jnp.where(mask_br, batch.old_logprobs.astype(jnp.float32), 0.0)
+    ref_logp_br = None if state.ref_params is None else logprobs(state.ref_params)
+    values_br = learner.response_outputs(critic_config, state.critic.params, batch)
+    values_br = jnp.where(mask_br, jax.lax.stop_gradient(values_br), 0.0)
+    return old_logp_br, ref_logp_br, values_br
+
+
+def _target_metrics(batch: PPOBatch, mask_br, real_b, num_seqs, num_tokens, targets) -> Metrics:
+    """Scores, returns, advantages (before whitening) and the KL penalty of a batch."""
+    raw_adv_br, returns_br, rewards_br = targets
+    return dict(
+        score_mean=jnp.sum(batch.rewards.astype(jnp.float32) * real_b) / num_seqs,
+        return_mean=losses.masked_sum(returns_br, mask_br) / num_tokens,
+        advantage_mean=losses.masked_sum(raw_adv_br, mask_br) / num_tokens,
+        advantage_std=jnp.sqrt(
+            losses.masked_mean(
+                jnp.square(raw_adv_br - losses.masked_mean(raw_adv_br, mask_br)), mask_br
+            )
+        ),
+        kl_penalty=-losses.masked_sum(
+            rewards_br - losses.token_level_rewards(batch.rewards, mask_br), mask_br
+        )
+        / num_tokens,
+    )
+
+
 def make_update_fn(
     model_config: model_lib.ModelConfig,
     config: PPOConfig,
@@ -475,35 +563,7 @@ def make_update_fn(
     critic_config = critic_model_config(model_config)
     n_shards = sharding_lib.batch_shard_count(mesh)
     m = config.micro_batches
-
-    def train_actor(actor: learner.TrainState, batch: learner.Batch, critic_ok, counts):
-        num_tokens, num_seqs, r = counts
-        # The clipped surrogate with per-token advantages; its own KL term is off (PPO
-        # puts the KL into the rewards), the KL to the reference is still reported.
-        loss_fn = functools.partial(
-            learner.policy_loss,
-            model_config,
-            clip_low=config.clip_low,
-            clip_high=config.clip_high,
-            loss_agg=config.loss_agg,
-            temperature=config.temperature,
-            kl_coef=0.0,
-            num_tokens=num_tokens,
-            num_seqs=num_seqs,
-            max_len=r,
-            micro_batches=m,  # a MoE actor's load-balancing loss metric, per micro-batch
-        )
-        grads, loss, metrics = learner.accumulate_gradients(loss_fn, actor.params, batch, m, mesh)
-        grad_norm = optax.tree.norm(grads)
-        actor_ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        # An update is applied whole: a non-finite critic also stops the actor.
-        new, update_metrics = learner.apply_update(
-            actor, grads, jnp.where(critic_ok, loss, jnp.nan), actor_optimizer
-        )
-        metrics = {**metrics, "grad_norm": update_metrics["grad_norm"]}
-        metrics["update_norm"] = learner.delta_norm(new.params, actor.params)
-        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
-        return new, metrics, actor_ok
+    train_actor = functools.partial(_train_actor, model_config, config, actor_optimizer, mesh)
 
     def update_fn(state: PPOState, batch: PPOBatch, rng: jax.Array):
         del rng  # One full-batch update: nothing is sampled.
@@ -519,22 +579,9 @@ def make_update_fn(
         real_b = jnp.any(mask_br, axis=1).astype(jnp.float32)
         num_seqs = jnp.maximum(jnp.sum(real_b), 1.0)
 
-        # Rollout-time quantities (no gradient): behaviour/ref log-probs, values. The
-        # log-probs run in the update's micro-batches: [B / M, R, V] logits at a time.
-        def logprobs(params):
-            return learner.compute_logprobs_micro(
-                model_config, params, batch, config.temperature, micro_batches=m, mesh=mesh
-            )
-
-        if batch.old_logprobs is None:
-            old_logp_br = logprobs(state.actor.params)
-        else:
-            old_logp_br = jnp.where(mask_br, batch.old_logprobs.astype(jnp.float32), 0.0)
-        ref_logp_br = None
-        if state.ref_params is not None:
-            ref_logp_br = logprobs(state.ref_params)
-        values_br = learner.response_outputs(critic_config, state.critic.params, batch)
-        values_br = jnp.where(mask_br, jax.lax.stop_gradient(values_br), 0.0)
+        old_logp_br, ref_logp_br, values_br = _rollout_outputs(
+            model_config, critic_config, config, state, batch, mask_br, mesh
+        )
         raw_adv_br, returns_br, rewards_br = token_advantages(
             config.replace(whiten_advantages=False),
             batch.rewards,
@@ -594,18 +641,9 @@ def make_update_fn(
             critic_param_norm=optax.tree.norm(critic.params),
             critic_lr=current_lr(critic.opt_state),
             explained_variance=explained_variance(values_br, returns_br, mask_br),
-            score_mean=jnp.sum(batch.rewards.astype(jnp.float32) * real_b) / num_seqs,
-            return_mean=losses.masked_sum(returns_br, mask_br) / num_tokens,
-            advantage_mean=losses.masked_sum(raw_adv_br, mask_br) / num_tokens,
-            advantage_std=jnp.sqrt(
-                losses.masked_mean(
-                    jnp.square(raw_adv_br - losses.masked_mean(raw_adv_br, mask_br)), mask_br
-                )
+            **_target_metrics(
+                batch, mask_br, real_b, num_seqs, num_tokens, (raw_adv_br, returns_br, rewards_br)
             ),
-            kl_penalty=-losses.masked_sum(
-                rewards_br - losses.token_level_rewards(batch.rewards, mask_br), mask_br
-            )
-            / num_tokens,
             **learner.sequence_metrics(mask_br),
         )
         return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
