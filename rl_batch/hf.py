@@ -387,11 +387,28 @@ def _set(tree: dict, path: tuple[Any, ...], value) -> None:
 
 
 def _read_header(file: str) -> dict[str, Any]:
-    """The JSON header of a safetensors file: {name: {dtype, shape, data_offsets}}."""
-    with open(file, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
+    """The JSON header of a safetensors file: {name: {dtype, shape, data_offsets}}.
+
+    Raises:
+      ValueError: naming the file, when its header cannot be read or its tensors' data
+        would run past the end of the file (a truncated download).
+    """
+    file_size = os.path.getsize(file)
+    try:
+        with open(file, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            if size > file_size - 8:
+                raise ValueError(f"header of {size} bytes in a file of {file_size}")
+            header = json.loads(f.read(size))
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
     header.pop("__metadata__", None)
+    end = max((v["data_offsets"][1] for k, v in header.items() if isinstance(v, dict)), default=0)
+    if 8 + size + end > file_size:
+        raise ValueError(
+            f"{file}: truncated safetensors file ({file_size} bytes; its header needs "
+            f"{8 + size + end})"
+        )
     return {"__data_start__": 8 + size, **header}
 
 

@@ -235,7 +235,10 @@ class HFTokenizer:
         if not os.path.isfile(file):
             raise FileNotFoundError(f"no tokenizer.json at {file}")
         self.path = file
-        self._tok = _HFTok.from_file(file)
+        try:
+            self._tok = _HFTok.from_file(file)
+        except Exception as e:  # the tokenizers library raises a bare Exception
+            raise ValueError(f"{file}: not a readable tokenizer.json ({e})") from None
         config = self._read_config(os.path.dirname(file))
 
         self._eos_id = self._resolve(config.get("eos_token"), _KNOWN_EOS, "eos")

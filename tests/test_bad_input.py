@@ -127,6 +127,38 @@ def test_hf_directory_without_weights_is_named(hf_dir, tmp_path):
         run_lib.run(c, progress=False)
 
 
+def test_non_utf8_math_data_names_the_file_and_line(hf_dir, tmp_path):
+    c = _math_config(tmp_path, hf_dir)
+    lines = open(c.task.train_file, "rb").read().splitlines()
+    lines[4] = b'{"question": "What is \xff?", "answer": "#### 1"}'  # line 5: a Latin-1 byte
+    open(c.task.train_file, "wb").write(b"\n".join(lines) + b"\n")
+    with pytest.raises(ValueError, match=r"train\.jsonl:5: not UTF-8 text \(byte b'\\xff'"):
+        run_lib.run(c, progress=False)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_damaged_safetensors_are_named(hf_dir, tmp_path, damage):
+    broken = tmp_path / "broken"
+    shutil.copytree(hf_dir, broken)
+    weights = broken / "model.safetensors"
+    raw = weights.read_bytes()
+    weights.write_bytes(raw[: len(raw) // 2] if damage == "truncated" else b"\x07" * 64)
+    c = _math_config(tmp_path, broken)
+    message = "truncated safetensors file" if damage == "truncated" else "not a readable"
+    with pytest.raises(ValueError, match=f"{weights}: {message}"):
+        run_lib.run(c, progress=False)
+
+
+def test_corrupt_tokenizer_json_is_named(hf_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(hf_dir, broken)
+    path = broken / "tokenizer.json"
+    path.write_text(path.read_text()[:100])
+    c = _math_config(tmp_path, broken)
+    with pytest.raises(ValueError, match=f"{path}: not a readable tokenizer.json"):
+        run_lib.run(c, progress=False)
+
+
 # -------------------------------------------------------------- resuming a run directory
 
 

@@ -148,8 +148,15 @@ def _iter_records(path: str) -> Iterator[tuple[int, Any]]:
         for i, record in enumerate(pq.read_table(path).to_pylist(), start=1):
             yield i, record
         return
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}:{i}: not UTF-8 text (byte {raw[e.start : e.start + 1]!r} at "
+                    f"column {e.start + 1})"
+                ) from None
             if not line.strip():
                 continue
             try:
