@@ -86,6 +86,21 @@ def test_math_score_in_a_worker_thread():
     assert results["bad"].reward == 0.0 and results["bad"].format_ok
 
 
+def test_pathological_answers_score_zero_without_the_verifier(monkeypatch):
+    import math_verify
+
+    calls = []
+    monkeypatch.setattr(math_verify, "parse", lambda *a, **k: calls.append(a) or [])
+    nested = "{" * 900 + "1" + "}" * 900  # (4000 deep took 21 s per math_verify call)
+    score = math_score(r"\boxed{1}", nested)
+    assert (score.reward, score.format_ok) == (0.0, True)
+    assert score.error == "ground truth not verified: brackets nested 900 deep (more than 64)"
+    long = math_score("\\boxed{" + "1" * 5000 + "}", "1")
+    assert long.error == "answer not verified: 5000 characters (more than 2000)"
+    assert calls == []  # neither reached math_verify
+    assert math_score(r"\boxed{\frac{(1+2)}{[3]}}", "1") is not None and calls  # ordinary ones do
+
+
 def test_math_score_survives_verifier_crash(monkeypatch):
     import math_verify
 

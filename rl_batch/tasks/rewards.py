@@ -136,13 +136,37 @@ def extract_final_answer(text: str) -> str | None:
     return None
 
 
+# Answers beyond these are scored 0 unverified: a 4000-deep nested ground truth took 21 s
+# per math_verify call.
+MAX_ANSWER_CHARS = 2000
+MAX_NESTING = 64
+
+
+def _too_big_to_verify(text: str) -> str:
+    """Why ``text`` is too long or too deeply nested to verify ("" when it is not)."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return f"{len(text)} characters (more than {MAX_ANSWER_CHARS})"
+    depth = deepest = 0
+    for ch in text:
+        if ch in "{([":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "})]":
+            depth = max(depth - 1, 0)
+    if deepest > MAX_NESTING:
+        return f"brackets nested {deepest} deep (more than {MAX_NESTING})"
+    return ""
+
+
 def math_score(response: str, ground_truth: str, timeout_s: int = 5) -> Score:
     """Checks a math response's final answer against the ground truth with math_verify.
 
     The final answer is the last ``\\boxed{}`` content (or a final ``Answer:`` line);
     ``format_ok`` says whether one was found. math_verify's timeouts use ``signal.alarm``,
-    which only works in the main thread; elsewhere the check runs without a timeout. Any
-    exception inside math_verify scores 0 (with the error recorded).
+    which only works in the main thread; elsewhere the check runs without a timeout, so
+    answers (or ground truths) longer than ``MAX_ANSWER_CHARS`` or nested deeper than
+    ``MAX_NESTING`` brackets score 0 without being verified. Any exception inside
+    math_verify scores 0 (with the error recorded).
 
     Args:
         response: the model's decoded response.
@@ -159,6 +183,11 @@ def math_score(response: str, ground_truth: str, timeout_s: int = 5) -> Score:
         return Score(0.0, False, None, "no \\boxed{} answer")
     if not answer:
         return Score(0.0, False, "", "empty \\boxed{} answer")
+    for what, text in (("answer", answer), ("ground truth", ground_truth)):
+        too_big = _too_big_to_verify(text)
+        if too_big:  # (math_verify's parse is slow on these, and off the main thread
+            # it runs without a timeout)
+            return Score(0.0, True, answer[:MAX_ANSWER_CHARS], f"{what} not verified: {too_big}")
     timeout = timeout_s if threading.current_thread() is threading.main_thread() else None
     try:
         gold = math_verify.parse(f"${ground_truth}$", parsing_timeout=timeout)
