@@ -19,6 +19,8 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -197,10 +199,22 @@ def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, 
     return params, info
 
 
+HOST_PARAMS_FILE = "params.npz"  # the cached params as host arrays, for multi-process runs
+
+
 def base_params(c: ConfigDict, *, progress: bool = True) -> Any:
-    """The cached warm-start params for ``c``; trained and cached on first use."""
+    """The cached warm-start params for ``c``; trained and cached on first use.
+
+    Under several processes (``jax.distributed``) the training loop and its orbax
+    checkpoint are single-process things, so process 0 has a one-process child (on the
+    CPU) train or restore the warm start and write it as host arrays
+    (``<cache>/params.npz``, `export_host_params`); every process then reads that file.
+    ``work_dir`` must be on a filesystem every process sees, as the run directory is.
+    """
     directory = cache_dir(c)
     model_config = config_lib.make_model_config(c)
+    if jax.process_count() > 1:
+        return _base_params_multiprocess(c, directory, model_config)
     like = {"params": model_lib.abstract_params(model_config)}
     ckpt = Checkpointer(directory, max_to_keep=1)
     if ckpt.latest_step() is not None:
@@ -213,3 +227,76 @@ def base_params(c: ConfigDict, *, progress: bool = True) -> Any:
     artifacts.write_json_atomic(os.path.join(directory, "info.json"), info)
     ckpt.close()
     return params
+
+
+def export_host_params(c: ConfigDict) -> str:
+    """Writes the warm-start params of ``c`` (trained first if not cached) as
+    ``<cache>/params.npz`` (array names are their tree paths); returns its path."""
+    params = base_params(c, progress=False)
+    path = os.path.join(cache_dir(c), HOST_PARAMS_FILE)
+    named = {
+        "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keys): np.asarray(x)
+        for keys, x in jax.tree_util.tree_leaves_with_path(params)
+    }
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **named)
+    os.replace(tmp, path)
+    return path
+
+
+def _load_host_params(path: str, model_config: model_lib.ModelConfig) -> Any:
+    """`export_host_params`'s file in the model's params structure, as jax arrays."""
+    with np.load(path) as named:
+        names = set(named.files)
+
+        def leaf(keys, like):
+            name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keys)
+            if name not in names or named[name].shape != tuple(like.shape):
+                raise ValueError(f"{path}: no array {name} of shape {tuple(like.shape)}")
+            return jnp.asarray(named[name], dtype=like.dtype)
+
+        return jax.tree_util.tree_map_with_path(leaf, model_lib.abstract_params(model_config))
+
+
+WARM_START_WAIT_S = 6 * 3600  # how long other processes wait for process 0's warm start
+
+
+def _base_params_multiprocess(c: ConfigDict, directory: str, model_config) -> Any:
+    """`base_params` under several processes (see its docstring). The others wait for
+    process 0's file (a collective would time out while it trains), or its failure
+    note, ``params.failed``."""
+    path = os.path.join(directory, HOST_PARAMS_FILE)
+    failed = os.path.join(directory, "params.failed")
+    t_enter = time.time()
+    if jax.process_index() == 0 and not os.path.exists(path):
+        os.makedirs(directory, exist_ok=True)
+        if os.path.exists(failed):
+            os.remove(failed)
+        config_path = os.path.join(directory, "export_config.json")
+        artifacts.write_json_atomic(config_path, c.to_dict())
+        env = {k: v for k, v in os.environ.items() if k != "RL_BATCH_DISTRIBUTED"}
+        env["JAX_PLATFORMS"] = "cpu"  # (the accelerators belong to this run)
+        code = (
+            "import json, sys; from ml_collections import ConfigDict; "
+            "from rl_batch import pretrain; "
+            "pretrain.export_host_params(ConfigDict(json.load(open(sys.argv[1]))))"
+        )
+        n = jax.process_count()
+        print(f"[pretrain] preparing the warm start for {n} processes", flush=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, config_path], env=env, capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            message = f"warm start for {directory} failed:\n{proc.stderr[-3000:]}"
+            with open(failed, "w") as f:
+                f.write(message)
+            raise RuntimeError(message)
+    deadline = time.monotonic() + WARM_START_WAIT_S
+    while not os.path.exists(path):
+        # (A note from an earlier launch, older than this wait, is not this one's.)
+        if os.path.exists(failed) and os.path.getmtime(failed) > t_enter - 5.0:
+            raise RuntimeError(open(failed).read())
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no warm start at {path} after {WARM_START_WAIT_S} s")
+        time.sleep(1.0)
+    return _load_host_params(path, model_config)

@@ -159,3 +159,43 @@ def test_two_processes_save_the_initial_state_when_a_run_stops_before_any_update
     assert sorted(d for d in os.listdir(ckpt_dir) if d.isdigit()) == ["0"]
     summary = artifacts.read_json(os.path.join(run_dir, artifacts.SUMMARY_FILE))
     assert summary["status"] == "failed" and "no group" in summary["error"]
+
+
+def _warm_start_config(work_dir, run_dir):
+    c = tiny_run_config(work_dir, run_dir, budget_responses=32, eval_greedy=False)
+    c.init.source = "pretrain"  # a supervised warm start, cached in work_dir
+    c.pretrain.steps, c.pretrain.warmup_steps, c.pretrain.batch_size = 12, 2, 16
+    c.pretrain.eval_every, c.pretrain.eval_prompts, c.pretrain.stop_accuracy = 6, 8, 1.0
+    return c
+
+
+@pytest.mark.slow  # two warm starts and eight processes of ~30 s on two cores
+def test_two_processes_warm_start_from_an_empty_cache_or_a_one_process_one(tmp_path):
+    cases = {}
+    for name in ("empty", "cached"):  # which process count builds the warm start first
+        work = str(tmp_path / f"work_{name}")
+        cases[name] = {
+            leg: _write_config(
+                str(tmp_path / f"{name}_{leg}.json"),
+                _warm_start_config(work, str(tmp_path / f"{name}_{leg}")),
+            )
+            for leg in ("multi", "one")
+        }
+    # First legs: two processes on an empty cache, beside one process on another.
+    _wait_all(
+        _two_processes(cases["empty"]["multi"], tmp_path, "empty_multi", resume=False)
+        + [_start(cases["cached"]["one"], str(tmp_path / "cached_one.log"), devices=2)],
+        2 * TIMEOUT_S,
+    )
+    # Then each cache is used by the other process count.
+    _wait_all(
+        _two_processes(cases["cached"]["multi"], tmp_path, "cached_multi", resume=False)
+        + [_start(cases["empty"]["one"], str(tmp_path / "empty_one.log"), devices=2)],
+        2 * TIMEOUT_S,
+    )
+    for name in ("empty", "cached"):
+        multi = artifacts.read_metrics(str(tmp_path / f"{name}_multi"))
+        one = artifacts.read_metrics(str(tmp_path / f"{name}_one"))
+        assert [r["step"] for r in multi if r["kind"] == "update"] == [1, 2]
+        _assert_same(deterministic(multi, "update"), deterministic(one, "update"), name)
+        _assert_same(deterministic(multi, "eval"), deterministic(one, "eval"), name)
