@@ -203,16 +203,27 @@ def test_resuming_with_a_changed_model_names_the_difference(finished_run, tmp_pa
     )
 
 
-def test_corrupt_metrics_line_names_the_file_and_line(finished_run, tmp_path):
+def test_corrupt_metrics_line_names_the_file_and_line(finished_run, tmp_path, caplog):
     run_dir, config = _copy_run(finished_run, tmp_path)
     path = os.path.join(run_dir, artifacts.METRICS_FILE)
-    lines = open(path).read().splitlines()
-    assert len(lines) >= 3
+    intact = open(path).read().splitlines()
+    assert len(intact) >= 3
+    lines = list(intact)
     lines[1] = lines[1][: len(lines[1]) // 2]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=f"{path}:2: malformed JSON line"):
+    # The checkpoint carries the lines up to its step: the file is rebuilt, and the
+    # warning names the file and the line that was damaged.
+    with caplog.at_level("WARNING"):
         run_lib.run(config, progress=False)
+    assert f"{path}: 2: malformed JSON line" in caplog.text
+    assert "rebuilt from checkpoint 1" in caplog.text
+    assert open(path).read().splitlines()[: len(intact)] == intact
+    # Read without a checkpoint's copy (an older checkpoint), the bad line is an error.
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=f"{path}:2: malformed JSON line"):
+        list(artifacts.iter_jsonl(path))
 
 
 def test_truncated_config_json_is_named(finished_run, tmp_path):

@@ -58,8 +58,11 @@ def _sweep_program(sweep_dir, *flags, **env) -> subprocess.CompletedProcess:
 
 
 def _block_with_another_run(run_dir: str) -> None:
-    """Leaves a run of another seed in ``run_dir``: ``run.run`` refuses to resume it."""
+    """Leaves a run of another seed that has begun (a metrics line) in ``run_dir``:
+    ``run.run`` refuses to resume it."""
     artifacts.write_json_atomic(os.path.join(run_dir, artifacts.CONFIG_FILE), {"seed": 99})
+    line = {"kind": "eval", "step": 0}
+    artifacts.append_jsonl(os.path.join(run_dir, artifacts.METRICS_FILE), line)
 
 
 def _explain(proc) -> str:
