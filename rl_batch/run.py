@@ -173,8 +173,11 @@ def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:
 
         _, params = hf.load_hf_checkpoint(c.init.path, dtype=model_config.param_dtype)
         return params
-    # A checkpoint directory of an earlier run: take its params only.
-    return Checkpointer(c.init.path).restore_params(model_lib.abstract_params(model_config))
+    # A checkpoint directory of an earlier run: its policy params only, read as host
+    # arrays (no orbax sharding: the same under any process count).
+    like = model_lib.abstract_params(model_config)
+    host = Checkpointer(c.init.path).restore_policy_params(like)
+    return jax.tree.map(lambda x, a: jnp.asarray(x, dtype=a.dtype), host, like)
 
 
 class _Progress:

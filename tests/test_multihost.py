@@ -199,3 +199,26 @@ def test_two_processes_warm_start_from_an_empty_cache_or_a_one_process_one(tmp_p
         assert [r["step"] for r in multi if r["kind"] == "update"] == [1, 2]
         _assert_same(deterministic(multi, "update"), deterministic(one, "update"), name)
         _assert_same(deterministic(multi, "eval"), deterministic(one, "eval"), name)
+
+
+@pytest.mark.slow
+def test_two_processes_start_from_a_one_process_runs_checkpoint(tmp_path):
+    work_dir = str(tmp_path / "work")
+    first = tiny_run_config(work_dir, str(tmp_path / "first"), budget_responses=32)
+    first.eval_greedy = False
+    _wait_all([_start(_write_config(str(tmp_path / "first.json"), first),
+                      str(tmp_path / "first.log"), devices=1)], TIMEOUT_S)  # fmt: skip
+    legs = {}
+    for leg in ("multi", "one"):
+        c = tiny_run_config(work_dir, str(tmp_path / leg), budget_responses=32)
+        c.eval_greedy = False
+        c.init.source, c.init.path = "checkpoint", os.path.join(first.run_dir, "checkpoints")
+        legs[leg] = _write_config(str(tmp_path / f"{leg}.json"), c)
+    _wait_all(
+        _two_processes(legs["multi"], tmp_path, "from_ckpt", resume=False)
+        + [_start(legs["one"], str(tmp_path / "one.log"), devices=2)],
+        2 * TIMEOUT_S,
+    )
+    multi, one = (artifacts.read_metrics(str(tmp_path / leg)) for leg in ("multi", "one"))
+    _assert_same(deterministic(multi, "update"), deterministic(one, "update"), "update")
+    _assert_same(deterministic(multi, "eval"), deterministic(one, "eval"), "eval")

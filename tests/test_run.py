@@ -162,3 +162,27 @@ def test_summary_says_running_while_the_run_is_alive(work_dir, tmp_path, monkeyp
     assert run_lib.run(config, progress=False)["status"] == "finished"
     assert seen and all(status == "running" for _, status in seen), seen
     assert json.load(open(path))["status"] == "finished"
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_a_run_starts_from_another_runs_checkpoint(work_dir, tmp_path, algo):
+    import jax
+    import numpy as np
+
+    from rl_batch import config as config_lib
+    from rl_batch import model as model_lib
+    from rl_batch.checkpoint import Checkpointer
+
+    changes = {"algo": algo, "group_size": 1, "prompts": 8} if algo == "ppo" else {}
+    first = tiny_run_config(work_dir, str(tmp_path / "first"), budget_responses=16, **changes)
+    run_lib.run(first, progress=False)
+    c = tiny_run_config(work_dir, str(tmp_path / "second"), **changes)
+    c.init.source, c.init.path = "checkpoint", os.path.join(first.run_dir, "checkpoints")
+    c = config_lib.resolve(c)
+    model_config = config_lib.make_model_config(c)
+    params = run_lib.initial_params(c, model_config)
+    # The trained policy of the first run (the whole-state restore reads the same arrays).
+    expected = Checkpointer(c.init.path).restore_params(model_lib.abstract_params(model_config))
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(expected)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
