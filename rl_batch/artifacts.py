@@ -233,6 +233,27 @@ def json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
+def calibration_generation(record: dict[str, Any] | None) -> dict[float, list[float]] | None:
+    """Concurrency -> per-visit generated tokens/s of a ``calibration.json`` record, or
+    None when it has no generation timing (files written before it was recorded)."""
+    if not record:
+        return None
+    by_c: dict[float, list[float]] = {}
+    for entry in record.get("configs", {}).values():
+        if "gen_concurrency" not in entry or not entry.get("gen_tokens_per_s"):
+            return None
+        by_c.setdefault(float(entry["gen_concurrency"]), []).extend(
+            float(x) for x in entry["gen_tokens_per_s"]
+        )
+    return by_c or None
+
+
+def read_calibration_generation(sweep_dir: str) -> dict[float, list[float]] | None:
+    """`calibration_generation` of ``<sweep>/calibration.json`` (None without one)."""
+    path = os.path.join(sweep_dir, CALIBRATION_FILE)
+    return calibration_generation(read_json(path)) if os.path.exists(path) else None
+
+
 def read_calibration(sweep_dir: str) -> dict[str, float] | None:
     """``"PxG:rule"`` -> calibrated seconds per training step (``rl_batch.calibrate``'s
     ``<sweep>/calibration.json``), or None when the sweep has none."""

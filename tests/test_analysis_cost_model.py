@@ -99,12 +99,18 @@ def test_throughput_validation_names_the_bad_entry(tmp_path):
     assert t.generation[0].tokens_per_s == 160.0
 
 
-def test_generation_report_from_run_metrics(tmp_path):
+def _runs_at_three_batches(tmp_path):
+    """Synthetic runs at P = 8, 32, 128 (G = 8)."""
     runs = []
     for p in (8, 32, 128):
         d = str(tmp_path / f"p{p}")
         fx.write_run(d, prompts=p, group_size=8, tau=1000.0, budget=2048)
         runs.append(curves.load_run(d))
+    return runs
+
+
+def test_generation_report_from_run_metrics(tmp_path):
+    runs = _runs_at_three_batches(tmp_path)
     rep = cm.generation_report(None, runs)
     assert rep.source == "run metrics"
     np.testing.assert_allclose(rep.fit.batches, [64, 256, 1024])
@@ -119,11 +125,7 @@ def test_generation_report_from_run_metrics(tmp_path):
 
 
 def test_generation_report_prefers_the_interleaved_calibration(tmp_path):
-    runs = []
-    for p in (8, 32, 128):
-        d = str(tmp_path / f"p{p}")
-        fx.write_run(d, prompts=p, group_size=8, tau=1000.0, budget=2048)
-        runs.append(curves.load_run(d))
+    runs = _runs_at_three_batches(tmp_path)
 
     def entry(c, tokens_per_s):
         return {"step_s_median": 1.0, "gen_concurrency": c, "gen_tokens_per_s": tokens_per_s}
@@ -136,7 +138,9 @@ def test_generation_report_prefers_the_interleaved_calibration(tmp_path):
             "16x8:sqrt": entry(128, [200.0, 200.0, 200.0]),
         }
     }
-    rep = cm.generation_report(None, runs, calibration=calibration)
+    rep = cm.generation_report(
+        None, runs, calibration=artifacts.calibration_generation(calibration)
+    )
     assert rep.source == cm.CALIBRATION_SOURCE
     np.testing.assert_allclose(rep.fit.batches, [32, 64, 128])
     np.testing.assert_allclose(rep.fit.tokens_per_s, [100, 190, 200])  # median over visits
@@ -144,8 +148,9 @@ def test_generation_report_prefers_the_interleaved_calibration(tmp_path):
     assert rep.update_fit is not None  # the update fit still comes from the runs
     # A calibration without generation timing (older file) leaves the run metrics.
     old = {"configs": {"8x8:sqrt": {"step_s_median": 1.0}}}
-    assert cm.generation_report(None, runs, calibration=old).source == "run metrics"
+    assert artifacts.calibration_generation(old) is None
     one = {"configs": {"8x8:sqrt": entry(64, [1.0])}}
+    one = artifacts.calibration_generation(one)
     assert cm.generation_report(None, runs, calibration=one).source == "run metrics"
 
 

@@ -6,6 +6,7 @@ import os
 import analysis_fixtures as fx
 import pytest
 
+from rl_batch import artifacts
 from rl_batch.analysis import cost_model, curves, findings, report
 from rl_batch.analysis import time_to_target as ttt
 
@@ -120,7 +121,9 @@ def test_generation_saturation_is_decided_on_the_visits_intervals(below_top, ver
             "c": {"gen_concurrency": 256, "gen_tokens_per_s": [100.0, 101.0, 99.0]},
         }
     }
-    gen = cost_model.generation_report(None, (), calibration=calibration)
+    gen = cost_model.generation_report(
+        None, (), calibration=artifacts.calibration_generation(calibration)
+    )
     finding = findings.generation_finding(gen)
     assert finding.verdict == verdict, finding
     assert "tokens/s against c = 256: c=64: 0.4" in finding.measured

@@ -563,29 +563,12 @@ def run_update_points(runs: Sequence[RunData]) -> tuple[list[float], list[float]
     return tokens, times, lacking
 
 
-def calibration_generation(
-    calibration: dict[str, Any] | None,
-) -> dict[float, list[float]] | None:
-    """Concurrency -> per-visit generated tokens/s from a ``calibration.json`` record
-    (``rl_batch.calibrate``), or None when it has no generation timing (older files)."""
-    if not calibration:
-        return None
-    by_c: dict[float, list[float]] = {}
-    for entry in calibration.get("configs", {}).values():
-        if "gen_concurrency" not in entry or not entry.get("gen_tokens_per_s"):
-            return None
-        by_c.setdefault(float(entry["gen_concurrency"]), []).extend(
-            float(x) for x in entry["gen_tokens_per_s"]
-        )
-    return by_c or None
-
-
 def generation_report(
     throughput: Throughput | None = None,
     runs: Sequence[RunData] = (),
     frac: float = DEFAULT_PLATEAU_FRAC,
     usable_frac: float = 0.9,
-    calibration: dict[str, Any] | None = None,
+    calibration: dict[float, list[float]] | None = None,
 ) -> GenerationReport | None:
     """Critical generation batch from a throughput file, else from the sweep's
     calibration, else from run metrics.
@@ -595,8 +578,9 @@ def generation_report(
         is checked against the runs', see ``model_check``).
       runs: runs whose update lines carry ``gen_tokens`` and ``time_generate_s`` (and
         ``update_tokens``, ``time_update_s`` for the update fit).
-      calibration: the sweep's ``calibration.json`` record; its interleaved generation
-        timing is used when it covers >= 2 concurrencies (the update fit still comes
+      calibration: the sweep's interleaved generation timing, concurrency -> per-visit
+        tokens/s (``artifacts.calibration_generation``), used when it covers >= 2
+        concurrencies (the update fit still comes
         from the runs).
       frac: plateau fraction.
       usable_frac: memory fraction for ``max_kv_batch``.
@@ -618,7 +602,7 @@ def generation_report(
         if throughput.model is not None and throughput.device_memory_bytes is not None:
             kv = max_kv_batch(throughput.model, throughput.device_memory_bytes, usable_frac)
     else:
-        by_c = calibration_generation(calibration)
+        by_c = calibration
         source = CALIBRATION_SOURCE
         if by_c is None or len(by_c) < 2:
             source, by_c = "run metrics", {}

@@ -780,8 +780,7 @@ def load_generation(
     if throughput_path is not None and not os.path.exists(path):
         raise FileNotFoundError(f"throughput file {path} does not exist")
     tp = cost_model.load_throughput(path) if os.path.exists(path) else None
-    cal_path = os.path.join(sweep_dir, artifacts.CALIBRATION_FILE)
-    calibration = artifacts.read_json(cal_path) if os.path.exists(cal_path) else None
+    calibration = artifacts.read_calibration_generation(sweep_dir)
     return cost_model.generation_report(tp, runs, calibration=calibration)
 
 
