@@ -42,11 +42,11 @@ def checksums(tree: Any) -> dict[str, int]:
     for path, x in jax.tree_util.tree_leaves_with_path(tree):
         if not hasattr(x, "shape") or not getattr(x, "is_fully_addressable", True):
             continue
-        out[_path_name(path)] = zlib.crc32(np.ascontiguousarray(jax.device_get(x)).tobytes())
+        out[path_name(path)] = zlib.crc32(np.ascontiguousarray(jax.device_get(x)).tobytes())
     return out
 
 
-def _path_name(path) -> str:
+def path_name(path) -> str:
     """A path name that is the same for a live tree and orbax's stored metadata tree.
 
     Orbax stores dict keys as strings and named tuples as dicts, so only the sequence
@@ -65,7 +65,7 @@ def _path_name(path) -> str:
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     return {
-        _path_name(path): tuple(np.shape(x))
+        path_name(path): tuple(np.shape(x))
         for path, x in jax.tree_util.tree_leaves_with_path(tree)
         if hasattr(x, "shape")
     }
@@ -199,9 +199,9 @@ class Checkpointer:
                 + "\n  ".join(problems[:10])
             )
         # Rebuild in the model's own structure (int layer keys, its dtypes).
-        by_name = {_path_name(path): x for path, x in jax.tree_util.tree_leaves_with_path(params)}
+        by_name = {path_name(path): x for path, x in jax.tree_util.tree_leaves_with_path(params)}
         return jax.tree_util.tree_map_with_path(
-            lambda path, like: jax.numpy.asarray(by_name[_path_name(path)], dtype=like.dtype),
+            lambda path, like: jax.numpy.asarray(by_name[path_name(path)], dtype=like.dtype),
             params_like,
         )
 
@@ -266,9 +266,9 @@ class Checkpointer:
         )
         for key in keys:
             tree = tree[key]
-        by_name = {_path_name(path): x for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+        by_name = {path_name(path): x for path, x in jax.tree_util.tree_leaves_with_path(tree)}
         return jax.tree_util.tree_map_with_path(
-            lambda path, _: np.asarray(by_name[_path_name(path)]), params_like
+            lambda path, _: np.asarray(by_name[path_name(path)]), params_like
         )
 
     def _check_compatible(self, like: Any, step: int) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from rl_batch import flops
 from rl_batch.rollout import Rollout, decode_responses
-from rl_batch.sampler import SampleOutput, Sampler, SamplingConfig
+from rl_batch.sampler import SampleOutput, Sampler, SamplingConfig, eos_ids_of
 from rl_batch.tasks.rewards import score_responses
 from rl_batch.tokenizers import encode_prompt
 
@@ -97,7 +97,7 @@ def advance(
     as generated, but their re-prefill is counted as prefill work). Tokens the sampler
     decodes past ``max_new_tokens`` are dropped and not counted.
     """
-    eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)  # any one ends a row
+    eos_ids = eos_ids_of(eos_id)  # any one ends a row
     rows = [(g, i) for g in groups for i in range(len(g.done)) if not g.done[i]]
     if not rows:
         return Advanced()

@@ -34,7 +34,7 @@ from rl_batch import artifacts, exact_eval
 from rl_batch import config as config_lib
 from rl_batch import model as model_lib
 from rl_batch import rollout as rollout_lib
-from rl_batch.checkpoint import Checkpointer
+from rl_batch.checkpoint import Checkpointer, path_name
 from rl_batch.sampler import SamplingConfig
 from rl_batch.tasks.tfds_builders import load_split
 from rl_batch.tokenizers import encode_prompt
@@ -235,8 +235,7 @@ def export_host_params(c: ConfigDict) -> str:
     params = base_params(c, progress=False)
     path = os.path.join(cache_dir(c), HOST_PARAMS_FILE)
     named = {
-        "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keys): np.asarray(x)
-        for keys, x in jax.tree_util.tree_leaves_with_path(params)
+        path_name(keys): np.asarray(x) for keys, x in jax.tree_util.tree_leaves_with_path(params)
     }
     tmp = path + ".tmp.npz"
     np.savez(tmp, **named)
@@ -250,7 +249,7 @@ def _load_host_params(path: str, model_config: model_lib.ModelConfig) -> Any:
         names = set(named.files)
 
         def leaf(keys, like):
-            name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keys)
+            name = path_name(keys)
             if name not in names or named[name].shape != tuple(like.shape):
                 raise ValueError(f"{path}: no array {name} of shape {tuple(like.shape)}")
             return jnp.asarray(named[name], dtype=like.dtype)

@@ -210,7 +210,7 @@ def generate(
 def decode_responses(tokenizer, samples: SampleOutput) -> list[str]:
     """Response texts, the stop id that ended each (``tokenizer.stop_ids``) and padding
     removed."""
-    stops = set(getattr(tokenizer, "stop_ids", (tokenizer.eos_id,)))
+    stops = set(tokenizer.stop_ids)
     texts = []
     for tokens, mask in zip(samples.response_tokens, samples.response_mask):
         ids = [int(t) for t, m in zip(tokens, mask) if m and int(t) not in stops]
