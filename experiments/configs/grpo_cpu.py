@@ -18,9 +18,10 @@ README's study section and each report's Measurement section):
   It is one warm start per study, shared by every run.
 - The learning rate: lr_ref = 1.25e-5 at the reference batch (8 x 8 = 64). From this warm
   start 5e-5 climbs as fast at first but wobbles by up to 0.04 in p_ref between
-  validations and collapsed once (0.557 -> 0.418 at 3.9k responses), so N* varied 30-50%
-  between seeds (CV 0.3-0.5 at a 0.5 target); at 1.25e-5 the curves rise monotonically
-  and N* at the 0.57 target varied 10-12% (4 seeds each at B = 64 and 256).
+  validations and collapsed once (0.557 -> 0.418 at 3.9k responses; one seed-0 run at
+  8 x 8), and at the old 0.5 target N* varied 1-88% between seeds (median 31%, commit
+  50522c0, seeds 0-2); at 1.25e-5 the curves rise monotonically and N* at the 0.57 target
+  varied 10-12% (4 seeds each at B = 64 and 256).
 - The target 0.57 lies where the curves still climb steadily (~2.4k responses at
   B = 64); targets closer to the start had larger relative seed spread (N* CV 0.17 at
   0.56, 0.27 at 0.55), and so did a band [0.53, 0.57] of levels (0.17), so the estimator
