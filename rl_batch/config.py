@@ -31,7 +31,7 @@ ALGOS = ("grpo", "ppo")
 # Validation accuracy the target is on: sampled mean@k, or the exact p(reference response).
 EVAL_METRICS = ("mean_at_k", "p_ref")
 INIT_SOURCES = ("pretrain", "scratch", "checkpoint", "hf")
-SYNTHETIC_TASKS = ("addition", "multiplication", "countdown")
+SYNTHETIC_TASKS = ("addition", "arithmetic_mix", "multiplication", "countdown")
 # The ``grpo.GRPOConfig`` field behind each key of a GRPO run's ``grpo`` section (all its
 # fields but ``temperature``, which comes from ``sampling``).
 GRPO_FIELDS = grpo.GRPOConfig.config_fields()

@@ -183,6 +183,8 @@ def test_countdown_examples_are_solvable_and_nontrivial():
         ("addition", {"n_digits": 5, "scratchpad": True}),
         ("multiplication", {"n_digits": 3, "m_digits": 2}),
         ("multiplication", {"n_digits": 3, "scratchpad": True}),
+        ("arithmetic_mix", {}),
+        ("arithmetic_mix", {"mul_digits": [2, 2], "mix": [1, 3], "scratchpad": False}),
         ("countdown", {}),
         ("countdown", {"n_numbers": 6, "max_number": 99, "max_target": 999}),
     ],
@@ -197,6 +199,29 @@ def test_reference_answers_score_one_and_fit(name, kwargs):
     assert max(len(ex.prompt) for ex in examples) <= task.max_prompt_len
     assert max(len(ex.answer) for ex in examples) <= task.max_response_len
     json.dumps([ex.to_dict() for ex in examples])  # Meta must be JSON-serialisable.
+
+
+def test_arithmetic_mix_draws_both_ops_and_scores_each_by_its_own_rule():
+    task = get_task("arithmetic_mix", mix=[1, 3])
+    rng = np.random.default_rng(0)
+    examples = [task.make_example(rng) for _ in range(2000)]
+    ops = [ex.meta["op"] for ex in examples]
+    assert 0.70 < ops.count("mul") / len(ops) < 0.80  # weights 1:3
+    add = next(ex for ex in examples if ex.meta["op"] == "add")
+    mul = next(ex for ex in examples if ex.meta["op"] == "mul")
+    assert "+" in add.prompt and add.answer == AdditionTask(scratchpad=True).response_for(
+        add.meta["a"], add.meta["b"]
+    )
+    assert mul.prompt == f"{mul.meta['a']:03d}*{mul.meta['b']}="
+    # 123 * 4 = 492: reversed and padded to 4 digits, after the one partial product.
+    assert task.score({"prompt": "123*4=", "answer": ""}, "2940:2940>2940").reward == 1.0
+    assert task.score({"prompt": "123*4=", "answer": ""}, "2940:2940>2941").reward == 0.0
+    assert task.score({"prompt": "123+004=", "answer": ""}, "x>7210").reward == 1.0
+    assert task.max_response_len == AdditionTask(scratchpad=True).max_response_len
+    with pytest.raises(ValueError, match="mix=\\[1.0\\]: expected 2 weights"):
+        get_task("arithmetic_mix", mix=[1])
+    with pytest.raises(ValueError, match="m_digits must be in"):
+        get_task("arithmetic_mix", mul_digits=[3, 0])
 
 
 def test_knob_validation():

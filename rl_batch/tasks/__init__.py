@@ -14,11 +14,17 @@ from rl_batch.tasks.rewards import (
     pass_at_k,
     score_responses,
 )
-from rl_batch.tasks.synthetic import AdditionTask, CountdownTask, MultiplicationTask
+from rl_batch.tasks.synthetic import (
+    AdditionTask,
+    ArithmeticMixTask,
+    CountdownTask,
+    MultiplicationTask,
+)
 
 __all__ = [
     "TASKS",
     "AdditionTask",
+    "ArithmeticMixTask",
     "CountdownTask",
     "Example",
     "MathTask",

@@ -7,10 +7,16 @@ from typing import Any
 
 from rl_batch.tasks.base import Task
 from rl_batch.tasks.math_data import MathTask
-from rl_batch.tasks.synthetic import AdditionTask, CountdownTask, MultiplicationTask
+from rl_batch.tasks.synthetic import (
+    AdditionTask,
+    ArithmeticMixTask,
+    CountdownTask,
+    MultiplicationTask,
+)
 
 TASKS: dict[str, type] = {
     "addition": AdditionTask,
+    "arithmetic_mix": ArithmeticMixTask,
     "multiplication": MultiplicationTask,
     "countdown": CountdownTask,
     "math": MathTask,
@@ -26,7 +32,8 @@ def get_task(name: str, **kwargs: Any) -> Task:
     """Builds a registered task.
 
     Args:
-        name: one of `TASKS` (``addition``, ``multiplication``, ``countdown``, ``math``).
+        name: one of `TASKS` (``addition``, ``arithmetic_mix``, ``multiplication``,
+            ``countdown``, ``math``).
         **kwargs: the task's knobs, e.g. ``n_digits=3, scratchpad=True``.
 
     Returns:

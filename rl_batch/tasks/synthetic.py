@@ -10,6 +10,11 @@ characters are lengths in tokens (BOS/EOS not counted).
   ``scratchpad=True`` writes one step per digit column first:
   ``"3+6+0=09,2+5+0=07,1+4+0=05>9750"`` (digit of a, digit of b, carry in = carry out and
   sum digit), then ``>`` and the answer.
+- ``arithmetic_mix``: one training distribution of several of the problems above,
+  ``add`` (``"123+456="``) and ``mul`` (``"123*4="``) drawn per example with the
+  weights ``mix`` (default half and half), each in its own task's format; the example's
+  ``meta["op"]`` records the draw. Its success probability differs by prompt and can be
+  read off it (the operator), which gives a PPO critic something to predict.
 - ``multiplication``: ``"12*34="`` -> ``"8040"`` (408 reversed, padded to ``n + m`` digits).
   ``scratchpad=True`` writes, for each digit ``b_j`` of the second operand (least
   significant first), the shifted partial product ``a * b_j * 10^j`` and the running sum,
@@ -182,6 +187,72 @@ class MultiplicationTask:
         example = to_example(example)
         a, b = _parse_binary_prompt(example.prompt, "*")
         return _score_reversed_number(response, a * b, self.scratchpad, self.max_response_len)
+
+    def reward(self, example: Example | Mapping[str, Any], response: str) -> float:
+        return self.score(example, response).reward
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArithmeticMixTask:
+    """Addition and multiplication problems in one distribution (see module docstring).
+
+    Attributes:
+        add_digits: digits per addition operand.
+        mul_digits: digits of the multiplication's two operands (e.g. ``(3, 1)``).
+        scratchpad: both write their steps before the answer.
+        mix: the weights of ``("add", "mul")``, drawn per example.
+    """
+
+    add_digits: int = 3
+    mul_digits: tuple[int, int] = (3, 1)
+    scratchpad: bool = True
+    mix: tuple[float, float] = (0.5, 0.5)
+    name: str = dataclasses.field(default="arithmetic_mix", init=False)
+
+    OPS = ("add", "mul")
+
+    def __post_init__(self):
+        mix = tuple(float(w) for w in self.mix)  # JSON and flags give lists
+        if len(mix) != len(self.OPS) or min(mix) < 0 or sum(mix) <= 0:
+            raise ValueError(
+                f"arithmetic_mix mix={list(mix)}: expected {len(self.OPS)} weights >= 0 of "
+                f"{self.OPS} with a positive sum"
+            )
+        digits = tuple(int(d) for d in self.mul_digits)
+        if len(digits) != 2:
+            raise ValueError(f"arithmetic_mix mul_digits={list(digits)}: expected two lengths")
+        object.__setattr__(self, "mix", mix)
+        object.__setattr__(self, "mul_digits", digits)
+        _ = self._tasks  # Validates the digit counts.
+
+    @property
+    def _tasks(self) -> dict[str, Any]:
+        n, m = self.mul_digits
+        return {
+            "add": AdditionTask(n_digits=self.add_digits, scratchpad=self.scratchpad),
+            "mul": MultiplicationTask(n_digits=n, m_digits=m, scratchpad=self.scratchpad),
+        }
+
+    @property
+    def max_prompt_len(self) -> int:
+        return max(t.max_prompt_len for t in self._tasks.values())
+
+    @property
+    def max_response_len(self) -> int:
+        return max(t.max_response_len for t in self._tasks.values())
+
+    def make_example(self, rng: np.random.Generator) -> Example:
+        weights = np.asarray(self.mix) / sum(self.mix)
+        op = self.OPS[int(rng.choice(len(self.OPS), p=weights))]
+        ex = self._tasks[op].make_example(rng)
+        return Example(ex.prompt, ex.answer, {**ex.meta, "op": op})
+
+    def _task_of(self, prompt: str):
+        return self._tasks["mul" if "*" in prompt else "add"]
+
+    def score(self, example: Example | Mapping[str, Any], response: str) -> Score:
+        example = to_example(example)
+        return self._task_of(example.prompt).score(example, response)
 
     def reward(self, example: Example | Mapping[str, Any], response: str) -> float:
         return self.score(example, response).reward
