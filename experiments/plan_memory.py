@@ -160,7 +160,7 @@ def _sweep_table(c, micro_fit: int, gen_fit: int | None) -> None:
         "that fit | config gen_batch | fits | largest gen_batch that fits |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for point in {pt.key: pt for pt in sweep.expand_grid(c.sweep)}.values():
+    for point in {pt.key: pt for pt in sweep.expand_grid(c)}.values():
         b = point.prompts * point.group_size
         seqs_cfg = c.grpo.get("micro_batch_seqs", 0)
         m_cfg = (

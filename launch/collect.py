@@ -312,6 +312,7 @@ def run_entry(run_dir: str, name: str, log: Log = _stderr_log) -> dict[str, Any]
         **{k: config.get(k) for k in ENTRY_CONFIG_KEYS if k != "lr"},
         lr=artifacts.config_lr(config),
         batch=artifacts.entry_batch(config.get("derived") or {}),
+        critic=artifacts.critic_variant_of(config),
         status=status,
         error=error,
     )
@@ -534,7 +535,8 @@ def _key_of(reference: str, entries: dict[str, dict[str, Any]]) -> str | None:
             return _point_key(entry)
         return None
     try:
-        return artifacts.point_key(*artifacts.parse_point_key(reference))
+        prompts, group, rule, critic = artifacts.parse_point_key(reference)
+        return artifacts.point_key(prompts, group, rule, critic or "")
     except ValueError:
         return None
 
@@ -787,7 +789,8 @@ def _entry_extras(sweep: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _point_key(entry: dict[str, Any]) -> str:
     """The sweep programs' configuration key, e.g. ``"64x8:sqrt"``."""
-    return artifacts.point_key(entry.get("prompts"), entry.get("group_size"), entry.get("lr_rule"))
+    prompts, group, rule = entry.get("prompts"), entry.get("group_size"), entry.get("lr_rule")
+    return artifacts.point_key(prompts, group, rule, entry.get("critic") or "")
 
 
 def run_analysis(sweep_dir: str) -> str | None:

@@ -78,7 +78,7 @@ PHASE_TRAIN = "train"
 
 # The fields of a run's entry in sweep.json (``sweep_entry``); writers may add more.
 SWEEP_ENTRY_CONFIG_KEYS = ("prompts", "group_size", "lr_rule", "lr", "seed")
-SWEEP_ENTRY_FIELDS = ("name", *SWEEP_ENTRY_CONFIG_KEYS, "batch", "status", "error")
+SWEEP_ENTRY_FIELDS = ("name", *SWEEP_ENTRY_CONFIG_KEYS, "critic", "batch", "status", "error")
 # Fields of entries written by older code, read by ``entry_batch`` (never written now).
 OLD_SWEEP_ENTRY_FIELDS = ("batch_responses",)
 
@@ -94,12 +94,14 @@ def sweep_entry(
     status: str,
     error: str | None = None,
     batch: Any = None,
+    critic: str = "",
 ) -> dict[str, Any]:
     """A run's entry in sweep.json (the one builder: ``rl_batch.sweep``, ``launch/collect``).
 
     ``batch`` is the configured training batch B = P x G (GRPO's batch unit; PPO has
     G = 1), filled in from ``prompts`` and ``group_size`` when not given (the update
     lines' ``batch_responses`` count the responses each update retained instead).
+    ``critic`` is a PPO point's critic variant (`critic_variant`; ``""`` at the defaults).
     """
     if batch is None and isinstance(prompts, int) and isinstance(group_size, int):
         batch = prompts * group_size
@@ -108,6 +110,7 @@ def sweep_entry(
         "prompts": prompts,
         "group_size": group_size,
         "lr_rule": lr_rule,
+        "critic": critic,
         "lr": lr,
         "seed": seed,
         "batch": batch,
@@ -139,22 +142,64 @@ def config_lr(config: dict[str, Any]) -> Any:
     return config.get("lr")
 
 
-def point_key(prompts: int, group_size: int, lr_rule: str) -> str:
-    """A configuration's key (seed excluded), e.g. ``"64x8:sqrt"``: the spelling of
+def point_key(prompts: int, group_size: int, lr_rule: str, critic: str = "") -> str:
+    """A configuration's key (seed excluded), e.g. ``"64x8:sqrt"``, or for a PPO critic
+    off its defaults ``"64x1:sqrt:k2"`` (`critic_variant`): the spelling of
     ``sweep.extra_points``, ``sweep.reference`` and the analysis's ``--reference``."""
-    return f"{prompts}x{group_size}:{lr_rule}"
+    key = f"{prompts}x{group_size}:{lr_rule}"
+    return f"{key}:{critic}" if critic else key
 
 
-def parse_point_key(text: str) -> tuple[int, int, str]:
-    """Parses ``"PxG:rule"`` into (prompts, group_size, rule); ValueError if malformed."""
+def parse_point_key(text: str) -> tuple[int, int, str, str | None]:
+    """Parses ``"PxG:rule[:critic]"`` into (prompts, group_size, rule, critic); critic is
+    None when the key has no critic part. ValueError if malformed."""
     try:
-        batch, rule = text.strip().split(":")
+        batch, rule, *rest = text.strip().split(":")
         prompts, group = batch.lower().split("x")
-        return int(prompts), int(group), rule.strip()
+        if len(rest) > 1:
+            raise ValueError
+        critic = None
+        if rest:
+            k, critic_rule = parse_critic_variant(rest[0])
+            critic = critic_variant(k, critic_rule, rule.strip())
+        return int(prompts), int(group), rule.strip(), critic
     except ValueError:
         raise ValueError(
-            f"bad sweep point {text!r}: expected 'PxG:rule', e.g. '64x8:sqrt'"
+            f"bad sweep point {text!r}: expected 'PxG:rule', e.g. '64x8:sqrt', or for PPO "
+            "'PxG:rule:kK[-critic_rule]', e.g. '64x1:sqrt:k2' or '64x1:sqrt:k1-fixed'"
         ) from None
+
+
+def critic_variant(batch_scale: int, critic_lr_rule: str, lr_rule: str) -> str:
+    """The PPO critic's settings as a key part: ``""`` at the defaults (batch scale 1, the
+    actor's LR rule), else ``"k<scale>"`` plus ``"-<rule>"`` when the rule differs."""
+    rule = "" if critic_lr_rule in ("", lr_rule) else critic_lr_rule
+    if int(batch_scale) == 1 and not rule:
+        return ""
+    return f"k{int(batch_scale)}" + (f"-{rule}" if rule else "")
+
+
+def parse_critic_variant(text: str) -> tuple[int, str]:
+    """``"k2"`` -> (2, ""), ``"k1-fixed"`` -> (1, "fixed"), ``""`` -> (1, ""); ValueError
+    if malformed."""
+    if not text:
+        return 1, ""
+    scale, _, rule = text.partition("-")
+    if not scale.startswith("k") or not scale[1:].isdigit() or int(scale[1:]) < 1:
+        raise ValueError(f"bad critic variant {text!r}: expected 'k<scale>[-<rule>]'")
+    return int(scale[1:]), rule
+
+
+def critic_variant_of(config: Any) -> str:
+    """`critic_variant` of a run config (a mapping or ConfigDict); ``""`` unless PPO."""
+    if config.get("algo") != "ppo":
+        return ""
+    ppo = config.get("ppo") or {}
+    return critic_variant(
+        ppo.get("critic_batch_scale", 1) or 1,
+        ppo.get("critic_lr_rule", "") or "",
+        config.get("lr_rule", ""),
+    )
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

@@ -174,7 +174,10 @@ def sweep_configs(sweep_dir: str) -> dict[str, ConfigDict]:
         if not os.path.exists(path):
             continue
         c = ConfigDict(artifacts.read_json(path))
-        configs.setdefault(artifacts.point_key(c.prompts, c.group_size, c.lr_rule), c)
+        key = artifacts.point_key(
+            c.prompts, c.group_size, c.lr_rule, artifacts.critic_variant_of(c)
+        )
+        configs.setdefault(key, c)
     if not configs:
         raise ValueError(f"{sweep_dir}: no run has a config.json to calibrate")
     return configs

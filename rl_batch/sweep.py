@@ -53,15 +53,17 @@ class Point:
     group_size: int
     lr_rule: str
     seed: int
+    critic: str = ""  # PPO critic settings off their defaults (artifacts.critic_variant)
 
     @property
     def key(self) -> str:
-        """The configuration (seed excluded), e.g. ``16x8:sqrt``."""
-        return artifacts.point_key(self.prompts, self.group_size, self.lr_rule)
+        """The configuration (seed excluded), e.g. ``16x8:sqrt`` or ``64x1:sqrt:k2``."""
+        return artifacts.point_key(self.prompts, self.group_size, self.lr_rule, self.critic)
 
     @property
     def name(self) -> str:
-        return f"p{self.prompts}_g{self.group_size}_{self.lr_rule}_s{self.seed}"
+        critic = f"_{self.critic}" if self.critic else ""
+        return f"p{self.prompts}_g{self.group_size}_{self.lr_rule}{critic}_s{self.seed}"
 
 
 def _ints(text: str, field: str) -> list[int]:
@@ -81,28 +83,64 @@ def _strs(text: str) -> list[str]:
 parse_point_key = artifacts.parse_point_key
 
 
-def expand_grid(sweep: ConfigDict) -> list[Point]:
+def _critic_axis(base: ConfigDict) -> list[tuple[int, str]]:
+    """PPO's (critic_batch_scale, critic_lr_rule) pairs: the product of
+    ``sweep.critic_batch_scales`` and ``sweep.critic_lr_rules`` (each empty = the base
+    config's ``ppo`` value); one pair of defaults for GRPO."""
+    if base.get("algo") != "ppo":
+        return [(1, "")]
+    sweep, ppo = base.sweep, base.ppo
+    scales_text = sweep.get("critic_batch_scales", "")
+    scales = _ints(scales_text, "critic_batch_scales") if scales_text else []
+    rules = _strs(sweep.get("critic_lr_rules", ""))
+    if any(k < 1 for k in scales):
+        raise ValueError(f"sweep.critic_batch_scales={scales_text!r}: each must be >= 1")
+    return [
+        (k, "" if r == "actor" else r)
+        for k in scales or [int(ppo.critic_batch_scale)]
+        for r in rules or [ppo.critic_lr_rule]
+    ]
+
+
+def expand_grid(base: ConfigDict) -> list[Point]:
     """All grid points (duplicates removed), ordered by batch size, then prompts, then
-    their order in the config; the seeds of a configuration are adjacent."""
+    their order in the config; the seeds of a configuration are adjacent.
+
+    ``base`` is the sweep config; for PPO the critic axes (``sweep.critic_batch_scales``
+    x ``sweep.critic_lr_rules``) multiply the grid, and an extra point or the reference
+    without a critic part has the base config's critic settings."""
+    sweep = base.sweep
     seeds = _ints(sweep.seeds, "seeds")
+    critics = _critic_axis(base)
     keys = [
-        (p, g, r)
+        (p, g, r, artifacts.critic_variant(k, cr, r))
         for p in _ints(sweep.prompts, "prompts")
         for g in _ints(sweep.group_sizes, "group_sizes")
         for r in _strs(sweep.lr_rules)
+        for k, cr in critics
     ]
-    keys += [parse_point_key(k) for k in _strs(sweep.extra_points)]
+    keys += [_full_key(base, k) for k in _strs(sweep.extra_points)]
     unique = sorted(set(keys), key=lambda k: (k[0] * k[1], k[0], keys.index(k)))
-    return [Point(p, g, r, s) for p, g, r in unique for s in seeds]
+    return [Point(p, g, r, s, critic) for p, g, r, critic in unique for s in seeds]
 
 
-def reference_key(sweep: ConfigDict, points: list[Point]) -> str:
+def _full_key(base: ConfigDict, text: str) -> tuple[int, int, str, str]:
+    """A point key's (prompts, group_size, rule, critic), the critic part filled in from
+    the base config when absent; a critic part on a GRPO sweep is refused."""
+    p, g, r, critic = parse_point_key(text)
+    if critic is None:
+        critic = artifacts.critic_variant_of({**base.to_dict(), "lr_rule": r})
+    elif critic and base.get("algo") != "ppo":
+        raise ValueError(f"sweep point {text!r}: a critic part (':{critic}') needs algo='ppo'")
+    return p, g, r, critic
+
+
+def reference_key(base: ConfigDict, points: list[Point]) -> str:
     """The reference configuration: ``sweep.reference`` or the smallest batch's first rule."""
-    if sweep.reference:
-        p, g, r = parse_point_key(sweep.reference)
-        key = artifacts.point_key(p, g, r)
+    if base.sweep.reference:
+        key = artifacts.point_key(*_full_key(base, base.sweep.reference))
         if key not in {pt.key for pt in points}:
-            raise ValueError(f"sweep.reference={sweep.reference!r} is not a point of the grid")
+            raise ValueError(f"sweep.reference={base.sweep.reference!r} is not a point of the grid")
         return key
     return points[0].key
 
@@ -118,6 +156,10 @@ def point_config(base: ConfigDict, point: Point, sweep_dir: str) -> ConfigDict:
         point.lr_rule,
         point.seed,
     )
+    if c.algo == "ppo":
+        c.ppo.critic_batch_scale, c.ppo.critic_lr_rule = artifacts.parse_critic_variant(
+            point.critic
+        )
     c.name = point.name
     c.run_dir = os.path.join(sweep_dir, artifacts.RUNS_DIR, point.name)
     c.lr = None  # Always derived from the rule for sweep points (derived.lr).
@@ -160,8 +202,8 @@ def plan(
         points it applies to.
     """
     check_base_lr(base)
-    points = expand_grid(base.sweep)
-    reference_key(base.sweep, points)
+    points = expand_grid(base)
+    reference_key(base, points)
     resolved, errors = {}, {}  # error message -> the points it is about
     for point in points:
         try:
@@ -210,6 +252,7 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
             prompts=point.prompts,
             group_size=point.group_size,
             lr_rule=point.lr_rule,
+            critic=point.critic,
             lr=c.derived.lr,
             seed=point.seed,
             status=prev.get("status", "pending"),
@@ -471,7 +514,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         too_big = check_memory(check, device_memory, sweep_dir)
         if too_big:
             raise ValueError("sweep points do not fit in memory:\n  " + "\n  ".join(too_big))
-    ref_key = reference_key(base.sweep, points)
+    ref_key = reference_key(base, points)
     changed = _changed_settings(resolved if only is None else {only: resolved[only]})
     if changed:
         raise ValueError(

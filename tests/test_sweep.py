@@ -24,7 +24,7 @@ def _sweep_config(work_dir="/tmp/unused", **sweep_fields):
 def test_grid_expands_products_extra_points_and_seeds():
     c = _sweep_config(prompts="4,8", group_sizes="4", lr_rules="sqrt,fixed", seeds="0,1")
     c.sweep.extra_points = "2x8:sqrt,4x4:sqrt"  # the second is already in the product
-    points = sweep.expand_grid(c.sweep)
+    points = sweep.expand_grid(c)
     keys = [p.key for p in points]
     assert keys == [
         "2x8:sqrt", "2x8:sqrt",
@@ -225,3 +225,43 @@ def test_a_rerun_with_other_settings_is_refused_before_any_point(tmp_path):
     c.eval_k, c.budget_responses = 2, 2 * c.budget_responses
     sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, log=lambda s: None)
     assert calls == ["p2_g4_sqrt_s0", "p4_g4_sqrt_s0"] * 2
+
+
+def test_ppo_critic_axes_and_critic_points(tmp_path):
+    c = _sweep_config(prompts="8,16", group_sizes="1", seeds="0")
+    c.algo, c.group_size, c.ppo.warmup_updates = "ppo", 1, 0
+    c.sweep.critic_batch_scales = "1,2"
+    c.sweep.extra_points = "8x1:sqrt:k1-fixed,16x1:sqrt:k4"
+    c.sweep.reference = "8x1:sqrt"
+    points = sweep.expand_grid(c)
+    assert [p.key for p in points] == [
+        "8x1:sqrt", "8x1:sqrt:k2", "8x1:sqrt:k1-fixed",
+        "16x1:sqrt", "16x1:sqrt:k2", "16x1:sqrt:k4",
+    ]  # fmt: skip
+    assert points[1].name == "p8_g1_sqrt_k2_s0"
+    _, resolved = sweep.plan(c, str(tmp_path))
+    k2, fixed = resolved["p8_g1_sqrt_k2_s0"], resolved["p8_g1_sqrt_k1-fixed_s0"]
+    assert (k2.ppo.critic_batch_scale, k2.ppo.critic_lr_rule) == (2, "")
+    assert (fixed.ppo.critic_batch_scale, fixed.ppo.critic_lr_rule) == (1, "fixed")
+    # The critic's LR is resolved for its effective batch k x B (sqrt rule: x sqrt(2)).
+    base_lr = resolved["p8_g1_sqrt_s0"].derived.critic_lr
+    assert k2.derived.critic_lr == pytest.approx(base_lr * 2**0.5)
+    assert fixed.derived.critic_lr == pytest.approx(c.ppo.critic_lr_ref)
+    # Each run's key is read back from its own config the same way.
+    assert artifacts.critic_variant_of(k2) == "k2"
+    assert artifacts.critic_variant_of(fixed) == "k1-fixed"
+    # A base critic setting is every point's default, the reference's included.
+    c.ppo.critic_batch_scale, c.sweep.critic_batch_scales, c.sweep.extra_points = 2, "", ""
+    assert {p.key for p in sweep.expand_grid(c)} == {"8x1:sqrt:k2", "16x1:sqrt:k2"}
+    assert sweep.reference_key(c, sweep.expand_grid(c)) == "8x1:sqrt:k2"
+
+
+def test_critic_point_keys_are_checked():
+    c = _sweep_config(prompts="4", group_sizes="4", seeds="0")
+    c.sweep.extra_points = "4x4:sqrt:k2"
+    with pytest.raises(ValueError, match="a critic part .* needs algo='ppo'"):
+        sweep.expand_grid(c)
+    for bad in ("4x1:sqrt:2", "4x1:sqrt:k0", "4x1:sqrt:k2:x"):
+        with pytest.raises(ValueError, match="bad sweep point"):
+            artifacts.parse_point_key(bad)
+    assert artifacts.parse_point_key("64x1:sqrt:k1-sqrt") == (64, 1, "sqrt", "")

@@ -227,6 +227,11 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # Extra points beyond the product above, "PxG:rule" separated by commas,
     # e.g. "8x16:sqrt,32x8:fixed".
     run.sweep.extra_points = ""
+    # PPO: the critic's axes, multiplying the grid (empty = the base ppo.critic_batch_scale
+    # / ppo.critic_lr_rule); "actor" in critic_lr_rules = the actor's rule. A point off the
+    # critic defaults is spelled "PxG:rule:kK[-critic_rule]", e.g. "64x1:sqrt:k2".
+    run.sweep.critic_batch_scales = ""
+    run.sweep.critic_lr_rules = ""
     run.sweep.reference = ""  # run config key "PxG:rule"; default: smallest batch, first rule
     # > 0: bytes of one device; before any point starts, the sweep compiles each point's
     # update and sampler ahead of time (experiments.plan_memory, CPU) and refuses the
