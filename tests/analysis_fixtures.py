@@ -231,9 +231,12 @@ def write_sweep(
 ) -> str:
     """Writes a synthetic sweep; returns its directory."""
     runs = []
-    for prompts, group, rule, mult in configs:
+    for prompts, group, rule, mult, *critic in configs:  # critic: a PPO critic variant
+        critic = critic[0] if critic else ""
+        scale, critic_rule = artifacts.parse_critic_variant(critic)
+        extra = {"ppo": {"critic_batch_scale": scale, "critic_lr_rule": critic_rule}}
         for seed, factor in enumerate(seed_factors):
-            name = run_name(prompts, group, rule, seed)
+            name = run_name(prompts, group, rule, seed) + (f"_{critic}" if critic else "")
             write_run(
                 os.path.join(sweep_dir, artifacts.RUNS_DIR, name),
                 prompts=prompts,
@@ -244,9 +247,10 @@ def write_sweep(
                 tau=TAU0 * mult * factor,
                 budget=budget,
                 eval_every=eval_every,
-                **run_kwargs,
+                **{"config_extra": extra, **run_kwargs},
             )
-            runs.append(_sweep_entry(name, prompts, group, rule, seed, "finished"))
+            entry = _sweep_entry(name, prompts, group, rule, seed, "finished")
+            runs.append({**entry, "critic": critic})
     artifacts.write_json_atomic(
         os.path.join(sweep_dir, artifacts.SWEEP_FILE),
         {

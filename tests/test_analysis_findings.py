@@ -4,6 +4,7 @@ import json
 import os
 
 import analysis_fixtures as fx
+import numpy as np
 import pytest
 
 from rl_batch import artifacts
@@ -127,3 +128,54 @@ def test_generation_saturation_is_decided_on_the_visits_intervals(below_top, ver
     finding = findings.generation_finding(gen)
     assert finding.verdict == verdict, finding
     assert "tokens/s against c = 256: c=64: 0.4" in finding.measured
+
+
+def test_ppo_critic_batch_scale_finding_and_figure(tmp_path):
+    # PPO at the reference P = 32 (G = 1) with critic variants: k2 needs the same samples,
+    # k4 twice as many (the fixture's tau x 2).
+    configs = [(32, 1, "sqrt", 1.0), (64, 1, "sqrt", 1.0), (32, 1, "sqrt", 1.0, "k2")]
+    kw = dict(algo="ppo", reference="P32_G1_sqrt_s0", critic=True, warmup_updates=3)
+    a, gen = _analysis(tmp_path / "same", configs=configs, **kw)
+    assert [k.critic for k in findings.critic_variants(a)] == ["k2"]
+    same = _by_name(a, gen)["PPO: the critic's batch scale is the actor's"]
+    assert same.verdict == findings.HOLDS, same
+    assert "N*(critic k2) / N*(critic default) = 1 [" in same.measured
+    a, gen = _analysis(tmp_path / "differ", configs=[*configs, (32, 1, "sqrt", 2.0, "k4")], **kw)
+    differ = _by_name(a, gen)["PPO: the critic's batch scale is the actor's"]
+    assert differ.verdict == findings.FAILS and "N*(critic k4) / N*(critic default) = 2 [" in (
+        differ.measured
+    )
+    # The sqrt family holds the critic defaults only.
+    assert [k.batch for k in findings._family(a)] == [32, 64]
+    # GRPO sweeps have no such finding.
+    g, ggen = _analysis(tmp_path / "grpo")
+    assert "PPO: the critic's batch scale is the actor's" not in _by_name(g, ggen)
+
+
+def test_ppo_critic_figure_is_drawn(tmp_path):
+    from rl_batch.analysis import figures
+
+    configs = [(32, 1, "sqrt", 1.0), (64, 1, "sqrt", 1.0), (32, 1, "sqrt", 1.0, "k2")]
+    a, _ = _analysis(
+        tmp_path / "s", configs=configs, algo="ppo", reference="P32_G1_sqrt_s0", critic=True,
+        warmup_updates=3,
+    )  # fmt: skip
+    assert figures.figure_critic(a) is None  # the fixture logs no explained_variance
+    path = os.path.join(tmp_path, "s", artifacts.RUNS_DIR, "P32_G1_sqrt_s0", "metrics.jsonl")
+    lines = [json.loads(x) for x in open(path)]
+    for rec in lines:
+        if rec["kind"] == "update":
+            rec["explained_variance"] = 0.4
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in lines)
+    a = ttt.analyze_sweep(curves.load_sweep(str(tmp_path / "s")))
+    fig = figures.figure_critic(a)
+    ev_axis, n_axis = fig.axes
+    assert np.nanmax(ev_axis.lines[0].get_ydata()) == pytest.approx(0.4)
+    assert [t.get_text() for t in n_axis.get_xticklabels()] == ["default", "k2"]
+    rows = {k.critic: (w, t) for k, w, t in findings.critic_explained_variance(a)}
+    assert list(rows) == [""]  # only the seed-0 run of the reference has EV lines
+    warm, train = rows[""]
+    assert warm.mean == pytest.approx(0.4) and train.mean == pytest.approx(0.4) and train.n == 1
+    text = report.build_report(a)
+    assert "## PPO critic" in text and "| ppo-P32-G1-sqrt | 32 | 0.4 (1 seed, no CI) |" in text

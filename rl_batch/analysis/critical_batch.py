@@ -59,7 +59,9 @@ def family_keys(
     Returns:
       The family's configurations in increasing batch (one per batch).
     """
-    pool = [k for k in keys if k.lr_rule == lr_rule]
+    # One PPO critic setting per family: the reference's (the defaults without one).
+    critic = reference.critic if reference is not None else ""
+    pool = [k for k in keys if k.lr_rule == lr_rule and k.critic == critic]
     if not pool:
         return []
     if algo is None:

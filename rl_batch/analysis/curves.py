@@ -35,6 +35,7 @@ class ConfigKey:
     prompts: int
     group_size: int
     lr_rule: str
+    critic: str = ""  # PPO critic settings off their defaults (artifacts.critic_variant)
 
     @property
     def batch(self) -> int:
@@ -44,20 +45,22 @@ class ConfigKey:
     @property
     def name(self) -> str:
         """Machine-friendly name, e.g. ``grpo-P128-G8-sqrt`` (accepted by ``--reference``)."""
-        return f"{self.algo}-P{self.prompts}-G{self.group_size}-{self.lr_rule}"
+        critic = f"-{self.critic}" if self.critic else ""
+        return f"{self.algo}-P{self.prompts}-G{self.group_size}-{self.lr_rule}{critic}"
 
     @property
     def point_key(self) -> str:
         """The sweep grid's spelling, e.g. ``128x8:sqrt`` (accepted by ``--reference``)."""
-        return artifacts.point_key(self.prompts, self.group_size, self.lr_rule)
+        return artifacts.point_key(self.prompts, self.group_size, self.lr_rule, self.critic)
 
     @property
     def label(self) -> str:
         """Short label for figures and tables, e.g. ``P=128 G=8 sqrt``."""
-        return f"P={self.prompts} G={self.group_size} {self.lr_rule}"
+        critic = f" critic {self.critic}" if self.critic else ""
+        return f"P={self.prompts} G={self.group_size} {self.lr_rule}{critic}"
 
     def sort_key(self) -> tuple[Any, ...]:
-        return (self.algo, self.batch, self.group_size, self.lr_rule)
+        return (self.algo, self.batch, self.group_size, self.lr_rule, self.critic)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +100,7 @@ class RunData:
     eval_responses: np.ndarray
     eval_accuracy: np.ndarray
     warmup_updates: int = 0
+    warmup_records: tuple[dict[str, Any], ...] = ()  # PPO critic warm-up update lines
 
     @property
     def final_responses(self) -> float:
@@ -205,6 +209,7 @@ def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None
         prompts=int(prompts),
         group_size=int(group),
         lr_rule=str(_first(entry.get("lr_rule"), find_config_value(config, "lr_rule"), "unknown")),
+        critic=str(_first(entry.get("critic"), artifacts.critic_variant_of(config or {}), "")),
     )
     seed = _first(entry.get("seed"), find_config_value(config, "seed"))
 
@@ -225,6 +230,7 @@ def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None
         eval_responses=axes.eval_responses,
         eval_accuracy=axes.eval_accuracy,
         warmup_updates=len(warm),
+        warmup_records=tuple(warm),
     )
 
 

@@ -19,6 +19,8 @@ Figures (each skipped, with a logged note, when the sweep has no data for it):
 - ``ratios``: ``r_N`` and ``r_q`` against batch in one panel (their ratio is ``T/T_ref``).
 - ``time_breakdown``: seconds per update in generation, scoring, update and idle per batch.
 - ``training_signals``: reward, entropy, KL and response length against responses per run.
+- ``critic`` (PPO): the critic's explained variance per update, warm-up included, and N*
+  against the critic's settings (batch scale, LR rule) at the reference.
 
 Error bars are the intervals over seeds (`time_to_target`'s method, Student-t by
 default); an estimate without one (a single seed) is drawn as a hollow marker with no
@@ -720,6 +722,49 @@ def figure_training_signals(analysis: Analysis) -> Figure | None:
     return fig
 
 
+def figure_critic(analysis: Analysis) -> Figure | None:
+    """PPO: the critic's explained variance per update (warm-up included, one line per
+    run) and N* against the critic's settings at the reference (batch scale, LR rule)."""
+    runs = [(k, r) for k in sorted(analysis.stats, key=lambda k: k.sort_key())
+            for r in analysis.runs_by_key[k]]  # fmt: skip
+    field = "explained_variance"
+    runs = [(k, r) for k, r in runs if any(x.get(field) is not None
+            for x in (*r.warmup_records, *r.update_records))]  # fmt: skip
+    if not runs:
+        log.info("figure critic: skipped (no explained_variance logged)")
+        return None
+    fig = _figure(analysis, 2)
+    ax, ax2 = fig.subplots(1, 2)
+    colors = _batch_colors([k.batch for k, _ in runs])
+    labelled = set()
+    for k, r in runs:
+        ev = [np.nan if x.get(field) is None else float(x[field])
+              for x in (*r.warmup_records, *r.update_records)]  # fmt: skip
+        updates = np.arange(1, len(ev) + 1) - r.warmup_updates
+        label = k.label if k not in labelled else None
+        labelled.add(k)
+        ax.plot(updates, ev, color=colors[k.batch], linestyle="--" if k.critic else "-",
+                linewidth=0.8, alpha=0.8, label=label)  # fmt: skip
+    ax.axvline(0.5, color="0.5", linewidth=0.8, linestyle=":")
+    ax.axhline(0.0, color="0.7", linewidth=0.6)
+    ax.set_xlabel("update (critic warm-up at <= 0, the actor from 1)")
+    ax.set_ylabel("critic explained variance (fresh batch)")
+    ax.legend(fontsize=6)
+    ref = analysis.reference
+    keys = [ref, *findings.critic_variants(analysis)]
+    ests = [analysis.ratios[k].r_n for k in keys]
+    if len(keys) < 2 or any(e is None for e in ests):
+        ax2.set_visible(False)
+        return fig
+    x = np.arange(len(keys))
+    _errorbars(ax2, x, ests, "C0", "o", "N* / N*(critic default)")
+    ax2.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
+    ax2.set_xticks(x, [k.critic or "default" for k in keys])
+    ax2.set_xlabel(f"critic settings at B={ref.batch} (kK: critic steps once per K batches)")
+    ax2.set_ylabel("r_N against the reference")
+    return fig
+
+
 def save_figure(fig: Figure, out_dir: str, name: str) -> list[str]:
     """Saves ``fig`` as ``<out_dir>/<name>.png`` and ``.pdf``; returns the paths."""
     os.makedirs(out_dir, exist_ok=True)
@@ -760,6 +805,8 @@ def write_figures(
         "time_breakdown": lambda: figure_time_breakdown(analysis),
         "training_signals": lambda: figure_training_signals(analysis),
     }
+    if analysis.reference.algo == "ppo":
+        makers["critic"] = lambda: figure_critic(analysis)
     written, skipped = [], []
     for name, make in makers.items():
         fig = make()

@@ -176,7 +176,7 @@ def batch_unit_finding(analysis: Analysis, tol: float) -> Finding:
         (a, b)
         for i, a in enumerate(keys)
         for b in keys[i + 1 :]
-        if (a.algo, a.batch, a.lr_rule) == (b.algo, b.batch, b.lr_rule)
+        if (a.algo, a.batch, a.lr_rule, a.critic) == (b.algo, b.batch, b.lr_rule, b.critic)
         and a.group_size != b.group_size
     ]
     if not pairs:
@@ -192,17 +192,101 @@ def batch_unit_finding(analysis: Analysis, tol: float) -> Finding:
             continue
         e = _n_star_ratio(analysis, na, nb)
         parts.append(f"{label} = {e.fmt()}")
-        if not e.has_interval:
-            verdicts.append(UNDECIDED)
-        elif band[0] <= e.lo and e.hi <= band[1]:
-            verdicts.append(HOLDS)
-        elif e.lo > band[1] or e.hi < band[0]:
-            verdicts.append(FAILS)
-        else:
-            verdicts.append(UNDECIDED)
+        verdicts.append(_band_verdict(e, tol))
     verdict = verdicts[0] if len(set(verdicts)) == 1 else UNDECIDED
     note = f"holds when the interval lies in [{band[0]:.3g}, {band[1]:.3g}]"
     return Finding(name, paper, "; ".join(parts), verdict, note)
+
+
+def _band_verdict(e: Estimate, tol: float) -> str:
+    """HOLDS inside [1/(1+tol), 1+tol] (the same), FAILS outside it, else UNDECIDED."""
+    band = (1.0 / (1.0 + tol), 1.0 + tol)
+    if not e.has_interval:
+        return UNDECIDED
+    if band[0] <= e.lo and e.hi <= band[1]:
+        return HOLDS
+    if e.lo > band[1] or e.hi < band[0]:
+        return FAILS
+    return UNDECIDED
+
+
+def critic_variants(analysis: Analysis) -> list[ConfigKey]:
+    """PPO configurations that differ from the reference only in the critic's settings
+    (batch scale, LR rule), sorted by them."""
+    ref = analysis.reference
+    return sorted(
+        (
+            k
+            for k in analysis.stats
+            if k.critic != ref.critic
+            and (k.algo, k.prompts, k.group_size, k.lr_rule)
+            == (ref.algo, ref.prompts, ref.group_size, ref.lr_rule)
+        ),
+        key=lambda k: k.critic,
+    )
+
+
+def critic_batch_finding(analysis: Analysis, tol: float) -> Finding:
+    """PPO: does the critic's batch (``critic_batch_scale``) or LR rule change N*?"""
+    name = "PPO: the critic's batch scale is the actor's"
+    paper = "actor and critic may need different batch scales (open question)"
+    ref = analysis.reference
+    variants = critic_variants(analysis)
+    if not variants:
+        return Finding(name, paper, "-", NOT_MEASURED, "no critic variant of the reference")
+    n_ref = _n_stars(analysis, ref)
+    parts, verdicts = [], []
+    for k in variants:
+        n_k = _n_stars(analysis, k)
+        label = f"N*(critic {k.critic}) / N*(critic default)"
+        if n_ref is None or n_k is None:
+            parts.append(f"{label}: not reached")
+            verdicts.append(UNDECIDED)
+            continue
+        e = _n_star_ratio(analysis, n_k, n_ref)
+        parts.append(f"{label} = {e.fmt()}")
+        verdicts.append(_band_verdict(e, tol))
+    # It holds when no critic setting changes N*; one that does refutes it.
+    if FAILS in verdicts:
+        verdict = FAILS
+    else:
+        verdict = HOLDS if set(verdicts) == {HOLDS} else UNDECIDED
+    note = (
+        f"each ratio against [{1 / (1 + tol):.3g}, {1 + tol:.3g}]: inside = same N*, "
+        "outside = the critic's batch matters"
+    )
+    return Finding(name, paper, "; ".join(parts), verdict, note)
+
+
+EV_WINDOW = 5  # updates averaged for the critic's explained variance at the warm-up's end
+
+
+def critic_explained_variance(analysis: Analysis) -> list[tuple[ConfigKey, Estimate, Estimate]]:
+    """PPO: per configuration, the critic's explained variance on fresh batches averaged
+    over the last `EV_WINDOW` warm-up updates and over the actor's updates, each a mean
+    over seeds with its t interval (``explained_variance`` of the update lines)."""
+    rows = []
+    for k in sorted(analysis.stats, key=lambda k: k.sort_key()):
+        warm, train = [], []
+        for r in analysis.runs_by_key.get(k, []):
+            w = [x.get("explained_variance") for x in r.warmup_records[-EV_WINDOW:]]
+            t = r.field("explained_variance")
+            w = [float(v) for v in w if v is not None]
+            if w:
+                warm.append(float(np.mean(w)))
+            if np.isfinite(t).any():
+                train.append(float(np.nanmean(t)))
+        if warm or train:
+            level = analysis.level
+            rows.append((k, _mean_estimate(warm, level), _mean_estimate(train, level)))
+    return rows
+
+
+def _mean_estimate(values: list[float], level: float) -> Estimate | None:
+    if not values:
+        return None
+    mean, lo, hi = intervals.t_mean(values, level)
+    return Estimate(mean, lo, hi, len(values))
 
 
 def fixed_lr_finding(analysis: Analysis) -> Finding:
@@ -210,7 +294,11 @@ def fixed_lr_finding(analysis: Analysis) -> Finding:
     name = "fixed LR at 2x batch needs more samples"
     paper = "updates ratio 0.50-0.67 (sqrt) vs 0.75-0.83 (fixed): ~1.67x the samples"
     ref = analysis.reference
-    at = [k for k in analysis.stats if k.algo == ref.algo and k.batch == 2 * ref.batch]
+    at = [
+        k
+        for k in analysis.stats
+        if k.algo == ref.algo and k.batch == 2 * ref.batch and k.critic == ref.critic
+    ]
     fixed = [k for k in at if k.lr_rule == "fixed"]
     sqrt = [k for k in at if k.lr_rule == "sqrt" and k.group_size == ref.group_size]
     if not fixed or not sqrt:
@@ -350,6 +438,7 @@ def study_findings(
         invariance_finding(analysis, tol),
         *grad_norm_findings(analysis, analysis.level),
         batch_unit_finding(analysis, tol),
+        *([critic_batch_finding(analysis, tol)] if analysis.reference.algo == "ppo" else []),
         fixed_lr_finding(analysis),
         generation_finding(generation),
         u_shape_finding(analysis),

@@ -283,6 +283,28 @@ def _noise_section(analysis: Analysis) -> list[str]:
     return out + [""]
 
 
+def _critic_section(analysis: Analysis) -> list[str]:
+    rows = findings.critic_explained_variance(analysis)
+    if not rows:
+        return []
+    out = ["## PPO critic", ""]
+    out += markdown_table(
+        ["configuration", "B", f"EV, last {findings.EV_WINDOW} warm-up updates", "EV, actor"],
+        [
+            [k.name, k.batch, fmt_estimate(w, missing="-"), fmt_estimate(t, missing="-")]
+            for k, w, t in rows
+        ],  # fmt: skip
+    )
+    out += [
+        "",
+        "EV: the critic's explained variance of the returns on each fresh rollout batch, "
+        "before it trains on it (held-out), averaged per run; mean over seeds with its "
+        f"{analysis.level:.0%} t interval.",
+        "",
+    ]
+    return out
+
+
 def _generation_section(
     gen: cost_model.GenerationReport | None, analysis: Analysis, tol: float
 ) -> list[str]:
@@ -405,6 +427,7 @@ def build_report(
         *measurement.measurement_section(analysis),
         *_critical_section(analysis, tol),
         *_noise_section(analysis),
+        *_critic_section(analysis),
         *_generation_section(generation, analysis, tol),
         "## Recommendation (Algorithm 1)",
         "",
