@@ -20,7 +20,7 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-from rl_batch import grpo, lr_rules, ppo
+from rl_batch import grpo, lr_rules, ppo, tracking
 from rl_batch import model as model_lib
 from rl_batch.sampler import Sampler, SamplingConfig
 from rl_batch.tasks.custom_reward import WithReward
@@ -366,6 +366,9 @@ def _field_errors(c: ConfigDict) -> list[str]:
         f"eval_metric={c.eval_metric!r}: expected one of {EVAL_METRICS}",
     )
     check(c.eval_ref_prompts >= 0, f"eval_ref_prompts={c.eval_ref_prompts}: must be >= 0")
+    errors.extend(tracking.config_errors(c.get("tracking", "jsonl")))
+    n_gen = c.get("log_generations", 0)
+    check(_is_int(n_gen) and n_gen >= 0, f"log_generations={n_gen!r}: must be an int >= 0")
     stop_metric = c.pretrain.get("stop_metric", "sampled")
     check(
         stop_metric in ("sampled", "p_ref"),
@@ -573,6 +576,9 @@ RESUME_ALLOWED = (
     # again, rl_batch.rollout_source): the steps already done are unchanged.
     "async_rollout.enabled",
     "xla_cache",
+    # Where copies of the metrics and the sampled generations go (rl_batch.tracking).
+    "tracking",
+    "log_generations",
 )
 
 

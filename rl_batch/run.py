@@ -46,6 +46,7 @@ from rl_batch import (
     rollout_source,
     sharding,
     targets,
+    tracking,
 )
 from rl_batch import config as config_lib
 from rl_batch import model as model_lib
@@ -285,7 +286,9 @@ class MetricsLog:
 
     Every process holds the same lines: they decide when validation (a collective) runs
     and give ``summary.json`` its N*, T and q. A resumed run starts with the lines up to its
-    checkpoint (process 0 may still be cutting later ones away).
+    checkpoint (process 0 may still be cutting later ones away). Process 0 also sends each
+    new line to the ``tracker``'s dashboards and writes sampled validation generations to
+    ``generations.jsonl`` (cut back to the checkpoint on resume, like the metrics).
     """
 
     def __init__(
@@ -294,12 +297,17 @@ class MetricsLog:
         is_writer: bool,
         resumed_step: int | None,
         saved: list[dict] | None = None,
+        tracker: tracking.Tracker | None = None,
     ):
         """``saved``: the checkpoint's copy of the lines up to ``resumed_step`` (older
         checkpoints have none: the file is then cut back to that step and trusted)."""
         self.path = os.path.join(run_dir, artifacts.METRICS_FILE)
+        self.generations_path = os.path.join(run_dir, artifacts.GENERATIONS_FILE)
         self.is_writer = is_writer
+        self.tracker = tracker if is_writer else None
         self.records: list[dict] = []
+        if is_writer:
+            _truncate_metrics(self.generations_path, -1 if resumed_step is None else resumed_step)
         if resumed_step is not None and saved is not None:
             self.records = list(saved)
             if is_writer:
@@ -320,6 +328,21 @@ class MetricsLog:
         self.records.append(record)
         if self.is_writer:
             artifacts.append_jsonl(self.path, record)
+            if self.tracker is not None:
+                self.tracker.log_record(record)
+
+    def write_generations(self, step: int, rows: list[dict]) -> None:
+        """Appends one validation's sampled generations (process 0)."""
+        if not self.is_writer:
+            return
+        for row in rows:
+            artifacts.append_jsonl(self.generations_path, row)
+        if self.tracker is not None:
+            self.tracker.log_generations(step, rows)
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
 
     @property
     def last_eval(self) -> dict | None:
@@ -338,6 +361,9 @@ class Evaluator:
         self.examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
         self.rng = jax.random.fold_in(base_rng, 1)
         self.sampling = rollout_source.sampling_config(c)
+        # (step, rows) -> None: takes the sampled generations of the first
+        # ``log_generations`` prompts of each validation (`MetricsLog.write_generations`).
+        self.on_generations = None
         self.scorer = None
         if c.eval_metric == "p_ref":
             n_ref = c.eval_ref_prompts or len(val_data)
@@ -351,6 +377,8 @@ class Evaluator:
     def __call__(self, params, counters: Counters) -> dict:
         """Validates ``params``; returns the eval line (and schedules the next validation)."""
         c = self.c
+        rows: list[dict] = []
+        n_rows = c.get("log_generations", 0) if self.on_generations is not None else 0
         m = rollout_lib.evaluate(
             self.sampler,
             params,
@@ -362,6 +390,9 @@ class Evaluator:
             sampling=self.sampling,
             greedy=c.eval_greedy,
             gen_batch=c.gen_batch,
+            on_rollout=(lambda ro: rows.extend(self._generations(ro, n_rows, counters)))
+            if n_rows
+            else None,
         )
         m["eval_mean_at_k"] = m["eval_accuracy"]
         if self.scorer is not None:
@@ -371,6 +402,8 @@ class Evaluator:
         counters.time_eval_s += m["time_eval_s"]
         counters.next_eval = counters.responses_cum + c.eval_every_responses
         counters.evals_at_target += int(m["eval_accuracy"] >= c.target)
+        if rows:
+            self.on_generations(counters.step, rows)
         return {
             "kind": "eval",
             "step": counters.step,
@@ -380,6 +413,22 @@ class Evaluator:
             "eval_metric": c.eval_metric,
             **m,
         }
+
+    def _generations(self, ro: rollout_lib.Rollout, n: int, counters: Counters) -> list[dict]:
+        """One line per prompt of the first ``n``: its k sampled responses and rewards."""
+        texts = rollout_lib.decode_responses(self.tokenizer, ro.samples)
+        k = ro.rewards_pg.shape[1]
+        return [
+            {
+                "step": counters.step,
+                "responses_cum": counters.responses_cum,
+                "prompt": ex["prompt"],
+                "answer": ex.get("answer"),
+                "responses": texts[p * k : (p + 1) * k],
+                "rewards": [float(r) for r in ro.rewards_pg[p]],
+            }
+            for p, ex in enumerate(ro.examples[:n])
+        ]
 
 
 def save_checkpoint(s: _Setup, state, counters: Counters) -> None:
@@ -474,7 +523,14 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
         ("validation", len(evaluator.examples) * c.eval_k),
     ):
         rollout_lib.check_kv_memory(sampler, n, c.gen_batch, c.get("max_kv_bytes", 0), what)
-    metrics_log = MetricsLog(run_dir, is_writer, resumed_step, saved_metrics)
+    tracker = None
+    if is_writer:
+        info = tracking.RunInfo(
+            run_dir, c.name or os.path.basename(run_dir), c.to_dict(), resumed_step
+        )
+        tracker = tracking.make_tracker(c.get("tracking", "jsonl"), info)
+    metrics_log = MetricsLog(run_dir, is_writer, resumed_step, saved_metrics, tracker)
+    evaluator.on_generations = metrics_log.write_generations
     return _Setup(
         c, run_dir, is_writer, model_config, train_data, algo, state, counters, ckpt,
         metrics_log, sampler, source, evaluator, base_rng,
@@ -622,6 +678,7 @@ def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
     finally:
         bar.close()
         source.close()
+        metrics_log.close()
         if s.is_writer:
             provenance.end_session(s.run_dir, status)
     summary = _write_summary(s, counters, status)

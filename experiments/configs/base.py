@@ -199,6 +199,14 @@ def run_config() -> ConfigDict:
     c.stop_at_target = False  # stop once the target has been reached confirm_evals times
     c.confirm_evals = 2
 
+    # Dashboards that get a copy of every metrics line (metrics.jsonl is always written):
+    # a comma list of "jsonl", "tensorboard" (needs tensorboardX), "wandb" (offline unless
+    # $WANDB_MODE says otherwise); rl_batch.tracking.
+    c.tracking = "jsonl"
+    # Validation prompts whose sampled responses and rewards go to generations.jsonl (and
+    # to the dashboards) at every validation; 0 = off.
+    c.log_generations = 4
+
     c.checkpoint_every = 25  # updates
     c.max_consecutive_skips = 5  # non-finite updates in a row before the run stops
     c.max_empty_rollouts = 20  # all-filtered rollout batches in a row before the run stops
