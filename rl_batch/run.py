@@ -126,7 +126,9 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
 
     Synthetic tasks come from their TFDS splits (prepared in ``<work_dir>/data`` on first
     use); math data from the local files named by ``task.train_file`` and
-    ``task.validation_file``, prompts rendered with the tokenizer's chat template.
+    ``task.validation_file`` (or ``task.eval_fraction`` of the training file held out),
+    prompts rendered with the tokenizer's chat template (``task.chat_template_kwargs``),
+    validation rows shuffled by ``task.split_seed``.
     """
     if c.task.name in config_lib.SYNTHETIC_TASKS:
         data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
@@ -137,9 +139,10 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
             load_split(c.task.name, "train", data_dir, **kwargs),
             load_split(c.task.name, "validation", data_dir, **kwargs),
         )
-    from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION, load_math_file
+    from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION, hold_out, load_math_file, shuffled
 
     instruction = c.task.get("instruction")
+    template_kwargs = dict(c.task.get("chat_template_kwargs") or {})
 
     def load(path):
         # Prompts over the sampler's budget fail here (or, with task.drop_long_prompts,
@@ -152,12 +155,20 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
             system=c.task.get("system_prompt") or None,
             max_prompt_tokens=c.derived.max_prompt_len,
             drop_long_prompts=bool(c.task.get("drop_long_prompts", False)),
+            chat_template_kwargs=template_kwargs,
         )
         return [ex.to_dict() for ex in examples]
 
-    train, val = load(c.task.train_file), load(c.task.validation_file)
-    config_lib.check_data_sizes(c, len(train), len(val), "task.train_file", "task.validation_file")
-    return train, val
+    seed, fraction = c.task.get("split_seed", 0), c.task.get("eval_fraction", 0.0)
+    train, train_name, val_name = load(c.task.train_file), "task.train_file", "task.validation_file"
+    if fraction:
+        train, val = hold_out(train, fraction, seed)
+        train_name = f"task.train_file less task.eval_fraction={fraction}"
+        val_name = f"task.eval_fraction={fraction} of task.train_file"
+    else:
+        val = load(c.task.validation_file)
+    config_lib.check_data_sizes(c, len(train), len(val), train_name, val_name)
+    return train, shuffled(val, seed)
 
 
 def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:
