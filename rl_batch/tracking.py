@@ -13,9 +13,9 @@ names (a comma list), with the line's ``step``:
 
 A backend named but not installed is a one-line error of ``config.resolve`` (before any
 compute). On resume, the lines up to the checkpoint are not sent again; the lines after
-it were redone, so they are sent again with the same steps: TensorBoard is told to purge
-the earlier copies (``purge_step``), W&B drops steps below the last one it saw (they keep
-the first copy). A backend that fails while the run trains is dropped with a warning;
+it are redone, so they are sent again at the same steps: TensorBoard is told to purge
+the earlier copies (``purge_step``), W&B may hold both copies of those steps (harmless:
+metrics.jsonl holds the redone lines only). A backend that fails while the run trains is dropped with a warning;
 the run goes on (metrics.jsonl has every line).
 """
 
