@@ -390,6 +390,10 @@ class Evaluator:
         c = self.c
         rows: list[dict] = []
         n_rows = c.get("log_generations", 0) if self.on_generations is not None else 0
+
+        def keep(ro: rollout_lib.Rollout) -> None:
+            rows.extend(self._generations(ro, n_rows, counters))
+
         m = rollout_lib.evaluate(
             self.sampler,
             params,
@@ -401,9 +405,7 @@ class Evaluator:
             sampling=self.sampling,
             greedy=c.eval_greedy,
             gen_batch=c.gen_batch,
-            on_rollout=(lambda ro: rows.extend(self._generations(ro, n_rows, counters)))
-            if n_rows
-            else None,
+            on_rollout=keep if n_rows else None,
         )
         m["eval_mean_at_k"] = m["eval_accuracy"]
         if self.scorer is not None:
@@ -431,6 +433,7 @@ class Evaluator:
         k = ro.rewards_pg.shape[1]
         return [
             {
+                "kind": "generation",
                 "step": counters.step,
                 "responses_cum": counters.responses_cum,
                 "prompt": ex["prompt"],
@@ -535,13 +538,14 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
     ):
         rollout_lib.check_kv_memory(sampler, n, c.gen_batch, c.get("max_kv_bytes", 0), what)
     tracker = None
-    if is_writer:
+    if is_writer:  # (process 0 writes the files and feeds the dashboards)
         info = tracking.RunInfo(
             run_dir, c.name or os.path.basename(run_dir), c.to_dict(), resumed_step
         )
         tracker = tracking.make_tracker(c.get("tracking", "jsonl"), info)
     metrics_log = MetricsLog(run_dir, is_writer, resumed_step, saved_metrics, tracker)
-    evaluator.on_generations = metrics_log.write_generations
+    if is_writer:
+        evaluator.on_generations = metrics_log.write_generations
     return _Setup(
         c, run_dir, is_writer, model_config, train_data, algo, state, counters, ckpt,
         metrics_log, sampler, source, evaluator, base_rng,
