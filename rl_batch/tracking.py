@@ -15,8 +15,8 @@ A backend named but not installed is a one-line error of ``config.resolve`` (bef
 compute). On resume, the lines up to the checkpoint are not sent again; the lines after
 it are redone, so they are sent again at the same steps: TensorBoard is told to purge
 the earlier copies (``purge_step``), W&B may hold both copies of those steps (harmless:
-metrics.jsonl holds the redone lines only). A backend that fails while the run trains is dropped with a warning;
-the run goes on (metrics.jsonl has every line).
+metrics.jsonl holds the redone lines only). A backend that fails while the run trains
+is dropped with a warning; the run goes on (metrics.jsonl has every line).
 """
 
 from __future__ import annotations
