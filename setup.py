@@ -35,6 +35,8 @@ TEST = [
     # on the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
     "torch==2.13.0",
     "transformers",
+    # The TensorBoard backend of config.tracking (rl_batch.tracking); optional for runs.
+    "tensorboardX",
 ]
 
 setup(

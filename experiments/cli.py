@@ -3,13 +3,19 @@
 ``define_config`` registers ``--config`` (with its ``--config.*`` overrides): ml_collections
 applies the overrides while the flag is defined, at import, and an unknown field there
 ends in a chained traceback; here it ends in one line naming the flag and the closest
-field. ``print_config_and_exit`` backs ``--print_config``.
+field. ``print_config_and_exit`` backs ``--print_config``, ``print_fields_and_exit``
+``--help_config`` (every field with its value and the comment that explains it).
 """
 
 from __future__ import annotations
 
+import io
+import os
+import re
 import sys
-from collections.abc import Sequence
+import textwrap
+import tokenize
+from collections.abc import Iterator, Sequence
 
 from ml_collections import ConfigDict, config_flags
 
@@ -47,4 +53,81 @@ def define_config(name: str, default: str | None, help_text: str, **kwargs):
 def print_config_and_exit(config: ConfigDict) -> None:
     """Prints ``config`` (after every override) as YAML and exits 0."""
     print(config)
+    sys.exit(0)
+
+
+# ``c.task.eval_fraction = 0.0  # comment`` (``run.`` in base.sweep_config).
+_ASSIGNMENT = re.compile(r"^\s*(?:c|run)\.([\w.]+)\s*=")
+
+
+def _trailing_comment(line: str) -> str:
+    """The ``# comment`` of a line of Python ('#' inside strings is not one)."""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line).readline):
+            if token.type == tokenize.COMMENT:
+                return token.string.lstrip("#").strip()
+    except (tokenize.TokenError, SyntaxError):  # an expression continued on the next line
+        pass
+    return ""
+
+
+def field_comments(path: str) -> dict[str, str]:
+    """``{"task.eval_fraction": "its comment"}`` from the assignments of a config file:
+    the comment lines right above an assignment and its own trailing comment."""
+    comments: dict[str, str] = {}
+    block: list[str] = []
+    with open(path) as f:
+        for line in f:
+            stripped = line.strip()
+            if stripped.startswith("#"):
+                block.append(stripped.lstrip("#").strip())
+                continue
+            match = _ASSIGNMENT.match(line)
+            if match:
+                trailing = _trailing_comment(line)
+                text = " ".join(block + ([trailing] if trailing else []))
+                if text:
+                    comments.setdefault(match.group(1), text)
+            block = []
+    return comments
+
+
+def _leaves(config: ConfigDict, prefix: str = "") -> Iterator[tuple[str, object]]:
+    for key in sorted(config.keys()):
+        value = config[key]
+        if isinstance(value, ConfigDict) and len(value):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value.to_dict() if isinstance(value, ConfigDict) else value
+
+
+def describe_fields(config: ConfigDict, sources: Sequence[str] = ()) -> str:
+    """Every field of ``config`` as ``--config.<field>=<value>``, each followed by its
+    comment from the first of ``sources`` (config files) that has one.
+
+    Args:
+      config: a config (after its overrides: the values shown are the ones a run gets).
+      sources: config files whose comments describe the fields (e.g. the base config).
+    """
+    comments: dict[str, str] = {}
+    for path in sources:
+        if path and os.path.exists(path):
+            for field, text in field_comments(path).items():
+                comments.setdefault(field, text)
+    lines = []
+    for field, value in _leaves(config):
+        lines.append(f"--config.{field}={value!r}")
+        if field in comments:
+            lines += textwrap.wrap(
+                comments[field], width=88, initial_indent="    ", subsequent_indent="    "
+            )
+    return "\n".join(lines)
+
+
+def print_fields_and_exit(config: ConfigDict, config_file: str | None = None) -> None:
+    """Prints `describe_fields` (comments from ``config_file`` and the base config) and
+    exits 0."""
+    from experiments.configs import base
+
+    print(describe_fields(config, [config_file or "", base.__file__]))
     sys.exit(0)

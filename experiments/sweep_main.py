@@ -36,6 +36,9 @@ def define_flags(default_config: str) -> None:
     flags.DEFINE_string("only", None, "Run only this grid point (by run name).")
     flags.DEFINE_bool("analyze", True, "Write figures/ and report.md at the end.")
     flags.DEFINE_bool("print_config", False, "Print the config (after overrides) and exit.")
+    flags.DEFINE_bool(
+        "help_config", False, "List every config field with its value and meaning, and exit."
+    )
     flags.DEFINE_bool("quiet", False, "No per-run progress bars; the report is not printed.")
 
 
@@ -83,6 +86,8 @@ def main(argv, algo: str = "grpo"):
     config = f.config
     if f.print_config:
         cli.print_config_and_exit(config)
+    if f.help_config:
+        cli.print_fields_and_exit(config, f["config"].config_filename)
     check_point_overrides(sys.argv)
     if config.algo != algo:
         raise app.UsageError(f"--config is a {config.algo!r} config; this job runs {algo!r}")

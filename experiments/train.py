@@ -38,6 +38,9 @@ _QUIET = flags.DEFINE_bool("quiet", False, "No progress bar.")
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the config (after overrides) and exit."
 )
+_HELP_CONFIG = flags.DEFINE_bool(
+    "help_config", False, "List every config field with its value and meaning, and exit."
+)
 
 
 def _interrupt(signum, frame):
@@ -54,6 +57,8 @@ def main(argv):
             del config["sweep"]
     if _PRINT_CONFIG.value:
         cli.print_config_and_exit(config)
+    if _HELP_CONFIG.value:
+        cli.print_fields_and_exit(config, flags.FLAGS["config"].config_filename)
     if _COORDINATOR.value or _NUM_PROCESSES.value:
         config.distributed.coordinator_address = _COORDINATOR.value
         config.distributed.num_processes = _NUM_PROCESSES.value

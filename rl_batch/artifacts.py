@@ -6,6 +6,9 @@ A run directory::
     <run>/provenance.json  package versions, git commit, devices, CPU, host load per session
                            (written and read by `rl_batch.provenance`)
     <run>/metrics.jsonl    one JSON object per optimizer update and per evaluation
+    <run>/generations.jsonl  sampled validation prompts, responses and rewards
+                           (``config.log_generations`` per validation; one line per prompt)
+    <run>/tensorboard/, <run>/wandb/  dashboards of ``config.tracking`` (`rl_batch.tracking`)
     <run>/checkpoints/     orbax checkpoints
     <run>/summary.json     N*, q, T (or "not reached"), time split, status
 
@@ -60,6 +63,7 @@ from typing import Any
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
+GENERATIONS_FILE = "generations.jsonl"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "checkpoints"
 SWEEP_FILE = "sweep.json"

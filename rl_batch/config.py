@@ -20,7 +20,7 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-from rl_batch import grpo, lr_rules, ppo
+from rl_batch import grpo, lr_rules, ppo, tracking
 from rl_batch import model as model_lib
 from rl_batch.sampler import Sampler, SamplingConfig
 from rl_batch.tasks.custom_reward import WithReward
@@ -366,6 +366,9 @@ def _field_errors(c: ConfigDict) -> list[str]:
         f"eval_metric={c.eval_metric!r}: expected one of {EVAL_METRICS}",
     )
     check(c.eval_ref_prompts >= 0, f"eval_ref_prompts={c.eval_ref_prompts}: must be >= 0")
+    errors.extend(tracking.config_errors(c.get("tracking", "jsonl")))
+    n_gen = c.get("log_generations", 0)
+    check(_is_int(n_gen) and n_gen >= 0, f"log_generations={n_gen!r}: must be an int >= 0")
     stop_metric = c.pretrain.get("stop_metric", "sampled")
     check(
         stop_metric in ("sampled", "p_ref"),
@@ -392,6 +395,7 @@ def _field_errors(c: ConfigDict) -> list[str]:
         f"init.path={c.init.path!r}: no such directory (init.source={c.init.source!r})",
     )
     check(c.task.name in TASKS, f"task.name={c.task.name!r}: known tasks are {sorted(TASKS)}")
+    _check_task_fields(c, check)
     check(
         c.model.preset in model_lib.PRESETS,
         f"model.preset={c.model.preset!r}: known presets are {sorted(model_lib.PRESETS)}",
@@ -410,12 +414,48 @@ def _data_errors(c: ConfigDict) -> list[str]:
         except ValueError as e:
             errors.append(str(e))
     else:
-        for field in ("train_file", "validation_file"):
-            path = c.task[field]
+        fraction = c.task.get("eval_fraction", 0.0)
+        path = c.task.train_file
+        errors.check(bool(path) and os.path.exists(path), f"task.train_file={path!r}: no such file")
+        path = c.task.validation_file
+        if not fraction:
             errors.check(
-                bool(path) and os.path.exists(path), f"task.{field}={path!r}: no such file"
+                bool(path) and os.path.exists(path),
+                f"task.validation_file={path!r}: no such file (or hold out part of "
+                "task.train_file: task.eval_fraction)",
             )
+        errors.check(
+            not (fraction and path),
+            f"task.eval_fraction={fraction} and task.validation_file={path!r}: set one of them",
+        )
     return errors
+
+
+def _check_task_fields(c: ConfigDict, check) -> None:
+    """Validates the data-splitting and chat-template fields of ``task``."""
+    synthetic = c.task.name in SYNTHETIC_TASKS
+    fraction = c.task.get("eval_fraction", 0.0)
+    check(
+        isinstance(fraction, (int, float)) and 0 <= fraction < 1,
+        f"task.eval_fraction={fraction!r}: must be in [0, 1)",
+    )
+    check(
+        not (synthetic and fraction),
+        f"task.eval_fraction={fraction!r}: task {c.task.name!r} has its own validation split "
+        "(task.n_validation)",
+    )
+    seed = c.task.get("split_seed", 0)
+    check(_is_int(seed) and seed >= 0, f"task.split_seed={seed!r}: must be an int >= 0")
+    kwargs = c.task.get("chat_template_kwargs") or {}
+    check(
+        hasattr(kwargs, "keys"),
+        f"task.chat_template_kwargs={kwargs!r}: must be a dict of template variables",
+    )
+    check(
+        not (synthetic and kwargs),
+        f"task.chat_template_kwargs: task {c.task.name!r} renders no chat template "
+        "(math data does)",
+    )
 
 
 def _length_errors(c, task, model_config, max_prompt_len: int, max_new_tokens: int) -> list[str]:
@@ -573,13 +613,49 @@ RESUME_ALLOWED = (
     # again, rl_batch.rollout_source): the steps already done are unchanged.
     "async_rollout.enabled",
     "xla_cache",
+    # Where copies of the metrics and the sampled generations go (rl_batch.tracking).
+    "tracking",
+    "log_generations",
 )
+
+
+# Fields added after run directories existed: a config.json without one is read with the
+# value that computes what the code before the field did (so such a run still resumes
+# when the new config keeps it). Validation rows of math files are shuffled since
+# task.split_seed exists: an older math run (validation unshuffled) does not resume.
+ADDED_FIELDS: dict[str, Any] = {
+    "task.system_prompt": "",
+    "task.drop_long_prompts": False,
+    "task.reward_fn": "",
+    "task.chat_template_kwargs": {},
+    "task.eval_fraction": 0.0,
+    "task.split_seed": lambda old: 0 if old["task"].get("name") in SYNTHETIC_TASKS else None,
+}
+
+
+def _with_added_fields(old: dict[str, Any]) -> dict[str, Any]:
+    """``old`` (a config.json) with each missing `ADDED_FIELDS` entry set to its value."""
+    import copy
+
+    old = copy.deepcopy(old)
+    for path, value in ADDED_FIELDS.items():
+        *parents, leaf = path.split(".")
+        node = old
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf not in node:
+            value = value(old) if callable(value) else value
+            if value is not None:
+                node[leaf] = value
+    return old
 
 
 def resume_diffs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``"field: old -> new"`` for every setting outside `RESUME_ALLOWED` (a field or a
     dotted path and everything under it) that differs between a run directory's
-    config.json and a resolved config (``to_dict()``)."""
+    config.json (missing `ADDED_FIELDS` read with their values) and a resolved config
+    (``to_dict()``)."""
+    old = _with_added_fields(old)
     keys = sorted((old.keys() | new.keys()) - {"sweep"})
     diffs = [d for k in keys for d in _leaf_diffs(old.get(k), new.get(k), k)]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -261,8 +261,12 @@ def evaluate(
     sampling: SamplingConfig,
     greedy: bool = True,
     gen_batch: int = 0,
+    on_rollout: Callable[[Rollout], None] | None = None,
 ) -> dict[str, float]:
     """Validation: mean@k at the sampling temperature, plus greedy accuracy.
+
+    ``on_rollout``, when given, is called with the sampled rollout (k responses per
+    example), e.g. to log some of its generations.
 
     Returns:
       ``eval_accuracy`` (mean@k), ``eval_k``, ``eval_pass_at_k`` (any of k correct),
@@ -280,6 +284,8 @@ def evaluate(
         sampling=sampling,
         gen_batch=gen_batch,
     )
+    if on_rollout is not None:
+        on_rollout(out)
     metrics = {
         "eval_accuracy": mean_at_k(out.rewards_pg),
         "eval_k": k,

@@ -46,6 +46,7 @@ from rl_batch import (
     rollout_source,
     sharding,
     targets,
+    tracking,
 )
 from rl_batch import config as config_lib
 from rl_batch import model as model_lib
@@ -125,7 +126,9 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
 
     Synthetic tasks come from their TFDS splits (prepared in ``<work_dir>/data`` on first
     use); math data from the local files named by ``task.train_file`` and
-    ``task.validation_file``, prompts rendered with the tokenizer's chat template.
+    ``task.validation_file`` (or ``task.eval_fraction`` of the training file held out),
+    prompts rendered with the tokenizer's chat template (``task.chat_template_kwargs``),
+    validation rows shuffled by ``task.split_seed``.
     """
     if c.task.name in config_lib.SYNTHETIC_TASKS:
         data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
@@ -136,9 +139,10 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
             load_split(c.task.name, "train", data_dir, **kwargs),
             load_split(c.task.name, "validation", data_dir, **kwargs),
         )
-    from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION, load_math_file
+    from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION, hold_out, load_math_file, shuffled
 
     instruction = c.task.get("instruction")
+    template_kwargs = dict(c.task.get("chat_template_kwargs") or {})
 
     def load(path):
         # Prompts over the sampler's budget fail here (or, with task.drop_long_prompts,
@@ -151,12 +155,20 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
             system=c.task.get("system_prompt") or None,
             max_prompt_tokens=c.derived.max_prompt_len,
             drop_long_prompts=bool(c.task.get("drop_long_prompts", False)),
+            chat_template_kwargs=template_kwargs,
         )
         return [ex.to_dict() for ex in examples]
 
-    train, val = load(c.task.train_file), load(c.task.validation_file)
-    config_lib.check_data_sizes(c, len(train), len(val), "task.train_file", "task.validation_file")
-    return train, val
+    seed, fraction = c.task.get("split_seed", 0), c.task.get("eval_fraction", 0.0)
+    train, train_name, val_name = load(c.task.train_file), "task.train_file", "task.validation_file"
+    if fraction:
+        train, val = hold_out(train, fraction, seed)
+        train_name = f"task.train_file less task.eval_fraction={fraction}"
+        val_name = f"task.eval_fraction={fraction} of task.train_file"
+    else:
+        val = load(c.task.validation_file)
+    config_lib.check_data_sizes(c, len(train), len(val), train_name, val_name)
+    return train, shuffled(val, seed)
 
 
 def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:
@@ -285,7 +297,9 @@ class MetricsLog:
 
     Every process holds the same lines: they decide when validation (a collective) runs
     and give ``summary.json`` its N*, T and q. A resumed run starts with the lines up to its
-    checkpoint (process 0 may still be cutting later ones away).
+    checkpoint (process 0 may still be cutting later ones away). Process 0 also sends each
+    new line to the ``tracker``'s dashboards and writes sampled validation generations to
+    ``generations.jsonl`` (cut back to the checkpoint on resume, like the metrics).
     """
 
     def __init__(
@@ -294,12 +308,17 @@ class MetricsLog:
         is_writer: bool,
         resumed_step: int | None,
         saved: list[dict] | None = None,
+        tracker: tracking.Tracker | None = None,
     ):
         """``saved``: the checkpoint's copy of the lines up to ``resumed_step`` (older
         checkpoints have none: the file is then cut back to that step and trusted)."""
         self.path = os.path.join(run_dir, artifacts.METRICS_FILE)
+        self.generations_path = os.path.join(run_dir, artifacts.GENERATIONS_FILE)
         self.is_writer = is_writer
+        self.tracker = tracker if is_writer else None
         self.records: list[dict] = []
+        if is_writer:
+            _truncate_metrics(self.generations_path, -1 if resumed_step is None else resumed_step)
         if resumed_step is not None and saved is not None:
             self.records = list(saved)
             if is_writer:
@@ -320,6 +339,21 @@ class MetricsLog:
         self.records.append(record)
         if self.is_writer:
             artifacts.append_jsonl(self.path, record)
+            if self.tracker is not None:
+                self.tracker.log_record(record)
+
+    def write_generations(self, step: int, rows: list[dict]) -> None:
+        """Appends one validation's sampled generations (process 0)."""
+        if not self.is_writer:
+            return
+        for row in rows:
+            artifacts.append_jsonl(self.generations_path, row)
+        if self.tracker is not None:
+            self.tracker.log_generations(step, rows)
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
 
     @property
     def last_eval(self) -> dict | None:
@@ -338,6 +372,9 @@ class Evaluator:
         self.examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
         self.rng = jax.random.fold_in(base_rng, 1)
         self.sampling = rollout_source.sampling_config(c)
+        # (step, rows) -> None: takes the sampled generations of the first
+        # ``log_generations`` prompts of each validation (`MetricsLog.write_generations`).
+        self.on_generations = None
         self.scorer = None
         if c.eval_metric == "p_ref":
             n_ref = c.eval_ref_prompts or len(val_data)
@@ -351,6 +388,12 @@ class Evaluator:
     def __call__(self, params, counters: Counters) -> dict:
         """Validates ``params``; returns the eval line (and schedules the next validation)."""
         c = self.c
+        rows: list[dict] = []
+        n_rows = c.get("log_generations", 0) if self.on_generations is not None else 0
+
+        def keep(ro: rollout_lib.Rollout) -> None:
+            rows.extend(self._generations(ro, n_rows, counters))
+
         m = rollout_lib.evaluate(
             self.sampler,
             params,
@@ -362,6 +405,7 @@ class Evaluator:
             sampling=self.sampling,
             greedy=c.eval_greedy,
             gen_batch=c.gen_batch,
+            on_rollout=keep if n_rows else None,
         )
         m["eval_mean_at_k"] = m["eval_accuracy"]
         if self.scorer is not None:
@@ -371,6 +415,8 @@ class Evaluator:
         counters.time_eval_s += m["time_eval_s"]
         counters.next_eval = counters.responses_cum + c.eval_every_responses
         counters.evals_at_target += int(m["eval_accuracy"] >= c.target)
+        if rows:
+            self.on_generations(counters.step, rows)
         return {
             "kind": "eval",
             "step": counters.step,
@@ -380,6 +426,23 @@ class Evaluator:
             "eval_metric": c.eval_metric,
             **m,
         }
+
+    def _generations(self, ro: rollout_lib.Rollout, n: int, counters: Counters) -> list[dict]:
+        """One line per prompt of the first ``n``: its k sampled responses and rewards."""
+        texts = rollout_lib.decode_responses(self.tokenizer, ro.samples)
+        k = ro.rewards_pg.shape[1]
+        return [
+            {
+                "kind": "generation",
+                "step": counters.step,
+                "responses_cum": counters.responses_cum,
+                "prompt": ex["prompt"],
+                "answer": ex.get("answer"),
+                "responses": texts[p * k : (p + 1) * k],
+                "rewards": [float(r) for r in ro.rewards_pg[p]],
+            }
+            for p, ex in enumerate(ro.examples[:n])
+        ]
 
 
 def save_checkpoint(s: _Setup, state, counters: Counters) -> None:
@@ -474,7 +537,15 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
         ("validation", len(evaluator.examples) * c.eval_k),
     ):
         rollout_lib.check_kv_memory(sampler, n, c.gen_batch, c.get("max_kv_bytes", 0), what)
-    metrics_log = MetricsLog(run_dir, is_writer, resumed_step, saved_metrics)
+    tracker = None
+    if is_writer:  # (process 0 writes the files and feeds the dashboards)
+        info = tracking.RunInfo(
+            run_dir, c.name or os.path.basename(run_dir), c.to_dict(), resumed_step
+        )
+        tracker = tracking.make_tracker(c.get("tracking", "jsonl"), info)
+    metrics_log = MetricsLog(run_dir, is_writer, resumed_step, saved_metrics, tracker)
+    if is_writer:
+        evaluator.on_generations = metrics_log.write_generations
     return _Setup(
         c, run_dir, is_writer, model_config, train_data, algo, state, counters, ckpt,
         metrics_log, sampler, source, evaluator, base_rng,
@@ -622,6 +693,7 @@ def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
     finally:
         bar.close()
         source.close()
+        metrics_log.close()
         if s.is_writer:
             provenance.end_session(s.run_dir, status)
     summary = _write_summary(s, counters, status)

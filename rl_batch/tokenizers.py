@@ -19,7 +19,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 PAD_ID = 0
 BOS_ID = 1
@@ -189,6 +189,10 @@ def _check_messages(messages: Sequence[Mapping[str, str]]) -> None:
             raise ValueError(f"chat message {i} needs a string 'content': {m!r}")
 
 
+# Variables of a jinja chat template that `HFTokenizer.apply_chat_template` sets itself.
+_RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 def _render_jinja(template: str, messages, add_generation_prompt: bool, **extra) -> str:
     """Renders a Hugging Face jinja chat template the way transformers does."""
     from datetime import datetime
@@ -348,26 +352,49 @@ class HFTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """Renders a conversation to prompt text.
 
         Args:
             messages: ``[{"role": "system"|"user"|"assistant", "content": str}, ...]``.
             add_generation_prompt: append the assistant header so the model answers next.
+            chat_template_kwargs: extra variables of a jinja template, as transformers'
+                ``apply_chat_template(**kwargs)`` passes them (e.g. Qwen3's
+                ``{"enable_thinking": False}``).
 
         Returns:
             The prompt text (encode it with `encode_prompt`). A jinja template's
             ``{{ bos_token }}`` renders the BOS string, which `encode_prompt` keeps as the
             single BOS.
+
+        Raises:
+            ValueError: ``chat_template_kwargs`` with a `ChatTemplate` (no variables), or
+                naming a variable the renderer sets itself.
         """
         _check_messages(messages)
+        extra = dict(chat_template_kwargs or {})
         if isinstance(self.chat_template, ChatTemplate):
+            if extra:
+                raise ValueError(
+                    f"chat_template_kwargs {sorted(extra)} need a jinja chat template; "
+                    f"{self.path} has none (the ChatML layout takes no variables)"
+                )
             return self.chat_template.render(messages, add_generation_prompt)
+        reserved = sorted(extra.keys() & _RESERVED_TEMPLATE_VARS)
+        if reserved:
+            raise ValueError(
+                f"chat_template_kwargs may not set {reserved}: the renderer sets "
+                f"{sorted(_RESERVED_TEMPLATE_VARS)}"
+            )
         return _render_jinja(
             self.chat_template,
             messages,
             add_generation_prompt,
             bos_token=self._bos_token or "",
             eos_token=self._eos_token,
+            **extra,
         )

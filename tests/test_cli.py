@@ -70,3 +70,32 @@ def test_list_runs_checks_the_reference_as_the_sweep_does(tmp_path):
     c.sweep.prompts, c.sweep.extra_points = "32,64", ""
     with pytest.raises(ValueError, match="sweep.reference='8x8:sqrt' is not a point"):
         sweep.list_runs(c, str(tmp_path))
+
+
+def test_help_config_lists_every_field_with_its_value_and_comment():
+    out = _run("experiments.train", "--help_config", "--config.target=0.625")
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    fields = [line.split("=", 1)[0] for line in lines if line.startswith("--config.")]
+    from experiments.configs import base
+
+    expected = {f"--config.{f}" for f, _ in cli._leaves(base.run_config())}
+    assert set(fields) == expected
+    i = lines.index("--config.target=0.625")  # the value after the override
+    assert lines[i + 1] == "    validation accuracy (eval_metric) to reach"
+    assert "--config.tracking='jsonl'" in lines and "--config.task.eval_fraction=0.0" in lines
+
+
+def test_field_comments_take_the_lines_above_and_the_trailing_comment(tmp_path):
+    path = tmp_path / "conf.py"
+    path.write_text(
+        "def get_config():\n"
+        "    c = ConfigDict()\n"
+        "    # Two lines\n"
+        "    # above.\n"
+        "    c.a.b = 1  # and after\n"
+        "    c.d = 'x#y'\n"
+        "    c.e = 2  # only after\n"
+    )
+    comments = cli.field_comments(str(path))
+    assert comments == {"a.b": "Two lines above. and after", "e": "only after"}

@@ -259,3 +259,18 @@ def test_resume_compares_a_run_dirs_config_json_with_the_new_resolved_config():
     # ... a new lr_ref does not, and the effective LR it changes is named too.
     paths = {d.split(":")[0] for d in config_lib.resume_diffs(saved, resolved(lr_ref=1e-4))}
     assert {"lr_ref", "derived.lr"} <= paths and "lr" not in paths
+
+
+def test_a_run_dir_from_before_a_field_existed_resumes_when_the_field_keeps_its_default():
+    new = config_lib.resolve(_config(), 1).to_dict()
+    old = json.loads(json.dumps(new))
+    for key in ("chat_template_kwargs", "eval_fraction", "split_seed", "system_prompt"):
+        del old["task"][key]
+    del old["tracking"], old["log_generations"]
+    assert config_lib.resume_diffs(old, new) == []
+    # A new value of such a field does not resume ...
+    changed = config_lib.resolve(_config(**{"task.split_seed": 2}), 1).to_dict()
+    assert config_lib.resume_diffs(old, changed) == ["task.split_seed: 0 -> 2"]
+    # ... and a math run (validation unshuffled before split_seed) does not either.
+    old["task"]["name"] = new["task"]["name"] = "math"
+    assert config_lib.resume_diffs(old, new) == ["task.split_seed: None -> 0"]

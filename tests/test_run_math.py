@@ -150,3 +150,89 @@ def test_instruction_and_system_prompt_reach_the_prompts(hf_dir, tmp_path):
     ours, _ = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
     assert "Answer briefly." in ours[0]["prompt"] and "You are terse." in ours[0]["prompt"]
     assert DEFAULT_INSTRUCTION not in ours[0]["prompt"]
+
+
+def test_chat_template_kwargs_reach_the_prompts(tmp_path):
+    hf_dir = make_tiny_hf_dir(tmp_path / "qwen3-thinking")
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+        "{% endif %}{% endif %}"
+    )
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    train = _write_gsm8k(tmp_path / "train.jsonl", 16)
+    c = _math_config(hf_dir, tmp_path, train, max_prompt_len=96, max_response_len=12)
+    default, _ = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    assert "<think>" not in default[0]["prompt"]
+    c.task.chat_template_kwargs = {"enable_thinking": False}
+    ours, _ = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    assert ours[0]["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    bad = tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run"))
+    bad.task.chat_template_kwargs = {"enable_thinking": False}
+    with pytest.raises(ValueError, match="task 'addition' renders no chat template"):
+        config_lib.resolve(bad, device_count=1)
+
+
+def _questions(examples):
+    return [ex["meta"]["messages"][-1]["content"].split("?")[0] for ex in examples]
+
+
+def test_eval_fraction_holds_out_part_of_the_train_file(hf_dir, tmp_path):
+    train = _write_gsm8k(tmp_path / "train.jsonl", 20)
+    c = _math_config(hf_dir, tmp_path, train, max_prompt_len=96, max_response_len=12)
+    c.task.validation_file, c.task.eval_fraction, c.eval_prompts = "", 0.25, 4
+    tr, val = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    assert len(tr) == 15 and len(val) == 5
+    everything = [f"What is {i}+1" for i in range(20)]
+    assert not set(_questions(tr)) & set(_questions(val))
+    assert sorted(_questions(tr) + _questions(val)) == sorted(everything)
+    assert _questions(tr) == [q for q in everything if q in _questions(tr)]  # file order
+    again = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    assert again == (tr, val)  # the seed fixes the split
+    c.task.split_seed = 1
+    _, other = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    assert set(_questions(other)) != set(_questions(val))
+    # Too small a hold-out for the evaluation is named as such.
+    c.eval_prompts = 6
+    with pytest.raises(ValueError, match=r"task.eval_fraction=0.25 of task.train_file has 5 "):
+        run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"task.eval_fraction": 1.5}, r"task.eval_fraction=1.5: must be in \[0, 1\)"),
+        (
+            {"task.eval_fraction": 0.2},
+            r"task.eval_fraction=0.2 and task.validation_file=.*: set one",
+        ),
+        ({"task.validation_file": ""}, r"task.validation_file='': no such file \(or hold out"),
+        ({"task.split_seed": -1}, r"task.split_seed=-1: must be an int >= 0"),
+    ],
+)
+def test_bad_data_split_settings_are_one_line_errors(hf_dir, tmp_path, changes, message):
+    train = _write_gsm8k(tmp_path / "train.jsonl", 20)
+    c = _math_config(hf_dir, tmp_path, train, max_prompt_len=96, max_response_len=12)
+    for key, value in changes.items():
+        c.task[key.split(".")[1]] = value
+    with pytest.raises(ValueError, match=message) as e:
+        config_lib.resolve(c, device_count=1)
+    assert "\n" not in str(e.value)
+    synthetic = tiny_run_config(str(tmp_path / "work"), "", **{"task.eval_fraction": 0.1})
+    with pytest.raises(ValueError, match="has its own validation split"):
+        config_lib.resolve(synthetic, device_count=1)
+
+
+def test_validation_rows_of_a_file_are_shuffled_with_a_fixed_seed(hf_dir, tmp_path):
+    train = _write_gsm8k(tmp_path / "train.jsonl", 16)
+    c = _math_config(hf_dir, tmp_path, train, max_prompt_len=96, max_response_len=12)
+    c.task.validation_file = _write_gsm8k(tmp_path / "val.jsonl", 20, start=100)
+    _, val = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    in_file = [f"What is {i}+1" for i in range(100, 120)]
+    assert sorted(_questions(val)) == sorted(in_file) and _questions(val) != in_file
+    _, again = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    assert again == val
+    c.task.split_seed = 3
+    _, other = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
+    assert _questions(other)[:4] != _questions(val)[:4]  # another first eval_prompts

@@ -318,3 +318,24 @@ def test_math_prompt_budget_counts_one_bos_with_llama3_template(tmp_path):
     assert example.prompt == text
     with pytest.raises(ValueError, match=f"prompt has {n} tokens, over the limit of {n - 1}"):
         load_math_file(path, max_prompt_tokens=n - 1, **load)
+
+
+def test_chat_template_kwargs_reach_the_jinja_template(tmp_path):
+    template = (
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]"
+        "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+        "{% endif %}"
+    )
+    tok = HFTokenizer(make_hf_tokenizer(tmp_path / "tok", config={"chat_template": template}))
+    messages = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(messages) == "[user]hi[assistant]"
+    off = tok.apply_chat_template(messages, chat_template_kwargs={"enable_thinking": False})
+    assert off == "[user]hi[assistant]<think></think>"
+    on = tok.apply_chat_template(messages, chat_template_kwargs={"enable_thinking": True})
+    assert on == "[user]hi[assistant]"
+    with pytest.raises(ValueError, match=r"may not set \['bos_token'\]"):
+        tok.apply_chat_template(messages, chat_template_kwargs={"bos_token": "x"})
+    chatml = HFTokenizer(make_hf_tokenizer(tmp_path / "chatml"))
+    with pytest.raises(ValueError, match=r"\['enable_thinking'\] need a jinja chat template"):
+        chatml.apply_chat_template(messages, chat_template_kwargs={"enable_thinking": False})

@@ -55,6 +55,14 @@ def run_config() -> ConfigDict:
     c.task.instruction = config_dict.placeholder(str)
     c.task.system_prompt = ""
     c.task.drop_long_prompts = False
+    # Extra variables of the tokenizer's jinja chat template, e.g. Qwen3's
+    # --config.task.chat_template_kwargs='{"enable_thinking": False}'.
+    c.task.chat_template_kwargs = ConfigDict()
+    # No validation_file: hold out this fraction of train_file as the validation rows
+    # (chosen by split_seed, never trained on). Validation rows of a file are shuffled
+    # with split_seed before the first eval_prompts of them are taken.
+    c.task.eval_fraction = 0.0
+    c.task.split_seed = 0
     # Your own reward instead of the task's verifier: "package.module:function" or
     # "path/to/file.py:function", called as fn(prompt, response, answer, meta) -> float
     # (rl_batch.tasks.custom_reward).
@@ -198,6 +206,14 @@ def run_config() -> ConfigDict:
     c.target_band_lo = config_dict.placeholder(float)
     c.stop_at_target = False  # stop once the target has been reached confirm_evals times
     c.confirm_evals = 2
+
+    # Dashboards that get a copy of every metrics line (metrics.jsonl is always written):
+    # a comma list of "jsonl", "tensorboard" (needs tensorboardX), "wandb" (offline unless
+    # $WANDB_MODE says otherwise); rl_batch.tracking.
+    c.tracking = "jsonl"
+    # Validation prompts whose sampled responses and rewards go to generations.jsonl (and
+    # to the dashboards) at every validation; 0 = off.
+    c.log_generations = 4
 
     c.checkpoint_every = 25  # updates
     c.max_consecutive_skips = 5  # non-finite updates in a row before the run stops

@@ -165,12 +165,18 @@ def _iter_records(path: str) -> Iterator[tuple[int, Any]]:
                 raise ValueError(f"{path}:{i}: invalid JSON ({e.msg})") from None
 
 
-def format_prompt(messages: Sequence[Mapping[str, str]], tokenizer: HFTokenizer | None) -> str:
-    """Prompt text for a conversation: the chat template when a tokenizer is given, else
-    the message contents joined by blank lines."""
+def format_prompt(
+    messages: Sequence[Mapping[str, str]],
+    tokenizer: HFTokenizer | None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """Prompt text for a conversation: the chat template (given ``chat_template_kwargs``)
+    when a tokenizer is given, else the message contents joined by blank lines."""
     if tokenizer is None:
         return "\n\n".join(m["content"] for m in messages)
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, chat_template_kwargs=chat_template_kwargs
+    )
 
 
 def load_math_file(
@@ -182,6 +188,7 @@ def load_math_file(
     limit: int | None = None,
     max_prompt_tokens: int | None = None,
     drop_long_prompts: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[Example]:
     """Loads math problems from a local JSONL or Parquet file.
 
@@ -198,6 +205,8 @@ def load_math_file(
             ``tokenizer``.
         drop_long_prompts: drop prompts over ``max_prompt_tokens`` (their count and
             first lines are logged as a warning) instead of raising.
+        chat_template_kwargs: extra variables of the tokenizer's jinja chat template
+            (e.g. ``{"enable_thinking": False}`` for Qwen3).
 
     Returns:
         Examples with ``answer`` = ground truth and ``meta`` = {"messages", "format",
@@ -233,7 +242,7 @@ def load_math_file(
             messages, answer = _PARSERS[record_fmt](record, instruction, system)
         except _RecordError as e:
             raise ValueError(f"{path}:{line}: {e}") from None
-        prompt = format_prompt(messages, tokenizer)
+        prompt = format_prompt(messages, tokenizer, chat_template_kwargs)
         if max_prompt_tokens is not None:
             n_tokens = len(encode_prompt(tokenizer, prompt))
             if n_tokens > max_prompt_tokens:
@@ -262,6 +271,39 @@ def load_math_file(
             more,
         )
     return examples
+
+
+def hold_out(examples: Sequence[Any], fraction: float, seed: int) -> tuple[list, list]:
+    """Splits a file's examples into (train, validation) without overlap.
+
+    Args:
+        examples: the examples of one file.
+        fraction: the share held out for validation, in (0, 1): round(fraction x N)
+            examples, at least 1, at most N - 1.
+        seed: chooses which (the same seed, the same split).
+
+    Returns:
+        The training examples in file order, the held-out ones in a random order.
+
+    Raises:
+        ValueError: ``fraction`` outside (0, 1) or fewer than 2 examples.
+    """
+    n = len(examples)
+    if not 0 < fraction < 1:
+        raise ValueError(f"eval_fraction={fraction}: must be in (0, 1)")
+    if n < 2:
+        raise ValueError(f"eval_fraction={fraction}: {n} example(s) cannot be split")
+    n_val = min(max(1, round(fraction * n)), n - 1)
+    order = np.random.default_rng(seed).permutation(n)
+    held = order[:n_val]
+    kept = np.sort(order[n_val:])
+    return [examples[i] for i in kept], [examples[i] for i in held]
+
+
+def shuffled(examples: Sequence[Any], seed: int) -> list:
+    """``examples`` in a fixed random order (validation takes its first eval_prompts: a
+    file sorted by source or difficulty would otherwise give its first rows only)."""
+    return [examples[i] for i in np.random.default_rng(seed).permutation(len(examples))]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,252 @@
+"""Experiment tracking: a run's metrics lines and sampled generations sent to dashboards.
+
+``metrics.jsonl`` (``rl_batch.run.MetricsLog``) stays the source of truth: every line
+written there is also handed, once and in order, to the backends that ``config.tracking``
+names (a comma list), with the line's ``step``:
+
+- ``jsonl``: nothing more (metrics.jsonl is always written); the default.
+- ``tensorboard``: event files in ``<run_dir>/tensorboard`` (``tensorboardX``, no
+  TensorFlow), one scalar ``<kind>/<key>`` per number of a line, generations as text.
+- ``wandb``: a Weights & Biases run in ``<run_dir>/wandb``, offline unless
+  ``$WANDB_MODE`` says otherwise, its id kept in ``<run_dir>/wandb_id`` so that a resumed
+  run continues the same W&B run; generations as a table.
+
+A backend named but not installed is a one-line error of ``config.resolve`` (before any
+compute). On resume, the lines up to the checkpoint are not sent again; the lines after
+it are redone, so they are sent again at the same steps: TensorBoard is told to purge
+the earlier copies (``purge_step``), W&B may hold both copies of those steps (harmless:
+metrics.jsonl holds the redone lines only). A backend that fails while the run trains
+is dropped with a warning; the run goes on (metrics.jsonl has every line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"
+WANDB_ID_FILE = "wandb_id"
+
+
+class Backend(Protocol):
+    """A dashboard: receives the numbers of each metrics line and the generations."""
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    """What a backend is built from.
+
+    Attributes:
+      run_dir: the run directory (backends write under it).
+      name: the run's name (``config.name``, else the directory's).
+      config: the resolved config as a dict (W&B records it).
+      resumed_step: the checkpoint step the run resumed from, None for a fresh start.
+    """
+
+    run_dir: str
+    name: str
+    config: Mapping[str, Any]
+    resumed_step: int | None = None
+
+
+def scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a metrics line as ``{"<kind>/<key>": value}`` (``step``, ``kind``
+    and non-numeric values such as ``eval_metric`` left out; booleans as 0/1)."""
+    kind = record.get("kind", "metrics")
+    out = {}
+    for key, value in record.items():
+        if key in ("step", "kind") or isinstance(value, str) or value is None:
+            continue
+        if isinstance(value, (bool, int, float)) or (
+            hasattr(value, "item") and getattr(value, "size", 2) == 1
+        ):
+            out[f"{kind}/{key}"] = float(value)
+    return out
+
+
+def generations_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A markdown table of sampled generations (one row per response)."""
+
+    def cell(x: Any) -> str:
+        return str(x).replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| prompt | response | reward |", "| --- | --- | --- |"]
+    for row in rows:
+        for response, reward in zip(row["responses"], row["rewards"]):
+            lines.append(f"| {cell(row['prompt'])} | {cell(response)} | {reward:g} |")
+    return "\n".join(lines)
+
+
+class TensorBoard:
+    """Event files in ``<run_dir>/tensorboard`` (tensorboardX's writer)."""
+
+    def __init__(self, info: RunInfo):
+        from tensorboardX import SummaryWriter
+
+        # purge_step: TensorBoard hides what an earlier session wrote at or after the
+        # first step this one redoes (the steps after the checkpoint).
+        purge = None if info.resumed_step is None else info.resumed_step + 1
+        self.writer = SummaryWriter(
+            logdir=os.path.join(info.run_dir, TENSORBOARD_DIR), purge_step=purge
+        )
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value, global_step=step)
+        self.writer.flush()  # a crash loses no line (flush_secs would wait 2 minutes)
+
+    def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        self.writer.add_text("generations", generations_markdown(rows), global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandB:
+    """A Weights & Biases run in ``<run_dir>/wandb``, offline unless ``$WANDB_MODE`` is set."""
+
+    def __init__(self, info: RunInfo):
+        import wandb
+
+        self.wandb = wandb
+        id_file = os.path.join(info.run_dir, WANDB_ID_FILE)
+        if os.path.exists(id_file):  # a resumed run continues its W&B run
+            with open(id_file) as f:
+                run_id = f.read().strip()
+        else:
+            run_id = uuid.uuid4().hex[:16]
+            with open(id_file, "w") as f:
+                f.write(run_id + "\n")
+        os.makedirs(os.path.join(info.run_dir, WANDB_DIR), exist_ok=True)
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "rl_batch"),
+            name=info.name,
+            id=run_id,
+            resume="allow",
+            dir=os.path.join(info.run_dir, WANDB_DIR),
+            config=dict(info.config),
+            mode=os.environ.get("WANDB_MODE", "offline"),
+        )
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        data = [
+            [row["prompt"], response, reward]
+            for row in rows
+            for response, reward in zip(row["responses"], row["rewards"])
+        ]
+        table = self.wandb.Table(columns=["prompt", "response", "reward"], data=data)
+        self.run.log({"generations": table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+# name -> (the package it needs, or None; the backend's constructor, or None for jsonl).
+BACKENDS: dict[str, tuple[str | None, Callable[[RunInfo], Backend] | None]] = {
+    "jsonl": (None, None),
+    "tensorboard": ("tensorboardX", TensorBoard),
+    "wandb": ("wandb", WandB),
+}
+
+
+def backend_names(spec: Any) -> list[str]:
+    """The backends of a ``config.tracking`` value: comma-separated, each once, in order."""
+    names = [n.strip() for n in str(spec).split(",")]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def config_errors(spec: Any) -> list[str]:
+    """One message per problem of a ``config.tracking`` value: not a string, an unknown
+    backend, or a backend whose package is not installed."""
+    if not isinstance(spec, str):
+        return [f"tracking={spec!r}: expected a comma list of {', '.join(BACKENDS)}"]
+    errors = []
+    for name in backend_names(spec):
+        if name not in BACKENDS:
+            errors.append(
+                f"tracking={spec!r}: unknown backend {name!r}; known: {', '.join(BACKENDS)}"
+            )
+            continue
+        package = BACKENDS[name][0]
+        if package is not None and not _installed(package):
+            errors.append(
+                f"tracking={spec!r}: backend {name!r} needs the package {package}, which is "
+                f"not installed (pip install {package})"
+            )
+    return errors
+
+
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported (without importing it)."""
+    if package in sys.modules:
+        return True
+    return importlib.util.find_spec(package) is not None
+
+
+class Tracker:
+    """Sends metrics lines and generations to its backends; a backend that fails is
+    dropped (with a warning) and the run goes on."""
+
+    def __init__(self, backends: Mapping[str, Backend]):
+        self.backends = dict(backends)
+
+    def _each(self, call: Callable[[Backend], None]) -> None:
+        for name, backend in list(self.backends.items()):
+            try:
+                call(backend)
+            except Exception as e:  # a dashboard never stops the run
+                log.warning(
+                    "tracking backend %r failed (%s: %s); dropped", name, type(e).__name__, e
+                )
+                del self.backends[name]
+
+    def log_record(self, record: Mapping[str, Any]) -> None:
+        """Sends one metrics line's numbers at its ``step``."""
+        if self.backends:
+            step, metrics = int(record["step"]), scalars(record)
+            self._each(lambda b: b.log_metrics(step, metrics))
+
+    def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Sends one validation's sampled generations."""
+        if self.backends and rows:
+            self._each(lambda b: b.log_generations(step, rows))
+
+    def close(self) -> None:
+        self._each(lambda b: b.close())
+        self.backends = {}
+
+
+def make_tracker(spec: Any, info: RunInfo) -> Tracker:
+    """The tracker of ``config.tracking`` (no backend for ``jsonl``).
+
+    Raises:
+      ValueError: an unknown backend or a missing package (``config_errors``).
+    """
+    errors = config_errors(spec)
+    if errors:
+        raise ValueError("; ".join(errors))
+    backends = {}
+    for name in backend_names(spec):
+        make = BACKENDS[name][1]
+        if make is not None:
+            backends[name] = make(info)
+    return Tracker(backends)

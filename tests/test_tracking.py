@@ -1,0 +1,221 @@
+"""Dashboards (rl_batch.tracking) and sampled generations (generations.jsonl)."""
+
+import os
+import struct
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from rl_batch import artifacts, tracking
+from rl_batch import config as config_lib
+from rl_batch import run as run_lib
+from tests.run_fixtures import tiny_run_config
+
+
+class FakeBackend:
+    """Records every call it gets; one list shared by all instances (all sessions)."""
+
+    calls: list = []
+    infos: list = []
+
+    def __init__(self, info):
+        FakeBackend.infos.append(info)
+
+    def log_metrics(self, step, metrics):
+        FakeBackend.calls.append(("metrics", step, dict(metrics)))
+
+    def log_generations(self, step, rows):
+        FakeBackend.calls.append(("generations", step, list(rows)))
+
+    def close(self):
+        FakeBackend.calls.append(("close",))
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    FakeBackend.calls, FakeBackend.infos = [], []
+    monkeypatch.setitem(tracking.BACKENDS, "fake", (None, FakeBackend))
+    return FakeBackend
+
+
+@pytest.fixture(scope="module")
+def work_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("work"))
+
+
+def test_every_metrics_line_is_forwarded_once_in_order_and_not_resent_on_resume(
+    work_dir, tmp_path, fake_backend
+):
+    run_dir = str(tmp_path / "run")
+
+    def config(budget):
+        return tiny_run_config(
+            work_dir, run_dir, budget_responses=budget, tracking="jsonl,fake", log_generations=8
+        )
+
+    run_lib.run(config(48), progress=False)  # 3 updates, checkpointed at step 3
+    first = len(FakeBackend.calls)
+    assert FakeBackend.calls[-1] == ("close",) and FakeBackend.infos[0].resumed_step is None
+    run_lib.run(config(96), progress=False)  # resumes at step 3
+    assert FakeBackend.infos[1].resumed_step == 3
+    assert FakeBackend.calls[first:].count(("close",)) == 1
+
+    records = artifacts.read_metrics(run_dir)
+    sent = [
+        (step, m) for kind, *rest in FakeBackend.calls if kind == "metrics" for step, m in [rest]
+    ]
+    assert [step for step, _ in sent] == [r["step"] for r in records]
+    for (_, metrics), record in zip(sent, records):
+        assert metrics == tracking.scalars(record)
+        assert metrics[f"{record['kind']}/responses_cum"] == record["responses_cum"]
+
+    # generations.jsonl: every prompt of each validation (log_generations = eval_prompts),
+    # each validation once (the resumed run cut nothing it had not redone); the rewards
+    # are the task's for the responses and average to the line's mean@k.
+    rows = list(artifacts.iter_jsonl(os.path.join(run_dir, artifacts.GENERATIONS_FILE)))
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in rows] == [e["step"] for e in evals for _ in range(8)]
+    task = config_lib.make_task(config(96))
+    for e in evals:
+        mine = [r for r in rows if r["step"] == e["step"]]
+        assert all(len(r["responses"]) == len(r["rewards"]) == 2 for r in mine)
+        assert np.mean([r["rewards"] for r in mine]) == pytest.approx(e["eval_accuracy"])
+        for r in mine:
+            example = {"prompt": r["prompt"], "answer": r["answer"]}
+            assert r["rewards"] == [task.reward(example, x) for x in r["responses"]]
+    gens = [(step, rows_) for kind, *rest in FakeBackend.calls if kind == "generations"
+            for step, rows_ in [rest]]  # fmt: skip
+    assert [step for step, _ in gens] == [e["step"] for e in evals]
+    assert [row for _, rows_ in gens for row in rows_] == rows
+
+
+def test_a_backend_that_fails_is_dropped_and_the_others_go_on(caplog):
+    class Broken:
+        def log_metrics(self, step, metrics):
+            raise OSError("disk full")
+
+    class Good:
+        seen = []
+
+        def log_metrics(self, step, metrics):
+            self.seen.append(step)
+
+    good = Good()
+    tracker = tracking.Tracker({"broken": Broken(), "good": good})
+    with caplog.at_level("WARNING"):
+        tracker.log_record({"kind": "update", "step": 1, "loss": 0.5})
+        tracker.log_record({"kind": "update", "step": 2, "loss": 0.4})
+    assert good.seen == [1, 2] and list(tracker.backends) == ["good"]
+    assert "'broken' failed (OSError: disk full)" in caplog.text
+
+
+def test_scalars_keep_the_numbers_of_a_line_under_its_kind():
+    record = {"kind": "eval", "step": 4, "eval_metric": "mean_at_k", "eval_accuracy": 0.25,
+              "eval_k": 2, "flag": True, "none": None, "arr": np.float32(1.5)}  # fmt: skip
+    assert tracking.scalars(record) == {
+        "eval/eval_accuracy": 0.25,
+        "eval/eval_k": 2.0,
+        "eval/flag": 1.0,
+        "eval/arr": 1.5,
+    }
+
+
+def test_unknown_or_missing_backends_are_one_line_errors_at_resolve(monkeypatch, tmp_path):
+    c = tiny_run_config(str(tmp_path), str(tmp_path / "run"), tracking="jsonl,tensorbord")
+    with pytest.raises(ValueError) as e:
+        config_lib.resolve(c)
+    assert "\n" not in str(e.value)
+    assert "tracking='jsonl,tensorbord': unknown backend 'tensorbord'" in str(e.value)
+    monkeypatch.setitem(tracking.BACKENDS, "nothere", ("no_such_package_rl_batch", None))
+    c.tracking = "nothere"
+    with pytest.raises(ValueError, match="needs the package no_such_package_rl_batch, which is"):
+        config_lib.resolve(c)
+    assert tracking.config_errors(3) == ["tracking=3: expected a comma list of " + ", ".join(
+        tracking.BACKENDS)]  # fmt: skip
+    assert tracking.backend_names(" tensorboard, ,jsonl,tensorboard") == ["tensorboard", "jsonl"]
+
+
+def _tfrecords(path):
+    """The payloads of a TFRecord file (length, crc, data, crc)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    out, i = [], 0
+    while i < len(data):
+        (n,) = struct.unpack("<Q", data[i : i + 8])
+        out.append(data[i + 12 : i + 12 + n])
+        i += 12 + n + 4
+    return out
+
+
+def _events(logdir):
+    from tensorboardX.proto import event_pb2
+
+    events = []
+    for name in sorted(os.listdir(logdir)):
+        for payload in _tfrecords(os.path.join(logdir, name)):
+            events.append(event_pb2.Event.FromString(payload))
+    return events
+
+
+def test_tensorboard_writes_scalars_and_text_that_read_back(tmp_path):
+    pytest.importorskip("tensorboardX")
+    info = tracking.RunInfo(str(tmp_path), "run", {})
+    tracker = tracking.make_tracker("jsonl,tensorboard", info)
+    tracker.log_record({"kind": "update", "step": 1, "loss": 0.5, "eval_metric": "x"})
+    tracker.log_record({"kind": "eval", "step": 1, "eval_accuracy": 0.125})
+    rows = [{"prompt": "1+1=", "responses": ["2", "3"], "rewards": [1.0, 0.0]}]
+    tracker.log_generations(1, rows)
+    tracker.close()
+    events = _events(os.path.join(str(tmp_path), tracking.TENSORBOARD_DIR))
+    values = [(e.step, v.tag, v.simple_value) for e in events for v in e.summary.value
+              if v.HasField("simple_value")]  # fmt: skip
+    assert values == [(1, "update/loss", 0.5), (1, "eval/eval_accuracy", 0.125)]
+    texts = [v.tensor.string_val[0].decode() for e in events for v in e.summary.value
+             if v.HasField("tensor")]  # fmt: skip
+    assert texts == [tracking.generations_markdown(rows)]
+    assert "| 1+1= | 3 | 0 |" in texts[0]
+
+
+def test_tensorboard_resumed_at_a_checkpoint_purges_the_steps_after_it(tmp_path):
+    pytest.importorskip("tensorboardX")
+    tb = tracking.TensorBoard(tracking.RunInfo(str(tmp_path), "run", {}, resumed_step=3))
+    tb.log_metrics(4, {"update/loss": 1.0})
+    tb.close()
+    events = _events(os.path.join(str(tmp_path), tracking.TENSORBOARD_DIR))
+    purge = [e for e in events if e.HasField("session_log")]
+    assert purge[0].step == 4 and purge[0].session_log.status == purge[0].session_log.START
+
+
+def test_wandb_runs_offline_and_a_resumed_run_continues_the_same_run(tmp_path, monkeypatch):
+    inits, logs = [], []
+
+    class Run:
+        def log(self, data, step):
+            logs.append((step, data))
+
+        def finish(self):
+            logs.append("finish")
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: inits.append(kw) or Run()
+    fake.Table = lambda columns, data: ("table", tuple(columns), data)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert tracking.config_errors("wandb") == []
+    info = tracking.RunInfo(str(tmp_path), "p16", {"seed": 0})
+    tracker = tracking.make_tracker("wandb", info)
+    tracker.log_record({"kind": "update", "step": 2, "loss": 0.5})
+    tracker.log_generations(2, [{"prompt": "q", "responses": ["a"], "rewards": [1.0]}])
+    tracker.close()
+    tracking.make_tracker("wandb", info).close()
+    assert [kw["mode"] for kw in inits] == ["offline", "offline"]
+    assert inits[0]["id"] == inits[1]["id"] and inits[0]["resume"] == "allow"
+    assert inits[0]["dir"] == os.path.join(str(tmp_path), tracking.WANDB_DIR)
+    assert inits[0]["name"] == "p16" and inits[0]["config"] == {"seed": 0}
+    assert logs[:3] == [
+        (2, {"update/loss": 0.5}),
+        (2, {"generations": ("table", ("prompt", "response", "reward"), [["q", "a", 1.0]])}),
+        "finish",
+    ]
