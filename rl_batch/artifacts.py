@@ -16,7 +16,11 @@ updates so far), ``responses_generated_cum``, ``prompts``, ``group_size``,
 ``batch_responses`` (retained in this update), ``lr``, ``reward_mean``,
 ``time_generate_s``, ``time_score_s``, ``time_update_s``, ``time_train_cum_s``,
 ``gen_tokens``, ``grad_norm`` (actor), ``loss``, ``clip_frac``, ``kl``; PPO adds
-``critic_grad_norm`` and ``phase`` (``PHASE_CRITIC_WARMUP`` or ``PHASE_TRAIN``).
+``critic_grad_norm`` and ``phase`` (``PHASE_CRITIC_WARMUP`` or ``PHASE_TRAIN``). A math
+task's lines add ``score_unverified_too_big`` and ``score_unverified_timeout``: responses
+scored 0 without math_verify's verdict, too long or too deeply nested to verify, or past
+the watchdog's time (``rl_batch.tasks.rewards.unverified_counts``; eval lines:
+``eval_score_unverified_*``).
 
 Eval lines carry: ``step``, ``responses_cum``, ``time_train_cum_s``, ``eval_accuracy``
 (mean@k), ``eval_k``, ``eval_greedy_accuracy`` (optional), ``time_eval_s``.
