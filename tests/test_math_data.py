@@ -128,9 +128,10 @@ def _in_a_worker_thread(fn):
     """``fn()`` run in a thread that is not the main one, then every watchdog thread
     (``rewards.call_with_timeout``) it left behind finished."""
     results = {}
-    thread = threading.Thread(target=lambda: results.update(value=fn()))
+    thread = threading.Thread(target=lambda: results.update(value=fn()), daemon=True)
     thread.start()
-    thread.join()
+    thread.join(timeout=300)  # a guard against a hang, not a measurement
+    assert "value" in results, "math_score did not return (no watchdog?)"
     return results["value"]
 
 
@@ -151,8 +152,10 @@ def test_a_slow_verifier_off_the_main_thread_times_out(monkeypatch):
         return True
 
     monkeypatch.setattr(math_verify, "verify", slow_verify)
-    score = _in_a_worker_thread(lambda: math_score(r"\boxed{42}", "42", timeout_s=0.01))
-    release.set()
+    try:
+        score = _in_a_worker_thread(lambda: math_score(r"\boxed{42}", "42", timeout_s=0.01))
+    finally:
+        release.set()
     _join_watchdog_threads()
     assert (score.reward, score.format_ok, score.parsed) == (0.0, True, "42")
     assert score.unverified == UNVERIFIED_TIMEOUT
