@@ -79,7 +79,11 @@ def main(argv):
     signal.signal(signal.SIGTERM, _interrupt)
     locks.die_with_parent()  # a sweep's --isolate child stops with its parent
 
-    summary = run.run(config, resume=_RESUME.value, progress=not _QUIET.value)
+    try:
+        summary = run.run(config, resume=_RESUME.value, progress=not _QUIET.value)
+    except artifacts.DiskFullError as e:
+        # One line, not a traceback: the directory, and that --resume continues the run.
+        raise SystemExit(f"error: {e}") from None
     reached = summary["n_star"] if summary["reached"] else artifacts.NOT_REACHED
     print(
         f"{summary['status']}: N*={reached} q={summary['q']} "

@@ -165,6 +165,7 @@ class StepAccounting:
             "lr": c.derived.lr,
             "reward_mean": float(ro.rewards_pg.mean()),
             "reward_retained_mean": float(ro.rewards_pg[s.keep_p].mean()),
+            **ro.score_counts,  # math: score_unverified_too_big, score_unverified_timeout
             "time_generate_s": ro.time_generate_s,
             "time_score_s": ro.time_score_s,
             "time_update_s": s.update_s,

@@ -19,7 +19,11 @@ updates so far), ``responses_generated_cum``, ``prompts``, ``group_size``,
 ``batch_responses`` (retained in this update), ``lr``, ``reward_mean``,
 ``time_generate_s``, ``time_score_s``, ``time_update_s``, ``time_train_cum_s``,
 ``gen_tokens``, ``grad_norm`` (actor), ``loss``, ``clip_frac``, ``kl``; PPO adds
-``critic_grad_norm`` and ``phase`` (``PHASE_CRITIC_WARMUP`` or ``PHASE_TRAIN``).
+``critic_grad_norm`` and ``phase`` (``PHASE_CRITIC_WARMUP`` or ``PHASE_TRAIN``). A math
+task's lines add ``score_unverified_too_big`` and ``score_unverified_timeout``: responses
+scored 0 without math_verify's verdict, too long or too deeply nested to verify, or past
+the watchdog's time (``rl_batch.tasks.rewards.unverified_counts``; eval lines:
+``eval_score_unverified_*``).
 
 Eval lines carry: ``step``, ``responses_cum``, ``time_train_cum_s``, ``eval_accuracy``
 (mean@k), ``eval_k``, ``eval_greedy_accuracy`` (optional), ``time_eval_s``.
@@ -55,6 +59,7 @@ batch under that name, which ``entry_batch`` still reads.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -78,6 +83,42 @@ NOT_REACHED = "not reached"
 # ``phase`` of an update line: PPO's critic-only warm-up, then actor training (GRPO: all).
 PHASE_CRITIC_WARMUP = "critic_warmup"
 PHASE_TRAIN = "train"
+
+
+# ---------------------------------------------------------------------- disk full
+
+
+class DiskFullError(OSError):
+    """A write into ``directory`` failed with ENOSPC. Its message is one line naming the
+    directory; what was written before it is intact (the run resumes with --resume)."""
+
+    def __init__(self, directory: str):
+        super().__init__(
+            errno.ENOSPC,
+            f"disk full: no space left to write in {directory}; free space there, then "
+            "continue the run with --resume (everything written before is intact)",
+        )
+        self.directory = directory
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+# tensorstore and orbax report ENOSPC as text in errors of their own.
+_ENOSPC_TEXT = os.strerror(errno.ENOSPC)  # "No space left on device"
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from or while handling, is ENOSPC."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        if _ENOSPC_TEXT in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 # The fields of a run's entry in sweep.json (``sweep_entry``); writers may add more.
@@ -217,9 +258,11 @@ def write_json_atomic(path: str, obj: Any) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if is_disk_full(e):  # the old file at ``path`` is untouched
+            raise DiskFullError(directory) from e
         raise
 
 
@@ -233,11 +276,24 @@ def read_json(path: str) -> Any:
 
 
 def append_jsonl(path: str, record: dict[str, Any]) -> None:
-    """Appends one JSON line and flushes it to disk."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True, default=json_default) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Appends one JSON line and flushes it to disk.
+
+    Raises:
+      DiskFullError: the disk is full; the file is cut back to its earlier lines (no
+        partial line is left behind).
+    """
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(record, sort_keys=True, default=json_default) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        if os.path.exists(path) and os.path.getsize(path) > size:
+            os.truncate(path, size)  # needs no space
+        raise DiskFullError(os.path.dirname(os.path.abspath(path))) from e
 
 
 def iter_jsonl(path: str) -> Iterator[dict[str, Any]]:

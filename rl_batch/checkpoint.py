@@ -6,6 +6,9 @@ Orbax writes each step into a temporary directory and renames it when complete, 
 process killed mid-save leaves no checkpoint that ``latest_step`` would return. Saves
 here are synchronous: when ``save`` returns, the step is on disk.
 
+A save that fails because the disk is full raises ``artifacts.DiskFullError`` (one
+line naming the directory) and leaves the earlier steps as they were.
+
 Each step's metadata carries a CRC-32 of every array of the tree (``meta["checksums"]``,
 arrays this process holds whole). ``restore`` of the latest step checks them, and when a
 step cannot be read or its arrays do not match their checksums (damaged on disk), it
@@ -23,6 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from rl_batch import artifacts
 
 log = logging.getLogger(__name__)
 CHECKSUMS = "checksums"  # meta key: array name -> CRC-32 of its bytes
@@ -107,8 +112,15 @@ class Checkpointer:
         as ``step`` and waits for it."""
         meta = {**meta, CHECKSUMS: checksums(tree)}
         args = ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta))
-        self._manager.save(step, args=args, force=True)
-        self._manager.wait_until_finished()
+        try:
+            self._manager.save(step, args=args, force=True)
+            self._manager.wait_until_finished()
+        except Exception as e:
+            # The step stays a temporary directory, which latest_step never returns; the
+            # earlier steps are kept (orbax prunes them only after a save completes).
+            if artifacts.is_disk_full(e):
+                raise artifacts.DiskFullError(self.directory) from e
+            raise
 
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Restores the tree at ``step`` (default: latest) into the structure of ``like``.

@@ -138,7 +138,11 @@ def _is_int(value) -> bool:
 
 
 def _dataclass_errors(cls, fields: dict[str, tuple[str, object]]) -> list[str]:
-    """Runs ``cls``'s own validation on each config key alone.
+    """Runs ``cls``'s own validation on each config key, beside the keys valid alone.
+
+    A key is checked with every other key that ``cls`` accepts on its own, so that a rule
+    between fields is judged on the configured values (``grpo.policy_loss="gspo"`` beside
+    ``grpo.loss_agg="seq_mean_token_mean"``), not on the other fields' defaults.
 
     Args:
       cls: a dataclass that validates its fields (``GRPOConfig``, ``SamplingConfig``).
@@ -147,11 +151,19 @@ def _dataclass_errors(cls, fields: dict[str, tuple[str, object]]) -> list[str]:
     Returns:
       ``"key=value: cls's error"`` for each key ``cls`` rejects.
     """
+
+    def error(**values) -> Exception | None:
+        try:
+            cls(**values)
+        except (TypeError, ValueError) as e:
+            return e
+        return None
+
+    valid = {f: v for f, v in fields.values() if error(**{f: v}) is None}
     errors = []
     for key, (field, value) in fields.items():
-        try:
-            cls(**{field: value})
-        except (TypeError, ValueError) as e:
+        e = error(**{**valid, field: value})
+        if e is not None:
             errors.append(f"{key}={value!r}: {e}")
     return errors
 

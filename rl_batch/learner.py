@@ -12,7 +12,9 @@ adapter implementing ``Algorithm`` (the protocol ``rl_batch.run`` calls):
 - the model: ``response_outputs`` (logits or values aligned with the response tokens),
   ``compute_logprobs`` (and micro-batched, jitted variants);
 - the loss: ``policy_loss``, the clipped surrogate with token-mean metrics (GRPO with
-  per-sequence advantages, the PPO actor with per-token ones);
+  per-sequence advantages, the PPO actor with per-token ones), built from small pure
+  pieces (``surrogate_per_token``, ``weighted_sum``, ``kl_terms``, ``moe_terms``,
+  ``ratio_metrics``, ``token_mean_part``, ``own_gradient_scale``);
 - the step: ``accumulate_gradients`` (micro-batches in ``lax.scan``, gradient noise
   statistics), ``apply_update`` (skipped whole when non-finite), ``sequence_metrics``,
   ``delta_norm``, ``jit_update`` (shardings and donation).
@@ -471,6 +473,12 @@ def policy_loss(
     ``router_aux_loss_coef`` in the loss) and, when the batch carries the sampler's
     ``routed_experts``, ``moe_routing_disagreement``.
 
+    The pieces, each a pure function of arrays: ``surrogate_per_token`` (the clipped
+    surrogate), ``losses.aggregation_weights`` and ``weighted_sum`` (aggregation),
+    ``kl_terms`` (KL to the reference and to the behaviour policy), ``moe_terms`` (the
+    load-balancing loss and router metrics), ``ratio_metrics``, ``token_mean_part`` (the
+    metrics) and ``own_gradient_scale``.
+
     Args:
       model_config: the policy's shape.
       params: the policy parameters (differentiated).
@@ -499,25 +507,105 @@ def policy_loss(
       converts this micro-batch's gradient to the gradient of its own normalised loss
       (``|g_own| = own_scale * |g|``), for the gradient noise scale.
     """
+    if kl_coef and batch.ref_logprobs is None:
+        raise ValueError(f"kl_coef={kl_coef} needs Batch.ref_logprobs, which is None")
     mask_br = batch.response_mask.astype(bool)
-    # Chunked over response positions (``model_config.logits_chunk``): no [B, R, V].
-    if model_config.num_experts:
-        logp_br, entropy_br, router_lte, router_mask_t = logprobs_lib.response_logprobs_and_router(
-            model_config, params, batch, temperature, replay=routing_replay
-        )
-    elif routing_replay:
-        raise ValueError("routing_replay=True needs a MoE policy (num_experts > 0)")
-    else:
-        logp_br, entropy_br = logprobs_lib.response_logprobs(
-            model_config, params, batch, temperature
-        )
+    logp_br, entropy_br, router = _policy_logprobs(
+        model_config, params, batch, temperature, routing_replay
+    )
     if batch.old_logprobs is None:
         old_br = jax.lax.stop_gradient(logp_br)
     else:
         old_br = batch.old_logprobs.astype(jnp.float32)
-    adv = batch.advantages.astype(jnp.float32)
-    # [B] per sequence (GRPO) or [B, R] per token (the PPO actor).
-    adv_br = adv[:, None] if adv.ndim == 1 else adv
+    ref_br = None if batch.ref_logprobs is None else batch.ref_logprobs.astype(jnp.float32)
+
+    pg_br, clipped_br = surrogate_per_token(
+        logp_br,
+        old_br,
+        batch.advantages.astype(jnp.float32),
+        mask_br,
+        surrogate=surrogate,
+        clip_low=clip_low,
+        clip_high=clip_high,
+    )
+    w_br = losses.aggregation_weights(
+        mask_br, loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
+    )
+    pg_loss = weighted_sum(pg_br, w_br, mask_br)
+    kl_loss, sums = kl_terms(logp_br, old_br, ref_br, w_br, mask_br, num_tokens)
+    loss = pg_loss
+    if kl_loss is not None:
+        loss = loss + kl_coef * kl_loss
+    if router is not None:
+        aux, moe_sums = moe_terms(
+            model_config, *router, getattr(batch, "routed_experts", None), micro_batches
+        )
+        if router_aux_loss_coef:
+            loss = loss + router_aux_loss_coef * aux
+        sums.update(moe_sums)
+
+    ratio_sums, maxes = ratio_metrics(logp_br, old_br, mask_br, num_tokens)
+    sums.update(
+        ratio_sums,
+        pg_loss=pg_loss,
+        loss=loss,
+        clip_frac=token_mean_part(clipped_br, mask_br, num_tokens),
+        entropy=token_mean_part(entropy_br, mask_br, num_tokens),
+        logprob_mean=token_mean_part(logp_br, mask_br, num_tokens),
+    )
+    own_scale = own_gradient_scale(mask_br, loss_agg, num_tokens, num_seqs)
+    return loss, (sums, maxes, own_scale)
+
+
+def _policy_logprobs(
+    model_config: model_lib.ModelConfig,
+    params: Params,
+    batch: Batch,
+    temperature: float,
+    routing_replay: bool,
+) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """(log-probs [B, R], entropies [B, R], router) of the batch's response tokens under
+    the policy; ``router`` is a MoE policy's (router logits [L, T, E], token mask [T])
+    over all B * (P + R) tokens, None for a dense one. Chunked over response positions
+    (``model_config.logits_chunk``): no [B, R, V]."""
+    if model_config.num_experts:
+        logp_br, entropy_br, router_lte, router_mask_t = logprobs_lib.response_logprobs_and_router(
+            model_config, params, batch, temperature, replay=routing_replay
+        )
+        return logp_br, entropy_br, (router_lte, router_mask_t)
+    if routing_replay:
+        raise ValueError("routing_replay=True needs a MoE policy (num_experts > 0)")
+    logp_br, entropy_br = logprobs_lib.response_logprobs(model_config, params, batch, temperature)
+    return logp_br, entropy_br, None
+
+
+def surrogate_per_token(
+    logp_br: jax.Array,
+    old_br: jax.Array,
+    adv: jax.Array,
+    mask_br: jax.Array,
+    *,
+    surrogate: str,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[jax.Array, jax.Array]:
+    """The clipped surrogate as per-token values, ready for ``losses.aggregation_weights``.
+
+    Args:
+      logp_br: [B, R] current log-probs (differentiated).
+      old_br: [B, R] behaviour-policy log-probs.
+      adv: [B] per-sequence (GRPO) or [B, R] per-token (the PPO actor) advantages.
+      mask_br: [B, R] bool real response tokens.
+      surrogate: ``"token"`` (``losses.clipped_policy_loss``) or ``"gspo"``
+        (``losses.gspo_policy_loss``, [B] advantages only).
+      clip_low, clip_high: ratio bounds ``1 - clip_low``, ``1 + clip_high``.
+
+    Returns:
+      (loss [B, R], clipped [B, R]: 1.0 where clipping removed the gradient). GSPO's
+      per-sequence loss and clip indicator are repeated over each sequence's tokens:
+      under seq_mean_token_mean weights (mask / (len * seqs)) the weighted sum is then
+      mean_b loss_b.
+    """
     if surrogate == "gspo":
         if adv.ndim != 1:
             raise ValueError(
@@ -526,71 +614,120 @@ def policy_loss(
         loss_b, clipped_b, _ = losses.gspo_policy_loss(
             logp_br, old_br, adv, mask_br, clip_low=clip_low, clip_high=clip_high
         )
-        # Spread over the tokens: with seq_mean_token_mean weights (mask / (len * seqs))
-        # the sum is mean_b loss_b.
-        pg_br = jnp.broadcast_to(loss_b[:, None], mask_br.shape)
-        clipped_br = jnp.broadcast_to(clipped_b[:, None], mask_br.shape)
-    elif surrogate == "token":
-        pg_br, clipped_br = losses.clipped_policy_loss(
-            logp_br,
-            old_br,
-            adv_br,
-            clip_low=clip_low,
-            clip_high=clip_high,
+        return (
+            jnp.broadcast_to(loss_b[:, None], mask_br.shape),
+            jnp.broadcast_to(clipped_b[:, None], mask_br.shape),
         )
-    else:
-        raise ValueError(f"surrogate={surrogate!r}; expected one of {losses.POLICY_LOSSES}")
-    w_br = losses.aggregation_weights(
-        mask_br, loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
-    )
+    if surrogate == "token":
+        adv_br = adv[:, None] if adv.ndim == 1 else adv
+        return losses.clipped_policy_loss(
+            logp_br, old_br, adv_br, clip_low=clip_low, clip_high=clip_high
+        )
+    raise ValueError(f"surrogate={surrogate!r}; expected one of {losses.POLICY_LOSSES}")
 
-    def weighted(x_br):
-        return jnp.sum(jnp.where(mask_br, x_br * w_br, 0.0))
 
-    def token_mean(x_br):  # summed over micro-batches gives the full-batch token mean
-        return losses.masked_sum(jax.lax.stop_gradient(x_br), mask_br) / num_tokens
+def weighted_sum(x_br: jax.Array, w_br: jax.Array, mask_br: jax.Array) -> jax.Array:
+    """``sum(w * x)`` over real tokens: a loss term under ``aggregation_weights`` ``w``."""
+    return jnp.sum(jnp.where(mask_br, x_br * w_br, 0.0))
 
-    pg_loss = weighted(pg_br)
-    loss = pg_loss
-    kl_old_br = losses.kl_k3(logp_br, old_br)
-    sums = {"pg_loss": pg_loss, "kl_old": token_mean(kl_old_br)}
-    if batch.ref_logprobs is not None:
-        kl_ref_br = losses.kl_estimate(logp_br, batch.ref_logprobs.astype(jnp.float32), "k3")
-        kl_loss = weighted(kl_ref_br)
-        loss = loss + kl_coef * kl_loss
-        sums["kl_loss"] = kl_loss
-        sums["kl"] = token_mean(losses.kl_k3(logp_br, batch.ref_logprobs.astype(jnp.float32)))
-    elif kl_coef:
-        raise ValueError(f"kl_coef={kl_coef} needs Batch.ref_logprobs, which is None")
-    else:
+
+def token_mean_part(x_br: jax.Array, mask_br: jax.Array, num_tokens: jax.Array) -> jax.Array:
+    """This micro-batch's share of the full batch's token mean of ``x`` (not
+    differentiated): the shares of all micro-batches add up to the full-batch mean."""
+    return losses.masked_sum(jax.lax.stop_gradient(x_br), mask_br) / num_tokens
+
+
+def kl_terms(
+    logp_br: jax.Array,
+    old_br: jax.Array,
+    ref_br: jax.Array | None,
+    w_br: jax.Array,
+    mask_br: jax.Array,
+    num_tokens: jax.Array,
+) -> tuple[jax.Array | None, Metrics]:
+    """The k3 KL to the reference as a loss term, and the KL metrics.
+
+    Args:
+      logp_br: [B, R] current log-probs.
+      old_br: [B, R] behaviour-policy log-probs.
+      ref_br: [B, R] float32 reference log-probs, or None (no reference kept).
+      w_br: [B, R] aggregation weights of the loss.
+      mask_br: [B, R] bool real response tokens.
+      num_tokens: real response tokens of the full batch.
+
+    Returns:
+      (kl_loss, sums): ``kl_loss`` is ``sum(w * k3(logp, ref))`` (None without a
+      reference); ``sums`` hold token-mean parts of ``kl_old`` (k3 to the behaviour
+      policy) and ``kl`` (k3 to the reference, else ``kl_old``), and ``kl_loss``.
+    """
+    sums = {"kl_old": token_mean_part(losses.kl_k3(logp_br, old_br), mask_br, num_tokens)}
+    if ref_br is None:
         sums["kl"] = sums["kl_old"]
-    if model_config.num_experts:
-        # Load-balancing loss over all real (prompt + response) tokens of the micro-batch.
-        k = model_config.num_experts_per_tok
-        aux = moe_lib.load_balancing_loss(router_lte, router_mask_t, k) / micro_batches
-        if router_aux_loss_coef:
-            loss = loss + router_aux_loss_coef * aux
-        sums.update(moe_aux_loss=jax.lax.stop_gradient(aux))
-        sums.update(moe_lib.router_sums(router_lte, router_mask_t, k))
-        routed = getattr(batch, "routed_experts", None)
-        if routed is not None:
-            mask_bt = router_mask_t.reshape(routed.shape[:2])
-            sums.update(moe_lib.routing_disagreement_sums(router_lte, routed, mask_bt, k))
+        return None, sums
+    kl_ref_br = losses.kl_k3(logp_br, ref_br)
+    kl_loss = weighted_sum(kl_ref_br, w_br, mask_br)
+    sums["kl_loss"] = kl_loss
+    sums["kl"] = token_mean_part(kl_ref_br, mask_br, num_tokens)
+    return kl_loss, sums
+
+
+def moe_terms(
+    model_config: model_lib.ModelConfig,
+    router_lte: jax.Array,
+    router_mask_t: jax.Array,
+    routed_experts: jax.Array | None,
+    micro_batches: int,
+) -> tuple[jax.Array, Metrics]:
+    """A MoE policy's load-balancing loss and its router metrics.
+
+    Args:
+      model_config: the policy's shape (``num_experts_per_tok`` = k).
+      router_lte: [L, T, E] router logits over all T = B * (P + R) tokens.
+      router_mask_t: [T] real (prompt + response) tokens.
+      routed_experts: [B, P + R, L, k] the sampler's expert choices, or None.
+      micro_batches: micro-batches of the update; each one's loss counts
+        ``1 / micro_batches``.
+
+    Returns:
+      (aux, sums): HF's load-balancing loss of this micro-batch (differentiated), and
+      ``moe_aux_loss``, the router sums (``moe.router_sums``) and, with
+      ``routed_experts``, the routing-disagreement sums.
+    """
+    k = model_config.num_experts_per_tok
+    aux = moe_lib.load_balancing_loss(router_lte, router_mask_t, k) / micro_batches
+    sums = {"moe_aux_loss": jax.lax.stop_gradient(aux)}
+    sums.update(moe_lib.router_sums(router_lte, router_mask_t, k))
+    if routed_experts is not None:
+        mask_bt = router_mask_t.reshape(routed_experts.shape[:2])
+        sums.update(moe_lib.routing_disagreement_sums(router_lte, routed_experts, mask_bt, k))
+    return aux, sums
+
+
+def ratio_metrics(
+    logp_br: jax.Array,
+    old_br: jax.Array,
+    mask_br: jax.Array,
+    num_tokens: jax.Array,
+) -> tuple[Metrics, Metrics]:
+    """(sums, maxes): the token-mean part of the ratio ``pi / pi_old`` (``ratio_mean``)
+    and its largest value over real tokens (``ratio_max``); the log-ratio is clamped to
+    [-20, 20] like the losses'."""
     ratio_br = jnp.exp(jnp.clip(logp_br - old_br, -20.0, 20.0))
-    sums.update(
-        loss=loss,
-        clip_frac=token_mean(clipped_br),
-        entropy=token_mean(entropy_br),
-        ratio_mean=token_mean(ratio_br),
-        logprob_mean=token_mean(logp_br),
-    )
+    sums = {"ratio_mean": token_mean_part(ratio_br, mask_br, num_tokens)}
     maxes = {"ratio_max": jnp.max(jnp.where(mask_br, jax.lax.stop_gradient(ratio_br), 0.0))}
+    return sums, maxes
+
+
+def own_gradient_scale(
+    mask_br: jax.Array, loss_agg: str, num_tokens: jax.Array, num_seqs: jax.Array | int
+) -> jax.Array:
+    """``|g_own| / |g|``: converts a micro-batch's gradient under the full batch's
+    normalisers to the gradient of its own normalised loss (for the gradient noise
+    scale): full-batch tokens (token_mean) or sequences over this micro-batch's."""
     if loss_agg == "token_mean":
-        own_scale = num_tokens / jnp.maximum(jnp.sum(mask_br.astype(jnp.float32)), 1.0)
-    else:
-        real_seqs = jnp.sum(jnp.any(mask_br, axis=1).astype(jnp.float32))
-        own_scale = num_seqs / jnp.maximum(real_seqs, 1.0)
-    return loss, (sums, maxes, own_scale)
+        return num_tokens / jnp.maximum(jnp.sum(mask_br.astype(jnp.float32)), 1.0)
+    real_seqs = jnp.sum(jnp.any(mask_br, axis=1).astype(jnp.float32))
+    return num_seqs / jnp.maximum(real_seqs, 1.0)
 
 
 # ------------------------------------------------------------- generic update blocks

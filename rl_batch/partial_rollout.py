@@ -30,7 +30,7 @@ import numpy as np
 from rl_batch import flops
 from rl_batch.rollout import Rollout, decode_responses
 from rl_batch.sampler import SampleOutput, Sampler, SamplingConfig, eos_ids_of
-from rl_batch.tasks.rewards import score_responses
+from rl_batch.tasks.rewards import score_responses, unverified_counts
 from rl_batch.tokenizers import encode_prompt
 
 
@@ -164,12 +164,13 @@ def to_rollout(
     rewards_pg = np.zeros((len(groups), g_size), np.float32)
     done_groups = [g for g in groups if g.complete]
     t0 = time.perf_counter()
+    scores = []
     if done_groups:
         rows = np.concatenate(
             [np.arange(p * g_size, (p + 1) * g_size) for p in np.where(complete_p)[0]]
         )
         texts = decode_responses(tokenizer, _take_rows(samples, rows))
-        rewards_n, _ = score_responses(task, [g.example for g in done_groups], texts, g_size)
+        rewards_n, scores = score_responses(task, [g.example for g in done_groups], texts, g_size)
         rewards_pg[complete_p] = rewards_n.reshape(-1, g_size)
     return Rollout(
         examples=[g.example for g in groups],
@@ -179,6 +180,7 @@ def to_rollout(
         time_score_s=time.perf_counter() - t0,
         gen_tokens=0,
         complete_p=complete_p,
+        score_counts=unverified_counts(task, scores),
     )
 
 

@@ -17,7 +17,12 @@ import jax
 import numpy as np
 
 from rl_batch.sampler import SampleOutput, Sampler, SamplingConfig
-from rl_batch.tasks.rewards import greedy_accuracy, mean_at_k, score_responses
+from rl_batch.tasks.rewards import (
+    greedy_accuracy,
+    mean_at_k,
+    score_responses,
+    unverified_counts,
+)
 from rl_batch.tokenizers import encode_prompt
 
 
@@ -37,6 +42,9 @@ class Rollout:
     # Forward FLOPs of the generation when ``samples`` also holds tokens generated
     # earlier (partial rollout); None: every response token in ``samples`` is new.
     gen_flops: float | None = None
+    # ``rewards.unverified_counts`` of the scores: metrics-line name -> responses scored 0
+    # without the verifier's verdict ({} for tasks whose verifier never skips).
+    score_counts: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def _array_to_json(x: np.ndarray) -> dict[str, Any]:
@@ -73,6 +81,7 @@ def rollout_to_json(ro: Rollout) -> dict[str, Any]:
         "complete_p": None if ro.complete_p is None else _array_to_json(ro.complete_p),
         "time_compile_s": ro.time_compile_s,
         "gen_flops": ro.gen_flops,
+        "score_counts": dict(ro.score_counts),
     }
 
 
@@ -90,6 +99,7 @@ def rollout_from_json(data: dict[str, Any]) -> Rollout:
         complete_p=None if complete_p is None else _array_from_json(complete_p),
         time_compile_s=float(data.get("time_compile_s", 0.0)),
         gen_flops=data.get("gen_flops"),
+        score_counts=dict(data.get("score_counts") or {}),
     )
 
 
@@ -237,7 +247,7 @@ def rollout(
     samples = generate(sampler, params, repeated, rng=rng, sampling=sampling, gen_batch=gen_batch)
     t1 = time.perf_counter()
     texts = decode_responses(tokenizer, samples)
-    rewards_n, _ = score_responses(task, examples, texts, group_size=group_size)
+    rewards_n, scores = score_responses(task, examples, texts, group_size=group_size)
     t2 = time.perf_counter()
     return Rollout(
         examples=examples,
@@ -246,6 +256,7 @@ def rollout(
         time_generate_s=t1 - t0,
         time_score_s=t2 - t1,
         gen_tokens=int(samples.lengths.sum()),
+        score_counts=unverified_counts(task, scores),
     )
 
 
@@ -291,6 +302,7 @@ def evaluate(
         "eval_k": k,
         "eval_pass_at_k": float(np.mean(out.rewards_pg.max(axis=1) > 0)),
         "eval_response_len": float(out.samples.lengths.mean()),
+        **{f"eval_{name}": n for name, n in out.score_counts.items()},
     }
     if greedy:
         g = rollout(

@@ -218,6 +218,19 @@ def test_documented_sentinels_are_accepted(changes):
     config_lib.resolve(_config(**changes), 1)
 
 
+def test_a_rule_between_grpo_fields_is_judged_on_the_configured_values():
+    # GSPO needs the sequence-mean aggregation: configured together they resolve; each
+    # field used to be checked beside the other's default and GSPO could not be set.
+    gspo = {"grpo.policy_loss": "gspo", "grpo.loss_agg": "seq_mean_token_mean"}
+    assert config_lib.resolve(_config(**gspo), 1).grpo.policy_loss == "gspo"
+    with pytest.raises(ValueError) as e:
+        config_lib.resolve(_config(**{"grpo.policy_loss": "gspo"}), 1)
+    assert str(e.value) == (
+        "invalid config: grpo.policy_loss='gspo': GRPOConfig.loss_agg='token_mean' is "
+        "invalid: expected 'seq_mean_token_mean' with policy_loss='gspo' (a sequence mean)"
+    )
+
+
 def test_batch_must_divide_over_the_data_axis():
     with pytest.raises(ValueError, match=r"3 x 2 = 6 is not divisible by the data-parallel size 4"):
         config_lib.resolve(_config(prompts=3, group_size=2), 4)

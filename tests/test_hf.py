@@ -18,46 +18,7 @@ from safetensors.numpy import load_file, save_file
 from rl_batch import hf
 from rl_batch import model as model_lib
 from rl_batch import sampler as sampler_lib
-
-TINY = dict(
-    vocab_size=128,
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=96,
-    rope_theta=10_000.0,
-    max_seq_len=128,
-)
-FAMILY_FLAGS = {
-    "qwen3": dict(qk_norm=True, qkv_bias=False),
-    "qwen2": dict(qk_norm=False, qkv_bias=True),
-    "llama": dict(qk_norm=False, qkv_bias=False),
-}
-FAMILIES = tuple(FAMILY_FLAGS)
-
-
-def _tiny_config(family: str, **overrides) -> model_lib.ModelConfig:
-    return model_lib.ModelConfig(**{**TINY, **FAMILY_FLAGS[family], **overrides})
-
-
-def _random_params(config: model_lib.ModelConfig, seed: int) -> model_lib.Params:
-    """Random params with non-trivial norms and biases (init gives ones / zeros)."""
-    leaves, treedef = jax.tree.flatten(model_lib.abstract_params(config))
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    out = []
-    for key, spec in zip(keys, leaves):
-        scale = 0.2 if len(spec.shape) < 2 else 0.15
-        value = scale * jax.random.normal(key, spec.shape, jnp.float32)
-        out.append(value.astype(spec.dtype))
-    params = jax.tree.unflatten(treedef, out)
-    # Norm scales around 1 so activations stay O(1).
-    return _map_paths(params, lambda path, x: x + 1 if "scale" in path else x)
-
-
-def _map_paths(params, fn):
-    return jax.tree_util.tree_map_with_path(lambda p, x: fn(jax.tree_util.keystr(p), x), params)
+from tests.hf_fixtures import FAMILIES, HF_CLASSES, hf_model, random_params, tiny_config
 
 
 def _left_padded_batch(seed: int = 0, vocab: int = 128):
@@ -148,7 +109,7 @@ def test_config_from_hf_defaults_and_new_spelling():
     ],
 )
 def test_config_from_hf_rejects_unsupported(change, message):
-    hf_json = hf.config_to_hf(_tiny_config("qwen3"), "qwen3")
+    hf_json = hf.config_to_hf(tiny_config("qwen3"), "qwen3")
     hf_json.update(change)
     hf_json = {k: v for k, v in hf_json.items() if v is not None}
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -171,11 +132,11 @@ def test_config_round_trip(preset, model_type):
 
 def test_config_to_hf_rejects_mismatched_family():
     with pytest.raises(ValueError, match="model_type='qwen2' needs qk_norm=False, qkv_bias=True"):
-        hf.config_to_hf(_tiny_config("qwen3"), "qwen2")
+        hf.config_to_hf(tiny_config("qwen3"), "qwen2")
     with pytest.raises(ValueError, match="head='value'"):
-        hf.config_to_hf(_tiny_config("qwen3", head="value"), "qwen3")
+        hf.config_to_hf(tiny_config("qwen3", head="value"), "qwen3")
     with pytest.raises(ValueError, match="model_type='gpt2'"):
-        hf.config_to_hf(_tiny_config("qwen3"), "gpt2")
+        hf.config_to_hf(tiny_config("qwen3"), "gpt2")
 
 
 # ---------------------------------------------------------------------------- save / load
@@ -184,8 +145,8 @@ def test_config_to_hf_rejects_mismatched_family():
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_save_load_round_trip_is_exact(tmp_path, family, dtype):
-    config = _tiny_config(family, param_dtype=dtype, dtype=dtype, tie_embeddings=family != "qwen2")
-    params = _random_params(config, seed=1)
+    config = tiny_config(family, param_dtype=dtype, dtype=dtype, tie_embeddings=family != "qwen2")
+    params = random_params(config, seed=1)
     hf.save_hf_checkpoint(config, params, tmp_path, model_type=family)
     loaded_config, loaded = hf.load_hf_checkpoint(tmp_path)
     assert loaded_config == config
@@ -206,8 +167,8 @@ def test_save_load_round_trip_is_exact(tmp_path, family, dtype):
 
 
 def test_load_as_numpy_and_dtype_override(tmp_path):
-    config = _tiny_config("qwen3", param_dtype="bfloat16", dtype="bfloat16")
-    params = _random_params(config, seed=2)
+    config = tiny_config("qwen3", param_dtype="bfloat16", dtype="bfloat16")
+    params = random_params(config, seed=2)
     hf.save_hf_checkpoint(config, params, tmp_path, model_type="qwen3")
     cfg32, p32 = hf.load_hf_checkpoint(tmp_path, dtype="float32", as_numpy=True)
     assert cfg32 == config.replace(param_dtype="float32", dtype="float32")
@@ -217,8 +178,8 @@ def test_load_as_numpy_and_dtype_override(tmp_path):
 
 @pytest.fixture
 def saved_qwen3(tmp_path):
-    config = _tiny_config("qwen3")
-    hf.save_hf_checkpoint(config, _random_params(config, seed=3), tmp_path, model_type="qwen3")
+    config = tiny_config("qwen3")
+    hf.save_hf_checkpoint(config, random_params(config, seed=3), tmp_path, model_type="qwen3")
     return tmp_path
 
 
@@ -242,7 +203,7 @@ def test_load_errors_name_the_problem(saved_qwen3, tmp_path_factory):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         hf.load_hf_checkpoint(empty)
     with open(empty / "config.json", "w") as f:
-        json.dump(hf.config_to_hf(_tiny_config("qwen3"), "qwen3"), f)
+        json.dump(hf.config_to_hf(tiny_config("qwen3"), "qwen3"), f)
     with pytest.raises(FileNotFoundError, match="no model.safetensors or model.safetensors.index"):
         hf.load_hf_checkpoint(empty)
 
@@ -289,8 +250,8 @@ def test_load_unsupported_model_type(saved_qwen3):
 
 
 def test_save_rejects_params_that_do_not_match(tmp_path):
-    config = _tiny_config("llama")
-    params = _random_params(config, seed=4)
+    config = tiny_config("llama")
+    params = random_params(config, seed=4)
     params["layers"][0]["mlp"]["up_df"] = params["layers"][0]["mlp"]["up_df"][:, :10]
     with pytest.raises(ValueError, match=r"params\['layers'\]\[0\]\['mlp'\]\['up_df'\] has shape"):
         hf.save_hf_checkpoint(config, params, tmp_path, model_type="llama")
@@ -311,48 +272,10 @@ def test_load_tokenizer(tmp_path):
 
 # ---------------------------------------------------------------------------- HF parity
 
-_HF_CLASSES = {
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-    "llama": ("LlamaConfig", "LlamaForCausalLM"),
-}
-
 
 def _hf_model(family: str, *, tied: bool, seed: int = 0):
-    """A random tiny transformers model; every weight, norm scale and bias randomised."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    config_cls, model_cls = (getattr(transformers, n) for n in _HF_CLASSES[family])
-    cfg = config_cls(
-        vocab_size=TINY["vocab_size"],
-        hidden_size=TINY["hidden_size"],
-        intermediate_size=TINY["intermediate_size"],
-        num_hidden_layers=TINY["num_layers"],
-        num_attention_heads=TINY["num_heads"],
-        num_key_value_heads=TINY["num_kv_heads"],
-        head_dim=TINY["head_dim"],
-        max_position_embeddings=TINY["max_seq_len"],
-        rope_theta=TINY["rope_theta"],
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=tied,
-        bos_token_id=None,
-        eos_token_id=None,  # generation runs the full length
-        pad_token_id=None,
-        attn_implementation="eager",
-    )
-    torch.manual_seed(seed)
-    model = model_cls(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.2 * torch.randn_like(p))
-            else:
-                p.copy_(0.15 * torch.randn_like(p))
-    if tied:  # copy_ into the shared tensor keeps them tied; check it.
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    return model
+    """A random transformers model of ``tiny_config(family)`` (``hf_fixtures.hf_model``)."""
+    return hf_model(tiny_config(family, tie_embeddings=tied), family, seed)
 
 
 def _hf_logits(model, tokens_bt, mask_bt, positions_bt):
@@ -379,7 +302,7 @@ def test_logits_match_hf_fp32(tmp_path, family, tied):
     model = _hf_model(family, tied=tied, seed=2 * FAMILIES.index(family) + tied)
     model.save_pretrained(tmp_path, safe_serialization=True)
     config, params = hf.load_hf_checkpoint(tmp_path)
-    assert config == _tiny_config(family, tie_embeddings=tied)
+    assert config == tiny_config(family, tie_embeddings=tied)
     assert ("lm_head_dv" in params) == (not tied)
     tokens_bt, mask_bt, positions_bt = _left_padded_batch()
     ours = _our_logits(config, params, tokens_bt, mask_bt)
@@ -437,13 +360,13 @@ def test_bf16_checkpoint_matches_hf(tmp_path):
 def test_exported_checkpoint_loads_in_transformers(tmp_path, family):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config = _tiny_config(family, tie_embeddings=family == "llama")
-    params = _random_params(config, seed=5)
+    config = tiny_config(family, tie_embeddings=family == "llama")
+    params = random_params(config, seed=5)
     hf.save_hf_checkpoint(config, params, tmp_path, model_type=family)
     theirs_model = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, dtype=torch.float32, attn_implementation="eager"
     ).eval()
-    assert type(theirs_model).__name__ == _HF_CLASSES[family][1]
+    assert type(theirs_model).__name__ == HF_CLASSES[family][1]
     tokens_bt, mask_bt, positions_bt = _left_padded_batch(seed=3)
     ours = _our_logits(config, params, tokens_bt, mask_bt)
     diff = _max_diff(ours, _hf_logits(theirs_model, tokens_bt, mask_bt, positions_bt), mask_bt)

@@ -11,8 +11,15 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from rl_batch.tasks import Example, MathTask, get_task, load_math_file, math_score
+from rl_batch.tasks.base import Score
 from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION
-from rl_batch.tasks.rewards import extract_boxed, extract_final_answer
+from rl_batch.tasks.rewards import (
+    UNVERIFIED_TIMEOUT,
+    UNVERIFIED_TOO_BIG,
+    extract_boxed,
+    extract_final_answer,
+    unverified_counts,
+)
 from rl_batch.tokenizers import HFTokenizer
 
 
@@ -99,6 +106,86 @@ def test_pathological_answers_score_zero_without_the_verifier(monkeypatch):
     assert long.error == "answer not verified: 5000 characters (more than 2000)"
     assert calls == []  # neither reached math_verify
     assert math_score(r"\boxed{\frac{(1+2)}{[3]}}", "1") is not None and calls  # ordinary ones do
+
+
+def test_unverified_scores_are_marked_and_counted_for_the_math_task():
+    too_big = math_score("\\boxed{" + "1" * 5000 + "}", "1")
+    nested = math_score(r"\boxed{1}", "{" * 65 + "1" + "}" * 65)
+    verified = math_score(r"\boxed{1}", "1")
+    timed_out = Score(0.0, True, "1", "not verified", unverified=UNVERIFIED_TIMEOUT)
+    assert too_big.unverified == nested.unverified == UNVERIFIED_TOO_BIG
+    assert verified.unverified is None and verified.reward == 1.0
+    scores = [too_big, verified, nested, timed_out]
+    assert unverified_counts(MathTask(), scores) == {
+        "score_unverified_too_big": 2,
+        "score_unverified_timeout": 1,
+    }
+    # Tasks whose verifier never skips add no fields to the metrics lines.
+    assert unverified_counts(get_task("addition"), scores) == {}
+
+
+def _in_a_worker_thread(fn):
+    """``fn()`` run in a thread that is not the main one, then every watchdog thread
+    (``rewards.call_with_timeout``) it left behind finished."""
+    results = {}
+    thread = threading.Thread(target=lambda: results.update(value=fn()), daemon=True)
+    thread.start()
+    thread.join(timeout=300)  # a guard against a hang, not a measurement
+    assert "value" in results, "math_score did not return (no watchdog?)"
+    return results["value"]
+
+
+def _join_watchdog_threads():
+    for thread in threading.enumerate():
+        if thread.name == "math_verify":
+            thread.join()
+
+
+def test_a_slow_verifier_off_the_main_thread_times_out(monkeypatch):
+    import math_verify
+
+    release, calls = threading.Event(), []
+
+    def slow_verify(gold, pred, timeout_seconds=None):
+        calls.append(timeout_seconds)
+        release.wait()  # stuck until the test lets it go
+        return True
+
+    monkeypatch.setattr(math_verify, "verify", slow_verify)
+    try:
+        score = _in_a_worker_thread(lambda: math_score(r"\boxed{42}", "42", timeout_s=0.01))
+    finally:
+        release.set()
+    _join_watchdog_threads()
+    assert (score.reward, score.format_ok, score.parsed) == (0.0, True, "42")
+    assert score.unverified == UNVERIFIED_TIMEOUT
+    assert score.error == "not verified: math_verify ran past 0.03 s"
+    assert calls == [None]  # math_verify's own (signal) timeout is off in a thread
+    assert unverified_counts(MathTask(), [score])["score_unverified_timeout"] == 1
+
+
+def test_the_watchdog_returns_the_verdict_and_the_errors_of_a_quick_verifier(monkeypatch):
+    import math_verify
+
+    calls = []
+
+    def quick_verify(gold, pred, timeout_seconds=None):
+        calls.append(timeout_seconds)
+        return True
+
+    monkeypatch.setattr(math_verify, "verify", quick_verify)
+    score = _in_a_worker_thread(lambda: math_score(r"\boxed{42}", "42", timeout_s=60))
+    assert (score.reward, score.unverified, calls) == (1.0, None, [None])
+    assert math_score(r"\boxed{42}", "42", timeout_s=7).reward == 1.0  # the main thread
+    assert calls == [None, 7]  # math_verify times itself there
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("sympy exploded")
+
+    monkeypatch.setattr(math_verify, "verify", boom)
+    score = _in_a_worker_thread(lambda: math_score(r"\boxed{42}", "42", timeout_s=60))
+    assert score.reward == 0.0 and score.unverified is None
+    assert score.error == "math_verify failed: RuntimeError: sympy exploded"
 
 
 def test_math_score_survives_verifier_crash(monkeypatch):

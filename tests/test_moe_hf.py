@@ -16,6 +16,7 @@ import pytest
 from rl_batch import hf, moe
 from rl_batch import model as model_lib
 from rl_batch import sampler as sampler_lib
+from tests.hf_fixtures import MOE_VARIANTS, hf_model, random_params, tiny_moe_config
 from tests.test_hf import (
     NEW_TOKENS,
     PROMPTS,
@@ -24,90 +25,16 @@ from tests.test_hf import (
     _left_padded_batch,
     _max_diff,
     _our_logits,
-    _random_params,
     _simple_greedy,
 )
 
-# 3 layers: with mlp_only_layers=(1,) layer 1 keeps the dense MLP, 0 and 2 are sparse.
-TINY_MOE = dict(
-    vocab_size=128,
-    hidden_size=64,
-    num_layers=3,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=96,
-    rope_theta=10_000.0,
-    max_seq_len=128,
-    qk_norm=True,
-    tie_embeddings=False,
-    num_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    mlp_only_layers=(1,),
-)
-VARIANTS = {
-    "norm_topk": dict(norm_topk_prob=True),
-    "raw_topk": dict(norm_topk_prob=False),
-    # decoder_sparse_step=2: layers 1 (and 3) sparse; top-3 of 6 experts, tied head.
-    "step2": dict(
-        decoder_sparse_step=2,
-        mlp_only_layers=(),
-        num_experts=6,
-        num_experts_per_tok=3,
-        tie_embeddings=True,
-    ),
-}
 
-
-def _config(variant: str) -> model_lib.ModelConfig:
-    return model_lib.ModelConfig(**{**TINY_MOE, **VARIANTS[variant]})
-
-
-def _hf_moe_model(config: model_lib.ModelConfig, seed: int):
-    """A random ``Qwen3MoeForCausalLM`` with the shape of ``config`` (fp32, eager)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.Qwen3MoeConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        max_position_embeddings=config.max_seq_len,
-        rope_theta=config.rope_theta,
-        rms_norm_eps=config.rms_norm_eps,
-        tie_word_embeddings=config.tie_embeddings,
-        num_experts=config.num_experts,
-        num_experts_per_tok=config.num_experts_per_tok,
-        moe_intermediate_size=config.moe_intermediate_size,
-        norm_topk_prob=config.norm_topk_prob,
-        decoder_sparse_step=config.decoder_sparse_step,
-        mlp_only_layers=list(config.mlp_only_layers),
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        attn_implementation="eager",
-    )
-    torch.manual_seed(seed)
-    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            else:
-                p.copy_(0.15 * torch.randn_like(p))
-    return model
-
-
-@pytest.fixture(scope="module", params=tuple(VARIANTS))
+@pytest.fixture(scope="module", params=tuple(MOE_VARIANTS))
 def hf_pair(request, tmp_path_factory):
     """(variant, HF model, our config, our params loaded from its save_pretrained)."""
     variant = request.param
     directory = tmp_path_factory.mktemp(f"moe_{variant}")
-    model = _hf_moe_model(_config(variant), seed=list(VARIANTS).index(variant))
+    model = hf_model(tiny_moe_config(variant), "qwen3_moe", seed=list(MOE_VARIANTS).index(variant))
     model.save_pretrained(directory, safe_serialization=True)
     config, params = hf.load_hf_checkpoint(directory)
     return variant, model, config, params, directory
@@ -118,7 +45,7 @@ def hf_pair(request, tmp_path_factory):
 
 def test_config_from_hf_json_matches(hf_pair):
     variant, _, config, params, directory = hf_pair
-    assert config == _config(variant)
+    assert config == tiny_moe_config(variant)
     # transformers 5 writes num_experts as num_local_experts; both spellings are read.
     hf_json = json.loads((directory / "config.json").read_text())
     assert hf_json["model_type"] == "qwen3_moe"
@@ -175,7 +102,7 @@ def test_qwen3_30b_a3b_config_json():
 
 def test_config_to_hf_moe_errors():
     with pytest.raises(ValueError, match=r"model_type='qwen3' does not match num_experts=8"):
-        hf.config_to_hf(_config("norm_topk"), "qwen3")
+        hf.config_to_hf(tiny_moe_config("norm_topk"), "qwen3")
     dense = model_lib.get_preset("tiny-1m")
     with pytest.raises(ValueError, match=r"model_type='qwen3_moe' does not match num_experts=0"):
         hf.config_to_hf(dense, "qwen3_moe")
@@ -207,8 +134,8 @@ def test_tensor_names_and_round_trip(tmp_path, hf_pair):
 
 
 def test_bf16_round_trip(tmp_path):
-    config = _config("norm_topk").replace(param_dtype="bfloat16", dtype="bfloat16")
-    params = _random_params(config, seed=4)
+    config = tiny_moe_config("norm_topk").replace(param_dtype="bfloat16", dtype="bfloat16")
+    params = random_params(config, seed=4)
     hf.save_hf_checkpoint(config, params, tmp_path)
     loaded_config, loaded = hf.load_hf_checkpoint(tmp_path)
     assert loaded_config == config
@@ -220,8 +147,8 @@ def test_bf16_round_trip(tmp_path):
 def test_missing_expert_tensor_is_named(tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    config = _config("norm_topk")
-    hf.save_hf_checkpoint(config, _random_params(config, seed=4), tmp_path)
+    config = tiny_moe_config("norm_topk")
+    hf.save_hf_checkpoint(config, random_params(config, seed=4), tmp_path)
     file = os.path.join(tmp_path, "model.safetensors")
     tensors = dict(load_file(file))
     del tensors["model.layers.2.mlp.experts.5.gate_proj.weight"]
@@ -233,8 +160,8 @@ def test_missing_expert_tensor_is_named(tmp_path):
 def test_exported_checkpoint_loads_in_transformers(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config = _config("raw_topk")
-    params = _random_params(config, seed=6)
+    config = tiny_moe_config("raw_topk")
+    params = random_params(config, seed=6)
     hf.save_hf_checkpoint(config, params, tmp_path)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, dtype=torch.float32, attn_implementation="eager"

@@ -1,5 +1,6 @@
 """A GRPO run from a local Hugging Face checkpoint on math data files (no downloads)."""
 
+import dataclasses
 import json
 import os
 
@@ -9,7 +10,9 @@ import pytest
 from rl_batch import artifacts
 from rl_batch import config as config_lib
 from rl_batch import run as run_lib
+from rl_batch.tasks import math_data, rewards
 from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION, load_math_file
+from rl_batch.tasks.rewards import math_score
 from rl_batch.tokenizers import HFTokenizer, encode_prompt
 from tests.hf_fixtures import make_tiny_hf_dir
 from tests.run_fixtures import tiny_run_config
@@ -29,7 +32,14 @@ def _write_gsm8k(path, n, start=0):
     return str(path)
 
 
-def test_grpo_run_on_math_files_from_an_hf_checkpoint(hf_dir, tmp_path):
+def test_grpo_run_on_math_files_from_an_hf_checkpoint(hf_dir, tmp_path, monkeypatch):
+    # Every verdict is marked unverified (even-length responses too big, odd-length ones
+    # timed out) to follow the counts into the metrics lines; the rewards are math_score's.
+    def marked(response, ground_truth, timeout_s):
+        kind = rewards.UNVERIFIED_TIMEOUT if len(response) % 2 else rewards.UNVERIFIED_TOO_BIG
+        return dataclasses.replace(math_score(response, ground_truth, timeout_s), unverified=kind)
+
+    monkeypatch.setattr(math_data, "math_score", marked)
     c = tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run"))
     c.task.name = "math"
     c.task.kwargs = {"max_prompt_len": 96, "max_response_len": 12}
@@ -44,6 +54,11 @@ def test_grpo_run_on_math_files_from_an_hf_checkpoint(hf_dir, tmp_path):
     assert summary["status"] == "finished"
     updates = artifacts.read_metrics(str(tmp_path / "run"), "update")
     assert len(updates) == 2 and all(np.isfinite(u["loss"]) for u in updates)
+    for u in updates:
+        counted = u["score_unverified_too_big"] + u["score_unverified_timeout"]
+        assert counted == u["batch_generated"] == 8
+    for e in artifacts.read_metrics(str(tmp_path / "run"), "eval"):
+        assert e["eval_score_unverified_too_big"] + e["eval_score_unverified_timeout"] == 4
     config = artifacts.read_json(str(tmp_path / "run" / artifacts.CONFIG_FILE))
     assert config["derived"]["model"]["vocab_size"] == HFTokenizer(hf_dir).vocab_size
 

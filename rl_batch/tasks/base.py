@@ -42,12 +42,15 @@ class Score:
         format_ok: the response had the expected shape (an answer could be extracted).
         parsed: the extracted answer as text, or None when nothing could be extracted.
         error: why the response failed, when it did (e.g. "uses 7 more than given").
+        unverified: why it scored 0 without the verifier's verdict, when it did
+            (``rewards.UNVERIFIED_KINDS``: "too_big", "timeout"); None otherwise.
     """
 
     reward: float
     format_ok: bool
     parsed: str | None = None
     error: str | None = None
+    unverified: str | None = None
 
 
 def to_example(example: Example | Mapping[str, Any]) -> Example:

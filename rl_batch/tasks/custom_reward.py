@@ -57,6 +57,8 @@ class WithReward:
     """``task`` with its verifier replaced by a user's reward function (see the module
     doc); every other attribute is the task's."""
 
+    may_skip_verification = False  # the user's function scores every response
+
     def __init__(self, task: Task, spec: str):
         self.task, self.spec, self.reward_fn = task, spec, load_reward_fn(spec)
 

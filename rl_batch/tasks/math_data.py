@@ -28,7 +28,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -317,9 +317,13 @@ class MathTask:
             (a run's sampler, and the load-time check of `load_math_file` given
             ``config.derived.max_prompt_len``, allow one more token for BOS).
         max_response_len: response budget in tokens.
-        timeout_s: math_verify timeout per call (main thread only).
+        timeout_s: math_verify timeout per call in the main thread; off it, the
+            watchdog's limit for a whole check is ``3 * timeout_s``.
     """
 
+    # Responses can score 0 unverified (too big, or timed out): rollouts count them
+    # (``rewards.unverified_counts``).
+    may_skip_verification: ClassVar[bool] = True
     max_prompt_len: int = 512
     max_response_len: int = 2048
     timeout_s: int = 5

@@ -3,14 +3,16 @@
 - `score_responses`: one task, many (example, response) pairs -> rewards ``[N]`` + scores.
 - `mean_at_k`, `pass_at_k`, `greedy_accuracy`: pure numpy reductions for evaluation.
 - `extract_boxed`, `math_score`: the verifier for real math data (``\\boxed{}`` answers
-  checked with math_verify).
+  checked with math_verify), with a watchdog timeout off the main thread.
+- `unverified_counts`: how many responses scored 0 without a verdict (too big to verify,
+  or the verifier timed out), the rollout metrics ``score_unverified_*``.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,27 @@ def score_responses(
     ]
     rewards_n = np.asarray([s.reward for s in scores], dtype=np.float32)  # [P * G]
     return rewards_n, scores
+
+
+# ``Score.unverified``: why a response scored 0 without the verifier's verdict.
+UNVERIFIED_TOO_BIG = "too_big"  # longer than MAX_ANSWER_CHARS or nested past MAX_NESTING
+UNVERIFIED_TIMEOUT = "timeout"  # math_verify ran past its time (the watchdog's count)
+UNVERIFIED_KINDS = (UNVERIFIED_TOO_BIG, UNVERIFIED_TIMEOUT)
+
+
+def unverified_metric(kind: str) -> str:
+    """The metrics-line name of a count of ``Score.unverified == kind``."""
+    return f"score_unverified_{kind}"
+
+
+def unverified_counts(task: Task, scores: Sequence[Score]) -> dict[str, int]:
+    """``score_unverified_too_big`` and ``score_unverified_timeout``: responses of
+    ``scores`` that scored 0 unverified, for a task whose verifier can skip
+    (``task.may_skip_verification``, the math task); {} for any other task, so that
+    synthetic runs' metrics lines stay as they were."""
+    if not getattr(task, "may_skip_verification", False):
+        return {}
+    return {unverified_metric(k): sum(s.unverified == k for s in scores) for k in UNVERIFIED_KINDS}
 
 
 def _check_ndim(x: np.ndarray, ndim: int, name: str) -> np.ndarray:
@@ -158,26 +181,75 @@ def _too_big_to_verify(text: str) -> str:
     return ""
 
 
+class VerifyTimeout(Exception):
+    """The watchdog's verdict: the check ran past its time."""
+
+
+def call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
+    """``fn()``, run in a daemon thread and waited for at most ``timeout_s`` seconds.
+
+    math_verify's own timeouts use ``signal.alarm``, which only works in the main thread;
+    this is the watchdog for scoring from any other (the async rollout's generator
+    thread). A thread cannot be stopped: on expiry ``fn`` runs on in the background until
+    it returns (daemon: it does not hold up the process's exit), which is why answers too
+    big to verify are refused before any call.
+
+    Raises:
+      VerifyTimeout: ``fn`` has not returned after ``timeout_s``.
+      Exception: whatever ``fn`` raised.
+    """
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    worker = threading.Thread(target=target, name="math_verify", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise VerifyTimeout(f"math_verify ran past {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _verify(answer: str, ground_truth: str, timeout: int | None) -> bool:
+    """math_verify's verdict; ``timeout`` per call (None: none, off the main thread)."""
+    import math_verify
+
+    gold = math_verify.parse(f"${ground_truth}$", parsing_timeout=timeout)
+    pred = math_verify.parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout)
+    if gold and pred:
+        return math_verify.verify(gold, pred, timeout_seconds=timeout)
+    # Unparseable on either side: fall back to exact text.
+    return answer.replace(" ", "") == ground_truth.strip().replace(" ", "")
+
+
 def math_score(response: str, ground_truth: str, timeout_s: int = 5) -> Score:
     """Checks a math response's final answer against the ground truth with math_verify.
 
     The final answer is the last ``\\boxed{}`` content (or a final ``Answer:`` line);
     ``format_ok`` says whether one was found. math_verify's timeouts use ``signal.alarm``,
-    which only works in the main thread; elsewhere the check runs without a timeout, so
-    answers (or ground truths) longer than ``MAX_ANSWER_CHARS`` or nested deeper than
-    ``MAX_NESTING`` brackets score 0 without being verified. Any exception inside
-    math_verify scores 0 (with the error recorded).
+    which only works in the main thread; elsewhere math_verify runs without its own
+    timeouts under a watchdog (``call_with_timeout``) of ``3 * timeout_s`` for the whole
+    check (its two parses and the comparison: their limit in the main thread), and a
+    check past it scores 0 with ``unverified="timeout"``. Answers (or ground truths)
+    longer than ``MAX_ANSWER_CHARS`` or nested deeper than ``MAX_NESTING`` brackets score
+    0 without being verified (``unverified="too_big"``). Any exception inside math_verify
+    scores 0 (with the error recorded).
 
     Args:
         response: the model's decoded response.
         ground_truth: the reference answer (plain or LaTeX, without ``$``).
-        timeout_s: per-call math_verify timeout in the main thread.
+        timeout_s: per-call math_verify timeout in the main thread; off it, the whole
+            check has ``3 * timeout_s``.
 
     Returns:
         A `Score` with ``parsed`` the extracted answer text.
     """
-    import math_verify
-
     answer = extract_final_answer(response)
     if answer is None:
         return Score(0.0, False, None, "no \\boxed{} answer")
@@ -186,16 +258,21 @@ def math_score(response: str, ground_truth: str, timeout_s: int = 5) -> Score:
     for what, text in (("answer", answer), ("ground truth", ground_truth)):
         too_big = _too_big_to_verify(text)
         if too_big:  # (math_verify's parse is slow on these, and off the main thread
-            # it runs without a timeout)
-            return Score(0.0, True, answer[:MAX_ANSWER_CHARS], f"{what} not verified: {too_big}")
-    timeout = timeout_s if threading.current_thread() is threading.main_thread() else None
+            # the watchdog cannot stop it)
+            return Score(
+                0.0,
+                True,
+                answer[:MAX_ANSWER_CHARS],
+                f"{what} not verified: {too_big}",
+                unverified=UNVERIFIED_TOO_BIG,
+            )
     try:
-        gold = math_verify.parse(f"${ground_truth}$", parsing_timeout=timeout)
-        pred = math_verify.parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout)
-        if gold and pred:
-            ok = math_verify.verify(gold, pred, timeout_seconds=timeout)
-        else:  # Unparseable on either side: fall back to exact text.
-            ok = answer.replace(" ", "") == ground_truth.strip().replace(" ", "")
+        if threading.current_thread() is threading.main_thread():
+            ok = _verify(answer, ground_truth, timeout_s)
+        else:
+            ok = call_with_timeout(lambda: _verify(answer, ground_truth, None), 3 * timeout_s)
+    except VerifyTimeout as e:
+        return Score(0.0, True, answer, f"not verified: {e}", unverified=UNVERIFIED_TIMEOUT)
     except Exception as e:  # noqa: BLE001 - a verifier crash must not stop training.
         return Score(0.0, True, answer, f"math_verify failed: {type(e).__name__}: {e}")
     return Score(1.0 if ok else 0.0, True, answer, None if ok else "not equivalent")

@@ -1,0 +1,156 @@
+"""A full disk (ENOSPC) while writing metrics, JSON or a checkpoint: one line naming the
+directory, and nothing written before is lost."""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from rl_batch import artifacts
+from rl_batch import run as run_lib
+from rl_batch.checkpoint import Checkpointer
+from tests.run_fixtures import tiny_run_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _assert_one_line_naming(message: str, directory: str):
+    assert "\n" not in message
+    assert message.startswith("disk full") and directory in message and "--resume" in message
+
+
+def test_is_disk_full_looks_through_the_chain():
+    assert artifacts.is_disk_full(OSError(errno.ENOSPC, "x"))
+    assert not artifacts.is_disk_full(OSError(errno.EACCES, "x"))
+    try:
+        try:
+            _enospc()
+        except OSError as e:
+            raise RuntimeError("saving failed") from e
+    except RuntimeError as wrapped:
+        assert artifacts.is_disk_full(wrapped)
+    # tensorstore's own errors carry only the text.
+    assert artifacts.is_disk_full(ValueError("write failed: No space left on device [os]"))
+    assert not artifacts.is_disk_full(ValueError("bad value"))
+
+
+def test_a_metrics_line_that_does_not_fit_is_taken_back(tmp_path, monkeypatch):
+    path = str(tmp_path / "metrics.jsonl")
+    artifacts.append_jsonl(path, {"step": 1})
+    artifacts.append_jsonl(path, {"step": 2})
+    before = open(path, "rb").read()
+    # The line reached the file, its fsync found the disk full.
+    monkeypatch.setattr(os, "fsync", _enospc)
+    with pytest.raises(artifacts.DiskFullError) as e:
+        artifacts.append_jsonl(path, {"step": 3, "pad": "x" * 1000})
+    _assert_one_line_naming(str(e.value), str(tmp_path))
+    assert e.value.errno == errno.ENOSPC and isinstance(e.value, OSError)
+    assert open(path, "rb").read() == before
+    assert [r["step"] for r in artifacts.iter_jsonl(path)] == [1, 2]
+
+
+def test_another_write_error_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    path = str(tmp_path / "metrics.jsonl")
+
+    def eio(fd):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", eio)
+    with pytest.raises(OSError) as e:
+        artifacts.append_jsonl(path, {"step": 1})
+    assert not isinstance(e.value, artifacts.DiskFullError) and e.value.errno == errno.EIO
+
+
+def test_a_json_file_that_does_not_fit_keeps_its_old_contents(tmp_path, monkeypatch):
+    path = str(tmp_path / "summary.json")
+    artifacts.write_json_atomic(path, {"status": "running"})
+    monkeypatch.setattr(os, "fsync", _enospc)
+    with pytest.raises(artifacts.DiskFullError) as e:
+        artifacts.write_json_atomic(path, {"status": "finished"})
+    _assert_one_line_naming(str(e.value), str(tmp_path))
+    assert artifacts.read_json(path) == {"status": "running"}
+    assert os.listdir(tmp_path) == ["summary.json"]  # no temporary file left
+
+
+def test_a_checkpoint_that_does_not_fit_keeps_the_earlier_steps(tmp_path, monkeypatch):
+    directory = str(tmp_path / "ckpt")
+    ckpt = Checkpointer(directory)
+    tree = {"a": jnp.arange(4.0)}
+    for step in (1, 2):
+        ckpt.save(step, tree, {"step": step})
+    # The metadata's file write (orbax runs it in a thread of its own) finds the disk full.
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", _enospc)
+    with pytest.raises(artifacts.DiskFullError) as e:
+        ckpt.save(3, {"a": jnp.arange(4.0) + 1}, {"step": 3})
+    _assert_one_line_naming(str(e.value), directory)
+    assert ckpt.all_steps() == [1, 2]
+    restored, meta = ckpt.restore(tree)
+    assert meta == {"step": 2}
+    np.testing.assert_array_equal(restored["a"], np.arange(4.0))
+
+
+def test_a_run_stops_on_a_full_disk_and_resumes(tmp_path, monkeypatch):
+    run_dir = str(tmp_path / "run")
+    config = tiny_run_config(str(tmp_path / "work"), run_dir)  # checkpoints at steps 2, 4
+    saves = []
+    real_save_fn = ocp.JsonCheckpointHandler._save_fn
+
+    def second_save_fails(self, *args, **kwargs):
+        saves.append(1)
+        if len(saves) == 2:
+            _enospc()
+        return real_save_fn(self, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", second_save_fails)
+    with pytest.raises(artifacts.DiskFullError) as e:
+        run_lib.run(config, progress=False)
+    _assert_one_line_naming(str(e.value), os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
+    summary = json.load(open(os.path.join(run_dir, artifacts.SUMMARY_FILE)))
+    assert summary["status"] == "failed" and summary["error"].startswith("DiskFullError")
+    written = artifacts.read_metrics(run_dir)
+    assert [r["step"] for r in written if r["kind"] == "update"] == [1, 2, 3, 4]
+    assert Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR)).all_steps() == [2]
+
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", real_save_fn)  # space freed
+    summary = run_lib.run(config, resume=True, progress=False)
+    assert summary["status"] == "finished" and summary["steps"] == 4
+    resumed = artifacts.read_metrics(run_dir)
+    # What the first session logged up to its checkpoint is kept as it was.
+    kept = [r for r in written if r["step"] <= 2]
+    assert resumed[: len(kept)] == kept
+
+
+def test_train_prints_one_line_on_a_full_disk(tmp_path):
+    # experiments.train with run.run failing as a full disk would (no compute).
+    run_dir = str(tmp_path / "run")
+    script = (
+        "import sys\n"
+        f"sys.argv = ['train', '--config.run_dir={run_dir}', '--quiet']\n"  # before the flags
+        "from absl import app\n"
+        "from rl_batch import artifacts, run\n"
+        "def full(*a, **k):\n"
+        f"    raise artifacts.DiskFullError({run_dir + '/checkpoints'!r})\n"
+        "run.run = full\n"
+        "from experiments import train\n"
+        "app.run(train.main)\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line == (
+        f"error: disk full: no space left to write in {run_dir}/checkpoints; free space "
+        "there, then continue the run with --resume (everything written before is intact)"
+    )
