@@ -325,6 +325,7 @@ def missing_entry(point: dict[str, Any], status: str = MISSING) -> dict[str, Any
         point["name"],
         **{k: overrides.get(k) for k in ENTRY_CONFIG_KEYS},
         batch=overrides.get("batch"),
+        critic=overrides.get("critic") or "",
         status=status,
     )
 

@@ -663,7 +663,8 @@ def _discard(*args) -> None:
 
 
 def list_runs(base: ConfigDict, sweep_dir: str) -> str:
-    """JSON list of the grid points with their config overrides (for job launchers)."""
+    """JSON list of the grid points with their config overrides (for job launchers; a
+    PPO point off the critic defaults also names its ``critic`` variant)."""
     points, resolved = plan(ConfigDict(base.to_dict()), sweep_dir)
     return json.dumps(
         [
@@ -675,6 +676,7 @@ def list_runs(base: ConfigDict, sweep_dir: str) -> str:
                     "lr_rule": p.lr_rule,
                     "lr": resolved[p.name].derived.lr,
                     "seed": p.seed,
+                    **({"critic": p.critic} if p.critic else {}),
                 },
             }
             for p in points

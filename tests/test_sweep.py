@@ -254,6 +254,8 @@ def test_ppo_critic_axes_and_critic_points(tmp_path):
     c.ppo.critic_batch_scale, c.sweep.critic_batch_scales, c.sweep.extra_points = 2, "", ""
     assert {p.key for p in sweep.expand_grid(c)} == {"8x1:sqrt:k2", "16x1:sqrt:k2"}
     assert sweep.reference_key(c, sweep.expand_grid(c)) == "8x1:sqrt:k2"
+    listed = {r["name"]: r["overrides"] for r in json.loads(sweep.list_runs(c, str(tmp_path)))}
+    assert listed["p8_g1_sqrt_k2_s0"]["critic"] == "k2"
 
 
 def test_critic_point_keys_are_checked():
