@@ -1,6 +1,7 @@
 """Synthetic tasks, verifiers, registry, batched scoring, eval helpers and TFDS splits."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -318,6 +319,19 @@ def test_config_names_are_readable_and_distinct():
     assert make_config("countdown", max_target=50).name.startswith("countdown-max_number9-")
     with pytest.raises(ValueError, match="unknown task"):
         make_config("nope")
+
+
+def test_load_split_hides_only_the_benign_tfds_warnings(tmp_path, caplog):
+    from rl_batch.tasks.tfds_builders import load_split
+
+    kwargs = dict(n_train=40, n_validation=8, n_test=8)  # a custom (not predefined) config
+    with caplog.at_level(logging.INFO, logger="absl"):
+        load_split("arithmetic_mix", "train", tmp_path, **kwargs)
+        load_split("arithmetic_mix", "validation", tmp_path, **kwargs)
+        logging.getLogger("absl").warning("another warning")
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("custom data configuration" in m or "dataset_info" in m for m in messages)
+    assert "another warning" in messages
 
 
 def test_load_split_prepares_once_and_reads_back(tmp_path, monkeypatch):

@@ -217,24 +217,30 @@ class SplitSource(Sequence):
 
 @contextlib.contextmanager
 def _quiet_progress() -> Iterator[None]:
-    """Hides TFDS's per-split tqdm bars while preparing, and its warning that a dataset
-    not yet prepared "has no dataset_info.json" (every first run), then restores both."""
+    """Hides TFDS's per-split tqdm bars while preparing, and its two benign warnings (see
+    `_benign_warning`), then restores both."""
     from tensorflow_datasets.core.utils import tqdm_utils
 
     was_active = getattr(tqdm_utils, "_active", True)
     tfds.display_progress_bar(False)
     absl_log = logging.getLogger("absl")
-    absl_log.addFilter(_not_prepared_yet)
+    absl_log.addFilter(_benign_warning)
     try:
         yield
     finally:
-        absl_log.removeFilter(_not_prepared_yet)
+        absl_log.removeFilter(_benign_warning)
         tfds.display_progress_bar(was_active)
 
 
-def _not_prepared_yet(record: logging.LogRecord) -> bool:
-    """False (drop) for TFDS's benign first-preparation warning."""
-    return "has no dataset_info.json" not in record.getMessage()
+_BENIGN = (
+    "has no dataset_info.json",  # a dataset not prepared yet (every first run)
+    "Using custom data configuration",  # every task setting not in BUILDER_CONFIGS
+)
+
+
+def _benign_warning(record: logging.LogRecord) -> bool:
+    """False (drop) for TFDS's benign warnings (`_BENIGN`)."""
+    return not any(text in record.getMessage() for text in _BENIGN)
 
 
 @contextlib.contextmanager
