@@ -40,3 +40,24 @@ def test_the_readme_has_the_markers():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     text = open(os.path.join(root, "README.md")).read()
     assert text.count(readme_study.BEGIN) == 1 and text.count(readme_study.END) == 1
+
+
+def test_the_ppo_section_has_its_own_markers_and_the_critic_table(tmp_path):
+    configs = [(32, 1, "sqrt", 1.0), (64, 1, "sqrt", 1.0), (32, 1, "sqrt", 1.0, "k2")]
+    d = fx.write_sweep(
+        str(tmp_path / "p"), configs=configs, algo="ppo", reference="P32_G1_sqrt_s0",
+        critic=True, warmup_updates=3, seed_factors=(0.9, 1.0, 1.1),
+    )  # fmt: skip
+    path = os.path.join(d, "runs", "P32_G1_sqrt_s0", "metrics.jsonl")
+    lines = [json.loads(x) for x in open(path)]
+    with open(path, "w") as f:
+        f.writelines(json.dumps({**r, "explained_variance": 0.5}) + "\n" for r in lines)
+    provenance.record_command(d, ["ppo_sweep.py"], "2026-12-01T10:00:00+00:00", 60.0, [1.0], "ok")
+    section = readme_study.study_section(d, "ppo_study")
+    begin, end = readme_study.markers("ppo_study")
+    assert section.startswith(begin) and section.endswith(end)
+    assert "| PPO: the critic's batch scale is the actor's |" in section
+    assert "| ppo-P32-G1-sqrt | 32 | 0.5 (1 seed, no CI) |" in section
+    both = f"{readme_study.BEGIN}\nGRPO\n{readme_study.END}\n{begin}\nOLD\n{end}\n"
+    new = readme_study.replace_section(both, section, "ppo_study")
+    assert "GRPO" in new and "OLD" not in new and section in new

@@ -283,7 +283,8 @@ def _noise_section(analysis: Analysis) -> list[str]:
     return out + [""]
 
 
-def _critic_section(analysis: Analysis) -> list[str]:
+def critic_section(analysis: Analysis) -> list[str]:
+    """The PPO critic's explained variance per configuration (empty without any)."""
     rows = findings.critic_explained_variance(analysis)
     if not rows:
         return []
@@ -427,7 +428,7 @@ def build_report(
         *measurement.measurement_section(analysis),
         *_critical_section(analysis, tol),
         *_noise_section(analysis),
-        *_critic_section(analysis),
+        *critic_section(analysis),
         *_generation_section(generation, analysis, tol),
         "## Recommendation (Algorithm 1)",
         "",
