@@ -105,16 +105,20 @@ class ReferenceScorer:
 
         self._seq_logp = jax.jit(seq_logp)
 
-    def __call__(self, params: Any) -> dict[str, float]:
-        """``eval_p_ref``, ``eval_ref_logp`` and ``time_eval_ref_s`` of ``params``."""
-        t0 = time.perf_counter()
+    def logp(self, params: Any) -> np.ndarray:
+        """[N] float64 log p(reference response) of each example."""
         out = []
         for start in range(0, self.batch.prompt_tokens.shape[0], self.chunk):
             piece = ReferenceBatch(
                 *(jnp.asarray(x[start : start + self.chunk]) for x in self.batch)
             )
             out.append(np.asarray(self._seq_logp(params, piece)))
-        logp_n = np.concatenate(out)[: self.n].astype(np.float64)
+        return np.concatenate(out)[: self.n].astype(np.float64)
+
+    def __call__(self, params: Any) -> dict[str, float]:
+        """``eval_p_ref``, ``eval_ref_logp`` and ``time_eval_ref_s`` of ``params``."""
+        t0 = time.perf_counter()
+        logp_n = self.logp(params)
         return {
             "eval_p_ref": float(np.mean(np.exp(logp_n))),
             "eval_ref_logp": float(np.mean(logp_n)),
