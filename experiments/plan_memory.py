@@ -32,6 +32,12 @@ from experiments import cli  # noqa: E402
 
 _CONFIG = cli.define_config("config", None, "Run or sweep config file.")
 _DEVICE_MEMORY = flags.DEFINE_float("device_memory", 141e9, "Bytes of one device (H200).")
+_ALSO_FIT = flags.DEFINE_list(
+    "also_fit",
+    [],
+    "More device sizes (bytes) to print the fit for from the same compiles, e.g. 95e9 "
+    "(a TPU v5p chip); the sweep table uses --device_memory.",
+)
 _PROMPT_LEN = flags.DEFINE_integer(
     "prompt_len", 0, "Prompt tokens P (0: task.kwargs.max_prompt_len + 1)."
 )
@@ -114,16 +120,15 @@ def main(argv):
         )
         update_peaks.append(m.peak)
         print(f"| {b} | {_gb(m.temp)} | {_gb(m.peak)} | {time.perf_counter() - start:.0f} |")
-    micro_fit, micro_extra = memory_plan.largest_fitting(micro_sizes, update_peaks, budget)
+    micro_fit, _ = memory_plan.largest_fitting(micro_sizes, update_peaks, budget)
 
-    gen_fit, gen_extra = 0, False
+    gen_fit, gen_sizes, gen_peaks = 0, [], []
     if not _SKIP_SAMPLER.value:
         gen_sizes = sorted(int(x) for x in _GEN_BATCHES.value)
         print(
             "\n| gen_batch | KV cache GB | prefill temp GB | decode temp GB | peak GB | compile s |"
         )
         print("|---|---|---|---|---|---|")
-        gen_peaks = []
         for g in gen_sizes:
             start = time.perf_counter()
             pre, dec = memory_plan.sampler_memory(mc, batch=g, prompt_len=p, response_len=r)
@@ -135,15 +140,19 @@ def main(argv):
                 f"| {g} | {_gb(kv)} | {_gb(pre.temp)} | {_gb(dec.temp)} | {_gb(peak)} | "
                 f"{time.perf_counter() - start:.0f} |"
             )
-        gen_fit, gen_extra = memory_plan.largest_fitting(gen_sizes, gen_peaks, budget)
+        gen_fit, _ = memory_plan.largest_fitting(gen_sizes, gen_peaks, budget)
 
     def mark(extrapolated):
         return "~" if extrapolated else ""
 
-    print(
-        f"\nfits {_gb(budget)} GB: {mark(micro_extra)}{micro_fit} sequences per micro-batch"
-        + ("" if _SKIP_SAMPLER.value else f", gen_batch {mark(gen_extra)}{gen_fit}")
-    )
+    print()
+    for other in [budget] + [float(x) for x in _ALSO_FIT.value]:
+        m_fit, m_extra = memory_plan.largest_fitting(micro_sizes, update_peaks, other)
+        line = f"fits {_gb(other)} GB: {mark(m_extra)}{m_fit} sequences per micro-batch"
+        if not _SKIP_SAMPLER.value:
+            g_fit, g_extra = memory_plan.largest_fitting(gen_sizes, gen_peaks, other)
+            line += f", gen_batch {mark(g_extra)}{g_fit}"
+        print(line)
     if "sweep" in c:
         _sweep_table(c, micro_fit, None if _SKIP_SAMPLER.value else gen_fit)
 
