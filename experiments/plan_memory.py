@@ -32,11 +32,17 @@ from experiments import cli  # noqa: E402
 
 _CONFIG = cli.define_config("config", None, "Run or sweep config file.")
 _DEVICE_MEMORY = flags.DEFINE_float("device_memory", 141e9, "Bytes of one device (H200).")
+_ALSO_FIT = flags.DEFINE_list(
+    "also_fit",
+    [],
+    "More device sizes (bytes) to print the fit for from the same compiles, e.g. 95e9 "
+    "(a TPU v5p chip); the sweep table uses --device_memory.",
+)
 _PROMPT_LEN = flags.DEFINE_integer(
-    "prompt_len", 0, "Prompt tokens P (0: task.kwargs.max_prompt_len + 1)."
+    "prompt_len", 0, "Prompt tokens P (0: the task's longest prompt + 1, as a run pads)."
 )
 _RESPONSE_LEN = flags.DEFINE_integer(
-    "response_len", 0, "Response tokens R (0: task.kwargs.max_response_len + 1)."
+    "response_len", 0, "Response tokens R (0: max_new_tokens or the task's longest + 1)."
 )
 # Small sizes can sit where params-sized buffers (gradients, accumulator, optimizer
 # update) set the peak and activations do not show: 1 -> 2 sequences of qwen3-1.7b at
@@ -45,6 +51,13 @@ _MICRO_SEQS = flags.DEFINE_list(
     "micro_seqs", ["8", "16"], "Sequences per micro-batch to compile (the fit uses the last two)."
 )
 _GEN_BATCHES = flags.DEFINE_list("gen_batches", ["16", "32"], "Sampler batches to compile.")
+_BATCH_SHARDS = flags.DEFINE_integer(
+    "batch_shards",
+    1,
+    "Devices an update's micro-batch is split over (mesh data x fsdp x expert): the sweep "
+    "table checks each device's share of grpo.micro_batch_seqs against the one-device fit "
+    "(params and optimizer state counted unsharded, so fsdp leaves room to spare).",
+)
 _BASELINE = flags.DEFINE_bool("baseline", False, "Compile the pre-issue-19 settings.")
 _SKIP_SAMPLER = flags.DEFINE_bool("skip_sampler", False, "Compile the update only.")
 _CHECK_JSON = flags.DEFINE_string(
@@ -83,8 +96,10 @@ def main(argv):
     mc = config_lib.make_model_config(c)
     if _BASELINE.value:
         mc = mc.replace(remat="none", attention="einsum", logits_chunk=0, param_dtype=mc.dtype)
-    p = _PROMPT_LEN.value or c.task.kwargs.max_prompt_len + 1
-    r = _RESPONSE_LEN.value or c.task.kwargs.max_response_len + 1
+    # As resolve derives them: + BOS, + EOS.
+    task = config_lib.make_task(c)
+    p = _PROMPT_LEN.value or task.max_prompt_len + 1
+    r = _RESPONSE_LEN.value or c.max_new_tokens or task.max_response_len + 1
     budget = _DEVICE_MEMORY.value
     optimizer = learner.make_optimizer(1e-6, max_grad_norm=c.max_grad_norm or None)
     # Two micro-batches: the gradient accumulator exists, as in any M > 1 update.
@@ -114,16 +129,15 @@ def main(argv):
         )
         update_peaks.append(m.peak)
         print(f"| {b} | {_gb(m.temp)} | {_gb(m.peak)} | {time.perf_counter() - start:.0f} |")
-    micro_fit, micro_extra = memory_plan.largest_fitting(micro_sizes, update_peaks, budget)
+    micro_fit, _ = memory_plan.largest_fitting(micro_sizes, update_peaks, budget)
 
-    gen_fit, gen_extra = 0, False
+    gen_fit, gen_sizes, gen_peaks = 0, [], []
     if not _SKIP_SAMPLER.value:
         gen_sizes = sorted(int(x) for x in _GEN_BATCHES.value)
         print(
             "\n| gen_batch | KV cache GB | prefill temp GB | decode temp GB | peak GB | compile s |"
         )
         print("|---|---|---|---|---|---|")
-        gen_peaks = []
         for g in gen_sizes:
             start = time.perf_counter()
             pre, dec = memory_plan.sampler_memory(mc, batch=g, prompt_len=p, response_len=r)
@@ -135,15 +149,19 @@ def main(argv):
                 f"| {g} | {_gb(kv)} | {_gb(pre.temp)} | {_gb(dec.temp)} | {_gb(peak)} | "
                 f"{time.perf_counter() - start:.0f} |"
             )
-        gen_fit, gen_extra = memory_plan.largest_fitting(gen_sizes, gen_peaks, budget)
+        gen_fit, _ = memory_plan.largest_fitting(gen_sizes, gen_peaks, budget)
 
     def mark(extrapolated):
         return "~" if extrapolated else ""
 
-    print(
-        f"\nfits {_gb(budget)} GB: {mark(micro_extra)}{micro_fit} sequences per micro-batch"
-        + ("" if _SKIP_SAMPLER.value else f", gen_batch {mark(gen_extra)}{gen_fit}")
-    )
+    print()
+    for other in [budget] + [float(x) for x in _ALSO_FIT.value]:
+        m_fit, m_extra = memory_plan.largest_fitting(micro_sizes, update_peaks, other)
+        line = f"fits {_gb(other)} GB: {mark(m_extra)}{m_fit} sequences per micro-batch"
+        if not _SKIP_SAMPLER.value:
+            g_fit, g_extra = memory_plan.largest_fitting(gen_sizes, gen_peaks, other)
+            line += f", gen_batch {mark(g_extra)}{g_fit}"
+        print(line)
     if "sweep" in c:
         _sweep_table(c, micro_fit, None if _SKIP_SAMPLER.value else gen_fit)
 
@@ -156,20 +174,25 @@ def _sweep_table(c, micro_fit: int, gen_fit: int | None) -> None:
     from rl_batch import sweep
 
     print(
-        "\n| sweep point | B | config micro_batches (seqs each) | fits | fewest micro_batches "
-        "that fit | config gen_batch | fits | largest gen_batch that fits |"
+        "\n| sweep point | B | config micro_batches (seqs per device) | fits | fewest "
+        "micro_batches that fit | config gen_batch | fits | largest gen_batch that fits |"
     )
     print("|---|---|---|---|---|---|---|---|")
+    shards = _BATCH_SHARDS.value
     for point in {pt.key: pt for pt in sweep.expand_grid(c)}.values():
         b = point.prompts * point.group_size
         seqs_cfg = c.grpo.get("micro_batch_seqs", 0)
         m_cfg = (
-            config_lib.micro_batches_for(b, seqs_cfg) if seqs_cfg else c.grpo.micro_batches
+            config_lib.micro_batches_for(b, seqs_cfg, shards) if seqs_cfg else c.grpo.micro_batches
         ) or c.grpo.micro_batches
-        seqs = b // m_cfg if b % m_cfg == 0 else None
+        # Sequences of one micro-batch on one device.
+        seqs = b // m_cfg // shards if b % (m_cfg * shards) == 0 else None
         fits = "yes" if seqs is not None and 0 < seqs <= micro_fit else "**no**"
-        # The fewest micro-batches whose size fits and divides B.
-        needed = next((m for m in range(1, b + 1) if b % m == 0 and b // m <= micro_fit), None)
+        # The fewest micro-batches whose per-device size fits and divides B.
+        needed = next(
+            (m for m in range(1, b + 1) if b % (m * shards) == 0 and b // m // shards <= micro_fit),
+            None,
+        )
         row = [point.key, b, f"{m_cfg} ({seqs})", fits, needed if micro_fit else "none"]
         if gen_fit is None:
             row += ["-", "-", "-"]

@@ -334,6 +334,8 @@ class GRPO:
     def __init__(self, c: ConfigDict, model_config: model_lib.ModelConfig, mesh: Mesh):
         self.model_config, self.mesh = model_config, mesh
         self.filter_groups = c.filter_groups
+        # Every batch's prompts are padded to the longest the run accepts: one update shape.
+        self.prompt_len = c.derived.max_prompt_len
         self.grpo_config = GRPOConfig.from_config(c)
         self.optimizer = learner.actor_optimizer(c)
         self.update_fn = make_update_fn(model_config, self.grpo_config, self.optimizer, mesh)
@@ -379,7 +381,9 @@ class GRPO:
         return True
 
     def make_batch(self, ro: rollout_lib.Rollout, keep_p: np.ndarray) -> Batch:
-        """Group-relative advantages; dropped groups get an all-False response mask."""
+        """Group-relative advantages; dropped groups get an all-False response mask;
+        prompts padded to the run's longest (``rollout.pad_prompts``)."""
+        ro = rollout_lib.pad_prompts(ro, self.prompt_len)
         advantages_b = batch_advantages(ro.rewards_pg, keep_p, self.grpo_config.advantage)
         batch = rollout_batch(ro, advantages_b, keep_p, self.mesh)
         if self.ref_params is not None:

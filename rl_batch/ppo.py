@@ -60,6 +60,7 @@ from ml_collections import ConfigDict
 
 from rl_batch import artifacts, learner, losses
 from rl_batch import model as model_lib
+from rl_batch import rollout as rollout_lib
 from rl_batch import sharding as sharding_lib
 
 Params = Any
@@ -730,7 +731,9 @@ class PPO:
 
     def make_batch(self, ro, keep_p: np.ndarray) -> PPOBatch:
         """The rollout as a sharded ``PPOBatch`` (rewards per sequence; dropped groups,
-        if any, get an all-False response mask)."""
+        if any, get an all-False response mask; prompts padded to the run's longest,
+        ``rollout.pad_prompts``, so the update compiles once)."""
+        ro = rollout_lib.pad_prompts(ro, self.config.derived.max_prompt_len)
         g = ro.rewards_pg.shape[1]
         keep_b = np.repeat(np.asarray(keep_p, bool), g)
         rewards_b = np.asarray(ro.rewards_pg, np.float32).reshape(-1) * keep_b

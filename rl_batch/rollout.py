@@ -103,9 +103,24 @@ def rollout_from_json(data: dict[str, Any]) -> Rollout:
     )
 
 
-def _concat_outputs(chunks: Sequence[SampleOutput]) -> SampleOutput:
-    """Concatenates sampler outputs along the batch, padding P and R to the largest."""
-    p = max(c.prompt_tokens.shape[1] for c in chunks)
+def pad_prompts(ro: Rollout, prompt_len: int) -> Rollout:
+    """``ro`` with its prompts left-padded to ``prompt_len`` positions (or to their own
+    width if wider), masked like any padding.
+
+    The learners' batches use it so that every update has one shape: the sampler pads
+    prompts to a power-of-two bucket of the longest prompt in the call, so its width moves
+    between steps with the data (math prompts: 64 ... 1024 tokens), and each new width
+    would compile the update again.
+    """
+    if ro.samples.prompt_tokens.shape[1] >= prompt_len:
+        return ro
+    return dataclasses.replace(ro, samples=_concat_outputs([ro.samples], prompt_len=prompt_len))
+
+
+def _concat_outputs(chunks: Sequence[SampleOutput], prompt_len: int = 0) -> SampleOutput:
+    """Concatenates sampler outputs along the batch, padding P and R to the largest (P to
+    at least ``prompt_len``)."""
+    p = max(prompt_len, *(c.prompt_tokens.shape[1] for c in chunks))
     r = max(c.response_tokens.shape[1] for c in chunks)
 
     def pad(x, width, left, value):

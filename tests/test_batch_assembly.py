@@ -67,7 +67,13 @@ def test_grpo_batch_signs_row_order_and_dropped_groups(tmp_path, mesh):
     np.testing.assert_allclose(adv, [0.70711, -0.70711, 0, 0, -0.70711, 0.70711], atol=1e-4)
     assert adv[0] > 0 and adv[5] > 0  # the rewarded responses are pushed up
     # Rows are prompt-major and keep the rollout's tokens and log-probs.
-    np.testing.assert_array_equal(np.asarray(batch.prompt_tokens)[:, 0], [1, 1, 2, 2, 3, 3])
+    np.testing.assert_array_equal(np.asarray(batch.prompt_tokens)[:, -1], [1, 1, 2, 2, 3, 3])
+    # Prompts left-padded (masked) to the run's longest: one update shape every step.
+    width = c.derived.max_prompt_len
+    assert batch.prompt_tokens.shape == (P * G, width) and width > PL
+    np.testing.assert_array_equal(
+        np.asarray(batch.prompt_mask), np.arange(width)[None, :].repeat(P * G, 0) >= width - PL
+    )
     np.testing.assert_array_equal(np.asarray(batch.response_tokens)[:, 0], [1, 2, 11, 12, 21, 22])
     np.testing.assert_array_equal(batch.old_logprobs, ro.samples.response_logprobs)
     # The filtered group's rows weigh nothing; the others keep their response masks.

@@ -77,14 +77,9 @@ def test_prefill_has_no_prompt_logits(temps):
     assert temps["prefill_temp"] < 4 * 256 * 4096 * 4
 
 
-def _plan_cli(*flags):
+def _plan_cli(*flags, config="experiments/configs/grpo_cpu.py"):
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "experiments.plan_memory",
-            "--config=experiments/configs/grpo_cpu.py",
-        ]
+        [sys.executable, "-m", "experiments.plan_memory", f"--config={config}"]
         + ["--config.model.preset=tiny-1m", "--prompt_len=8", "--response_len=16"]
         + ["--micro_seqs=1,2", "--gen_batches=2,4", *flags],
         capture_output=True,
@@ -125,3 +120,20 @@ def test_sweep_refuses_points_that_do_not_fit(tmp_path):
     assert not started
     _, resolved = sweep.plan(c, str(tmp_path / "sweep"), 1)
     assert sweep.check_memory(resolved, 1e12, str(tmp_path / "sweep")) == []
+
+
+@pytest.mark.parametrize(
+    "name, flags",
+    [
+        ("grpo_study", ["--config.init.source=scratch"]),
+        ("grpo_gpu", []),
+        ("grpo_tpu", ["--batch_shards=4", "--device_memory=95e9"]),
+    ],
+)
+def test_study_configs_plan_every_point(name, flags):
+    """The accelerator configs' own micro_batch_seqs / gen_batch, through the planner's
+    sweep table (tiny shapes: the real ones are in each config's docstring): every grid
+    point gets a micro-batch count and fits."""
+    out = _plan_cli(*flags, config=f"experiments/configs/{name}.py")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and ":" in line[:20]]
+    assert rows and all("**no**" not in row for row in rows), out

@@ -251,3 +251,98 @@ def test_validation_rows_of_a_file_are_shuffled_with_a_fixed_seed(hf_dir, tmp_pa
     c.task.split_seed = 3
     _, other = run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
     assert _questions(other)[:4] != _questions(val)[:4]  # another first eval_prompts
+
+
+def test_update_compiles_once_over_prompts_of_varying_length(hf_dir, tmp_path, monkeypatch):
+    """The sampler buckets each call's prompts to a power of two of the longest, so the
+    width moves with the data; the learner's batches are padded to the run's longest
+    prompt (``rollout.pad_prompts``), so the update compiles once (here: three prompts,
+    one per step, in three different buckets)."""
+    from rl_batch import flops, grpo, rollout
+
+    def write(path, repeats):
+        with open(path, "w") as f:
+            for n in repeats:
+                f.write(json.dumps({"question": "What is " + "1+" * n + "1?", "answer": "#### 2"}))
+                f.write("\n")
+        return str(path)
+
+    c = tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run"))
+    c.task.name = "math"
+    c.task.kwargs = {"max_prompt_len": 160, "max_response_len": 8}
+    c.task.train_file = write(tmp_path / "train.jsonl", [1, 12, 40])
+    c.task.validation_file = write(tmp_path / "val.jsonl", [1, 2])
+    c.init.source, c.init.path = "hf", str(hf_dir)
+    c.model.overrides = {}
+    c.prompts, c.group_size = 1, 8  # one prompt per step (8 rows: one per fake device)
+    c.budget_responses, c.eval_every_responses = 24, 10**6
+    c.eval_prompts, c.eval_k = 2, 1
+    updates, widths = [], []
+    make_update_fn, pad_prompts = grpo.make_update_fn, rollout.pad_prompts
+
+    def spy_update(*args, **kwargs):
+        updates.append(make_update_fn(*args, **kwargs))
+        return updates[-1]
+
+    def spy_pad(ro, prompt_len):
+        widths.append(ro.samples.prompt_tokens.shape[1])
+        padded = pad_prompts(ro, prompt_len)
+        assert padded.samples.prompt_tokens.shape[1] == prompt_len == 161
+        return padded
+
+    monkeypatch.setattr(grpo, "make_update_fn", spy_update)
+    monkeypatch.setattr(rollout, "pad_prompts", spy_pad)
+    assert run_lib.run(c, progress=False)["status"] == "finished"
+    assert len(artifacts.read_metrics(str(tmp_path / "run"), "update")) == 3
+    assert len(set(widths)) >= 2, widths  # the sampler's prompt widths did vary
+    assert len(updates) == 1 and flops.jit_cache_size(updates[0]) == 1
+
+
+def test_padded_prompts_give_the_same_update(tmp_path):
+    """Left-padding the prompts (masked) leaves the GRPO update unchanged."""
+    import jax
+
+    from rl_batch import config as config_lib
+    from rl_batch import grpo, rollout, sharding
+    from rl_batch import model as model_lib
+    from rl_batch.sampler import SampleOutput
+
+    c = config_lib.resolve(tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run")))
+    mc = config_lib.make_model_config(c)
+    rng = np.random.default_rng(0)
+    b, p, r = c.prompts * c.group_size, 5, 6
+    prompt_mask = np.ones((b, p), bool)
+    prompt_mask[::2, :2] = False  # some prompts already left-padded
+    response_mask = np.arange(r)[None, :] < rng.integers(1, r + 1, size=(b, 1))
+    samples = SampleOutput(
+        prompt_tokens=rng.integers(3, mc.vocab_size, size=(b, p)).astype(np.int32) * prompt_mask,
+        prompt_mask=prompt_mask,
+        response_tokens=rng.integers(3, mc.vocab_size, size=(b, r)).astype(np.int32)
+        * response_mask,
+        response_mask=response_mask,
+        response_logprobs=np.where(response_mask, -rng.random((b, r)), 0.0).astype(np.float32),
+        lengths=response_mask.sum(1),
+    )
+    ro = rollout.Rollout(
+        examples=[{}] * c.prompts,
+        samples=samples,
+        rewards_pg=rng.random((c.prompts, c.group_size)).astype(np.float32),
+        time_generate_s=0.0,
+        time_score_s=0.0,
+        gen_tokens=int(response_mask.sum()),
+    )
+    keep = np.ones(c.prompts, bool)
+    params = jax.device_get(model_lib.init_params(mc, jax.random.key(0)))  # updates donate
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    outs = []
+    for prompt_len in (p, 12):
+        algo = grpo.GRPO(c, mc, mesh)
+        algo.prompt_len = prompt_len
+        batch = algo.make_batch(ro, keep)
+        assert batch.prompt_tokens.shape == (b, prompt_len)
+        state, metrics = algo.update_fn(algo.init_state(params), batch, jax.random.key(1))
+        outs.append((jax.device_get(state.params), jax.device_get(metrics)))
+    (params_a, metrics_a), (params_b, metrics_b) = outs
+    np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-5, atol=1e-7)
+    for x, y in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)

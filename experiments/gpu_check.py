@@ -1,0 +1,294 @@
+r"""One-accelerator check: sampling and GRPO updates against their rooflines and the
+compiled memory estimate, at a few batch sizes (random weights, the preset's vocabulary).
+
+  python -m experiments.gpu_check [--preset=qwen3-0.6b] [--batches=16,64,256] \
+      [--prompt_len=256] [--response_len=1024] [--micro_batch_seqs=16] \
+      [--bandwidth=4.8e12] [--peak_flops=989e12] [--out=gpu_check.json]
+
+The model takes a run's memory settings (``model.with_memory_defaults``, float32 master
+weights under bf16 compute), as ``rl_batch.config.make_model_config`` gives a real
+checkpoint. Per batch size B (P + R = prompt + response tokens):
+
+- **Sampling**: the sampler's jitted prefill and ``while_loop`` decode
+  (``rl_batch.sampler.prefill`` / ``decode``, one device), every row generating R tokens
+  (no stop id). Decode tokens/s = B * R / decode seconds; its roofline is the HBM-bound
+  rate B / (bytes per step / ``--bandwidth``), bytes per step = the params as stored plus
+  the whole KV cache (B x (P + R) slots: every decode step's attention reads all of them).
+- **Update**: ``rl_batch.grpo.make_update_fn`` with ``B / micro_batch_seqs``
+  micro-batches on random tokens, every response token real. MFU = the model FLOPs
+  ``rl_batch.flops.update_flops`` (3x the forward, remat's recomputation not counted)
+  per second over ``--peak_flops``.
+- **Memory**: each program's compiled estimate, as ``experiments.plan_memory`` computes
+  it (``rl_batch.memory_plan.Compiled``: arguments + outputs - donated + temporaries),
+  here on this backend, against ``device.memory_stats()['peak_bytes_in_use']`` after
+  the phase (n/a where the backend has none, e.g. CPU). That peak is the process's
+  high-water mark: all sampling runs first (batches ascending, only params resident),
+  then the updates (ascending, the train state resident), so each reading is the largest
+  so far of its phase, and an update's reading is at least the sampling phase's.
+
+Each point runs once to compile and warm up, then ``--repeats`` times; the median
+counts. The timed programs are the ones whose memory is read (compiled once each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from rl_batch import flops, learner, memory_plan
+from rl_batch import grpo as grpo_lib
+from rl_batch import model as model_lib
+from rl_batch import sampler as sampler_lib
+
+_PRESET = flags.DEFINE_string("preset", "qwen3-0.6b", "Model preset (rl_batch.model.PRESETS).")
+_VOCAB = flags.DEFINE_integer("vocab_size", 0, "Vocabulary override (0: the preset's).")
+_BATCHES = flags.DEFINE_list("batches", ["16", "64", "256"], "Batch sizes (sequences).")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 256, "Prompt tokens P.")
+_RESPONSE_LEN = flags.DEFINE_integer("response_len", 1024, "Response tokens R.")
+_MICRO = flags.DEFINE_integer("micro_batch_seqs", 16, "Sequences per update micro-batch.")
+_BANDWIDTH = flags.DEFINE_float("bandwidth", 4.8e12, "HBM bytes/s (H200: 4.8e12).")
+_PEAK_FLOPS = flags.DEFINE_float("peak_flops", 989e12, "Peak FLOP/s (H200 bf16 dense: 989e12).")
+_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed runs per point after the warm-up.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and tokens.")
+_OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The flags as data (tests build them directly)."""
+
+    preset: str = "qwen3-0.6b"
+    vocab_size: int = 0
+    batches: tuple[int, ...] = (16, 64, 256)
+    prompt_len: int = 256
+    response_len: int = 1024
+    micro_batch_seqs: int = 16
+    bandwidth: float = 4.8e12
+    peak_flops: float = 989e12
+    repeats: int = 2
+    seed: int = 0
+    model_overrides: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields
+
+
+def model_config(settings: Settings) -> model_lib.ModelConfig:
+    """The preset with a run's memory settings and master weights."""
+    overrides = {"vocab_size": settings.vocab_size} if settings.vocab_size else {}
+    overrides |= settings.model_overrides
+    base = model_lib.get_preset(settings.preset, **overrides)
+    base = model_lib.with_master_weights(model_lib.with_memory_defaults(base))
+    length = settings.prompt_len + settings.response_len
+    return base.replace(max_seq_len=max(base.max_seq_len, length))
+
+
+def peak_bytes_in_use() -> int | None:
+    """The device's high-water mark of allocated bytes (None where not reported)."""
+    stats = jax.devices()[0].memory_stats()
+    if not stats or "peak_bytes_in_use" not in stats:
+        return None
+    return int(stats["peak_bytes_in_use"])
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up (first allocations)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def sample_point(mc, params, batch: int, settings: Settings) -> dict:
+    """Prefill + decode of ``batch`` rows: times, decode tokens/s and its roofline,
+    compiled memory estimate (max of prefill and decode) and the device's peak."""
+    p, r = settings.prompt_len, settings.response_len
+    rng = np.random.default_rng(settings.seed + batch)
+    tokens = jnp.asarray(rng.integers(1, mc.vocab_size, (batch, p)), jnp.int32)
+    mask = jnp.ones((batch, p), bool)
+    key = jax.random.key(settings.seed)
+    # eos_id outside the vocabulary: every row generates exactly R tokens.
+    prefill = (
+        jax.jit(
+            functools.partial(
+                sampler_lib.prefill, mc, response_len=r, eos_id=mc.vocab_size, pad_id=0
+            )
+        )
+        .lower(params, tokens, mask, key, r)
+        .compile()
+    )
+    state = prefill(params, tokens, mask, key, r)
+    decode = (
+        jax.jit(functools.partial(sampler_lib.decode, mc), donate_argnums=1)
+        .lower(params, state)
+        .compile()
+    )
+    estimate = max(memory_plan.Compiled.of(prefill).peak, memory_plan.Compiled.of(decode).peak)
+    times = {"prefill": [], "decode": []}
+
+    def run_once():
+        t0 = time.perf_counter()
+        s = jax.block_until_ready(prefill(params, tokens, mask, key, r))
+        t1 = time.perf_counter()
+        s = jax.block_until_ready(decode(params, s))
+        times["prefill"].append(t1 - t0)
+        times["decode"].append(time.perf_counter() - t1)
+        assert int(sampler_lib.outputs(s).lengths.min()) == r
+
+    del state
+    for _ in range(settings.repeats + 1):  # the first is the warm-up
+        run_once()
+    prefill_s = statistics.median(times["prefill"][1:])
+    decode_s = statistics.median(times["decode"][1:])
+    step_bytes = memory_plan.tree_bytes(params) + model_lib.kv_cache_bytes(mc, batch, p + r)
+    roofline = batch / (step_bytes / settings.bandwidth)
+    return {
+        "batch": batch,
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "decode_tokens_per_s": batch * r / decode_s,
+        "roofline_tokens_per_s": roofline,
+        "decode_bytes_per_step": step_bytes,
+        "sample_estimate_bytes": estimate,
+        "sample_peak_bytes": peak_bytes_in_use(),
+    }
+
+
+def update_point(mc, state, optimizer, mesh, batch: int, settings: Settings):
+    """One GRPO update of ``batch`` sequences: time, tokens/s, MFU, compiled estimate and
+    the device's peak. Returns (row, state) (the update donates its state)."""
+    from rl_batch import sharding
+
+    p, r = settings.prompt_len, settings.response_len
+    micro = max(batch // settings.micro_batch_seqs, 1)
+    update_fn = grpo_lib.make_update_fn(
+        mc, grpo_lib.GRPOConfig(micro_batches=micro), optimizer, mesh
+    )
+    rng = np.random.default_rng(settings.seed + 2 + batch)
+    data = sharding.shard_batch(
+        learner.Batch(
+            prompt_tokens=jnp.asarray(rng.integers(1, mc.vocab_size, (batch, p)), jnp.int32),
+            prompt_mask=jnp.ones((batch, p), bool),
+            response_tokens=jnp.asarray(rng.integers(1, mc.vocab_size, (batch, r)), jnp.int32),
+            response_mask=jnp.ones((batch, r), bool),
+            advantages=jnp.asarray(rng.standard_normal(batch), jnp.float32),
+            old_logprobs=jnp.full((batch, r), -np.log(mc.vocab_size), jnp.float32),
+        ),
+        mesh,
+    )
+    key = jax.random.key(settings.seed)
+    compiled = update_fn.lower(state, data, key).compile()
+    holder = [state]
+
+    def step():
+        holder[0], metrics = compiled(holder[0], data, key)
+        jax.block_until_ready(metrics)
+
+    time_s = _median_time(step, settings.repeats)
+    tokens = batch * (p + r)
+    model_flops = flops.update_flops(mc, tokens=tokens, seq_len=p + r)
+    row = {
+        "batch": batch,
+        "micro_batches": micro,
+        "update_s": time_s,
+        "update_tokens_per_s": tokens / time_s,
+        "update_flops_per_s": model_flops / time_s,
+        "mfu": model_flops / time_s / settings.peak_flops,
+        "update_estimate_bytes": memory_plan.Compiled.of(compiled).peak,
+        "update_peak_bytes": peak_bytes_in_use(),
+    }
+    return row, holder[0]
+
+
+def run(settings: Settings) -> list[dict]:
+    """Every batch: sampling first (all batches), then the updates; one row per batch."""
+    from rl_batch import sharding
+
+    mc = model_config(settings)
+    print(
+        f"gpu_check: {settings.preset} ({mc.num_params / 1e6:.0f}M params, {mc.param_dtype} "
+        f"params, {mc.dtype} compute, attention={model_lib.attention_impl(mc)}, "
+        f"remat={mc.remat}), P + R = {settings.prompt_len} + {settings.response_len}, "
+        f"device {jax.devices()[0].device_kind} ({jax.default_backend()}), bandwidth "
+        f"{settings.bandwidth:.3g} B/s, peak {settings.peak_flops:.3g} FLOP/s",
+        flush=True,
+    )
+    params = model_lib.init_params(mc, settings.seed)
+    batches = sorted(settings.batches)
+    rows = {}
+    for b in batches:
+        rows[b] = sample_point(mc, params, b, settings)
+        print(f"sampled batch {b}: {rows[b]['decode_tokens_per_s']:.0f} tok/s", flush=True)
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    optimizer = learner.make_optimizer(1e-6, max_grad_norm=1.0)
+    state = learner.init_train_state(mc, params, optimizer, mesh=mesh)
+    del params  # the state holds (and the update donates) them
+    for b in batches:
+        row, state = update_point(mc, state, optimizer, mesh, b, settings)
+        rows[b].update(row)
+        print(f"updated batch {b}: {row['update_tokens_per_s']:.0f} tok/s", flush=True)
+    out = [rows[b] for b in batches]
+    print(format_table(out))
+    return out
+
+
+def _gb(x: int | None) -> str:
+    return "n/a" if x is None else f"{x / 1e9:.1f}"
+
+
+def format_table(rows: list[dict]) -> str:
+    """Markdown: per batch, decode vs roofline, update tokens/s and MFU, memory (GB)."""
+    lines = [
+        "| B | prefill s | decode tok/s | roofline tok/s | % roofline | sample est / peak GB "
+        "| micro-batches | update s | update tok/s | MFU | update est / peak GB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in rows:
+        lines.append(
+            f"| {x['batch']} | {x['prefill_s']:.3f} | {x['decode_tokens_per_s']:.0f} "
+            f"| {x['roofline_tokens_per_s']:.0f} "
+            f"| {100 * x['decode_tokens_per_s'] / x['roofline_tokens_per_s']:.1f}% "
+            f"| {_gb(x['sample_estimate_bytes'])} / {_gb(x['sample_peak_bytes'])} "
+            f"| {x['micro_batches']} | {x['update_s']:.3f} | {x['update_tokens_per_s']:.0f} "
+            f"| {100 * x['mfu']:.1f}% "
+            f"| {_gb(x['update_estimate_bytes'])} / {_gb(x['update_peak_bytes'])} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    settings = Settings(
+        preset=_PRESET.value,
+        vocab_size=_VOCAB.value,
+        batches=tuple(int(b) for b in _BATCHES.value),
+        prompt_len=_PROMPT_LEN.value,
+        response_len=_RESPONSE_LEN.value,
+        micro_batch_seqs=_MICRO.value,
+        bandwidth=_BANDWIDTH.value,
+        peak_flops=_PEAK_FLOPS.value,
+        repeats=_REPEATS.value,
+        seed=_SEED.value,
+    )
+    rows = run(settings)
+    if _OUT.value:
+        with open(_OUT.value, "w") as f:
+            json.dump(
+                {"device": jax.devices()[0].device_kind, "settings": dataclasses.asdict(settings)}
+                | {"rows": rows},
+                f,
+                indent=1,
+            )
+        print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+    app.run(main)
