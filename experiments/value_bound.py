@@ -14,7 +14,7 @@ starting policy is the config's ``init`` (the cached warm start by default; trai
 first use).
 """
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from experiments import cli, configs
 
@@ -53,6 +53,7 @@ def main(argv):
     from rl_batch import config as config_lib
     from rl_batch import exact_eval, run
 
+    logging.set_verbosity(logging.WARNING)  # orbax logs the warm start's restore at INFO
     c = _CONFIG.value
     if "sweep" in c:
         del c["sweep"]

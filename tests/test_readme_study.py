@@ -39,7 +39,9 @@ def test_study_section_from_a_sweep(tmp_path):
 def test_the_readme_has_the_markers():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     text = open(os.path.join(root, "README.md")).read()
-    assert text.count(readme_study.BEGIN) == 1 and text.count(readme_study.END) == 1
+    for name in ("study", "ppo_study"):
+        begin, end = readme_study.markers(name)
+        assert text.count(begin) == 1 and text.count(end) == 1, name
 
 
 def test_the_ppo_section_has_its_own_markers_and_the_critic_table(tmp_path):
