@@ -222,3 +222,37 @@ def test_two_processes_start_from_a_one_process_runs_checkpoint(tmp_path):
     multi, one = (artifacts.read_metrics(str(tmp_path / leg)) for leg in ("multi", "one"))
     _assert_same(deterministic(multi, "update"), deterministic(one, "update"), "update")
     _assert_same(deterministic(multi, "eval"), deterministic(one, "eval"), "eval")
+
+
+@pytest.mark.slow
+def test_two_processes_start_from_an_hf_checkpoint(tmp_path):
+    # init.source="hf": every process reads the safetensors itself (host arrays); a math
+    # run from a tiny Qwen3-layout directory, two processes against one with two devices.
+    from tests.hf_fixtures import make_tiny_hf_dir
+
+    hf_dir = make_tiny_hf_dir(tmp_path / "hf")
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i}+1?", "answer": f"#### {i + 1}"}) + "\n"
+            for i in range(16)
+        )  # fmt: skip
+    )
+    legs = {}
+    for leg in ("multi", "one"):
+        c = tiny_run_config(str(tmp_path / "work"), str(tmp_path / leg), budget_responses=32)
+        c.task.name, c.task.kwargs = "math", {"max_prompt_len": 64, "max_response_len": 8}
+        c.task.train_file = c.task.validation_file = str(data)
+        c.init.source, c.init.path = "hf", str(hf_dir)
+        c.model.overrides = {}
+        c.prompts, c.group_size, c.eval_greedy = 4, 2, False
+        legs[leg] = _write_config(str(tmp_path / f"{leg}.json"), c)
+    _wait_all(
+        _two_processes(legs["multi"], tmp_path, "from_hf", resume=False)
+        + [_start(legs["one"], str(tmp_path / "one.log"), devices=2)],
+        2 * TIMEOUT_S,
+    )
+    multi, one = (artifacts.read_metrics(str(tmp_path / leg)) for leg in ("multi", "one"))
+    assert deterministic(multi, "update"), "no update lines"
+    _assert_same(deterministic(multi, "update"), deterministic(one, "update"), "update")
+    _assert_same(deterministic(multi, "eval"), deterministic(one, "eval"), "eval")
