@@ -15,6 +15,7 @@ import time
 from absl import app, flags, logging
 
 from experiments import cli
+from rl_batch import artifacts
 
 # Fields the sweep sets at every grid point, and where a sweep takes them instead.
 POINT_FIELDS = {
@@ -65,10 +66,11 @@ def default_sweep_dir(config_path: str) -> str:
 
 def _or_exit(fn, *args, **kwargs):
     """``fn(...)``; a ValueError (a bad grid or config: the sweep raises them before any
-    point starts, and records a failing point's errors instead) exits with its message."""
+    point starts, and records a failing point's errors instead) or a full disk (one line
+    naming the directory; ``artifacts.DiskFullError``) exits with its message."""
     try:
         return fn(*args, **kwargs)
-    except ValueError as e:
+    except (ValueError, artifacts.DiskFullError) as e:
         sys.exit(f"error: {e}")
 
 

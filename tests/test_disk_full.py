@@ -154,3 +154,29 @@ def test_train_prints_one_line_on_a_full_disk(tmp_path):
         f"error: disk full: no space left to write in {run_dir}/checkpoints; free space "
         "there, then continue the run with --resume (everything written before is intact)"
     )
+
+
+def test_a_sweep_prints_one_line_on_a_full_disk(tmp_path):
+    # experiments.grpo_sweep with run_sweep failing as a full disk would (no compute).
+    sweep_dir = str(tmp_path / "sweep")
+    script = (
+        "import sys\n"
+        f"sys.argv = ['grpo_sweep', '--sweep_dir={sweep_dir}', '--quiet']\n"
+        "from absl import app\n"
+        "from rl_batch import artifacts, sweep\n"
+        "def full(*a, **k):\n"
+        f"    raise artifacts.DiskFullError({sweep_dir!r})\n"
+        "sweep.run_sweep = full\n"
+        "from experiments import grpo_sweep\n"
+        "app.run(grpo_sweep.main)\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: disk full: no space left to write in {sweep_dir}; free space there")
+    )
