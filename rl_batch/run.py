@@ -55,6 +55,7 @@ from rl_batch.accounting import Counters, Step, StepAccounting, keep_mask, stuck
 from rl_batch.checkpoint import Checkpointer
 from rl_batch.learner import Algorithm
 from rl_batch.sampler import Sampler
+from rl_batch.tasks.plugin import is_plugin, plugin_splits
 from rl_batch.tasks.tfds_builders import load_split
 
 log = logging.getLogger(__name__)
@@ -124,12 +125,15 @@ def _metrics_damage(path: str, step: int, saved: list[dict]) -> str:
 def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
     """(train, validation) random-access sequences of example dicts.
 
-    Synthetic tasks come from their TFDS splits (prepared in ``<work_dir>/data`` on first
-    use); math data from the local files named by ``task.train_file`` and
+    A user's task class (``task.name="module:Class"``) has its splits drawn in memory
+    from its ``make_example`` (`rl_batch.tasks.plugin`). Synthetic tasks come from their
+    TFDS splits (prepared in ``<work_dir>/data`` on first use); math data from the local files named by ``task.train_file`` and
     ``task.validation_file`` (or ``task.eval_fraction`` of the training file held out),
     prompts rendered with the tokenizer's chat template (``task.chat_template_kwargs``),
     validation rows shuffled by ``task.split_seed``.
     """
+    if is_plugin(c.task.name):  # (a user's task class: drawn in memory)
+        return plugin_splits(config_lib.make_task(c), c)
     if c.task.name in config_lib.SYNTHETIC_TASKS:
         data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
         kwargs = dict(
