@@ -393,6 +393,11 @@ def _field_errors(c: ConfigDict) -> list[str]:
     errors.extend(tracking.config_errors(c.get("tracking", "jsonl")))
     n_gen = c.get("log_generations", 0)
     check(_is_int(n_gen) and n_gen >= 0, f"log_generations={n_gen!r}: must be an int >= 0")
+    every = c.get("log_generations_every", 0)
+    check(
+        _is_int(every) and every >= 0,
+        f"log_generations_every={every!r}: must be an int >= 0 (updates; 0 = off)",
+    )
     stop_metric = c.pretrain.get("stop_metric", "sampled")
     check(
         stop_metric in ("sampled", "p_ref"),
@@ -644,6 +649,7 @@ RESUME_ALLOWED = (
     # Where copies of the metrics and the sampled generations go (rl_batch.tracking).
     "tracking",
     "log_generations",
+    "log_generations_every",
 )
 
 

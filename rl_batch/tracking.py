@@ -79,16 +79,35 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def generations_key(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The dashboard name of a batch of generations: ``generations`` for a validation's,
+    ``train_generations`` for a training rollout's (``config.log_generations_every``)."""
+    return "train_generations" if rows and rows[0].get("source") == "train" else "generations"
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """(columns, one row per response): prompt, response, reward and, when the rows
+    carry them, the response length in tokens."""
+    lengths = all("lengths" in row for row in rows)
+    columns = ["prompt", "response", "reward"] + (["length"] if lengths else [])
+    data = [
+        [row["prompt"], response, reward] + ([row["lengths"][i]] if lengths else [])
+        for row in rows
+        for i, (response, reward) in enumerate(zip(row["responses"], row["rewards"]))
+    ]
+    return columns, data
+
+
 def generations_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """A markdown table of sampled generations (one row per response)."""
 
     def cell(x: Any) -> str:
-        return str(x).replace("|", "\\|").replace("\n", "<br>")
+        text = f"{x:g}" if isinstance(x, float) else str(x)
+        return text.replace("|", "\\|").replace("\n", "<br>")
 
-    lines = ["| prompt | response | reward |", "| --- | --- | --- |"]
-    for row in rows:
-        for response, reward in zip(row["responses"], row["rewards"]):
-            lines.append(f"| {cell(row['prompt'])} | {cell(response)} | {reward:g} |")
+    columns, data = _table(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(cell(x) for x in line) + " |" for line in data]
     return "\n".join(lines)
 
 
@@ -111,7 +130,8 @@ class TensorBoard:
         self.writer.flush()  # a crash loses no line (flush_secs would wait 2 minutes)
 
     def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
-        self.writer.add_text("generations", generations_markdown(rows), global_step=step)
+        tag = generations_key(rows)
+        self.writer.add_text(tag, generations_markdown(rows), global_step=step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -148,13 +168,9 @@ class WandB:
         self.run.log(dict(metrics), step=step)
 
     def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
-        data = [
-            [row["prompt"], response, reward]
-            for row in rows
-            for response, reward in zip(row["responses"], row["rewards"])
-        ]
-        table = self.wandb.Table(columns=["prompt", "response", "reward"], data=data)
-        self.run.log({"generations": table}, step=step)
+        columns, data = _table(rows)
+        table = self.wandb.Table(columns=columns, data=data)
+        self.run.log({generations_key(rows): table}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -226,7 +242,7 @@ class Tracker:
             self._each(lambda b: b.log_metrics(step, metrics))
 
     def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Sends one validation's sampled generations."""
+        """Sends one validation's (or training rollout's) sampled generations."""
         if self.backends and rows:
             self._each(lambda b: b.log_generations(step, rows))
 

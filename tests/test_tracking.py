@@ -219,3 +219,51 @@ def test_wandb_runs_offline_and_a_resumed_run_continues_the_same_run(tmp_path, m
         (2, {"generations": ("table", ("prompt", "response", "reward"), [["q", "a", 1.0]])}),
         "finish",
     ]
+
+
+def test_training_samples_every_n_updates_go_to_generations_jsonl_and_the_dashboards(
+    work_dir, tmp_path, fake_backend
+):
+    c = tiny_run_config(
+        work_dir,
+        str(tmp_path / "run"),
+        budget_responses=64,  # 4 updates; validations at 0, 2 and 4
+        tracking="jsonl,fake",
+        log_generations=3,
+        log_generations_every=2,
+    )
+    run_lib.run(c, progress=False)
+    rows = list(artifacts.iter_jsonl(os.path.join(c.run_dir, artifacts.GENERATIONS_FILE)))
+    train = [r for r in rows if r["source"] == "train"]
+    val = [r for r in rows if r["source"] == "validation"]
+    assert all(r["kind"] == "generation" for r in rows)
+    assert [r["step"] for r in train] == [2, 2, 2, 4, 4, 4]  # 3 prompts every 2 updates
+    assert sorted({r["step"] for r in val}) == [0, 2, 4]
+    updates = {r["step"]: r for r in artifacts.read_metrics(c.run_dir, "update")}
+    task = config_lib.make_task(c)
+    max_new_tokens = config_lib.resolve(c, device_count=1).derived.max_new_tokens
+    for r in train:
+        assert len(r["responses"]) == len(r["rewards"]) == len(r["lengths"]) == c.group_size
+        assert r["responses_cum"] == updates[r["step"]]["responses_cum"]
+        example = {"prompt": r["prompt"], "answer": r["answer"]}
+        assert r["rewards"] == [task.reward(example, x) for x in r["responses"]]
+        # Generated tokens: at least one per character of the text (a random policy also
+        # samples specials that decode to nothing, and the EOS), at most max_new_tokens.
+        for text, n in zip(r["responses"], r["lengths"]):
+            assert 1 <= n <= max_new_tokens and len(text) <= n
+    sent = [rows_ for kind, *rest in FakeBackend.calls if kind == "generations"
+            for _, rows_ in [rest]]  # fmt: skip
+    assert [row for rows_ in sent for row in rows_] == rows
+    assert {tracking.generations_key(rows_) for rows_ in sent} == {
+        "generations",
+        "train_generations",
+    }
+    markdown = tracking.generations_markdown(train[:1])
+    assert markdown.splitlines()[0] == "| prompt | response | reward | length |"
+
+
+def test_log_generations_every_must_be_a_count(tmp_path):
+    c = tiny_run_config(str(tmp_path), str(tmp_path / "run"), log_generations_every=-1)
+    with pytest.raises(ValueError, match=r"log_generations_every=-1: must be an int >= 0") as e:
+        config_lib.resolve(c, device_count=1)
+    assert "\n" not in str(e.value)
