@@ -6,10 +6,14 @@ names (a comma list), with the line's ``step``:
 
 - ``jsonl``: nothing more (metrics.jsonl is always written); the default.
 - ``tensorboard``: event files in ``<run_dir>/tensorboard`` (``tensorboardX``, no
-  TensorFlow), one scalar ``<kind>/<key>`` per number of a line, generations as text.
+  TensorFlow), one scalar ``<kind>/<key>`` per number of a line, generations as text,
+  the resolved config as text (``config``, once). A sweep's runs are
+  ``<sweep_dir>/runs/<name>``: ``tensorboard --logdir=<sweep_dir>`` shows them side by
+  side (as ``runs/<name>/tensorboard``).
 - ``wandb``: a Weights & Biases run in ``<run_dir>/wandb``, offline unless
   ``$WANDB_MODE`` says otherwise, its id kept in ``<run_dir>/wandb_id`` so that a resumed
-  run continues the same W&B run; generations as a table.
+  run continues the same W&B run; the resolved config as the run's config, the sweep's
+  name as its group (`sweep_name`); generations as a table.
 
 A backend named but not installed is a one-line error of ``config.resolve`` (before any
 compute). On resume, the lines up to the checkpoint are not sent again; the lines after
@@ -23,12 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import logging
 import os
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+from rl_batch import artifacts
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +69,29 @@ class RunInfo:
     name: str
     config: Mapping[str, Any]
     resumed_step: int | None = None
+
+
+def sweep_name(run_dir: str) -> str | None:
+    """The sweep a run belongs to: ``<sweep_dir>``'s name when ``run_dir`` is
+    ``<sweep_dir>/runs/<name>`` of a sweep (``rl_batch.sweep`` wrote ``sweep.json`` there,
+    or ``sweep_point.json`` in the run of an ``--only`` job); None for a lone run."""
+    run_dir = os.path.abspath(run_dir)
+    runs = os.path.dirname(run_dir)
+    sweep_dir = os.path.dirname(runs)
+    if os.path.basename(runs) != artifacts.RUNS_DIR:
+        return None
+    if not (
+        os.path.exists(os.path.join(sweep_dir, artifacts.SWEEP_FILE))
+        or os.path.exists(os.path.join(run_dir, "sweep_point.json"))
+    ):
+        return None
+    return os.path.basename(sweep_dir)
+
+
+def config_markdown(config: Mapping[str, Any]) -> str:
+    """The resolved config as text: indented JSON in a markdown code block."""
+    text = json.dumps(config, indent=2, sort_keys=True, default=str)
+    return "```json\n" + text + "\n```"
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
@@ -123,6 +153,9 @@ class TensorBoard:
         self.writer = SummaryWriter(
             logdir=os.path.join(info.run_dir, TENSORBOARD_DIR), purge_step=purge
         )
+        if info.resumed_step is None:  # the resolved config, once (a resumed run keeps it)
+            self.writer.add_text("config", config_markdown(info.config), global_step=0)
+            self.writer.flush()
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         for tag, value in metrics.items():
@@ -161,6 +194,7 @@ class WandB:
             resume="allow",
             dir=os.path.join(info.run_dir, WANDB_DIR),
             config=dict(info.config),
+            group=sweep_name(info.run_dir),  # a sweep's runs side by side
             mode=os.environ.get("WANDB_MODE", "offline"),
         )
 
