@@ -207,7 +207,7 @@ class _Progress:
         self._bar = None
         if self.enabled:
             try:
-                from tqdm import tqdm
+                from tqdm.auto import tqdm  # (widgets in a notebook, text in a terminal)
 
                 self._bar = tqdm(total=total, desc=name or "run", unit="resp", leave=True)
             except ImportError:
