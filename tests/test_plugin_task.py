@@ -111,3 +111,12 @@ def test_a_run_trains_and_evaluates_on_the_users_task(tmp_path):
     assert updates and evals
     assert all(0.0 <= u["reward_mean"] <= 1.0 for u in updates)
     assert all(0.0 <= e["eval_accuracy"] <= 1.0 for e in evals)
+
+
+def test_the_warm_start_trains_on_the_users_task(tmp_path):
+    c = plugin_config(tmp_path, **{"init.source": "pretrain"})
+    c.pretrain.steps, c.pretrain.eval_every, c.pretrain.eval_prompts = 4, 2, 8
+    c.pretrain.warmup_steps, c.pretrain.stop_accuracy = 1, 1.1  # (every step runs)
+    _, info = pretrain.train_base(c, progress=False)
+    assert info["steps"] == 4 and [e[0] for e in info["evals"]] == [2, 4]
+    assert all(np.isfinite(loss) for _, loss in info["losses"])
