@@ -24,6 +24,7 @@ from rl_batch import grpo, lr_rules, ppo, tracking
 from rl_batch import model as model_lib
 from rl_batch.sampler import Sampler, SamplingConfig
 from rl_batch.tasks.custom_reward import WithReward
+from rl_batch.tasks.plugin import is_plugin, make_plugin_task
 from rl_batch.tasks.registry import TASKS, get_task
 from rl_batch.tokenizers import CharTokenizer
 
@@ -54,16 +55,27 @@ PPO_FIELDS = (
 )
 
 
+def is_generated(name: str) -> bool:
+    """Whether task ``name`` draws its examples from ``make_example`` (the synthetic
+    tasks and a user's task class, ``module:Class``) rather than reading files."""
+    return name in SYNTHETIC_TASKS or is_plugin(name)
+
+
 def make_task(c: ConfigDict):
-    """The task of a run config, scored by ``task.reward_fn`` when one is named."""
-    task = get_task(c.task.name, **c.task.kwargs.to_dict())
+    """The task of a run config (a registered one, or a user's class: ``task.name =
+    "module:Class"``, see `rl_batch.tasks.plugin`), scored by ``task.reward_fn`` when one
+    is named."""
+    if is_plugin(c.task.name):
+        task = make_plugin_task(c.task.name, c.task.kwargs.to_dict())
+    else:
+        task = get_task(c.task.name, **c.task.kwargs.to_dict())
     spec = c.task.get("reward_fn")
     return WithReward(task, spec) if spec else task
 
 
 def make_tokenizer(c: ConfigDict):
     """The tokenizer of a run: characters for synthetic tasks, the HF one otherwise."""
-    if c.task.name in SYNTHETIC_TASKS:
+    if is_generated(c.task.name):
         return CharTokenizer()
     from rl_batch.tokenizers import HFTokenizer
 
@@ -82,7 +94,7 @@ def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
 
         base = hf.config_from_hf(hf.read_hf_config(c.init.path))
     else:
-        if c.task.name in SYNTHETIC_TASKS and "vocab_size" not in overrides:
+        if is_generated(c.task.name) and "vocab_size" not in overrides:
             overrides["vocab_size"] = CharTokenizer().vocab_size
         base = model_lib.get_preset(c.model.preset)
     base = model_lib.with_memory_defaults(base)
@@ -381,6 +393,11 @@ def _field_errors(c: ConfigDict) -> list[str]:
     errors.extend(tracking.config_errors(c.get("tracking", "jsonl")))
     n_gen = c.get("log_generations", 0)
     check(_is_int(n_gen) and n_gen >= 0, f"log_generations={n_gen!r}: must be an int >= 0")
+    every = c.get("log_generations_every", 0)
+    check(
+        _is_int(every) and every >= 0,
+        f"log_generations_every={every!r}: must be an int >= 0 (updates; 0 = off)",
+    )
     stop_metric = c.pretrain.get("stop_metric", "sampled")
     check(
         stop_metric in ("sampled", "p_ref"),
@@ -406,7 +423,11 @@ def _field_errors(c: ConfigDict) -> list[str]:
         c.init.source in ("pretrain", "scratch") or not c.init.path or os.path.isdir(c.init.path),
         f"init.path={c.init.path!r}: no such directory (init.source={c.init.source!r})",
     )
-    check(c.task.name in TASKS, f"task.name={c.task.name!r}: known tasks are {sorted(TASKS)}")
+    check(
+        c.task.name in TASKS or is_plugin(c.task.name),
+        f"task.name={c.task.name!r}: known tasks are {sorted(TASKS)}, or a task class of "
+        "your own: 'package.module:TaskClass' or 'file.py:TaskClass'",
+    )
     _check_task_fields(c, check)
     check(
         c.model.preset in model_lib.PRESETS,
@@ -418,7 +439,7 @@ def _field_errors(c: ConfigDict) -> list[str]:
 def _data_errors(c: ConfigDict) -> list[str]:
     """Synthetic split sizes against the batch and evaluation; data files that exist."""
     errors = _Errors()
-    if c.task.name in SYNTHETIC_TASKS:  # (their sizes are settings: checked here)
+    if is_generated(c.task.name):  # (their sizes are settings: checked here)
         try:
             check_data_sizes(
                 c, c.task.n_train, c.task.n_validation, "task.n_train", "task.n_validation"
@@ -445,7 +466,7 @@ def _data_errors(c: ConfigDict) -> list[str]:
 
 def _check_task_fields(c: ConfigDict, check) -> None:
     """Validates the data-splitting and chat-template fields of ``task``."""
-    synthetic = c.task.name in SYNTHETIC_TASKS
+    synthetic = is_generated(c.task.name)
     fraction = c.task.get("eval_fraction", 0.0)
     check(
         isinstance(fraction, (int, float)) and 0 <= fraction < 1,
@@ -474,7 +495,7 @@ def _length_errors(c, task, model_config, max_prompt_len: int, max_new_tokens: i
     """Prompt and response lengths against the task and the model context."""
     errors = _Errors()
     check = errors.check
-    if c.task.name in SYNTHETIC_TASKS:  # (their responses have a known longest length)
+    if is_generated(c.task.name):  # (their responses have a known longest length)
         check(
             max_new_tokens >= task.max_response_len + 1,
             f"max_new_tokens={c.max_new_tokens}: the task's responses take up to "
@@ -628,6 +649,7 @@ RESUME_ALLOWED = (
     # Where copies of the metrics and the sampled generations go (rl_batch.tracking).
     "tracking",
     "log_generations",
+    "log_generations_every",
 )
 
 

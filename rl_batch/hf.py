@@ -31,10 +31,9 @@ use is an error that names it (silently dropping weights hides mapping bugs). Th
 tensors skipped are rotary ``inv_freq`` buffers (recomputed, not learned) and an
 ``lm_head.weight`` equal to the embedding when the config ties them.
 
-bfloat16 tensors: the ``safetensors`` numpy backend has no bfloat16 dtype, so those are
-read straight from the file (the format is an 8-byte header length, a JSON header with
-byte offsets, then raw little-endian data) as ``ml_dtypes.bfloat16`` arrays; every other
-dtype goes through ``safetensors.safe_open(..., framework="np")``.
+Tensors are read with ``safetensors.safe_open(..., framework="flax")``, which (unlike its
+numpy backend) knows bfloat16: each comes as a host (CPU) jax array, then a numpy array
+(``ml_dtypes.bfloat16`` for bf16) that the layout conversions work on.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ import dataclasses
 import json
 import logging
 import os
-import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -67,7 +65,6 @@ _CONFIG_FILE = "config.json"
 _SINGLE_FILE = "model.safetensors"
 _INDEX_FILE = "model.safetensors.index.json"
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")
-_BF16 = np.dtype(jnp.bfloat16)  # ml_dtypes.bfloat16, which jax ships
 
 
 # ----------------------------------------------------------------------------- config
@@ -386,38 +383,28 @@ def _set(tree: dict, path: tuple[Any, ...], value) -> None:
 # ----------------------------------------------------------------------------- safetensors IO
 
 
-def _read_header(file: str) -> dict[str, Any]:
-    """The JSON header of a safetensors file: {name: {dtype, shape, data_offsets}}.
+def _open_safetensors(file: str, stack: contextlib.ExitStack):
+    """``safe_open(file, framework="flax")``, its errors one line naming the file.
 
     Raises:
-      ValueError: naming the file, when its header cannot be read or its tensors' data
-        would run past the end of the file (a truncated download).
+      ValueError: the file is truncated (a partial download) or not safetensors at all.
     """
-    file_size = os.path.getsize(file)
+    from safetensors import SafetensorError, safe_open
+
     try:
-        with open(file, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            if size > file_size - 8:
-                raise ValueError(f"header of {size} bytes in a file of {file_size}")
-            header = json.loads(f.read(size))
-    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        return stack.enter_context(safe_open(file, framework="flax"))
+    except SafetensorError as e:
+        if "not fully covered" in str(e) or "incomplete" in str(e):
+            raise ValueError(
+                f"{file}: truncated safetensors file ({os.path.getsize(file)} bytes; {e})"
+            ) from None
         raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
-    header.pop("__metadata__", None)
-    end = max((v["data_offsets"][1] for k, v in header.items() if isinstance(v, dict)), default=0)
-    if 8 + size + end > file_size:
-        raise ValueError(
-            f"{file}: truncated safetensors file ({file_size} bytes; its header needs "
-            f"{8 + size + end})"
-        )
-    return {"__data_start__": 8 + size, **header}
 
 
 class _SafetensorsReader:
     """Name -> numpy array over a single-file or sharded safetensors checkpoint."""
 
     def __init__(self, directory: str, stack: contextlib.ExitStack):
-        from safetensors import safe_open
-
         single = os.path.join(directory, _SINGLE_FILE)
         index = os.path.join(directory, _INDEX_FILE)
         if os.path.isfile(index):
@@ -437,18 +424,13 @@ class _SafetensorsReader:
             hint = f" (found {others}: convert to safetensors first)" if others else ""
             raise FileNotFoundError(f"no {_SINGLE_FILE} or {_INDEX_FILE} in {directory}{hint}")
         self.location: dict[str, str] = {}  # tensor name -> file path
-        self.headers: dict[str, dict[str, Any]] = {}
         self._handles = {}
         for name in files:
             file = os.path.join(directory, name)
             if not os.path.isfile(file):
                 raise FileNotFoundError(f"shard {name} listed in {index} is missing")
-            header = _read_header(file)
-            self.headers[file] = header
-            self._handles[file] = stack.enter_context(safe_open(file, framework="np"))
-            for tensor in header:
-                if tensor == "__data_start__":
-                    continue
+            self._handles[file] = _open_safetensors(file, stack)
+            for tensor in self._handles[file].keys():
                 if tensor in self.location:
                     raise ValueError(
                         f"tensor {tensor} is in both {self.location[tensor]} and {file}"
@@ -460,17 +442,12 @@ class _SafetensorsReader:
                     raise ValueError(f"{index} maps {tensor} to {name}, which does not hold it")
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.headers[self.location[name]][name]["shape"])
+        return tuple(self._handles[self.location[name]].get_slice(name).get_shape())
 
     def get(self, name: str) -> np.ndarray:
-        file = self.location[name]
-        info = self.headers[file][name]
-        if info["dtype"] != "BF16":
-            return self._handles[file].get_tensor(name)
-        begin, end = info["data_offsets"]
-        start = self.headers[file]["__data_start__"] + begin
-        raw = np.memmap(file, dtype=np.uint8, mode="r", offset=start, shape=(end - begin,))
-        return np.asarray(raw).view(_BF16).reshape(info["shape"])
+        # On the host: the checkpoint is converted there before any device sees it.
+        with jax.default_device(jax.devices("cpu")[0]):
+            return np.asarray(self._handles[self.location[name]].get_tensor(name))
 
 
 def _is_ignorable(name: str) -> bool:

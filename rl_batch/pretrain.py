@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ from rl_batch import model as model_lib
 from rl_batch import rollout as rollout_lib
 from rl_batch.checkpoint import Checkpointer, path_name
 from rl_batch.sampler import SamplingConfig
+from rl_batch.tasks.plugin import is_plugin, plugin_splits
 from rl_batch.tasks.tfds_builders import load_split
 from rl_batch.tokenizers import encode_prompt
 
@@ -50,7 +52,8 @@ def cache_key(c: ConfigDict) -> str:
         "pretrain": c.pretrain.to_dict(),
     }
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{c.task.name}-{c.model.preset}-{digest}"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", c.task.name)  # (a plug-in's "dir/file.py:Class")
+    return f"{name}-{c.model.preset}-{digest}"
 
 
 def cache_dir(c: ConfigDict) -> str:
@@ -109,8 +112,11 @@ def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, 
     model_config = config_lib.make_model_config(c)
     data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
     kwargs = dict(c.task.kwargs.to_dict(), n_train=c.task.n_train, n_validation=c.task.n_validation)
-    train = load_split(c.task.name, "train", data_dir, **kwargs)
-    val = load_split(c.task.name, "validation", data_dir, **kwargs)
+    if is_plugin(c.task.name):
+        train, val = plugin_splits(task, c)
+    else:
+        train = load_split(c.task.name, "train", data_dir, **kwargs)
+        val = load_split(c.task.name, "validation", data_dir, **kwargs)
     val_examples = val.get_batch(range(min(p.eval_prompts, len(val))))
     length = c.derived.max_prompt_len + c.derived.max_new_tokens
 

@@ -55,6 +55,7 @@ from rl_batch.accounting import Counters, Step, StepAccounting, keep_mask, stuck
 from rl_batch.checkpoint import Checkpointer
 from rl_batch.learner import Algorithm
 from rl_batch.sampler import Sampler
+from rl_batch.tasks.plugin import is_plugin, plugin_splits
 from rl_batch.tasks.tfds_builders import load_split
 
 log = logging.getLogger(__name__)
@@ -124,12 +125,16 @@ def _metrics_damage(path: str, step: int, saved: list[dict]) -> str:
 def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
     """(train, validation) random-access sequences of example dicts.
 
-    Synthetic tasks come from their TFDS splits (prepared in ``<work_dir>/data`` on first
-    use); math data from the local files named by ``task.train_file`` and
-    ``task.validation_file`` (or ``task.eval_fraction`` of the training file held out),
-    prompts rendered with the tokenizer's chat template (``task.chat_template_kwargs``),
-    validation rows shuffled by ``task.split_seed``.
+    A user's task class (``task.name="module:Class"``) has its splits drawn in memory
+    from its ``make_example`` (`rl_batch.tasks.plugin`). Synthetic tasks come from their
+    TFDS splits (prepared in ``<work_dir>/data`` on first use); math data from the local
+    files named by ``task.train_file`` and ``task.validation_file`` (or
+    ``task.eval_fraction`` of the training file held out), prompts rendered with the
+    tokenizer's chat template (``task.chat_template_kwargs``), validation rows shuffled by
+    ``task.split_seed``.
     """
+    if is_plugin(c.task.name):  # (a user's task class: drawn in memory)
+        return plugin_splits(config_lib.make_task(c), c)
     if c.task.name in config_lib.SYNTHETIC_TASKS:
         data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
         kwargs = dict(
@@ -202,7 +207,7 @@ class _Progress:
         self._bar = None
         if self.enabled:
             try:
-                from tqdm import tqdm
+                from tqdm.auto import tqdm  # (widgets in a notebook, text in a terminal)
 
                 self._bar = tqdm(total=total, desc=name or "run", unit="resp", leave=True)
             except ImportError:
@@ -343,7 +348,7 @@ class MetricsLog:
                 self.tracker.log_record(record)
 
     def write_generations(self, step: int, rows: list[dict]) -> None:
-        """Appends one validation's sampled generations (process 0)."""
+        """Appends one validation's (or training rollout's) sampled generations (process 0)."""
         if not self.is_writer:
             return
         for row in rows:
@@ -392,7 +397,7 @@ class Evaluator:
         n_rows = c.get("log_generations", 0) if self.on_generations is not None else 0
 
         def keep(ro: rollout_lib.Rollout) -> None:
-            rows.extend(self._generations(ro, n_rows, counters))
+            rows.extend(generation_rows(self.tokenizer, ro, n_rows, counters, "validation"))
 
         m = rollout_lib.evaluate(
             self.sampler,
@@ -427,22 +432,30 @@ class Evaluator:
             **m,
         }
 
-    def _generations(self, ro: rollout_lib.Rollout, n: int, counters: Counters) -> list[dict]:
-        """One line per prompt of the first ``n``: its k sampled responses and rewards."""
-        texts = rollout_lib.decode_responses(self.tokenizer, ro.samples)
-        k = ro.rewards_pg.shape[1]
-        return [
-            {
-                "kind": "generation",
-                "step": counters.step,
-                "responses_cum": counters.responses_cum,
-                "prompt": ex["prompt"],
-                "answer": ex.get("answer"),
-                "responses": texts[p * k : (p + 1) * k],
-                "rewards": [float(r) for r in ro.rewards_pg[p]],
-            }
-            for p, ex in enumerate(ro.examples[:n])
-        ]
+
+def generation_rows(
+    tokenizer, ro: rollout_lib.Rollout, n: int, counters: Counters, source: str
+) -> list[dict]:
+    """One ``generations.jsonl`` line per prompt of the first ``n`` of ``ro``: its sampled
+    responses, their rewards and lengths (generated tokens, the stop id included);
+    ``source`` is ``"validation"`` or ``"train"`` (``log_generations_every``)."""
+    texts = rollout_lib.decode_responses(tokenizer, ro.samples)
+    lengths = np.asarray(ro.samples.lengths)
+    k = ro.rewards_pg.shape[1]
+    return [
+        {
+            "kind": "generation",
+            "source": source,
+            "step": counters.step,
+            "responses_cum": counters.responses_cum,
+            "prompt": ex["prompt"],
+            "answer": ex.get("answer"),
+            "responses": texts[p * k : (p + 1) * k],
+            "rewards": [float(r) for r in ro.rewards_pg[p]],
+            "lengths": [int(x) for x in lengths[p * k : (p + 1) * k]],
+        }
+        for p, ex in enumerate(ro.examples[:n])
+    ]
 
 
 def save_checkpoint(s: _Setup, state, counters: Counters) -> None:
@@ -660,6 +673,11 @@ def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
             record = accounting.book(counters, step)
             if record is not None:
                 metrics_log.write(record)
+                every = c.get("log_generations_every", 0)
+                if every and counters.step % every == 0:  # (the first log_generations prompts)
+                    n = max(c.get("log_generations", 0), 1)
+                    rows = generation_rows(evaluator.tokenizer, ro, n, counters, "train")
+                    metrics_log.write_generations(counters.step, rows)
             reward = float(ro.rewards_pg.mean())
             error = stuck_error(c, counters, reward, ckpt.directory)
             if error is not None:

@@ -6,10 +6,14 @@ names (a comma list), with the line's ``step``:
 
 - ``jsonl``: nothing more (metrics.jsonl is always written); the default.
 - ``tensorboard``: event files in ``<run_dir>/tensorboard`` (``tensorboardX``, no
-  TensorFlow), one scalar ``<kind>/<key>`` per number of a line, generations as text.
+  TensorFlow), one scalar ``<kind>/<key>`` per number of a line, generations as text,
+  the resolved config as text (``config``, once). A sweep's runs are
+  ``<sweep_dir>/runs/<name>``: ``tensorboard --logdir=<sweep_dir>`` shows them side by
+  side (as ``runs/<name>/tensorboard``).
 - ``wandb``: a Weights & Biases run in ``<run_dir>/wandb``, offline unless
   ``$WANDB_MODE`` says otherwise, its id kept in ``<run_dir>/wandb_id`` so that a resumed
-  run continues the same W&B run; generations as a table.
+  run continues the same W&B run; the resolved config as the run's config, the sweep's
+  name as its group (`sweep_name`); generations as a table.
 
 A backend named but not installed is a one-line error of ``config.resolve`` (before any
 compute). On resume, the lines up to the checkpoint are not sent again; the lines after
@@ -23,12 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import logging
 import os
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+from rl_batch import artifacts
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +71,29 @@ class RunInfo:
     resumed_step: int | None = None
 
 
+def sweep_name(run_dir: str) -> str | None:
+    """The sweep a run belongs to: ``<sweep_dir>``'s name when ``run_dir`` is
+    ``<sweep_dir>/runs/<name>`` of a sweep (``rl_batch.sweep`` wrote ``sweep.json`` there,
+    or ``sweep_point.json`` in the run of an ``--only`` job); None for a lone run."""
+    run_dir = os.path.abspath(run_dir)
+    runs = os.path.dirname(run_dir)
+    sweep_dir = os.path.dirname(runs)
+    if os.path.basename(runs) != artifacts.RUNS_DIR:
+        return None
+    if not (
+        os.path.exists(os.path.join(sweep_dir, artifacts.SWEEP_FILE))
+        or os.path.exists(os.path.join(run_dir, "sweep_point.json"))
+    ):
+        return None
+    return os.path.basename(sweep_dir)
+
+
+def config_markdown(config: Mapping[str, Any]) -> str:
+    """The resolved config as text: indented JSON in a markdown code block."""
+    text = json.dumps(config, indent=2, sort_keys=True, default=str)
+    return "```json\n" + text + "\n```"
+
+
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     """The numbers of a metrics line as ``{"<kind>/<key>": value}`` (``step``, ``kind``
     and non-numeric values such as ``eval_metric`` left out; booleans as 0/1)."""
@@ -79,16 +109,35 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def generations_key(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The dashboard name of a batch of generations: ``generations`` for a validation's,
+    ``train_generations`` for a training rollout's (``config.log_generations_every``)."""
+    return "train_generations" if rows and rows[0].get("source") == "train" else "generations"
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """(columns, one row per response): prompt, response, reward and, when the rows
+    carry them, the response length in tokens."""
+    lengths = all("lengths" in row for row in rows)
+    columns = ["prompt", "response", "reward"] + (["length"] if lengths else [])
+    data = [
+        [row["prompt"], response, reward] + ([row["lengths"][i]] if lengths else [])
+        for row in rows
+        for i, (response, reward) in enumerate(zip(row["responses"], row["rewards"]))
+    ]
+    return columns, data
+
+
 def generations_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """A markdown table of sampled generations (one row per response)."""
 
     def cell(x: Any) -> str:
-        return str(x).replace("|", "\\|").replace("\n", "<br>")
+        text = f"{x:g}" if isinstance(x, float) else str(x)
+        return text.replace("|", "\\|").replace("\n", "<br>")
 
-    lines = ["| prompt | response | reward |", "| --- | --- | --- |"]
-    for row in rows:
-        for response, reward in zip(row["responses"], row["rewards"]):
-            lines.append(f"| {cell(row['prompt'])} | {cell(response)} | {reward:g} |")
+    columns, data = _table(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(cell(x) for x in line) + " |" for line in data]
     return "\n".join(lines)
 
 
@@ -104,6 +153,9 @@ class TensorBoard:
         self.writer = SummaryWriter(
             logdir=os.path.join(info.run_dir, TENSORBOARD_DIR), purge_step=purge
         )
+        if info.resumed_step is None:  # the resolved config, once (a resumed run keeps it)
+            self.writer.add_text("config", config_markdown(info.config), global_step=0)
+            self.writer.flush()
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         for tag, value in metrics.items():
@@ -111,7 +163,8 @@ class TensorBoard:
         self.writer.flush()  # a crash loses no line (flush_secs would wait 2 minutes)
 
     def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
-        self.writer.add_text("generations", generations_markdown(rows), global_step=step)
+        tag = generations_key(rows)
+        self.writer.add_text(tag, generations_markdown(rows), global_step=step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -141,6 +194,7 @@ class WandB:
             resume="allow",
             dir=os.path.join(info.run_dir, WANDB_DIR),
             config=dict(info.config),
+            group=sweep_name(info.run_dir),  # a sweep's runs side by side
             mode=os.environ.get("WANDB_MODE", "offline"),
         )
 
@@ -148,13 +202,9 @@ class WandB:
         self.run.log(dict(metrics), step=step)
 
     def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
-        data = [
-            [row["prompt"], response, reward]
-            for row in rows
-            for response, reward in zip(row["responses"], row["rewards"])
-        ]
-        table = self.wandb.Table(columns=["prompt", "response", "reward"], data=data)
-        self.run.log({"generations": table}, step=step)
+        columns, data = _table(rows)
+        table = self.wandb.Table(columns=columns, data=data)
+        self.run.log({generations_key(rows): table}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -226,7 +276,7 @@ class Tracker:
             self._each(lambda b: b.log_metrics(step, metrics))
 
     def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Sends one validation's sampled generations."""
+        """Sends one validation's (or training rollout's) sampled generations."""
         if self.backends and rows:
             self._each(lambda b: b.log_generations(step, rows))
 

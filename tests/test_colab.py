@@ -104,6 +104,12 @@ def test_notebook_runs_end_to_end_at_the_smallest_setting(tmp_path, monkeypatch)
             assert cell.execution_count is not None, f"code cell {i} did not run"
             assert all(o.output_type != "error" for o in cell.outputs), f"code cell {i}"
 
+    # On CPU the accelerator cell installs nothing and lists the device; Drive stays off.
+    text = _outputs_text(nb, "accelerator")
+    assert "accelerator: none (CPU)" in text and "devices: [CpuDevice(id=0)]" in text, text
+    assert "installing" not in text
+    assert f"outputs in {out_dir}" in _outputs_text(nb, "drive")
+
     sweep_dir = os.path.join(out_dir, "sweeps", "smallest")
     record = artifacts.read_json(os.path.join(sweep_dir, artifacts.SWEEP_FILE))
     names = [r["name"] for r in record["runs"]]

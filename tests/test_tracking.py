@@ -173,7 +173,7 @@ def test_tensorboard_writes_scalars_and_text_that_read_back(tmp_path):
               if v.HasField("simple_value")]  # fmt: skip
     assert values == [(1, "update/loss", 0.5), (1, "eval/eval_accuracy", 0.125)]
     texts = [v.tensor.string_val[0].decode() for e in events for v in e.summary.value
-             if v.HasField("tensor")]  # fmt: skip
+             if v.HasField("tensor") and v.tag.startswith("generations")]  # fmt: skip
     assert texts == [tracking.generations_markdown(rows)]
     assert "| 1+1= | 3 | 0 |" in texts[0]
 
@@ -219,3 +219,101 @@ def test_wandb_runs_offline_and_a_resumed_run_continues_the_same_run(tmp_path, m
         (2, {"generations": ("table", ("prompt", "response", "reward"), [["q", "a", 1.0]])}),
         "finish",
     ]
+
+
+def test_training_samples_every_n_updates_go_to_generations_jsonl_and_the_dashboards(
+    work_dir, tmp_path, fake_backend
+):
+    c = tiny_run_config(
+        work_dir,
+        str(tmp_path / "run"),
+        budget_responses=64,  # 4 updates; validations at 0, 2 and 4
+        tracking="jsonl,fake",
+        log_generations=3,
+        log_generations_every=2,
+    )
+    run_lib.run(c, progress=False)
+    rows = list(artifacts.iter_jsonl(os.path.join(c.run_dir, artifacts.GENERATIONS_FILE)))
+    train = [r for r in rows if r["source"] == "train"]
+    val = [r for r in rows if r["source"] == "validation"]
+    assert all(r["kind"] == "generation" for r in rows)
+    assert [r["step"] for r in train] == [2, 2, 2, 4, 4, 4]  # 3 prompts every 2 updates
+    assert sorted({r["step"] for r in val}) == [0, 2, 4]
+    updates = {r["step"]: r for r in artifacts.read_metrics(c.run_dir, "update")}
+    task = config_lib.make_task(c)
+    max_new_tokens = config_lib.resolve(c, device_count=1).derived.max_new_tokens
+    for r in train:
+        assert len(r["responses"]) == len(r["rewards"]) == len(r["lengths"]) == c.group_size
+        assert r["responses_cum"] == updates[r["step"]]["responses_cum"]
+        example = {"prompt": r["prompt"], "answer": r["answer"]}
+        assert r["rewards"] == [task.reward(example, x) for x in r["responses"]]
+        # Generated tokens: at least one per character of the text (a random policy also
+        # samples specials that decode to nothing, and the EOS), at most max_new_tokens.
+        for text, n in zip(r["responses"], r["lengths"]):
+            assert 1 <= n <= max_new_tokens and len(text) <= n
+    sent = [rows_ for kind, *rest in FakeBackend.calls if kind == "generations"
+            for _, rows_ in [rest]]  # fmt: skip
+    assert [row for rows_ in sent for row in rows_] == rows
+    assert {tracking.generations_key(rows_) for rows_ in sent} == {
+        "generations",
+        "train_generations",
+    }
+    markdown = tracking.generations_markdown(train[:1])
+    assert markdown.splitlines()[0] == "| prompt | response | reward | length |"
+
+
+def test_log_generations_every_must_be_a_count(tmp_path):
+    c = tiny_run_config(str(tmp_path), str(tmp_path / "run"), log_generations_every=-1)
+    with pytest.raises(ValueError, match=r"log_generations_every=-1: must be an int >= 0") as e:
+        config_lib.resolve(c, device_count=1)
+    assert "\n" not in str(e.value)
+
+
+def _texts(logdir, tag):
+    return [(e.step, v.tensor.string_val[0].decode()) for e in _events(logdir)
+            for v in e.summary.value if v.HasField("tensor") and v.tag.startswith(tag)]  # fmt: skip
+
+
+def _sweep_run_dir(tmp_path, name="p16", marker="sweep.json"):
+    run_dir = tmp_path / "my_sweep" / artifacts.RUNS_DIR / name
+    run_dir.mkdir(parents=True)
+    where = run_dir if marker == "sweep_point.json" else tmp_path / "my_sweep"
+    (where / marker).write_text("{}")
+    return str(run_dir)
+
+
+def test_a_sweeps_runs_share_a_wandb_group_and_a_tensorboard_logdir(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboardX")
+    inits = []
+
+    class Run:
+        def log(self, data, step):
+            pass
+
+        def finish(self):
+            pass
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: inits.append(kw) or Run()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    config = {"seed": 0, "prompts": 16, "task": {"name": "addition"}}
+    a = _sweep_run_dir(tmp_path, "p16")
+    b = _sweep_run_dir(tmp_path, "p32")
+    lone = str(tmp_path / "runs" / "p64")  # under a "runs" folder that is no sweep's
+    only = _sweep_run_dir(tmp_path / "job", "p8", marker="sweep_point.json")
+    for run_dir in (a, b, lone, only):
+        tracking.make_tracker("tensorboard,wandb", tracking.RunInfo(run_dir, "x", config)).close()
+    assert [kw["group"] for kw in inits] == ["my_sweep", "my_sweep", None, "my_sweep"]
+    assert all(kw["config"] == config for kw in inits)
+    # tensorboard --logdir=<sweep_dir> finds each run's event files below it.
+    sweep_dir = os.path.join(str(tmp_path), "my_sweep")
+    found = sorted(os.path.relpath(d, sweep_dir) for d, _, files in os.walk(sweep_dir)
+                   if any(f.startswith("events.out.tfevents") for f in files))  # fmt: skip
+    assert found == [os.path.join("runs", n, tracking.TENSORBOARD_DIR) for n in ("p16", "p32")]
+    # The resolved config as text, once: a resumed session does not write it again.
+    logdir = os.path.join(a, tracking.TENSORBOARD_DIR)
+    assert _texts(logdir, "config") == [(0, tracking.config_markdown(config))]
+    resumed = str(tmp_path / "resumed")
+    tracking.TensorBoard(tracking.RunInfo(resumed, "x", config, resumed_step=3)).close()
+    assert _texts(os.path.join(resumed, tracking.TENSORBOARD_DIR), "config") == []
+    assert '"prompts": 16' in tracking.config_markdown(config)

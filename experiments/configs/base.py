@@ -214,6 +214,10 @@ def run_config() -> ConfigDict:
     # Validation prompts whose sampled responses and rewards go to generations.jsonl (and
     # to the dashboards) at every validation; 0 = off.
     c.log_generations = 4
+    # Every this many updates, the training rollout's first log_generations prompts (at
+    # least 1) with their responses, rewards and lengths go there too ("source": "train");
+    # 0 = off.
+    c.log_generations_every = 0
 
     c.checkpoint_every = 25  # updates
     c.max_consecutive_skips = 5  # non-finite updates in a row before the run stops

@@ -26,31 +26,42 @@ from rl_batch.tasks.base import Example, Score, Task, to_example
 RewardFn = Callable[[str, str, str, Mapping[str, Any]], float]
 
 
-def load_reward_fn(spec: str) -> RewardFn:
-    """The callable named by ``spec`` (``module:name`` or ``file.py:name``).
+def load_object(spec: str, field: str, kind: str = "function") -> Any:
+    """The object named by ``spec`` (``module:name`` or ``file.py:name``), for the config
+    field ``field`` (``task.reward_fn``, ``task.name``); ``kind`` names what is expected.
 
     Raises:
-      ValueError: one line naming the spec and what is wrong with it.
+      ValueError: one line naming the field, the spec and what is wrong with it.
     """
-    where = f"task.reward_fn={spec!r}"
+    where = f"{field}={spec!r}"
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"{where}: expected 'package.module:function' or 'file.py:function'")
+        raise ValueError(f"{where}: expected 'package.module:{kind}' or 'file.py:{kind}'")
     try:
         if module_name.endswith(".py"):
             if not os.path.isfile(module_name):
                 raise ValueError(f"{where}: no such file {module_name!r}")
-            loader = importlib.util.spec_from_file_location("rl_batch_user_reward", module_name)
+            unique = "rl_batch_user_" + os.path.basename(module_name)[:-3]
+            loader = importlib.util.spec_from_file_location(unique, module_name)
             module = importlib.util.module_from_spec(loader)
             loader.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
     except ImportError as e:
         raise ValueError(f"{where}: cannot import {module_name!r} ({e})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"{where}: {module_name!r} has no function {attr!r}")
-    return fn
+    obj = getattr(module, attr, None)
+    if not callable(obj):
+        raise ValueError(f"{where}: {module_name!r} has no {kind} {attr!r}")
+    return obj
+
+
+def load_reward_fn(spec: str) -> RewardFn:
+    """The reward function named by ``spec`` (``module:name`` or ``file.py:name``).
+
+    Raises:
+      ValueError: one line naming the spec and what is wrong with it.
+    """
+    return load_object(spec, "task.reward_fn")
 
 
 class WithReward:

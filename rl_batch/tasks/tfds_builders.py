@@ -25,11 +25,11 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
 from rl_batch.tasks.base import Example
+from rl_batch.tasks.plugin import draw_splits
 from rl_batch.tasks.registry import get_task, task_kwargs
 
 SPLITS = ("train", "validation", "test")
@@ -102,31 +102,8 @@ def generate_splits(config: SyntheticConfig) -> dict[str, list[Example]]:
         ValueError: when the task has too few distinct prompts for the evaluation splits.
     """
     task = get_task(config.task, **json.loads(config.task_kwargs_json))
-    rng = np.random.default_rng(config.seed)
-    seen: set[str] = set()
-    splits: dict[str, list[Example]] = {}
-    for split, n, distinct in (
-        ("validation", config.n_validation, True),
-        ("test", config.n_test, True),
-        ("train", config.n_train, False),
-    ):
-        examples: list[Example] = []
-        tries = 0
-        while len(examples) < n:
-            tries += 1
-            if tries > 50 * n + 1000:
-                raise ValueError(
-                    f"{config.name}: found only {len(examples)} of {n} {split} prompts not "
-                    f"used by earlier splits; the task has too few distinct prompts"
-                )
-            ex = task.make_example(rng)
-            if ex.prompt in seen:
-                continue
-            if distinct:
-                seen.add(ex.prompt)
-            examples.append(ex)
-        splits[split] = examples
-    return splits
+    sizes = {"validation": config.n_validation, "test": config.n_test, "train": config.n_train}
+    return draw_splits(task, config.seed, sizes, config.name)
 
 
 class RlBatchSynthetic(tfds.core.GeneratorBasedBuilder):
