@@ -93,13 +93,18 @@ if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
   munge -n </dev/null | unmunge >/dev/null 2>&1 || die "munge credentials do not round-trip"
 fi
 
+# --- slurm.conf for this host, never over one this script did not write (a real cluster's)
+MARK="# Written by launch/slurm_single_node.sh"
+if [[ -f $CONF ]] && ! grep -qF "$MARK" "$CONF"; then
+  die "$CONF exists and was not written by this script; not touching it (a real cluster?)"
+fi
 # --- slurm.conf for this host (CPUs, sockets, cores as slurmd itself detects them)
 mkdir -p /etc/slurm "$STATE_DIR/ctld" "$STATE_DIR/d"
 hw="$(slurmd -C | sed -n 1p | tr ' ' '\n' \
   | grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=' | tr '\n' ' ')"
 [[ -n $hw ]] || hw="CPUs=$(nproc)"
 cat >"$CONF.new" <<EOF
-# Written by launch/slurm_single_node.sh: one node ($HOST), one partition, all as root.
+$MARK: one node ($HOST), one partition, all as root.
 ClusterName=rl_batch_test
 SlurmctldHost=$HOST(127.0.0.1)
 AuthType=auth/munge

@@ -156,13 +156,17 @@ def _log_text(sweep_dir: str, job_id: str, index: int) -> str:
         return ""
 
 
+def _queued(job_id: str) -> str:
+    """squeue's lines for the job's tasks still pending or running ("" when none)."""
+    proc = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
+    return proc.stdout.strip()
+
+
 def _wait_array(job_id: str, sweep_dir: str, indices, timeout_s=ARRAY_TIMEOUT_S) -> None:
     """Waits until every array task has left the queue, and checks each completed."""
     deadline = time.monotonic() + timeout_s
     while True:
-        queued = subprocess.run(
-            ["squeue", "-h", "-j", job_id], capture_output=True, text=True, check=False
-        ).stdout.strip()
+        queued = _queued(job_id)
         if not queued:
             break
         if time.monotonic() > deadline:
@@ -173,6 +177,25 @@ def _wait_array(job_id: str, sweep_dir: str, indices, timeout_s=ARRAY_TIMEOUT_S)
     states = _job_states(job_id)
     for i in indices:
         assert states.get(str(i)) == "COMPLETED", (states, _log_text(sweep_dir, job_id, i)[-3000:])
+
+
+def _start_when_held(task: str, timeout_s: float = 60) -> None:
+    """Once the requeued ``task`` is pending on its begin time, moves that to now."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        proc = subprocess.run(
+            ["scontrol", "-o", "show", "job", task], capture_output=True, text=True, check=False
+        )
+        fields = dict(f.split("=", 1) for f in proc.stdout.split() if "=" in f)
+        if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime":
+            subprocess.run(
+                ["scontrol", "update", f"jobid={task}", "StartTime=now"],
+                capture_output=True,
+                check=False,
+            )
+        elif fields.get("JobState") not in ("COMPLETING", "PENDING", "REQUEUED"):
+            return  # running again (or done)
+        time.sleep(0.5)
 
 
 def _complete_steps(ckpt_dir: str) -> list[int]:
@@ -245,21 +268,14 @@ def test_requeued_array_task_resumes_from_its_checkpoint(
         done, steps = _complete_steps(ckpt_dir), _update_steps(run_dir)
         if done and steps and max(steps) > max(done):
             break
-        if (
-            not subprocess.run(
-                ["squeue", "-h", "-j", job_id], capture_output=True, text=True
-            ).stdout.strip()
-            or time.monotonic() > deadline
-        ):
+        if not _queued(job_id) or time.monotonic() > deadline:
             pytest.fail(f"no checkpoint before the task ended:\n{_log_text(sweep_dir, job_id, 0)}")
         time.sleep(0.1)
     killed_at = max(steps)
     assert killed_at < UPDATES, "the run finished before it could be requeued"
     _run(["scontrol", "requeue", task], job_env)
-    # A requeued job may be held back by a begin time; let it start at once.
-    subprocess.run(
-        ["scontrol", "update", f"jobid={task}", "BeginTime=now"], check=False, capture_output=True
-    )
+    # SLURM holds a requeued job back by a begin time (about 2 minutes); start it now.
+    _start_when_held(task)
     _wait_array(job_id, sweep_dir, [0])
 
     log = _log_text(sweep_dir, job_id, 0)  # the requeued run's (sbatch truncates on restart)
@@ -268,6 +284,9 @@ def test_requeued_array_task_resumes_from_its_checkpoint(
     summary = artifacts.read_json(os.path.join(run_dir, artifacts.SUMMARY_FILE))
     assert summary["status"] == "finished" and summary["steps"] == UPDATES
     assert _update_steps(run_dir) == list(range(1, UPDATES + 1))  # each update once, none lost
+    # Both sessions (the requeued task's first start and its resume) ran two processes.
+    provenance = artifacts.read_json(os.path.join(run_dir, provenance_lib.FILE))
+    assert [p["hardware"]["process_count"] for p in provenance["sessions"]] == [2, 2]
     # The resumed run computes what the uninterrupted one did.
     resumed = deterministic(artifacts.read_metrics(run_dir))
     reference = deterministic(
