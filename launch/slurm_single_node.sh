@@ -60,6 +60,12 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
   command -v slurmctld >/dev/null || die "apt-get ran but slurmctld is still missing" 2
 fi
 
+# --- this host's name must resolve: the job scripts reach the coordinator by it
+if ! getent hosts "$HOST" >/dev/null; then
+  log "adding '127.0.0.1 $HOST' to /etc/hosts (the name did not resolve)"
+  echo "127.0.0.1 $HOST" >>/etc/hosts
+fi
+
 # --- munge
 mkdir -p /etc/munge /var/log/munge /var/lib/munge /run/munge
 if [[ ! -s /etc/munge/munge.key ]]; then
