@@ -179,6 +179,7 @@ def slurm_script(
     nodes: int,
     gpus_per_node: int,
     time: str,
+    tasks_per_node: int = 1,
     partition: str | None = None,
     account: str | None = None,
     job_name: str = "rl_batch",
@@ -207,6 +208,9 @@ def slurm_script(
       nodes: nodes per grid point (JAX processes per run).
       gpus_per_node: GPUs per node; each process drives all of its node's GPUs.
       time: SLURM time limit per array task, e.g. ``"04:00:00"``.
+      tasks_per_node: JAX processes per node (``--ntasks-per-node``); 1 (the default) for
+        one process driving all of a node's GPUs, more for CPU-only runs or tests (all
+        processes of a node then share its devices).
       partition: SLURM partition, or None for the cluster default.
       account: SLURM account, or None.
       job_name: SLURM job name.
@@ -233,6 +237,8 @@ def slurm_script(
     """
     if nodes < 1 or gpus_per_node < 0:
         raise ValueError(f"need nodes >= 1 and gpus_per_node >= 0, got {nodes}, {gpus_per_node}")
+    if tasks_per_node < 1:
+        raise ValueError(f"need tasks_per_node >= 1, got {tasks_per_node}")
     if distributed not in DISTRIBUTED_MODES:
         raise ValueError(f"distributed must be one of {DISTRIBUTED_MODES}, got {distributed!r}")
     if not runs:
@@ -243,7 +249,7 @@ def slurm_script(
         f"--job-name={job_name}",
         f"--array={array}",
         f"--nodes={nodes}",
-        "--ntasks-per-node=1",
+        f"--ntasks-per-node={tasks_per_node}",
     ]
     if gpus_per_node:
         sbatch.append(f"--gpus-per-node={gpus_per_node}")
@@ -309,7 +315,8 @@ def slurm_script(
         'echo "array task $SLURM_ARRAY_TASK_ID: run $RUN_NAME on $SLURM_JOB_NUM_NODES node(s),'
         ' coordinator $RL_BATCH_COORDINATOR"',
         "",
-        f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+        f"srun --nodes={nodes} --ntasks={nodes * tasks_per_node}"
+        f" --ntasks-per-node={tasks_per_node} --kill-on-bad-exit=1 \\",
         f"  bash -c '{inner}' bash \\",
         f"  {command}",
         "",
@@ -576,6 +583,7 @@ def main(argv: Sequence[str]) -> None:
             nodes=f.nodes,
             gpus_per_node=f.gpus_per_node,
             time=f.time,
+            tasks_per_node=f.tasks_per_node,
             partition=f.partition,
             account=f.account,
             job_name=f.job_name,
@@ -678,6 +686,9 @@ def _define_flags() -> None:
     flags.DEFINE_integer("nodes", 1, "SLURM: nodes (JAX processes) per grid point.")
     flags.DEFINE_integer("gpus_per_node", 1, "SLURM: GPUs per node.")
     flags.DEFINE_string("time", "04:00:00", "SLURM: time limit per grid point.")
+    flags.DEFINE_integer(
+        "tasks_per_node", 1, "SLURM: JAX processes per node (1: each drives all its GPUs)."
+    )
     flags.DEFINE_string("partition", None, "SLURM: partition.")
     flags.DEFINE_string("account", None, "SLURM: account.")
     flags.DEFINE_string("job_name", "rl_batch", "SLURM: job name.")

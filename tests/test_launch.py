@@ -253,6 +253,11 @@ def test_slurm_script_text():
         _slurm(sbatch_options=["--constraint=a b"])
     with pytest.raises(ValueError, match="distributed"):
         _slurm(distributed="mpi")
+    two_per_node = _slurm(tasks_per_node=2).splitlines()
+    assert "#SBATCH --ntasks-per-node=2" in two_per_node
+    assert "srun --nodes=2 --ntasks=4 --ntasks-per-node=2 --kill-on-bad-exit=1 \\" in two_per_node
+    with pytest.raises(ValueError, match="tasks_per_node"):
+        _slurm(tasks_per_node=0)
 
 
 def test_generated_and_launch_scripts_pass_bash_syntax_check(tmp_path):
@@ -286,7 +291,7 @@ def test_generated_and_launch_scripts_pass_bash_syntax_check(tmp_path):
         path.write_text(text)
         _bash_syntax_ok(path)
     shell_files = [f for f in os.listdir(LAUNCH) if f.endswith(".sh")]
-    assert sorted(shell_files) == ["local.sh", "tpu_vm.sh"]
+    assert sorted(shell_files) == ["local.sh", "slurm_single_node.sh", "tpu_vm.sh"]
     for f in shell_files:
         _bash_syntax_ok(os.path.join(LAUNCH, f))
         assert os.access(os.path.join(LAUNCH, f), os.X_OK), f"{f} is not executable"
