@@ -48,18 +48,6 @@ from rl_batch import grpo as grpo_lib
 from rl_batch import model as model_lib
 from rl_batch import sampler as sampler_lib
 
-_PRESET = flags.DEFINE_string("preset", "qwen3-0.6b", "Model preset (rl_batch.model.PRESETS).")
-_VOCAB = flags.DEFINE_integer("vocab_size", 0, "Vocabulary override (0: the preset's).")
-_BATCHES = flags.DEFINE_list("batches", ["16", "64", "256"], "Batch sizes (sequences).")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 256, "Prompt tokens P.")
-_RESPONSE_LEN = flags.DEFINE_integer("response_len", 1024, "Response tokens R.")
-_MICRO = flags.DEFINE_integer("micro_batch_seqs", 16, "Sequences per update micro-batch.")
-_BANDWIDTH = flags.DEFINE_float("bandwidth", 4.8e12, "HBM bytes/s (H200: 4.8e12).")
-_PEAK_FLOPS = flags.DEFINE_float("peak_flops", 989e12, "Peak FLOP/s (H200 bf16 dense: 989e12).")
-_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed runs per point after the warm-up.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and tokens.")
-_OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
@@ -76,6 +64,35 @@ class Settings:
     repeats: int = 2
     seed: int = 0
     model_overrides: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields
+
+
+# The command line, defined only when run as a program (``_define_flags``): the tests
+# import this module beside ``experiments.throughput``, whose flags share these names.
+_FLAG_HELP = {
+    "preset": "Model preset (rl_batch.model.PRESETS).",
+    "vocab_size": "Vocabulary override (0: the preset's).",
+    "batches": "Batch sizes (sequences).",
+    "prompt_len": "Prompt tokens P.",
+    "response_len": "Response tokens R.",
+    "micro_batch_seqs": "Sequences per update micro-batch.",
+    "bandwidth": "HBM bytes/s (H200: 4.8e12).",
+    "peak_flops": "Peak FLOP/s (H200 bf16 dense: 989e12).",
+    "repeats": "Timed runs per point after the warm-up.",
+    "seed": "Seed for weights and tokens.",
+}
+
+
+def _define_flags() -> None:
+    """One flag per `Settings` field in `_FLAG_HELP` (its default), plus ``--out``."""
+    define = {str: flags.DEFINE_string, int: flags.DEFINE_integer, float: flags.DEFINE_float}
+    for f in dataclasses.fields(Settings):
+        if f.name not in _FLAG_HELP:
+            continue
+        if f.name == "batches":
+            flags.DEFINE_list(f.name, [str(b) for b in f.default], _FLAG_HELP[f.name])
+        else:
+            define[type(f.default)](f.name, f.default, _FLAG_HELP[f.name])
+    flags.DEFINE_string("out", None, "Write the rows as JSON here.")
 
 
 def model_config(settings: Settings) -> model_lib.ModelConfig:
@@ -266,29 +283,22 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    settings = Settings(
-        preset=_PRESET.value,
-        vocab_size=_VOCAB.value,
-        batches=tuple(int(b) for b in _BATCHES.value),
-        prompt_len=_PROMPT_LEN.value,
-        response_len=_RESPONSE_LEN.value,
-        micro_batch_seqs=_MICRO.value,
-        bandwidth=_BANDWIDTH.value,
-        peak_flops=_PEAK_FLOPS.value,
-        repeats=_REPEATS.value,
-        seed=_SEED.value,
-    )
+    values = {name: getattr(flags.FLAGS, name) for name in _FLAG_HELP}
+    values["batches"] = tuple(int(b) for b in values["batches"])
+    settings = Settings(**values)
     rows = run(settings)
-    if _OUT.value:
-        with open(_OUT.value, "w") as f:
+    out = flags.FLAGS.out
+    if out:
+        with open(out, "w") as f:
             json.dump(
                 {"device": jax.devices()[0].device_kind, "settings": dataclasses.asdict(settings)}
                 | {"rows": rows},
                 f,
                 indent=1,
             )
-        print(f"wrote {_OUT.value}")
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
