@@ -445,8 +445,10 @@ class _SafetensorsReader:
         return tuple(self._handles[self.location[name]].get_slice(name).get_shape())
 
     def get(self, name: str) -> np.ndarray:
-        # On the host: the checkpoint is converted there before any device sees it.
-        with jax.default_device(jax.devices("cpu")[0]):
+        # On the host: the checkpoint is converted there before any device sees it. This
+        # process's own CPU device: under several processes jax.devices("cpu")[0] is
+        # process 0's, which no other process can read from.
+        with jax.default_device(jax.local_devices(backend="cpu")[0]):
             return np.asarray(self._handles[self.location[name]].get_tensor(name))
 
 
