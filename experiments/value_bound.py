@@ -14,6 +14,9 @@ starting policy is the config's ``init`` (the cached warm start by default; trai
 first use).
 """
 
+import json
+
+import numpy as np
 from absl import app, flags, logging
 
 from experiments import cli, configs
@@ -28,8 +31,6 @@ def explained_variance_bound(p_n, groups_n=None) -> dict:
     """The ceiling ``Var p / (m (1 - m))`` of per-prompt success probabilities ``p_n`` and,
     with ``groups_n`` (a label per prompt), each group's size and mean and the ceiling of
     a predictor that knows only the group."""
-    import numpy as np
-
     p = np.asarray(p_n, dtype=np.float64)
     m = float(p.mean())
     denom = m * (1.0 - m)
@@ -46,10 +47,6 @@ def explained_variance_bound(p_n, groups_n=None) -> dict:
 
 def main(argv):
     del argv
-    import json
-
-    import numpy as np
-
     from rl_batch import config as config_lib
     from rl_batch import exact_eval, run
 
