@@ -47,7 +47,11 @@ setup(
     packages=find_packages(
         include=["rl_batch", "rl_batch.*", "experiments", "experiments.*", "launch", "launch.*"]
     ),
-    package_data={"rl_batch": ["data/*", "data/**/*"]},
+    package_data={
+        "rl_batch": ["data/*", "data/**/*"],
+        # The default studies' base policies (init.source="params") and their records.
+        "experiments.configs": ["base_policies/*"],
+    },
     install_requires=CORE,
     extras_require={
         "test": TEST,

@@ -31,7 +31,7 @@ from rl_batch.tokenizers import CharTokenizer
 ALGOS = ("grpo", "ppo")
 # Validation accuracy the target is on: sampled mean@k, or the exact p(reference response).
 EVAL_METRICS = ("mean_at_k", "p_ref")
-INIT_SOURCES = ("pretrain", "scratch", "checkpoint", "hf")
+INIT_SOURCES = ("pretrain", "scratch", "checkpoint", "hf", "params")
 SYNTHETIC_TASKS = ("addition", "arithmetic_mix", "multiplication", "countdown")
 # The ``grpo.GRPOConfig`` field behind each key of a GRPO run's ``grpo`` section (all its
 # fields but ``temperature``, which comes from ``sampling``).
@@ -420,8 +420,14 @@ def _field_errors(c: ConfigDict) -> list[str]:
         f"init.source={c.init.source!r} needs init.path",
     )
     check(
-        c.init.source in ("pretrain", "scratch") or not c.init.path or os.path.isdir(c.init.path),
+        c.init.source in ("pretrain", "scratch", "params")
+        or not c.init.path
+        or os.path.isdir(c.init.path),
         f"init.path={c.init.path!r}: no such directory (init.source={c.init.source!r})",
+    )
+    check(
+        c.init.source != "params" or not c.init.path or os.path.isfile(c.init.path),
+        f"init.path={c.init.path!r}: no such params file (init.source='params')",
     )
     check(
         c.task.name in TASKS or is_plugin(c.task.name),

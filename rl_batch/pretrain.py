@@ -240,17 +240,28 @@ def export_host_params(c: ConfigDict) -> str:
     ``<cache>/params.npz`` (array names are their tree paths); returns its path."""
     params = base_params(c, progress=False)
     path = os.path.join(cache_dir(c), HOST_PARAMS_FILE)
+    write_params_file(path, params)
+    return path
+
+
+def write_params_file(path: str, params: Any) -> None:
+    """Writes ``params`` as host arrays named by their tree paths (``.npz``), atomically:
+    the file format of `export_host_params` and of ``init.source="params"``."""
     named = {
         path_name(keys): np.asarray(x) for keys, x in jax.tree_util.tree_leaves_with_path(params)
     }
     tmp = path + ".tmp.npz"
     np.savez(tmp, **named)
     os.replace(tmp, path)
-    return path
 
 
-def _load_host_params(path: str, model_config: model_lib.ModelConfig) -> Any:
-    """`export_host_params`'s file in the model's params structure, as jax arrays."""
+def load_params_file(path: str, model_config: model_lib.ModelConfig) -> Any:
+    """A `write_params_file` file in the model's params structure, as jax arrays.
+
+    Raises:
+      ValueError: an array of the model is missing or has another shape (one line naming
+        the file and the array), or the file holds arrays the model does not have.
+    """
     with np.load(path) as named:
         names = set(named.files)
 
@@ -260,7 +271,12 @@ def _load_host_params(path: str, model_config: model_lib.ModelConfig) -> Any:
                 raise ValueError(f"{path}: no array {name} of shape {tuple(like.shape)}")
             return jnp.asarray(named[name], dtype=like.dtype)
 
-        return jax.tree_util.tree_map_with_path(leaf, model_lib.abstract_params(model_config))
+        like = model_lib.abstract_params(model_config)
+        params = jax.tree_util.tree_map_with_path(leaf, like)
+        extra = names - {path_name(k) for k, _ in jax.tree_util.tree_leaves_with_path(like)}
+        if extra:
+            raise ValueError(f"{path}: arrays the model does not have: {sorted(extra)[:3]}")
+        return params
 
 
 WARM_START_WAIT_S = 6 * 3600  # how long other processes wait for process 0's warm start
@@ -304,4 +320,4 @@ def _base_params_multiprocess(c: ConfigDict, directory: str, model_config) -> An
         if time.monotonic() > deadline:
             raise TimeoutError(f"no warm start at {path} after {WARM_START_WAIT_S} s")
         time.sleep(1.0)
-    return _load_host_params(path, model_config)
+    return load_params_file(path, model_config)

@@ -185,6 +185,10 @@ def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:
         from rl_batch import pretrain
 
         return pretrain.base_params(c)
+    if source == "params":  # a base policy file (experiments.pretrain --export)
+        from rl_batch import pretrain
+
+        return pretrain.load_params_file(c.init.path, model_config)
     if source == "hf":
         from rl_batch import hf
 

@@ -76,3 +76,48 @@ def test_cache_key_follows_what_determines_the_base_policy(tmp_path, change):
     section, field, value = change
     c[section][field] = value
     assert pretrain.cache_key(c) != key
+
+
+def test_params_file_round_trip_and_a_run_starts_from_it(tmp_path):
+    """``init.source="params"`` starts a run from the policy in a written file."""
+    from rl_batch import config as config_lib
+    from rl_batch import run as run_lib
+    from tests.run_fixtures import numpy_params
+
+    c = tiny_run_config(str(tmp_path / "work"))
+    model_config = config_lib.make_model_config(config_lib.resolve(c))
+    params = numpy_params(model_config, seed=7)
+    path = str(tmp_path / "base.npz")
+    pretrain.write_params_file(path, params)
+    read = pretrain.load_params_file(path, model_config)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(read)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    c.init.source, c.init.path = "params", path
+    c.run_dir = str(tmp_path / "run")
+    start = run_lib.initial_params(config_lib.resolve(c), model_config)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(start)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_params_file_of_another_model_is_refused_in_one_line(tmp_path):
+    from rl_batch import config as config_lib
+    from tests.run_fixtures import numpy_params
+
+    c = tiny_run_config(str(tmp_path / "work"))
+    model_config = config_lib.make_model_config(config_lib.resolve(c))
+    path = str(tmp_path / "base.npz")
+    pretrain.write_params_file(path, numpy_params(model_config))
+    c.model.overrides.hidden_size = 64
+    other = config_lib.make_model_config(config_lib.resolve(c))
+    with pytest.raises(ValueError, match=r"base\.npz: no array .* of shape"):
+        pretrain.load_params_file(path, other)
+
+
+def test_missing_params_file_is_a_config_error(tmp_path):
+    from rl_batch import config as config_lib
+
+    c = tiny_run_config(str(tmp_path / "work"), run_dir=str(tmp_path / "run"))
+    c.init.source, c.init.path = "params", str(tmp_path / "absent.npz")
+    with pytest.raises(ValueError, match="no such params file"):
+        config_lib.resolve(c)

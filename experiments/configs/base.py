@@ -77,7 +77,8 @@ def run_config() -> ConfigDict:
     c.model.master_weights = True
 
     # Starting policy: "pretrain" (supervised warm start on the task, cached in work_dir),
-    # "scratch" (random init), "checkpoint" (a run's checkpoint dir), "hf" (an HF dir).
+    # "scratch" (random init), "checkpoint" (a run's checkpoint dir), "hf" (an HF dir),
+    # "params" (a base policy file, .npz of host arrays: experiments.pretrain --export).
     c.init = ConfigDict()
     c.init.source = "pretrain"
     c.init.path = ""
