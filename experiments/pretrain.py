@@ -49,9 +49,14 @@ def main(argv):
         info = json.load(f)
     if _EXPORT.value:
         pretrain.write_params_file(_EXPORT.value, params)
-        record = dict(info, hardware=provenance.hardware(), git=provenance.git_state(),
-                      software=provenance.software(), written=provenance.now(),
-                      command=" ".join(["python -m experiments.pretrain", *sys.argv[1:]]))  # fmt: skip
+        record = dict(
+            info,
+            command=" ".join(["python -m experiments.pretrain", *sys.argv[1:]]),
+            hardware=provenance.hardware(),
+            git=provenance.git_state(),
+            software=provenance.software(),
+            written=provenance.now(),
+        )
         artifacts.write_json_atomic(os.path.splitext(_EXPORT.value)[0] + ".json", record)
         print(f"wrote {_EXPORT.value}")
     print(
