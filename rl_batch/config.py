@@ -211,6 +211,12 @@ def _check_run_fields(c: ConfigDict, check) -> None:
             f"async_rollout.max_staleness={staleness!r}: must be an int >= 1 when "
             "async_rollout.enabled=True (disable async_rollout for synchronous rollouts)",
         )
+    stops = c.sampling.get("stop_strings", ())
+    check(
+        isinstance(stops, (tuple, list)) and all(isinstance(x, str) and x for x in stops),
+        f"sampling.stop_strings={stops!r}: must be a tuple of non-empty strings, "
+        "e.g. --config.sampling.stop_strings=\"('</answer>',)\"",
+    )
     errors = _dataclass_errors(
         SamplingConfig,
         {
@@ -520,6 +526,11 @@ def _length_errors(c, task, model_config, max_prompt_len: int, max_new_tokens: i
         check(
             not c.async_rollout.enabled,
             "partial_rollout and async_rollout cannot both be enabled",
+        )
+        check(
+            not c.sampling.get("stop_strings"),
+            "sampling.stop_strings is not supported with partial_rollout (continued "
+            "responses are cut on stop ids only)",
         )
         check(
             max_prompt_len + max_new_tokens + c.partial_rollout.tokens_per_iter

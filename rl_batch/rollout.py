@@ -243,6 +243,54 @@ def decode_responses(tokenizer, samples: SampleOutput) -> list[str]:
     return texts
 
 
+def stop_string_end(tokenizer, ids: Sequence[int], stop_strings: Sequence[str]) -> int | None:
+    """The number of leading tokens of ``ids`` whose text first contains a stop string,
+    or None when the whole text contains none (binary search over prefixes: a prefix's
+    text is a prefix of a longer prefix's)."""
+    if not any(s in tokenizer.decode(list(ids)) for s in stop_strings):
+        return None
+    lo, hi = 1, len(ids)  # invariant: the first hi tokens contain one
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in tokenizer.decode(list(ids[:mid])) for s in stop_strings):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def truncate_at_stop_strings(
+    tokenizer, samples: SampleOutput, stop_strings: Sequence[str]
+) -> SampleOutput:
+    """Ends each response at the token that completes its first stop string (the stop
+    string stays in the response, as its last tokens: the policy is trained to emit it).
+
+    Tokens after it become padding (``pad_id``, masked, log-prob 0) and ``lengths``
+    shrinks, so reward, loss and token counts see the response as ended there. The
+    sampler itself still ran to EOS or ``max_new_tokens`` (no early exit on text).
+    """
+    if not stop_strings:
+        return samples
+    stops = set(tokenizer.stop_ids)
+    tokens, mask = samples.response_tokens.copy(), samples.response_mask.copy()
+    logprobs, lengths = samples.response_logprobs.copy(), samples.lengths.copy()
+    for b in range(len(lengths)):
+        n = int(lengths[b])
+        ids = [int(t) for t in tokens[b, :n]]
+        end = stop_string_end(tokenizer, [t for t in ids if t not in stops], stop_strings)
+        if end is None or end >= n:
+            continue
+        tokens[b, end:], mask[b, end:], logprobs[b, end:] = tokenizer.pad_id, False, 0.0
+        lengths[b] = end
+    return dataclasses.replace(
+        samples,
+        response_tokens=tokens,
+        response_mask=mask,
+        response_logprobs=logprobs,
+        lengths=lengths,
+    )
+
+
 def rollout(
     sampler: Sampler,
     params: Any,
@@ -254,12 +302,15 @@ def rollout(
     rng: jax.Array,
     sampling: SamplingConfig,
     gen_batch: int = 0,
+    stop_strings: Sequence[str] = (),
 ) -> Rollout:
-    """Generates G responses for each of P examples and scores them."""
+    """Generates G responses for each of P examples and scores them; a response ends at
+    its first stop string (`truncate_at_stop_strings`) when ``stop_strings`` are given."""
     t0 = time.perf_counter()
     prompt_ids = [encode_prompt(tokenizer, ex["prompt"]) for ex in examples]
     repeated = [ids for ids in prompt_ids for _ in range(group_size)]
     samples = generate(sampler, params, repeated, rng=rng, sampling=sampling, gen_batch=gen_batch)
+    samples = truncate_at_stop_strings(tokenizer, samples, stop_strings)
     t1 = time.perf_counter()
     texts = decode_responses(tokenizer, samples)
     rewards_n, scores = score_responses(task, examples, texts, group_size=group_size)
@@ -288,6 +339,7 @@ def evaluate(
     greedy: bool = True,
     gen_batch: int = 0,
     on_rollout: Callable[[Rollout], None] | None = None,
+    stop_strings: Sequence[str] = (),
 ) -> dict[str, float]:
     """Validation: mean@k at the sampling temperature, plus greedy accuracy.
 
@@ -309,6 +361,7 @@ def evaluate(
         rng=rng,
         sampling=sampling,
         gen_batch=gen_batch,
+        stop_strings=stop_strings,
     )
     if on_rollout is not None:
         on_rollout(out)
@@ -330,6 +383,7 @@ def evaluate(
             rng=rng,
             sampling=SamplingConfig(greedy=True),
             gen_batch=gen_batch,
+            stop_strings=stop_strings,
         )
         metrics["eval_greedy_accuracy"] = greedy_accuracy(g.rewards_pg[:, 0])
     metrics["time_eval_s"] = time.perf_counter() - t0

@@ -74,6 +74,11 @@ def sampling_config(c: ConfigDict) -> SamplingConfig:
     )
 
 
+def stop_strings(c: ConfigDict) -> tuple[str, ...]:
+    """The texts that end a response besides the stop ids (``sampling.stop_strings``)."""
+    return tuple(c.sampling.get("stop_strings", ()) or ())
+
+
 class RolloutSource:
     """The training rollouts of one run (see the module docstring).
 
@@ -203,7 +208,12 @@ class RolloutSource:
             params = jax.block_until_ready(jax.tree.map(jnp.copy, params))
         rng = jax.random.fold_in(self.base_rng, index)
         args = (self.sampler, params, self.task, self.tokenizer, examples, c.group_size)
-        kwargs = dict(rng=jax.random.fold_in(rng, 0), sampling=self.sampling, gen_batch=c.gen_batch)
+        kwargs = dict(
+            rng=jax.random.fold_in(rng, 0),
+            sampling=self.sampling,
+            gen_batch=c.gen_batch,
+            stop_strings=stop_strings(c),
+        )
         if self.executor is None:
             return Job(index, position, counters.step, rollout_lib.rollout(*args, **kwargs))
         future = self.executor.submit(rollout_lib.rollout, *args, **kwargs)

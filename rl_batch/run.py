@@ -415,6 +415,7 @@ class Evaluator:
             greedy=c.eval_greedy,
             gen_batch=c.gen_batch,
             on_rollout=keep if n_rows else None,
+            stop_strings=rollout_source.stop_strings(c),
         )
         m["eval_mean_at_k"] = m["eval_accuracy"]
         if self.scorer is not None:

@@ -221,6 +221,70 @@ def test_wandb_runs_offline_and_a_resumed_run_continues_the_same_run(tmp_path, m
     ]
 
 
+def _wandb_records(path):
+    """The records of a W&B run file (``run-<id>.wandb``), read with the package's own
+    protobufs: a LevelDB-style log (7-byte header, then 32 KiB blocks of chunks, each
+    crc32 (4 bytes), length (2), type (1: full, 2: first, 3: middle, 4: last), data)."""
+    from wandb.proto import wandb_internal_pb2
+
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b":W&B", path
+    block, pos, records, chunk = 32 * 1024, 7, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header
+            pos += block - pos % block
+            continue
+        _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if n == 0 and kind == 0:
+            break
+        chunk += data[pos + 7 : pos + 7 + n]
+        pos += 7 + n
+        if kind in (1, 4):
+            records.append(wandb_internal_pb2.Record.FromString(chunk))
+            chunk = b""
+    return records
+
+
+def _key(item):
+    return item.key or "/".join(item.nested_key)
+
+
+def test_real_wandb_offline_run_directory_holds_the_logged_values(tmp_path, monkeypatch):
+    """The wandb package itself (offline): a run directory whose run file holds the
+    metrics, name, group and config we logged; a resumed run writes to the same run id."""
+    import glob
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = str(tmp_path / "sweeps" / "demo" / "runs" / "p16_s0")
+    os.makedirs(run_dir)
+    artifacts.write_json_atomic(str(tmp_path / "sweeps" / "demo" / artifacts.SWEEP_FILE), {})
+    info = tracking.RunInfo(run_dir, "p16_s0", {"seed": 3, "lr": 1e-5})
+    tracker = tracking.make_tracker("wandb", info)
+    tracker.log_record({"kind": "update", "step": 2, "loss": 0.5})
+    tracker.log_record({"kind": "eval", "step": 2, "eval_accuracy": 0.25})
+    tracker.close()
+    tracking.make_tracker("wandb", info).close()  # resumed
+
+    runs = sorted(glob.glob(os.path.join(run_dir, tracking.WANDB_DIR, "wandb", "offline-run-*")))
+    assert len(runs) == 2, runs
+    with open(os.path.join(run_dir, tracking.WANDB_ID_FILE)) as f:
+        run_id = f.read().strip()
+    assert all(r.endswith("-" + run_id) for r in runs)
+    records = _wandb_records(os.path.join(runs[0], f"run-{run_id}.wandb"))
+    history = [  # (a key with "/" is stored as its parts)
+        {k: item.value_json for item in r.history.item if not (k := _key(item)).startswith("_")}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
+    assert history == [{"update/loss": "0.5", "eval/eval_accuracy": "0.25"}], history
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert (run.run_id, run.display_name, run.run_group) == (run_id, "p16_s0", "demo")
+    config = {_key(item): item.value_json for item in run.config.update}
+    assert config["seed"] == "3" and float(config["lr"]) == 1e-5
+
+
 def test_training_samples_every_n_updates_go_to_generations_jsonl_and_the_dashboards(
     work_dir, tmp_path, fake_backend
 ):

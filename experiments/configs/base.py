@@ -165,6 +165,10 @@ def run_config() -> ConfigDict:
     c.sampling.temperature = 1.0
     c.sampling.top_k = 0
     c.sampling.top_p = 1.0
+    # Texts that end a response besides the tokenizer's stop ids (kept as its last
+    # tokens; the rest is padding): --config.sampling.stop_strings='</answer>' for one,
+    # --config.sampling.stop_strings="('</answer>', 'Question:')" for several.
+    c.sampling.stop_strings = ()
     c.max_new_tokens = 0  # 0 = the task's max response length + EOS
     # Sequences generated concurrently; 0 = the whole batch at once. Independent of the
     # training batch (the rollout is generated in chunks): sweep it by running the batch
