@@ -20,6 +20,21 @@ def bad(prompt, response, answer, meta):
     return float("nan")
 
 NOT_CALLABLE = 3
+
+from rl_batch.tasks.custom_reward import batched
+
+CALLS = []
+
+
+@batched
+def lengths(prompts, responses, answers, metas):
+    CALLS.append(len(responses))
+    return [float(len(r)) for r in responses]
+
+
+@batched
+def short(prompts, responses, answers, metas):
+    return [1.0]
 """
 
 
@@ -43,6 +58,22 @@ def test_the_users_function_scores_and_the_task_does_the_rest(reward_file, tmp_p
     assert custom_reward.load_reward_fn("my_reward:length")("p", "abc", "a", {}) == 3.0
     with pytest.raises(ValueError, match=r"returned nan \(a finite float is needed\)"):
         custom_reward.WithReward(task, f"{reward_file}:bad").score(ex, ex["answer"])
+
+
+def test_a_batched_reward_scores_a_rollout_in_one_call(reward_file):
+    from rl_batch.tasks.rewards import score_responses
+
+    task = get_task("addition", n_digits=2)
+    rng = np.random.default_rng(0)
+    examples = [task.make_example(rng).to_dict() for _ in range(2)]
+    wrapped = custom_reward.WithReward(task, f"{reward_file}:lengths")
+    rewards, _ = score_responses(wrapped, examples, ["a", "bb", "ccc", "dddd"], group_size=2)
+    assert rewards.tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert wrapped.reward_fn.__globals__["CALLS"] == [4]  # one call for the 4 responses
+    with pytest.raises(ValueError, match="returned 1 rewards for 4 responses"):
+        score_responses(
+            custom_reward.WithReward(task, f"{reward_file}:short"), examples, ["a"] * 4, 2
+        )
 
 
 @pytest.mark.parametrize(

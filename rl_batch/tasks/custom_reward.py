@@ -5,11 +5,19 @@ The function replaces the task's verifier (its examples, prompts and warm start 
     def my_reward(prompt: str, response: str, answer: str, meta: dict) -> float: ...
 
 ``answer`` is the example's reference (the complete response for synthetic tasks, the
-final answer for math data) and ``meta`` its extras. The spec is ``package.module:name``
-(importable from ``PYTHONPATH``) or ``path/to/file.py:name``; it is loaded when the config
-is resolved, so a missing module or name fails before any compute, in one line. The
-reward is any finite float: GRPO normalises it within each group, and evaluation reports
-its mean (``eval_accuracy`` is then the mean reward, not a pass rate).
+final answer for math data) and ``meta`` its extras. A function marked `batched` scores
+a whole rollout in one call instead (e.g. a reward model, or a remote verifier)::
+
+    @batched
+    def my_rewards(prompts, responses, answers, metas) -> list[float]: ...
+
+with one entry per response (prompts repeated G times, in group order).
+
+The spec is ``package.module:name`` (importable from ``PYTHONPATH``) or
+``path/to/file.py:name``; it is loaded when the config is resolved, so a missing module
+or name fails before any compute, in one line. The reward is any finite float: GRPO
+normalises it within each group, and evaluation reports its mean (``eval_accuracy`` is
+then the mean reward, not a pass rate).
 """
 
 from __future__ import annotations
@@ -18,12 +26,24 @@ import importlib
 import importlib.util
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rl_batch.tasks.base import Example, Score, Task, to_example
 
 RewardFn = Callable[[str, str, str, Mapping[str, Any]], float]
+
+
+def batched(fn: Callable) -> Callable:
+    """Marks ``fn(prompts, responses, answers, metas) -> list[float]`` as a batched reward
+    (one call per rollout; see the module doc)."""
+    fn.rl_batch_batched = True
+    return fn
+
+
+def is_batched(fn: Callable) -> bool:
+    """Whether ``fn`` was marked with `batched`."""
+    return bool(getattr(fn, "rl_batch_batched", False))
 
 
 def load_object(spec: str, field: str, kind: str = "function") -> Any:
@@ -78,8 +98,35 @@ class WithReward:
 
     def score(self, example: Example | Mapping[str, Any], response: str) -> Score:
         """The user's reward for one response (``format_ok``: it returned a number)."""
-        ex = to_example(example)
-        value = self.reward_fn(ex.prompt, response, ex.answer, dict(ex.meta))
+        return self.score_batch([example], [response])[0]
+
+    def score_batch(
+        self, examples: Sequence[Example | Mapping[str, Any]], responses: Sequence[str]
+    ) -> list[Score]:
+        """The user's rewards for ``responses[i]`` to ``examples[i]``: one call of a
+        `batched` function, else one call per response."""
+        exs = [to_example(e) for e in examples]
+        if is_batched(self.reward_fn):
+            values = list(
+                self.reward_fn(
+                    [e.prompt for e in exs],
+                    list(responses),
+                    [e.answer for e in exs],
+                    [dict(e.meta) for e in exs],
+                )
+            )
+            if len(values) != len(exs):
+                raise ValueError(
+                    f"task.reward_fn={self.spec!r} returned {len(values)} rewards for "
+                    f"{len(exs)} responses"
+                )
+        else:
+            values = [
+                self.reward_fn(e.prompt, r, e.answer, dict(e.meta)) for e, r in zip(exs, responses)
+            ]
+        return [Score(reward=self._finite(v, e), format_ok=True) for v, e in zip(values, exs)]
+
+    def _finite(self, value: Any, ex: Example) -> float:
         try:
             reward = float(value)
         except (TypeError, ValueError):
@@ -89,7 +136,7 @@ class WithReward:
                 f"task.reward_fn={self.spec!r} returned {value!r} (a finite float is needed) "
                 f"for the prompt {ex.prompt[:60]!r}"
             )
-        return Score(reward=reward, format_ok=True)
+        return reward
 
     def reward(self, example: Example | Mapping[str, Any], response: str) -> float:
         return self.score(example, response).reward

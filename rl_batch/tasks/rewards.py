@@ -46,9 +46,11 @@ def score_responses(
             f"got {len(responses)} responses for {len(examples)} examples with "
             f"group_size={group_size}; expected {len(examples) * group_size}"
         )
-    scores = [
-        task.score(examples[i // group_size], response) for i, response in enumerate(responses)
-    ]
+    owners = [examples[i // group_size] for i in range(len(responses))]
+    if hasattr(task, "score_batch"):  # one call for the rollout (a batched reward_fn)
+        scores = list(task.score_batch(owners, responses))
+    else:
+        scores = [task.score(ex, response) for ex, response in zip(owners, responses)]
     rewards_n = np.asarray([s.reward for s in scores], dtype=np.float32)  # [P * G]
     return rewards_n, scores
 
