@@ -1,8 +1,8 @@
 """The default CPU study: GRPO batch scaling on 3-digit scratchpad addition, ~1M model.
 
-Six configurations x five seeds on a 2-core CPU in 14 min (measured at commit 5bd4801,
-host load ~2.5, warm start and calibration included; 24 min with another job's tests
-running beside it): the invariance family P x 8 for P = 4 ... 32 (B = 32 ... 256
+Six configurations x five seeds on a 2-core CPU in 13.8-14.1 min (two runs at commit
+acbff77 on an AMD EPYC, host load 2-4, calibration included; README runs R1 and R2): the
+invariance family P x 8 for P = 4 ... 32 (B = 32 ... 256
 responses) under the sqrt LR rule, the fixed LR rule at 2x the reference batch, and a
 group-size pair (8 x 16 against 16 x 8, both B = 128).
 
