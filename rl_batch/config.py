@@ -319,6 +319,10 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     c = ConfigDict(config.to_dict())
     if "derived" in c:
         del c["derived"]
+    stops = c.get("sampling", {}).get("stop_strings")
+    if isinstance(stops, list):  # a config read back from JSON, which has no tuples
+        del c.sampling["stop_strings"]
+        c.sampling.stop_strings = tuple(stops)
     _raise_if(_field_errors(c))  # each field alone
     _raise_if(_data_errors(c))  # the task's data is there, and large enough
     try:
@@ -681,6 +685,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "task.chat_template_kwargs": {},
     "task.eval_fraction": 0.0,
     "task.split_seed": lambda old: 0 if old["task"].get("name") in SYNTHETIC_TASKS else None,
+    "sampling.stop_strings": [],
 }
 
 
