@@ -98,6 +98,26 @@ def make_train_step(model_config: model_lib.ModelConfig, optimizer: optax.Gradie
     return step
 
 
+def base_splits(c: ConfigDict, task: Any) -> tuple[Any, Any]:
+    """The (train, validation) examples the warm start of resolved ``c`` trains and
+    stops on (the task's TFDS splits in ``<work_dir>/data``, or a plug-in's own)."""
+    if is_plugin(c.task.name):
+        return plugin_splits(task, c)
+    data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
+    kwargs = dict(c.task.kwargs.to_dict(), n_train=c.task.n_train, n_validation=c.task.n_validation)
+    return (
+        load_split(c.task.name, "train", data_dir, **kwargs),
+        load_split(c.task.name, "validation", data_dir, **kwargs),
+    )
+
+
+def stop_scorer(c: ConfigDict, model_config, tokenizer, val) -> exact_eval.ReferenceScorer:
+    """The exact p_ref of ``pretrain.stop_metric="p_ref"``: over the whole validation split."""
+    return exact_eval.ReferenceScorer(
+        model_config, tokenizer, val.get_batch(range(len(val))), temperature=c.sampling.temperature
+    )
+
+
 def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, Any]]:
     """Trains the warm-start policy from scratch.
 
@@ -110,13 +130,7 @@ def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, 
     task = config_lib.make_task(c)
     tokenizer = config_lib.make_tokenizer(c)
     model_config = config_lib.make_model_config(c)
-    data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
-    kwargs = dict(c.task.kwargs.to_dict(), n_train=c.task.n_train, n_validation=c.task.n_validation)
-    if is_plugin(c.task.name):
-        train, val = plugin_splits(task, c)
-    else:
-        train = load_split(c.task.name, "train", data_dir, **kwargs)
-        val = load_split(c.task.name, "validation", data_dir, **kwargs)
+    train, val = base_splits(c, task)
     val_examples = val.get_batch(range(min(p.eval_prompts, len(val))))
     length = c.derived.max_prompt_len + c.derived.max_new_tokens
 
@@ -130,12 +144,7 @@ def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, 
     sampler = config_lib.make_sampler(c, tokenizer, model_config)
     scorer = None  # the exact stop metric (no sampling noise in where the warm start ends)
     if p.get("stop_metric", "sampled") == "p_ref":
-        scorer = exact_eval.ReferenceScorer(
-            model_config,
-            tokenizer,
-            val.get_batch(range(len(val))),
-            temperature=c.sampling.temperature,
-        )
+        scorer = stop_scorer(c, model_config, tokenizer, val)
     rng = np.random.default_rng(p.seed)
     t0 = time.time()
     losses, evals, accuracy, step = [], [], 0.0, 0

@@ -10,8 +10,7 @@ import os
 import pytest
 
 from rl_batch import config as config_lib
-from rl_batch import exact_eval, pretrain
-from rl_batch.tasks.tfds_builders import load_split
+from rl_batch import pretrain
 
 STUDIES = ["grpo_cpu"]
 
@@ -35,13 +34,7 @@ def test_shipped_base_policy_is_the_configs_own_and_scores_its_recorded_p_ref(tm
     assert record["pretrain"] == c.pretrain.to_dict()
 
     params = pretrain.load_params_file(path, model_config)
-    kwargs = dict(c.task.kwargs.to_dict(), n_train=c.task.n_train, n_validation=c.task.n_validation)
-    val = load_split(c.task.name, "validation", str(tmp_path / "data"), **kwargs)
-    scorer = exact_eval.ReferenceScorer(
-        model_config,
-        config_lib.make_tokenizer(c),
-        val.get_batch(range(len(val))),
-        temperature=c.sampling.temperature,
-    )
+    _, val = pretrain.base_splits(c, config_lib.make_task(c))
+    scorer = pretrain.stop_scorer(c, model_config, config_lib.make_tokenizer(c), val)
     _, _, recorded = record["evals"][-1]
     assert scorer(params)["eval_p_ref"] == pytest.approx(recorded, abs=1e-4)
