@@ -12,7 +12,7 @@ import pytest
 from rl_batch import config as config_lib
 from rl_batch import pretrain
 
-STUDIES = ["grpo_cpu"]
+STUDIES = ["grpo_cpu", "ppo_cpu"]
 
 
 @pytest.mark.parametrize("study", STUDIES)
