@@ -91,7 +91,7 @@ def test_concurrent_sweep_runs_every_point_and_calibrates(tmp_path):
     from experiments.configs import base
 
     c = base.sweep_config(c)
-    c.sweep.prompts, c.sweep.group_sizes, c.sweep.seeds = "2,4", "4", "0,1"
+    c.sweep.prompts, c.sweep.group_sizes, c.sweep.seeds = "2,4", "4", "0"
     c.sweep.concurrent, c.sweep.calibrate_rounds, c.sweep.calibrate_steps = 2, 1, 1
     d = str(tmp_path / "sweep")
     record = sweep.run_sweep(c, d, log=lambda s: None)

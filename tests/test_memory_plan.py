@@ -94,11 +94,12 @@ def _plan_cli(*flags, config="experiments/configs/grpo_cpu.py"):
 def test_plan_cli_tables_and_refusal():
     """One run with room to spare, one with a device smaller than the params: the sweep
     table says which points fit and refuses them all on the small device."""
-    roomy = _plan_cli("--device_memory=1e12")
+    one_point = ["--config.sweep.prompts=8", "--config.sweep.extra_points="]  # 8x8:sqrt
+    roomy = _plan_cli("--device_memory=1e12", *one_point)
     assert "| sequences / micro-batch |" in roomy and "| gen_batch |" in roomy
     rows = [line for line in roomy.splitlines() if line.startswith("| 8x8:sqrt")]
     assert len(rows) == 1 and "**no**" not in rows[0]
-    tight = _plan_cli("--device_memory=1e5")  # params alone are ~4 MB
+    tight = _plan_cli("--device_memory=1e5", *one_point)  # params alone are ~4 MB
     rows = [line for line in tight.splitlines() if line.startswith("| 8x8:sqrt")]
     assert len(rows) == 1 and rows[0].count("**no**") == 2
 
