@@ -8,8 +8,9 @@ validation split), so a critic that reads the operator can explain ~0.27 of the 
 variance and one that knows each prompt's success probability up to 0.56
 (`Var_x p(x) / Var(r)`; ``python -m experiments.value_bound
 --config=experiments/configs/ppo_cpu.py``).
-On the plain addition task of the GRPO study that bound is 0.19 and the critic learned
-only the mean reward (explained variance ~0).
+On the plain addition task of the GRPO study that bound is 0.12 (its shipped base
+policy; the README's value-bound table) and an earlier PPO default's critic learned only
+the mean reward (explained variance ~0).
 
 The protocol is the study's: G = 1, the critic (a copy of the warm-start policy with a
 new value head) trains alone for the first 30 rollout batches, and the sample axis starts
