@@ -10,8 +10,8 @@ micro-batch and ``gen_batch`` that fit ``--device_memory``::
       --prompt_len=512 --response_len=2048 --micro_seqs=8,16 --gen_batches=16,32
 
 ``--baseline`` compiles the settings before issue 19 (bf16 params and Adam moments, no
-remat, einsum attention, unchunked log-probs) for a before/after comparison. Estimates
-are single-device; the update's activations do not depend on the number of
+remat, einsum attention, unchunked log-probs, per-layer blocks) for a before/after
+comparison. Estimates are single-device; the update's activations do not depend on the number of
 micro-batches (a scan), only on the sequences in one. Beyond the largest compiled size
 the fit is a straight line through the last two sizes (marked ``~``).
 """
@@ -95,7 +95,8 @@ def main(argv):
     c = _CONFIG.value
     mc = config_lib.make_model_config(c)
     if _BASELINE.value:
-        mc = mc.replace(remat="none", attention="einsum", logits_chunk=0, param_dtype=mc.dtype)
+        baseline = dict(remat="none", attention="einsum", logits_chunk=0, scan_layers=False)
+        mc = mc.replace(param_dtype=mc.dtype, **baseline)
     # As resolve derives them: + BOS, + EOS.
     task = config_lib.make_task(c)
     p = _PROMPT_LEN.value or task.max_prompt_len + 1
@@ -114,7 +115,8 @@ def main(argv):
     print(
         f"model {c.model.preset} ({mc.num_params / 1e6:.0f}M params, {mc.param_dtype} params, "
         f"{mc.dtype} compute, remat={mc.remat}, attention={model_lib.attention_impl(mc)}, "
-        f"logits_chunk={mc.logits_chunk}); P + R = {p} + {r}; device {_gb(budget)} GB"
+        f"logits_chunk={mc.logits_chunk}, scan_layers={mc.scan_layers}); P + R = {p} + {r}; "
+        f"device {_gb(budget)} GB"
     )
     print(f"params {_gb(params_b)} GB, optimizer state {_gb(opt_b)} GB\n")
 

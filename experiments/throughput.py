@@ -198,6 +198,7 @@ def hf_qwen3(config: model_lib.ModelConfig, params: model_lib.Params):
     Our projections are stored input-major (``q_dnh``: [D, N, H]); torch ``Linear``
     weights are [out, in], so each is reshaped to 2-D and transposed.
     """
+    params = model_lib.unstack_layers(params)
     import torch
     import transformers
 

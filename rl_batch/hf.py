@@ -267,8 +267,9 @@ def config_to_hf(config: model_lib.ModelConfig, model_type: str | None = None) -
 @dataclasses.dataclass(frozen=True)
 class _Tensor:
     """One checkpoint tensor: its HF name and shape, where it lives in ``params``, and the
-    layout conversions in both directions. ``index`` is set for a per-expert tensor: it
-    is slice ``index`` of the leading (expert) dimension of the parameter at ``path``."""
+    layout conversions in both directions. ``index`` is set for a per-expert tensor, and
+    for every layer tensor of a ``scan_layers`` model: it is slice ``index`` of the
+    leading (expert, or layer) dimension of the parameter at ``path``."""
 
     hf_name: str
     path: tuple[Any, ...]
@@ -358,10 +359,21 @@ def _tensor_map(config: model_lib.ModelConfig) -> list[_Tensor]:
                     _Tensor(ex + "up_proj.weight", (*mlp, "up_edf"), (fe, d), *swap, j),
                     _Tensor(ex + "down_proj.weight", (*mlp, "down_efd"), (d, fe), *swap, j),
                 ]
+    if c.scan_layers:  # layer i's tensors are slice i of the stacked [L, ...] params
+        out = [_layer_slice(t) for t in out]
     out.append(_Tensor("model.norm.weight", ("final_norm", "scale"), (d,), *same))
     if not c.tie_embeddings:
         out.append(_Tensor("lm_head.weight", ("lm_head_dv",), (v, d), *swap))
     return out
+
+
+def _layer_slice(t: _Tensor) -> _Tensor:
+    """A per-layer tensor (path ``("layers", i, ...)``) as slice i of the stacked
+    parameter at ``("layers", ...)`` (MoE models, whose experts use ``index``, never
+    stack their layers)."""
+    if t.path[0] != "layers":
+        return t
+    return dataclasses.replace(t, path=("layers", *t.path[2:]), index=t.path[1])
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
@@ -460,7 +472,11 @@ def _is_ignorable(name: str) -> bool:
 
 
 def load_hf_checkpoint(
-    path: str | os.PathLike, *, dtype: str | None = None, as_numpy: bool = False
+    path: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    as_numpy: bool = False,
+    scan_layers: bool = False,
 ) -> tuple[model_lib.ModelConfig, model_lib.Params]:
     """Loads a local Hugging Face Qwen3 / Qwen3-MoE / Qwen2 / Llama model directory.
 
@@ -470,6 +486,8 @@ def load_hf_checkpoint(
       dtype: parameter and compute dtype; None keeps the checkpoint's dtype.
       as_numpy: return host numpy arrays (to ``jax.device_put`` with shardings yourself)
         instead of arrays on the default device.
+      scan_layers: return the stacked-layer layout (``ModelConfig.scan_layers``; each
+        layer's tensors are written into their slice of the stack, no per-layer copy).
 
     Returns:
       ``(config, params)``; ``params`` has exactly the structure and shapes of
@@ -482,6 +500,8 @@ def load_hf_checkpoint(
     """
     directory = os.fspath(path)
     config = config_from_hf(read_hf_config(directory), dtype=dtype)
+    if scan_layers:
+        config = config.replace(scan_layers=True)
     np_dtype = np.dtype(jnp.dtype(config.param_dtype))
     params: dict[str, Any] = {}
     shapes = model_lib.abstract_params(config)

@@ -11,6 +11,9 @@ the optimizer, the sampler, checkpoints and the Hugging Face importer all use th
 tree. ``forward(config, params, ...)`` is the pure functional entry point; the NNX
 module is rebuilt from ``params`` at trace time, so there is no copy of the weights.
 
+With ``scan_layers`` the blocks' parameters are stored stacked on a leading [L] axis;
+``to_layout`` converts a tree between the two layouts (HF import and export map either).
+
 Every parameter carries logical axis names (metadata ``logical_axes``) that
 ``rl_batch.sharding`` maps to mesh axes; ``logical_axes(config)`` returns them as a tree
 shaped like ``params``.
@@ -28,6 +31,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rl_batch import moe as moe_lib
@@ -50,6 +54,8 @@ REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_save
 # GPU only, bf16/fp16). "auto": cudnn on GPU where it applies, einsum on CPU, xla
 # elsewhere (TPU; a Pallas splash-attention kernel is not wired in).
 ATTENTION_IMPLS = ("einsum", "xla", "cudnn", "auto")
+# Logical axis of the stacked decoder blocks (``scan_layers``): never sharded.
+LAYERS_AXIS = "layers"
 # Finite instead of -inf so that fully masked rows (left padding) stay NaN-free.
 _MASK_VALUE = -1e30
 
@@ -82,10 +88,13 @@ class ModelConfig:
       logits_chunk: response positions whose [B, chunk, V] logits exist at once when
         log-probs and entropy are computed from hidden states (``rl_batch.logprobs``);
         0 = all R positions at once. Memory only: the values are the same.
-      scan_layers: run the decoder blocks of a cache-free pass (training) under one
-        ``lax.scan`` over their parameters stacked at trace time (in the compute dtype),
-        so the program holds one block instead of ``num_layers``. The parameter tree
-        keeps its per-layer layout; the KV-cache path (sampling) keeps the loop.
+      scan_layers: store the decoder blocks' parameters stacked on a leading layer
+        axis (``params["layers"]`` is one block's tree of [L, ...] arrays, logical axis
+        ``"layers"``) and run cache-free passes (training) as one ``lax.scan`` over
+        them, so the program holds one block, and the optimizer one update per block
+        parameter, instead of ``num_layers``. KV-cache passes (sampling) run the blocks
+        unrolled on static slices of the stack, each writing its own layer's cache in
+        place. ``stack_layers`` / ``unstack_layers`` / ``to_layout`` convert trees.
       num_experts: E experts per sparse (MoE) layer; 0 = a dense model.
       num_experts_per_tok: experts k each token is routed to (top-k of the router).
       moe_intermediate_size: SwiGLU width of one expert.
@@ -233,18 +242,24 @@ class ModelConfig:
 # Memory settings of real-model (>= 100M parameter) run configs (``with_memory_defaults``;
 # the presets themselves are the checkpoints' shapes): remat every block, flash
 # attention where there is one, log-probs 512 response positions at a time (one 2k-token
-# 0.6B sequence: 0.3 GB of fp32 logits instead of 1.2 GB).
-STUDY_MEMORY = dict(remat="full", attention="auto", logits_chunk=512)
+# 0.6B sequence: 0.3 GB of fp32 logits instead of 1.2 GB), and the blocks stored stacked
+# under a scan (dense models only): the qwen3-0.6b update compiles in 6.8 s instead of
+# 454 s with trace-time stacking (``experiments.compile_cost``, README).
+STUDY_MEMORY = dict(remat="full", attention="auto", logits_chunk=512, scan_layers=True)
 REAL_MODEL_PARAMS = 100_000_000
 
 
 def with_memory_defaults(config: ModelConfig) -> ModelConfig:
     """``config`` with ``STUDY_MEMORY`` applied if it has >= 100M parameters (a real
-    checkpoint's shape); small models keep their settings. Run configs apply this before
-    their ``model.overrides`` (``rl_batch.config.make_model_config``)."""
+    checkpoint's shape; MoE models keep their per-layer blocks, which a scan cannot
+    run); small models keep their settings. Run configs apply this before their
+    ``model.overrides`` (``rl_batch.config.make_model_config``)."""
     if config.num_params < REAL_MODEL_PARAMS:
         return config
-    return config.replace(**STUDY_MEMORY)
+    changes = dict(STUDY_MEMORY)
+    if config.num_experts:
+        del changes["scan_layers"]
+    return config.replace(**changes)
 
 
 def with_master_weights(config: ModelConfig) -> ModelConfig:
@@ -658,6 +673,22 @@ class Block(nnx.Module):
         return x_btd, cache
 
 
+def _stack_blocks(blocks: list[Block]) -> Block:
+    """One ``Block`` whose parameters are the blocks' stacked on a leading [L] axis
+    (logical axis ``LAYERS_AXIS`` prepended to each parameter's axes)."""
+    graphdef, _ = nnx.split(blocks[0])
+
+    def stack(*variables: nnx.Variable) -> nnx.Variable:
+        first = variables[0]
+        metadata = dict(first.get_metadata())
+        metadata["logical_axes"] = (LAYERS_AXIS, *metadata.get("logical_axes", ()))
+        return type(first)(jnp.stack([v[...] for v in variables]), **metadata)
+
+    states = [nnx.state(block) for block in blocks]
+    stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, stacked)
+
+
 class Transformer(nnx.Module):
     """The decoder. ``__call__`` returns (logits [B,T,V] or values [B,T], new cache)."""
 
@@ -665,7 +696,9 @@ class Transformer(nnx.Module):
         c = config
         self.config = c
         self.embed_vd = _param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), c)
-        self.layers = nnx.List([Block(c, rngs=rngs, layer=i) for i in range(c.num_layers)])
+        blocks = [Block(c, rngs=rngs, layer=i) for i in range(c.num_layers)]
+        # (Stacked from the per-layer blocks, so both layouts draw the same weights.)
+        self.layers = _stack_blocks(blocks) if c.scan_layers else nnx.List(blocks)
         self.final_norm = RMSNorm(c.hidden_size, "embed", c, rngs=rngs)
         if c.head == "value":
             self.value_d = _param(rngs, (c.hidden_size,), ("embed",), c)
@@ -695,7 +728,8 @@ class Transformer(nnx.Module):
             run_block = nnx.remat(lambda block, x, pos, m: block(x, pos, m)[0], policy=policy)
         else:
             run_block = None
-        for i, layer in enumerate(self.layers):
+        blocks = self._unstacked_blocks() if c.scan_layers else self.layers
+        for i, layer in enumerate(blocks):
             if run_block is not None:
                 x_btd = run_block(layer, x_btd, positions_bt, mask_bts)
                 continue
@@ -706,15 +740,8 @@ class Transformer(nnx.Module):
         return self.final_norm(x_btd), new_cache
 
     def _scan_blocks(self, x_btd, positions_bt, mask_bts, policy) -> jax.Array:
-        """The blocks as one ``lax.scan`` over their stacked ([L, ...]) parameters."""
-        dt = _DTYPES[self.config.dtype]
-        graphdef, _ = nnx.split(self.layers[0])
-        # Cast first: every block casts its weights to the compute dtype anyway, and a
-        # stacked copy in that dtype is the smaller one.
-        stacked = jax.tree.map(
-            lambda *xs: jnp.stack([x.astype(dt) for x in xs]),
-            *[nnx.split(layer)[1] for layer in self.layers],
-        )
+        """The blocks as one ``lax.scan`` over their stored stacked ([L, ...]) params."""
+        graphdef, stacked = nnx.split(self.layers)
 
         def body(x_btd, state):
             return nnx.merge(graphdef, state)(x_btd, positions_bt, mask_bts)[0], None
@@ -723,6 +750,16 @@ class Transformer(nnx.Module):
             body = jax.checkpoint(body, policy=policy, prevent_cse=False)
         x_btd, _ = jax.lax.scan(body, x_btd, stacked)
         return x_btd
+
+    def _unstacked_blocks(self) -> list[Block]:
+        """The stacked blocks as L modules on static slices of the stack (KV-cache path:
+        each block then updates its own layer's cache in place, where a scan would
+        carry the whole cache through its body on every decode step)."""
+        graphdef, stacked = nnx.split(self.layers)
+        return [
+            nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], stacked))
+            for i in range(self.config.num_layers)
+        ]
 
     def head_dv(self) -> jax.Array:
         """The LM head matrix [D, V] in storage dtype (the embedding's transpose if tied)."""
@@ -791,6 +828,42 @@ def logical_axes(config: ModelConfig) -> Params:
         is_leaf=lambda x: isinstance(x, nnx.Variable),
     )
     return nnx.to_pure_dict(axes)
+
+
+def is_stacked(params: Params) -> bool:
+    """Whether ``params["layers"]`` is in the stacked (``scan_layers``) layout: one
+    block's tree of [L, ...] arrays, not a dict of per-layer trees keyed 0..L-1."""
+    return not all(isinstance(key, int) for key in params["layers"])
+
+
+def stack_layers(params: Params) -> Params:
+    """The tree with its per-layer blocks stacked on a leading [L] axis (a copy)."""
+    if is_stacked(params):
+        return params
+    layers = params["layers"]
+    blocks = [layers[i] for i in range(len(layers))]
+    stacked = jax.tree.map(lambda *xs: _stack_like(xs), *blocks)
+    return {**params, "layers": stacked}
+
+
+def _stack_like(xs):
+    """Stacks host (numpy) arrays on the host and device arrays on the device."""
+    return np.stack(xs) if all(isinstance(x, np.ndarray) for x in xs) else jnp.stack(xs)
+
+
+def unstack_layers(params: Params) -> Params:
+    """The tree with its stacked blocks split back into per-layer trees keyed 0..L-1."""
+    if not is_stacked(params):
+        return params
+    stacked = params["layers"]
+    num_layers = jax.tree.leaves(stacked)[0].shape[0]
+    layers = {i: jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(num_layers)}
+    return {**params, "layers": layers}
+
+
+def to_layout(config: ModelConfig, params: Params) -> Params:
+    """``params`` in the layer layout ``config`` stores (stacked iff ``scan_layers``)."""
+    return stack_layers(params) if config.scan_layers else unstack_layers(params)
 
 
 def bind(config: ModelConfig, params: Params) -> Transformer:

@@ -265,7 +265,8 @@ def write_params_file(path: str, params: Any) -> None:
 
 
 def load_params_file(path: str, model_config: model_lib.ModelConfig) -> Any:
-    """A `write_params_file` file in the model's params structure, as jax arrays.
+    """A `write_params_file` file in the model's params structure, as jax arrays (a file
+    written in the other layer layout, stacked or per layer, is converted).
 
     Raises:
       ValueError: an array of the model is missing or has another shape (one line naming
@@ -280,12 +281,16 @@ def load_params_file(path: str, model_config: model_lib.ModelConfig) -> Any:
                 raise ValueError(f"{path}: no array {name} of shape {tuple(like.shape)}")
             return jnp.asarray(named[name], dtype=like.dtype)
 
-        like = model_lib.abstract_params(model_config)
+        file_config = model_config
+        if not model_config.num_experts:  # (a MoE model has one layout)
+            per_layer = any(name.startswith("layers/0/") for name in names)
+            file_config = model_config.replace(scan_layers=not per_layer)
+        like = model_lib.abstract_params(file_config)
         params = jax.tree_util.tree_map_with_path(leaf, like)
         extra = names - {path_name(k) for k, _ in jax.tree_util.tree_leaves_with_path(like)}
         if extra:
             raise ValueError(f"{path}: arrays the model does not have: {sorted(extra)[:3]}")
-        return params
+        return model_lib.to_layout(model_config, params)
 
 
 WARM_START_WAIT_S = 6 * 3600  # how long other processes wait for process 0's warm start

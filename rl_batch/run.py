@@ -52,7 +52,7 @@ from rl_batch import config as config_lib
 from rl_batch import model as model_lib
 from rl_batch import rollout as rollout_lib
 from rl_batch.accounting import Counters, Step, StepAccounting, keep_mask, stuck_error
-from rl_batch.checkpoint import Checkpointer
+from rl_batch.checkpoint import Checkpointer, CheckpointMismatchError
 from rl_batch.learner import Algorithm
 from rl_batch.sampler import Sampler
 from rl_batch.tasks.plugin import is_plugin, plugin_splits
@@ -192,13 +192,37 @@ def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:
     if source == "hf":
         from rl_batch import hf
 
-        _, params = hf.load_hf_checkpoint(c.init.path, dtype=model_config.param_dtype)
+        _, params = hf.load_hf_checkpoint(
+            c.init.path, dtype=model_config.param_dtype, scan_layers=model_config.scan_layers
+        )
         return params
     # A checkpoint directory of an earlier run: its policy params only, read as host
-    # arrays (no orbax sharding: the same under any process count).
+    # arrays (no orbax sharding: the same under any process count), in either layer
+    # layout (an earlier run may have stored its blocks stacked or per layer).
     like = model_lib.abstract_params(model_config)
-    host = Checkpointer(c.init.path).restore_policy_params(like)
+    host = restore_either_layout(Checkpointer(c.init.path), model_config)
     return jax.tree.map(lambda x, a: jnp.asarray(x, dtype=a.dtype), host, like)
+
+
+def restore_either_layout(ckpt: Checkpointer, model_config: model_lib.ModelConfig) -> Any:
+    """The policy params of ``ckpt``'s latest step in ``model_config``'s layer layout,
+    whichever layout (stacked or per layer, ``scan_layers``) they were stored in.
+
+    Raises:
+      CheckpointMismatchError: the stored params match neither layout of the model (the
+        message compares them with ``model_config``'s own layout).
+    """
+    try:
+        return ckpt.restore_policy_params(model_lib.abstract_params(model_config))
+    except CheckpointMismatchError as mismatch:
+        if model_config.num_experts:  # (MoE models have one layout)
+            raise
+        other = model_config.replace(scan_layers=not model_config.scan_layers)
+        try:
+            host = ckpt.restore_policy_params(model_lib.abstract_params(other))
+        except CheckpointMismatchError:
+            raise mismatch from None
+    return model_lib.to_layout(model_config, host)
 
 
 class _Progress:

@@ -60,6 +60,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("expert", "expert"),  # the E axis of MoE expert weights
     ("expert_mlp", "tensor"),  # an expert's SwiGLU width
     ("router_experts", None),  # the router's E outputs: small, replicated
+    (model_lib.LAYERS_AXIS, None),  # the L axis of stacked blocks (scan_layers)
 )
 
 

@@ -108,6 +108,9 @@ def test_memory_defaults_apply_to_real_models_only():
     for name in ("qwen3-0.6b", "qwen3-1.7b", "qwen2.5-0.5b"):
         c = model_lib.with_memory_defaults(model_lib.get_preset(name))
         assert (c.remat, c.attention, c.logits_chunk) == ("full", "auto", 512), name
+        assert c.scan_layers, name
+    moe = model_lib.with_memory_defaults(model_lib.get_preset("qwen3-30b-a3b"))
+    assert (moe.remat, moe.logits_chunk, moe.scan_layers) == ("full", 512, False)
     tiny = model_lib.get_preset("tiny-5m")
     assert (tiny.remat, tiny.attention, tiny.logits_chunk) == ("none", "einsum", 0)
     assert model_lib.with_memory_defaults(tiny) == tiny
@@ -349,45 +352,29 @@ def test_resolve_derives_micro_batches_from_micro_batch_seqs():
 
 @pytest.mark.parametrize("remat", ["none", "full"])
 def test_scanned_layers_equal_the_loop(remat):
+    """The forward and gradients of the stacked-layer scan against the per-layer loop
+    (the layouts themselves: ``tests/test_stacked_layers.py``)."""
     params = _params(CFG)
+    stacked = model_lib.stack_layers(params)
     batch = _batch()
     loop = CFG.replace(remat=remat)
     scanned = CFG.replace(remat=remat, scan_layers=True)
     tokens = jnp.concatenate([batch.prompt_tokens, batch.response_tokens], axis=1)
     mask = jnp.concatenate([batch.prompt_mask, batch.response_mask], axis=1)
     want = model_lib.forward(loop, params, tokens, input_mask_bt=mask)
-    got = model_lib.forward(scanned, params, tokens, input_mask_bt=mask)
+    got = model_lib.forward(scanned, stacked, tokens, input_mask_bt=mask)
     _assert_trees_close(got, want, rel=1e-5)
     g_want = jax.grad(functools.partial(_forward_objective, loop))(params, batch)
-    g_got = jax.grad(functools.partial(_forward_objective, scanned))(params, batch)
-    _assert_trees_close(g_got, g_want, rel=1e-5)
-    _assert_trees_close(_grpo_grads(scanned, params, batch), _grpo_grads(loop, params, batch), 1e-5)
+    g_got = jax.grad(functools.partial(_forward_objective, scanned))(stacked, batch)
+    _assert_trees_close(g_got, model_lib.stack_layers(g_want), rel=1e-5)
+    _assert_trees_close(
+        _grpo_grads(scanned, stacked, batch),
+        model_lib.stack_layers(_grpo_grads(loop, params, batch)),
+        1e-5,
+    )
     # One block in the program, run num_layers times.
-    jaxpr = jax.make_jaxpr(functools.partial(model_lib.forward, scanned))(params, tokens).jaxpr
+    jaxpr = jax.make_jaxpr(functools.partial(model_lib.forward, scanned))(stacked, tokens).jaxpr
     scans = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
     assert [e.params["length"] for e in scans] == [CFG.num_layers]
     loop_jaxpr = jax.make_jaxpr(functools.partial(model_lib.forward, loop))(params, tokens).jaxpr
     assert not [e for e in loop_jaxpr.eqns if e.primitive.name == "scan"]
-
-
-def test_scanned_layers_leave_the_param_tree_and_the_cache_path_alone():
-    scanned = CFG.replace(scan_layers=True)
-    assert jax.tree.structure(model_lib.abstract_params(scanned)) == jax.tree.structure(
-        model_lib.abstract_params(CFG)
-    )
-    params = _params(CFG)
-    batch = _batch()
-    positions = model_lib.positions_from_mask(batch.prompt_mask)
-    outs = [
-        model_lib.forward_with_cache(
-            config,
-            params,
-            batch.prompt_tokens,
-            positions,
-            batch.prompt_mask,
-            model_lib.init_cache(config, B, P),
-            0,
-        )
-        for config in (CFG, scanned)
-    ]
-    _assert_trees_close(outs[1], outs[0], rel=0)

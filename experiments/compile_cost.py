@@ -1,0 +1,187 @@
+r"""Compile cost of the GRPO update and the sampler per layer layout, side by side.
+
+For one model shape, compiles the jitted GRPO update (and the sampler's prefill and
+decode loop) ahead of time for abstract shapes (no weights), once per layer layout, the
+layouts alternating (loop, scan, loop, scan, ...) so host load falls on both alike, and
+prints a table: StableHLO and optimized-HLO characters, lowering and compile seconds,
+XLA's memory analysis (temporaries and peak), and the host's 1-minute load beside each
+compile::
+
+  python -m experiments.compile_cost --preset=qwen3-0.6b --prompt_len=512 \
+      --response_len=2048 --micro_seqs=1 --repeats=2
+
+``loop`` is the per-layer parameter tree with the blocks unrolled in the program;
+``scan`` is ``ModelConfig.scan_layers`` (blocks stored stacked, one block under a
+``lax.scan``). The model gets the run config's settings for its size (remat, attention,
+log-prob chunks, float32 master weights under bf16 compute). Runs on the CPU backend
+with ``--xla_cpu_enable_concurrency_optimized_scheduler=false`` (as
+``experiments.plan_memory``); times are this host's, comparable only within one table.
+"""
+
+import os
+
+# Before jax starts (see experiments.plan_memory): a memory-aware CPU scheduler.
+_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+import time  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+
+_PRESET = flags.DEFINE_string("preset", "qwen3-0.6b", "Model preset (shape only).")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 512, "Prompt tokens P.")
+_RESPONSE_LEN = flags.DEFINE_integer("response_len", 2048, "Response tokens R.")
+_MICRO_SEQS = flags.DEFINE_integer("micro_seqs", 1, "Sequences per micro-batch.")
+_MICRO_BATCHES = flags.DEFINE_integer("micro_batches", 2, "Micro-batches per update.")
+_GEN_BATCH = flags.DEFINE_integer("gen_batch", 16, "Sampler rows (prefill and decode).")
+_LAYOUTS = flags.DEFINE_list("layouts", ["loop", "scan"], "Layer layouts: loop, scan.")
+_PARTS = flags.DEFINE_list("parts", ["update", "sampler"], "Programs: update, sampler.")
+_REPEATS = flags.DEFINE_integer("repeats", 1, "Rounds over the layouts (interleaved).")
+_NUM_LAYERS = flags.DEFINE_integer("num_layers", 0, "Override the preset's layers (0: keep).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """One compiled program: its size, how long it took, and its memory (bytes)."""
+
+    stablehlo_chars: int
+    hlo_chars: int
+    lower_s: float
+    compile_s: float
+    temp: int
+    peak: int
+    load: float  # host 1-minute load average when the compile finished
+
+
+def compile_cost(lowered, lower_s: float) -> Cost:
+    """Compiles a ``jax.stages.Lowered`` (that took ``lower_s`` to lower) and measures it."""
+    from rl_batch.memory_plan import Compiled
+
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - t0
+    memory = Compiled.of(compiled)
+    return Cost(
+        stablehlo_chars=len(lowered.as_text()),
+        hlo_chars=len(compiled.as_text()),
+        lower_s=lower_s,
+        compile_s=compile_s,
+        temp=memory.temp,
+        peak=memory.peak,
+        load=os.getloadavg()[0],
+    )
+
+
+def _lower(fn, *args):
+    """(``fn.lower(*args)``, its seconds)."""
+    t0 = time.perf_counter()
+    lowered = fn.lower(*args)
+    return lowered, time.perf_counter() - t0
+
+
+def model_config(layout: str):
+    """The preset with the run config's memory settings, in layer layout ``layout``."""
+    from rl_batch import model as model_lib
+
+    config = model_lib.get_preset(_PRESET.value)
+    if _NUM_LAYERS.value:
+        config = config.replace(num_layers=_NUM_LAYERS.value)
+    config = model_lib.with_master_weights(model_lib.with_memory_defaults(config))
+    return config.replace(scan_layers=layout == "scan")
+
+
+def update_lowered(config):
+    """The GRPO update of ``micro_batches`` x ``micro_seqs`` sequences, lowered (with
+    its lowering seconds)."""
+    import jax
+
+    from rl_batch import grpo as grpo_lib
+    from rl_batch import learner, memory_plan
+
+    optimizer = learner.make_optimizer(1e-6, max_grad_norm=1.0)
+    mesh = memory_plan._mesh()
+    grpo = grpo_lib.GRPOConfig(micro_batches=_MICRO_BATCHES.value)
+    update = grpo_lib.make_update_fn(config, grpo, optimizer, mesh)
+    batch = _MICRO_BATCHES.value * _MICRO_SEQS.value
+    return _lower(
+        update,
+        memory_plan.abstract_train_state(config, optimizer),
+        memory_plan.abstract_batch(batch, _PROMPT_LEN.value, _RESPONSE_LEN.value),
+        jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
+    )
+
+
+def sampler_lowered(config):
+    """The sampler's prefill and decode loop for ``gen_batch`` rows, each lowered with
+    its seconds (decode state donated, as ``Sampler`` runs it)."""
+    import jax
+    import jax.numpy as jnp
+
+    from rl_batch import model as model_lib
+    from rl_batch import sampler as sampler_lib
+
+    params = model_lib.abstract_params(config)
+    b, p = _GEN_BATCH.value, _PROMPT_LEN.value
+    tokens = jax.ShapeDtypeStruct((b, p), jnp.int32)
+    mask = jax.ShapeDtypeStruct((b, p), jnp.bool_)
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    new = jax.ShapeDtypeStruct((), jnp.int32)
+    prefill = jax.jit(
+        functools.partial(
+            sampler_lib.prefill, config, response_len=_RESPONSE_LEN.value, eos_id=0, pad_id=0
+        )
+    )
+    state = jax.eval_shape(prefill, params, tokens, mask, rng, new)
+    decode = jax.jit(functools.partial(sampler_lib.decode, config), donate_argnums=1)
+    return _lower(prefill, params, tokens, mask, rng, new), _lower(decode, params, state)
+
+
+def _row(layout: str, part: str, round_: int, cost: Cost) -> str:
+    return (
+        f"| {layout} | {part} | {round_} | {cost.stablehlo_chars / 1e6:.2f} | "
+        f"{cost.hlo_chars / 1e6:.2f} | {cost.lower_s:.1f} | {cost.compile_s:.1f} | "
+        f"{cost.temp / 1e9:.2f} | {cost.peak / 1e9:.2f} | {cost.load:.1f} |"
+    )
+
+
+def main(argv):
+    del argv
+    import jax
+
+    for layout in _LAYOUTS.value:
+        if layout not in ("loop", "scan"):
+            raise app.UsageError(f"--layouts: {layout!r} is not one of loop, scan")
+    for part in _PARTS.value:
+        if part not in ("update", "sampler"):
+            raise app.UsageError(f"--parts: {part!r} is not one of update, sampler")
+    c = model_config(_LAYOUTS.value[0])
+    print(
+        f"{_PRESET.value}: {c.num_layers} layers, P + R = {_PROMPT_LEN.value} + "
+        f"{_RESPONSE_LEN.value}; update {_MICRO_BATCHES.value} x {_MICRO_SEQS.value} "
+        f"sequences (remat={c.remat}, attention={c.attention}, logits_chunk="
+        f"{c.logits_chunk}, params {c.param_dtype} / compute {c.dtype}); sampler "
+        f"gen_batch {_GEN_BATCH.value}; jax {jax.__version__}, {jax.default_backend()}",
+        flush=True,
+    )
+    print(
+        "| layout | program | round | StableHLO M chars | HLO M chars | lower s | "
+        "compile s | temp GB | peak GB | load 1m |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    for round_ in range(1, _REPEATS.value + 1):
+        for layout in _LAYOUTS.value:
+            config = model_config(layout)
+            if "update" in _PARTS.value:
+                print(_row(layout, "update", round_, compile_cost(*update_lowered(config))))
+            if "sampler" in _PARTS.value:
+                prefill, decode = sampler_lowered(config)
+                print(_row(layout, "prefill", round_, compile_cost(*prefill)))
+                print(_row(layout, "decode", round_, compile_cost(*decode)), flush=True)
+            jax.clear_caches()
+
+
+if __name__ == "__main__":
+    app.run(main)
