@@ -26,7 +26,6 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 
 import dataclasses  # noqa: E402
-import functools  # noqa: E402
 import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
@@ -96,47 +95,33 @@ def model_config(layout: str):
 def update_lowered(config):
     """The GRPO update of ``micro_batches`` x ``micro_seqs`` sequences, lowered (with
     its lowering seconds)."""
-    import jax
-
     from rl_batch import grpo as grpo_lib
     from rl_batch import learner, memory_plan
 
     optimizer = learner.make_optimizer(1e-6, max_grad_norm=1.0)
-    mesh = memory_plan._mesh()
-    grpo = grpo_lib.GRPOConfig(micro_batches=_MICRO_BATCHES.value)
-    update = grpo_lib.make_update_fn(config, grpo, optimizer, mesh)
-    batch = _MICRO_BATCHES.value * _MICRO_SEQS.value
-    return _lower(
-        update,
-        memory_plan.abstract_train_state(config, optimizer),
-        memory_plan.abstract_batch(batch, _PROMPT_LEN.value, _RESPONSE_LEN.value),
-        jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
+    update, args = memory_plan.update_program(
+        config,
+        grpo_lib.GRPOConfig(micro_batches=_MICRO_BATCHES.value),
+        optimizer,
+        batch=_MICRO_BATCHES.value * _MICRO_SEQS.value,
+        prompt_len=_PROMPT_LEN.value,
+        response_len=_RESPONSE_LEN.value,
     )
+    return _lower(update, *args)
 
 
 def sampler_lowered(config):
     """The sampler's prefill and decode loop for ``gen_batch`` rows, each lowered with
-    its seconds (decode state donated, as ``Sampler`` runs it)."""
-    import jax
-    import jax.numpy as jnp
+    its seconds (``memory_plan.sampler_programs``)."""
+    from rl_batch import memory_plan
 
-    from rl_batch import model as model_lib
-    from rl_batch import sampler as sampler_lib
-
-    params = model_lib.abstract_params(config)
-    b, p = _GEN_BATCH.value, _PROMPT_LEN.value
-    tokens = jax.ShapeDtypeStruct((b, p), jnp.int32)
-    mask = jax.ShapeDtypeStruct((b, p), jnp.bool_)
-    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-    new = jax.ShapeDtypeStruct((), jnp.int32)
-    prefill = jax.jit(
-        functools.partial(
-            sampler_lib.prefill, config, response_len=_RESPONSE_LEN.value, eos_id=0, pad_id=0
-        )
+    (prefill, prefill_args), (decode, decode_args) = memory_plan.sampler_programs(
+        config,
+        batch=_GEN_BATCH.value,
+        prompt_len=_PROMPT_LEN.value,
+        response_len=_RESPONSE_LEN.value,
     )
-    state = jax.eval_shape(prefill, params, tokens, mask, rng, new)
-    decode = jax.jit(functools.partial(sampler_lib.decode, config), donate_argnums=1)
-    return _lower(prefill, params, tokens, mask, rng, new), _lower(decode, params, state)
+    return _lower(prefill, *prefill_args), _lower(decode, *decode_args)
 
 
 def _row(layout: str, part: str, round_: int, cost: Cost) -> str:

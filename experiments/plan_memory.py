@@ -13,7 +13,9 @@ micro-batch and ``gen_batch`` that fit ``--device_memory``::
 remat, einsum attention, unchunked log-probs, per-layer blocks) for a before/after
 comparison. Estimates are single-device; the update's activations do not depend on the number of
 micro-batches (a scan), only on the sequences in one. Beyond the largest compiled size
-the fit is a straight line through the last two sizes (marked ``~``).
+the fit is a straight line through the last two sizes (marked ``~``), unless their
+peaks are flat (params-sized buffers set them at small sizes): then the largest compiled
+size is a lower bound (marked ``>=``; compile larger sizes).
 """
 
 import os
@@ -153,16 +155,20 @@ def main(argv):
             )
         gen_fit, _ = memory_plan.largest_fitting(gen_sizes, gen_peaks, budget)
 
-    def mark(extrapolated):
-        return "~" if extrapolated else ""
+    def mark(extrapolated, sizes, peaks, fit):
+        if extrapolated:
+            return "~"
+        # The largest compiled size fits, and its peak is flat: more may fit.
+        return ">=" if sizes and fit == sizes[-1] and memory_plan.is_flat(peaks) else ""
 
     print()
     for other in [budget] + [float(x) for x in _ALSO_FIT.value]:
         m_fit, m_extra = memory_plan.largest_fitting(micro_sizes, update_peaks, other)
-        line = f"fits {_gb(other)} GB: {mark(m_extra)}{m_fit} sequences per micro-batch"
+        m_mark = mark(m_extra, micro_sizes, update_peaks, m_fit)
+        line = f"fits {_gb(other)} GB: {m_mark}{m_fit} sequences per micro-batch"
         if not _SKIP_SAMPLER.value:
             g_fit, g_extra = memory_plan.largest_fitting(gen_sizes, gen_peaks, other)
-            line += f", gen_batch {mark(g_extra)}{g_fit}"
+            line += f", gen_batch {mark(g_extra, gen_sizes, gen_peaks, g_fit)}{g_fit}"
         print(line)
     if "sweep" in c:
         _sweep_table(c, micro_fit, None if _SKIP_SAMPLER.value else gen_fit)

@@ -86,6 +86,26 @@ def abstract_batch(b: int, p: int, r: int) -> learner.Batch:
     )
 
 
+def update_program(
+    model_config: model_lib.ModelConfig,
+    grpo_config: grpo_lib.GRPOConfig,
+    optimizer: optax.GradientTransformation,
+    *,
+    batch: int,
+    prompt_len: int,
+    response_len: int,
+) -> tuple[Any, tuple[Any, ...]]:
+    """The jitted ``grpo.make_update_fn`` and its abstract arguments (state, batch of
+    ``batch`` sequences of ``prompt_len + response_len`` tokens, key), on one device."""
+    update = grpo_lib.make_update_fn(model_config, grpo_config, optimizer, _mesh())
+    args = (
+        abstract_train_state(model_config, optimizer),
+        abstract_batch(batch, prompt_len, response_len),
+        jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
+    )
+    return update, args
+
+
 def update_memory(
     model_config: model_lib.ModelConfig,
     grpo_config: grpo_lib.GRPOConfig,
@@ -97,26 +117,27 @@ def update_memory(
 ) -> Compiled:
     """Compiles ``grpo.make_update_fn`` for a batch of ``batch`` sequences of
     ``prompt_len + response_len`` tokens (``grpo_config.micro_batches`` pieces)."""
-    mesh = _mesh()
-    update = grpo_lib.make_update_fn(model_config, grpo_config, optimizer, mesh)
-    lowered = update.lower(
-        abstract_train_state(model_config, optimizer),
-        abstract_batch(batch, prompt_len, response_len),
-        jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
+    update, args = update_program(
+        model_config,
+        grpo_config,
+        optimizer,
+        batch=batch,
+        prompt_len=prompt_len,
+        response_len=response_len,
     )
-    return Compiled.of(lowered.compile())
+    return Compiled.of(update.lower(*args).compile())
 
 
-def sampler_memory(
+def sampler_programs(
     model_config: model_lib.ModelConfig,
     *,
     batch: int,
     prompt_len: int,
     response_len: int,
-) -> tuple[Compiled, Compiled]:
-    """Compiles the sampler's prefill and decode loop for ``batch`` rows (gen_batch):
-    (prefill, decode). The decode state (KV cache included) is donated, as in
-    ``Sampler``."""
+) -> tuple[tuple[Any, tuple[Any, ...]], tuple[Any, tuple[Any, ...]]]:
+    """The sampler's jitted prefill and decode loop for ``batch`` rows (gen_batch), each
+    with its abstract arguments: ((prefill, args), (decode, args)). The decode state (KV
+    cache included) is donated, as in ``Sampler``."""
     params = model_lib.abstract_params(model_config)
     tokens = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
     mask = jax.ShapeDtypeStruct((batch, prompt_len), jnp.bool_)
@@ -127,16 +148,44 @@ def sampler_memory(
             sampler_lib.prefill, model_config, response_len=response_len, eos_id=0, pad_id=0
         )
     )
-    pre = prefill.lower(params, tokens, mask, rng, new)
-    state = jax.eval_shape(prefill, params, tokens, mask, rng, new)
+    prefill_args = (params, tokens, mask, rng, new)
+    state = jax.eval_shape(prefill, *prefill_args)
     decode = jax.jit(functools.partial(sampler_lib.decode, model_config), donate_argnums=1)
-    dec = decode.lower(params, state)
-    return Compiled.of(pre.compile()), Compiled.of(dec.compile())
+    return (prefill, prefill_args), (decode, (params, state))
+
+
+def sampler_memory(
+    model_config: model_lib.ModelConfig,
+    *,
+    batch: int,
+    prompt_len: int,
+    response_len: int,
+) -> tuple[Compiled, Compiled]:
+    """Compiles the sampler's prefill and decode loop for ``batch`` rows (gen_batch):
+    (prefill, decode) (``sampler_programs``)."""
+    programs = sampler_programs(
+        model_config, batch=batch, prompt_len=prompt_len, response_len=response_len
+    )
+    pre, dec = (Compiled.of(fn.lower(*args).compile()) for fn, args in programs)
+    return pre, dec
+
+
+# Peaks that grow less than this fraction between the two largest compiled sizes are
+# flat: params-sized buffers (gradients, accumulator, optimizer update) set the peak
+# there, so a line through them says nothing about larger sizes (qwen3-4b at 512 + 2048
+# peaked at 102.01 GB for both 2 and 4 sequences, and the line "fit" ~667856).
+FLAT_GROWTH = 0.01
+
+
+def is_flat(peaks: list[int]) -> bool:
+    """Whether the last two peaks are too close for a straight line (``FLAT_GROWTH``)."""
+    return len(peaks) >= 2 and peaks[-1] - peaks[-2] < FLAT_GROWTH * peaks[-1]
 
 
 def largest_fitting(sizes: list[int], peaks: list[int], budget: float) -> tuple[int, bool]:
     """The largest size whose peak fits ``budget``, from peaks measured at ``sizes``
-    (ascending) and a straight line through the last two beyond them.
+    (ascending) and a straight line through the last two beyond them (not when they are
+    flat, ``is_flat``: then the largest measured size, a lower bound).
 
     Returns:
       (size, extrapolated): 0 if even the smallest measured size does not fit;
@@ -145,12 +194,10 @@ def largest_fitting(sizes: list[int], peaks: list[int], budget: float) -> tuple[
     fitting = [s for s, p in zip(sizes, peaks) if p <= budget]
     if not fitting:
         return 0, False
-    if len(sizes) < 2 or fitting[-1] != sizes[-1]:
+    if len(sizes) < 2 or fitting[-1] != sizes[-1] or is_flat(peaks):
         return fitting[-1], False
     (s0, p0), (s1, p1) = (sizes[-2], peaks[-2]), (sizes[-1], peaks[-1])
     slope = (p1 - p0) / (s1 - s0)
-    if slope <= 0:
-        return sizes[-1], False
     return max(sizes[-1], int(s1 + (budget - p1) // slope)), True
 
 

@@ -17,6 +17,9 @@ def test_largest_fitting():
     assert memory_plan.largest_fitting([1, 2, 4], [14, 18, 26], 20) == (2, False)
     assert memory_plan.largest_fitting([1, 2], [14, 18], 13) == (0, False)
     assert memory_plan.largest_fitting([4], [26], 30) == (4, False)
+    # Flat peaks (params-sized buffers set them): no line, the largest measured size.
+    assert memory_plan.largest_fitting([2, 4], [102_010, 102_011], 141_000) == (4, False)
+    assert memory_plan.is_flat([102_010, 102_011]) and not memory_plan.is_flat([14, 18])
 
 
 _SCRIPT = """
@@ -81,7 +84,9 @@ def _plan_cli(*flags, config="experiments/configs/grpo_cpu.py"):
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.plan_memory", f"--config={config}"]
         + ["--config.model.preset=tiny-1m", "--prompt_len=8", "--response_len=16"]
-        + ["--micro_seqs=1,2", "--gen_batches=2,4", *flags],
+        # (At 1 or 2 sequences params-sized buffers set the tiny update's peak: flat, no
+        # line to extrapolate. At 64 and 128 the activations show.)
+        + ["--micro_seqs=64,128", "--gen_batches=2,4", *flags],
         capture_output=True,
         text=True,
         timeout=900,
