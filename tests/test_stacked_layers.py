@@ -213,3 +213,35 @@ def test_hf_checkpoint_maps_to_and_from_the_stack(tmp_path, family):
     _assert_trees_equal(got, model_lib.stack_layers(params))
     _, host = hf_lib.load_hf_checkpoint(tmp_path / "per_layer", scan_layers=True, as_numpy=True)
     assert isinstance(host["layers"]["mlp"]["up_df"], np.ndarray)
+
+
+def test_a_stacked_run_resumes_exports_and_matches_the_per_layer_run(tmp_path):
+    """End to end: a run of the stacked model, stopped and resumed from its checkpoint,
+    logs the updates of an uninterrupted per-layer run (same seed), and its export is
+    the per-layer HF checkpoint of its params."""
+    from rl_batch import artifacts, export
+    from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
+
+    work = str(tmp_path / "work")
+    loop_dir, stacked_dir = str(tmp_path / "loop"), str(tmp_path / "stacked")
+    run_lib.run(tiny_run_config(work, loop_dir, budget_responses=64), progress=False)
+    for budget in (32, 64):
+        c = tiny_run_config(work, stacked_dir, budget_responses=budget)
+        c.model.overrides.scan_layers = True
+        run_lib.run(c, progress=False)
+    loop = deterministic(artifacts.read_metrics(loop_dir), "update")
+    stacked = deterministic(artifacts.read_metrics(stacked_dir), "update")
+    assert len(loop) == len(stacked) == 4
+    assert_same_records(loop, stacked, rel=1e-5, abs=1e-7)
+
+    out = str(tmp_path / "hf")
+    export.export_run(stacked_dir, out)
+    hf_config, per_layer = hf_lib.load_hf_checkpoint(out, as_numpy=True)
+    assert not hf_config.scan_layers and not model_lib.is_stacked(per_layer)
+    # (The run stored its blocks stacked: a per-layer tree would not match this.)
+    ckpt = Checkpointer(str(tmp_path / "stacked" / artifacts.CHECKPOINT_DIR))
+    stacked_params = ckpt.restore_policy_params(
+        model_lib.abstract_params(hf_config.replace(scan_layers=True))
+    )
+    ckpt.close()
+    _assert_trees_equal(model_lib.stack_layers(per_layer), stacked_params)
