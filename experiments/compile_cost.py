@@ -15,7 +15,9 @@ compile::
 ``lax.scan``). The model gets the run config's settings for its size (remat, attention,
 log-prob chunks, float32 master weights under bf16 compute). Runs on the CPU backend
 with ``--xla_cpu_enable_concurrency_optimized_scheduler=false`` (as
-``experiments.plan_memory``); times are this host's, comparable only within one table.
+``experiments.plan_memory``), with the persistent compilation cache off (a cache hit
+would time a read, not a compile); times are this host's, comparable only within one
+table.
 """
 
 import os
@@ -135,6 +137,8 @@ def _row(layout: str, part: str, round_: int, cost: Cost) -> str:
 def main(argv):
     del argv
     import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)
 
     for layout in _LAYOUTS.value:
         if layout not in ("loop", "scan"):

@@ -11,8 +11,8 @@ micro-batch and ``gen_batch`` that fit ``--device_memory``::
 
 ``--baseline`` compiles the settings before issue 19 (bf16 params and Adam moments, no
 remat, einsum attention, unchunked log-probs, per-layer blocks) for a before/after
-comparison. Estimates are single-device; the update's activations do not depend on the number of
-micro-batches (a scan), only on the sequences in one. Beyond the largest compiled size
+comparison. Estimates are single-device; the update's activations do not depend on the
+number of micro-batches (a scan), only on the sequences in one. Beyond the largest compiled size
 the fit is a straight line through the last two sizes (marked ``~``), unless their
 peaks are flat (params-sized buffers set them at small sizes): then the largest compiled
 size is a lower bound (marked ``>=``; compile larger sizes).
