@@ -20,7 +20,7 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-from rl_batch import grpo, lr_rules, ppo, tracking
+from rl_batch import grpo, lr_rules, ppo, targets, tracking
 from rl_batch import model as model_lib
 from rl_batch.sampler import Sampler, SamplingConfig
 from rl_batch.tasks.custom_reward import WithReward
@@ -424,6 +424,11 @@ def _field_errors(c: ConfigDict) -> list[str]:
         band_lo is None or 0 <= band_lo < c.target,
         f"target_band_lo={band_lo}: must be below the target {c.target} (or None)",
     )
+    crossing = c.get("target_crossing", "update")
+    check(
+        crossing in targets.CROSSINGS,
+        f"target_crossing={crossing!r}: expected one of {targets.CROSSINGS}",
+    )
     check(c.init.source in INIT_SOURCES, f"init.source={c.init.source!r}: expected {INIT_SOURCES}")
     check(
         c.init.source in ("pretrain", "scratch") or bool(c.init.path),
@@ -653,6 +658,7 @@ def _optimizer_settings(c: ConfigDict) -> dict:
 # computation of the steps already done.
 RESUME_ALLOWED = (
     "budget_responses",
+    "target_crossing",  # (how summary.json reads N* off the evaluations; training is the same)
     "stop_at_target",
     "confirm_evals",
     "checkpoint_every",

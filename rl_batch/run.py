@@ -266,7 +266,8 @@ def _summary(c: ConfigDict, counters: Counters, records: list[dict], status: str
     """``summary.json`` from the counters and the run's metric lines (all sessions)."""
     # N*, T, q and updates count from the first policy update (after any critic warm-up),
     # computed exactly as the analysis does (``rl_batch.targets``).
-    reach = targets.reach_of_records(records, c.target)
+    crossing = c.get("target_crossing", "update")
+    reach = targets.reach_of_records(records, c.target, crossing=crossing)
     ys = [r["eval_accuracy"] for r in records if r["kind"] == "eval"]
     summary: dict[str, Any] = {
         "status": status,
@@ -300,7 +301,7 @@ def _summary(c: ConfigDict, counters: Counters, records: list[dict], status: str
     if not reach.reached:
         summary["n_star_text"] = artifacts.NOT_REACHED
     if c.get("target_band_lo") is not None:  # the whole-curve estimator the analysis uses
-        band = targets.reach_of_records(records, c.target, c.target_band_lo)
+        band = targets.reach_of_records(records, c.target, c.target_band_lo, crossing)
         summary["target_band_lo"] = c.target_band_lo
         summary["n_star_band"] = band.n_star
         summary["time_to_band_s"] = band.time_to_target_s

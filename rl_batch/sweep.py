@@ -265,6 +265,7 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
         "algo": base.algo,
         "target": base.target,
         "target_band_lo": base.get("target_band_lo"),
+        "target_crossing": base.get("target_crossing", "update"),
         "reference": ref_name,
         "reference_key": ref_key,
         "budget_responses": base.budget_responses,

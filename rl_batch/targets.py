@@ -13,10 +13,16 @@ Definitions (DESIGN.md section 2):
   on through the warm-up (a run loop that already starts them at the actor needs none);
   the actor is unchanged during the warm-up, so the last evaluation made during it
   becomes the evaluation at zero responses.
-- ``N*``: retained responses when validation accuracy first reaches the target, linearly
-  interpolated between the two evaluations that bracket the first crossing (the first
-  evaluation's responses when it already meets the target; ``None``, "not reached",
-  when no evaluation does).
+- ``N*``: retained responses at the update after which validation accuracy first reaches
+  the target. Accuracy is interpolated linearly between the two evaluations that bracket
+  the first crossing, and N* is the first update line at or after that crossing: the
+  policy changes only at updates, so a batch of B responses reaches a level at a
+  multiple of B, never between. (The interpolated point alone sits on average half a
+  batch early, a bias that grows with B: from the default study's runs R1 + R2 it put
+  r_N at B = 256 at 1.28 where the update-aligned N* gives 1.33.) The first evaluation's
+  responses when it already meets the target; ``None``, "not reached", when no
+  evaluation does. ``crossing="linear"`` (a run config's ``target_crossing``; sweeps
+  written before that field read as it) keeps the interpolated point itself.
 - ``T``: training seconds when the run had consumed N* responses, interpolated on the
   update lines (every update records its cumulative responses and time, so this grid is
   exact at each update; the evaluation grid would spread a slow stretch of updates
@@ -35,6 +41,10 @@ from typing import Any
 import numpy as np
 
 from rl_batch import artifacts
+
+# How N* is read off the evaluations (module docstring): at the update that realizes the
+# interpolated crossing, or at the interpolated point itself.
+CROSSINGS = ("update", "linear")
 
 
 def first_crossing(x: Sequence[float], y: Sequence[float], target: float) -> float | None:
@@ -60,6 +70,26 @@ def first_crossing(x: Sequence[float], y: Sequence[float], target: float) -> flo
     x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
     # y0 < target <= y1, so y1 > y0.
     return float(x0 + (target - y0) * (x1 - x0) / (y1 - y0))
+
+
+def update_crossing(n_cross: float | None, responses: np.ndarray) -> float | None:
+    """The first update's retained responses at or after an interpolated crossing.
+
+    Args:
+      n_cross: the interpolated crossing (`first_crossing`), or ``None``.
+      responses: [U] retained responses after each update (non-decreasing).
+
+    Returns:
+      ``responses[k]`` for the first ``k`` with ``responses[k] >= n_cross`` (a crossing at
+      or before zero responses stays where it is); ``n_cross`` itself when no update
+      reaches it (a run without update lines); ``None`` when ``n_cross`` is.
+    """
+    if n_cross is None or n_cross <= 0:
+        return n_cross
+    # (A relative tolerance: an interpolated point that lands on an update up to float
+    # rounding is that update.)
+    k = int(np.searchsorted(responses, n_cross * (1 - 1e-12), side="left"))
+    return float(responses[k]) if k < len(responses) else float(n_cross)
 
 
 def interp_first(xq: float, xp: np.ndarray, fp: np.ndarray) -> float:
@@ -206,6 +236,7 @@ def time_to_target(
     time_train: np.ndarray,
     updates_done: np.ndarray,
     target: float,
+    crossing: str = "update",
 ) -> Reach:
     """N*, T, q and updates-to-target from a run's actor axes (see the module docstring).
 
@@ -216,14 +247,23 @@ def time_to_target(
       time_train: [U] training seconds after each actor update.
       updates_done: [U] actor updates done after each update.
       target: validation accuracy to reach.
+      crossing: one of `CROSSINGS`: N* at the update that realizes the interpolated
+        crossing (``"update"``) or at the interpolated point (``"linear"``).
 
     Returns:
       The run's ``Reach``.
+
+    Raises:
+      ValueError: ``crossing`` is not one of `CROSSINGS`.
     """
+    if crossing not in CROSSINGS:
+        raise ValueError(f"target_crossing={crossing!r}: expected one of {CROSSINGS}")
     n_final = float(responses[-1]) if len(responses) else 0.0
     t_final = float(time_train[-1]) if len(time_train) else 0.0
     q_run = n_final / t_final if t_final > 0 else None
     n_star = first_crossing(eval_responses, eval_accuracy, target)
+    if crossing == "update":
+        n_star = update_crossing(n_star, responses)
     if n_star is None:
         return Reach(None, None, q_run, None, n_final, t_final)
     # Axes start at (0 responses, 0 s, 0 updates).
@@ -258,6 +298,7 @@ def time_to_band(
     time_train: np.ndarray,
     updates_done: np.ndarray,
     levels: Sequence[float],
+    crossing: str = "update",
 ) -> Reach:
     """`time_to_target` over a band of accuracy levels: the whole-curve estimator.
 
@@ -276,6 +317,7 @@ def time_to_band(
             time_train=time_train,
             updates_done=updates_done,
             target=float(a),
+            crossing=crossing,
         )
         for a in levels
     ]
@@ -295,10 +337,13 @@ def time_to_band(
 
 
 def reach_of_records(
-    records: Iterable[dict[str, Any]], target: float, band_lo: float | None = None
+    records: Iterable[dict[str, Any]],
+    target: float,
+    band_lo: float | None = None,
+    crossing: str = "update",
 ) -> Reach:
     """``time_to_target`` (with ``band_lo``: ``time_to_band`` over ``[band_lo, target]``)
-    of a run's metric lines (``metrics.jsonl`` order)."""
+    of a run's metric lines (``metrics.jsonl`` order), N* read by ``crossing``."""
     axes = actor_axes(records)
     return time_to_band(
         eval_responses=axes.eval_responses,
@@ -307,4 +352,5 @@ def reach_of_records(
         time_train=axes.time_train,
         updates_done=axes.updates_done,
         levels=band_levels(target, band_lo),
+        crossing=crossing,
     )

@@ -107,3 +107,22 @@ def test_power_is_the_ratio_half_width_and_the_seeds_it_needs(tmp_path):
     text = "\n".join(measurement.measurement_section(analysis))
     assert "Power: 0 of 2 ratio intervals (r_N, T/T_ref) have half-width <= 0.2" in text
     assert f"at about {max(p.r_n_seeds, p.r_t_seeds)} seeds per configuration" in text
+
+
+def test_sweep_json_says_how_n_star_is_read(tmp_path):
+    # A sweep.json without target_crossing (written before the field) reads N* at the
+    # interpolated point; one that says "update" at the update that realizes it.
+    d = fx.write_sweep(str(tmp_path), configs=CONFIGS)
+    old = ttt.analyze_sweep(curves.load_sweep(d))
+    raw = artifacts.read_json(os.path.join(d, artifacts.SWEEP_FILE))
+    assert "target_crossing" not in raw and old.crossing == "linear"
+    raw["target_crossing"] = "update"
+    artifacts.write_json_atomic(os.path.join(d, artifacts.SWEEP_FILE), raw)
+    new = ttt.analyze_sweep(curves.load_sweep(d))
+    assert new.crossing == "update"
+    for name, rt in new.targets.items():
+        run = new.sweep.run(name)
+        assert rt.n_star in set(run.responses)  # on an update line
+        assert 0 <= rt.n_star - old.targets[name].n_star < run.key.prompts * run.key.group_size
+    text = "\n".join(measurement.measurement_section(new))
+    assert "N* is the first update at or after the crossing" in text

@@ -85,7 +85,14 @@ def test_run_time_to_target_interpolates_n_time_updates(tmp_path):
     assert rt.time_to_target_s == pytest.approx(45.0)
     assert rt.q == pytest.approx(300.0 / 45.0)
     assert rt.updates_to_target == pytest.approx(3.0)
+    # 0.5 is interpolated at 250 responses, between the updates at 200 and 300: the
+    # policy first reaches it with the update at 300 ...
     rt = ttt.run_time_to_target(run, 0.5)
+    assert rt.n_star == pytest.approx(300.0)
+    assert rt.time_to_target_s == pytest.approx(45.0)
+    assert rt.updates_to_target == pytest.approx(3.0)
+    # ... and at the interpolated point itself with crossing="linear".
+    rt = ttt.run_time_to_target(run, 0.5, crossing="linear")
     assert rt.n_star == pytest.approx(250.0)
     assert rt.time_to_target_s == pytest.approx(35.0)  # Halfway between 25 s and 45 s.
     assert rt.updates_to_target == pytest.approx(2.5)

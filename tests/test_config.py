@@ -180,6 +180,7 @@ PPO = {"algo": "ppo", "group_size": 1, "filter_groups": False}
         ({"eval_metric": "pass"}, "eval_metric='pass': expected one of ('mean_at_k', 'p_ref')"),
         ({"eval_ref_prompts": -1}, "eval_ref_prompts=-1: must be >= 0"),
         ({"target": 0.4, "target_band_lo": 0.4}, "target_band_lo=0.4: must be below the target"),
+        ({"target_crossing": "nearest"}, "target_crossing='nearest': expected one of"),
         ({"task.name": "math", "eval_metric": "p_ref"}, "eval_metric='p_ref' needs a task with"),
         ({"b1": 1.0}, "b1=1.0: must be in [0, 1)"),
         ({"eps": -1e-8}, "eps=-1e-08: must be >= 0"),

@@ -112,10 +112,14 @@ def _linear_run_records():
 
 
 def test_band_is_the_geometric_mean_of_the_levels_crossings():
-    # Level a is crossed at n = 1000 (a - 0.4): 0.42 .. 0.46 -> 20, 25, ..., 60 responses.
+    # Level a is interpolated at n = 1000 (a - 0.4): 0.42 .. 0.46 -> 20, 25, ..., 60
+    # responses; each is reached by the next update of 10 responses.
     reach = targets.reach_of_records(_linear_run_records(), 0.46, band_lo=0.42)
-    ns = np.linspace(20.0, 60.0, targets.BAND_LEVELS)
+    ns = np.array([20.0, 30, 30, 40, 40, 50, 50, 60, 60])
     assert reach.n_star == pytest.approx(float(np.exp(np.log(ns).mean())))
+    linear = targets.reach_of_records(_linear_run_records(), 0.46, 0.42, crossing="linear")
+    ns = np.linspace(20.0, 60.0, targets.BAND_LEVELS)
+    assert linear.n_star == pytest.approx(float(np.exp(np.log(ns).mean())))
     assert reach.time_to_target_s == pytest.approx(reach.n_star / 10)  # 10 responses/s
     assert reach.updates_to_target == pytest.approx(reach.n_star / 10)
     # The band's top level alone is the single-target N*.
@@ -141,3 +145,33 @@ def test_summary_carries_the_band_estimate():
     band = targets.reach_of_records(_linear_run_records(), 0.46, 0.42)
     assert s["n_star"] == pytest.approx(60.0)
     assert s["n_star_band"] == band.n_star and s["time_to_band_s"] == band.time_to_target_s
+
+
+def test_update_crossing_hand_values():
+    responses = np.array([64.0, 128.0, 128.0, 192.0])  # the third update kept nothing
+    assert targets.update_crossing(100.0, responses) == 128.0
+    assert targets.update_crossing(128.0, responses) == 128.0  # on an update: that one
+    assert targets.update_crossing(128.0 * (1 + 1e-14), responses) == 128.0  # float rounding
+    assert targets.update_crossing(150.0, responses) == 192.0
+    assert targets.update_crossing(0.0, responses) == 0.0  # met before any update
+    assert targets.update_crossing(300.0, responses) == 300.0  # past the update lines
+    assert targets.update_crossing(None, responses) is None
+
+
+def test_one_update_per_evaluation_reaches_at_the_evaluation():
+    # B = 256 with an evaluation after every update: accuracy 0.40 -> 0.50 -> 0.60. The
+    # interpolated 0.45 sits at 128 responses, but no policy between the two evaluations
+    # exists: the update at 256 reaches it, at its time and update count.
+    lines = [{"kind": "eval", "step": 0, "responses_cum": 0, "time_train_cum_s": 0.0,
+              "eval_accuracy": 0.40}]  # fmt: skip
+    for step, acc in ((1, 0.50), (2, 0.60)):
+        lines.append({"kind": "update", "step": step, "responses_cum": 256 * step,
+                      "time_train_cum_s": 2.0 * step})  # fmt: skip
+        lines.append({"kind": "eval", "step": step, "responses_cum": 256 * step,
+                      "time_train_cum_s": 2.0 * step, "eval_accuracy": acc})  # fmt: skip
+    reach = targets.reach_of_records(lines, 0.45)
+    assert (reach.n_star, reach.time_to_target_s, reach.updates_to_target) == (256.0, 2.0, 1.0)
+    linear = targets.reach_of_records(lines, 0.45, crossing="linear")
+    assert (linear.n_star, linear.time_to_target_s, linear.updates_to_target) == (128.0, 1.0, 0.5)
+    with pytest.raises(ValueError, match="target_crossing='nearest'"):
+        targets.reach_of_records(lines, 0.45, crossing="nearest")

@@ -209,6 +209,10 @@ def run_config() -> ConfigDict:
     # means over 9 levels; rl_batch.targets.time_to_band), the whole-curve estimator the
     # analysis then uses for every ratio. None: the single target.
     c.target_band_lo = config_dict.placeholder(float)
+    # How N* is read off the evaluations: "update" (the update that realizes the crossing
+    # interpolated between two evaluations: a batch of B responses reaches a level at a
+    # multiple of B) or "linear" (the interpolated point; on average half a batch early).
+    c.target_crossing = "update"
     c.stop_at_target = False  # stop once the target has been reached confirm_evals times
     c.confirm_evals = 2
 

@@ -135,6 +135,9 @@ class Sweep:
     runs: tuple[RunData, ...]
     raw: dict[str, Any]
     target_band_lo: float | None = None  # the whole-curve band's lower edge, if any
+    # How N* is read off the evaluations (rl_batch.targets.CROSSINGS); a sweep.json
+    # written before the field existed used the interpolated point ("linear").
+    target_crossing: str = "linear"
     calibration: dict[str, float] | None = None  # "PxG:rule" -> calibrated step seconds
 
     def run(self, name: str) -> RunData:
@@ -278,6 +281,7 @@ def load_sweep(sweep_dir: str) -> Sweep:
         runs=tuple(runs),
         raw=raw,
         target_band_lo=None if raw.get("target_band_lo") is None else float(raw["target_band_lo"]),
+        target_crossing=str(raw.get("target_crossing", "linear")),
         calibration=artifacts.read_calibration(sweep_dir),
     )
 

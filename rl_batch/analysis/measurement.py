@@ -239,6 +239,17 @@ def measurement_section(analysis: Analysis) -> list[str]:
         )
     else:
         out.append("- Estimator: N*, T and q at the single target.")
+    out.append(
+        "- Crossing: "
+        + (
+            "N* is the first update at or after the crossing interpolated between two "
+            'evaluations (`target_crossing="update"`: a batch of B responses reaches a '
+            "level at a multiple of B)."
+            if analysis.crossing == "update"
+            else "N* is the crossing interpolated between two evaluations "
+            '(`target_crossing="linear"`; on average half a batch early).'
+        )
+    )
     noise = validation_noise(analysis)
     if noise is not None:
         out.append(

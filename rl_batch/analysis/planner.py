@@ -57,6 +57,7 @@ from rl_batch.analysis.time_to_target import (
     first_crossing,
     fmt_estimate,
     ratio_estimates,
+    update_crossing,
 )
 
 PILOT_METHODS = ("intermediate", "fit")
@@ -436,7 +437,8 @@ def plan_pilot(
         if method == "intermediate":
             if level is None or not level > a0:
                 return None  # No learning visible in the window: nothing to compare.
-            return first_crossing(run.eval_responses, run.eval_accuracy, level)
+            n = first_crossing(run.eval_responses, run.eval_accuracy, level)
+            return update_crossing(n, run.responses) if full.crossing == "update" else n
         fit = fit_saturating(run.eval_responses, run.eval_accuracy)
         return None if fit is None else fit.responses_to(full.target)
 

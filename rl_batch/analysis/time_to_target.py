@@ -65,6 +65,7 @@ def check_method(method: str) -> str:
 
 # The one definition of N*, T and q lives below the analysis (summary.json uses it too).
 first_crossing = targets.first_crossing
+update_crossing = targets.update_crossing
 interp_first = targets.interp_first
 
 
@@ -103,7 +104,11 @@ FINISHED_STATUSES = ("finished", "pilot")
 
 
 def run_time_to_target(
-    run: RunData, target: float, band_lo: float | None = None, step_s: float | None = None
+    run: RunData,
+    target: float,
+    band_lo: float | None = None,
+    step_s: float | None = None,
+    crossing: str = "update",
 ) -> RunTarget:
     """Computes N*, T, q and updates-to-target of one run.
 
@@ -114,6 +119,7 @@ def run_time_to_target(
         (``targets.time_to_band``) instead of the single target.
       step_s: the configuration's calibrated seconds per training step: T becomes
         ``updates_to_target x step_s`` and q follows (the measured ones are kept).
+      crossing: how N* is read off the evaluations (`targets.CROSSINGS`).
 
     Returns:
       The run's ``RunTarget`` (``finished`` is False unless the status is ``finished``
@@ -127,6 +133,7 @@ def run_time_to_target(
         time_train=run.time_train,
         updates_done=run.updates_done,
         levels=targets.band_levels(target, band_lo),
+        crossing=crossing,
     )
     t, q = r.time_to_target_s, r.q
     if step_s is not None:
@@ -503,6 +510,7 @@ class Analysis:
     method: str = DEFAULT_METHOD
     band_lo: float | None = None  # set: N*, T, q are band means over [band_lo, target]
     calibrated: bool = False  # T and q from the sweep's calibration.json
+    crossing: str = "update"  # how N* is read off the evaluations (targets.CROSSINGS)
 
     def ratios_against(self, reference: ConfigKey) -> dict[ConfigKey, Ratios]:
         """Ratios of every configuration against another reference."""
@@ -589,6 +597,7 @@ def analyze_sweep(
     method: str = DEFAULT_METHOD,
     band_lo: float | None | str = "sweep",
     calibrated: bool = True,
+    crossing: str = "sweep",
 ) -> Analysis:
     """Time-to-target analysis of a sweep.
 
@@ -602,6 +611,8 @@ def analyze_sweep(
         (default) takes ``sweep.json``'s ``target_band_lo``, ``None`` the single target.
       calibrated: use the sweep's calibrated step times (``calibration.json``) for T and q
         where it has them (every configuration, or none is used).
+      crossing: how N* is read off the evaluations (`targets.CROSSINGS`); ``"sweep"``
+        (default) takes ``sweep.json``'s ``target_crossing``.
 
     Returns:
       The ``Analysis``.
@@ -613,6 +624,8 @@ def analyze_sweep(
         raise ValueError(f"sweep {sweep.sweep_dir}: no target in sweep.json; pass target=")
     if band_lo == "sweep":
         band_lo = sweep.target_band_lo
+    if crossing == "sweep":
+        crossing = sweep.target_crossing
     step_s = sweep.calibration if calibrated else None
     if step_s and not all(run.key.point_key in step_s for run in sweep.runs):
         log.warning("sweep %s: calibration.json misses configurations; not used", sweep.sweep_dir)
@@ -622,7 +635,7 @@ def analyze_sweep(
         ok, why = run_is_usable(run)
         if ok:
             step = step_s[run.key.point_key] if step_s else None
-            targets[run.name] = run_time_to_target(run, target, band_lo, step)
+            targets[run.name] = run_time_to_target(run, target, band_lo, step, crossing)
             used.append(run)
         else:
             excluded.append((run.name, why))
@@ -649,4 +662,5 @@ def analyze_sweep(
         method,
         band_lo,
         bool(step_s),
+        crossing,
     )
