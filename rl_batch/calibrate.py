@@ -68,6 +68,8 @@ class _Stepper:
 
     def __init__(self, c: ConfigDict):
         self.c = c
+        if c.get("xla_cache", False):  # the runs' compiled programs (as ``run.run`` reads them)
+            run_lib.enable_xla_cache(c.work_dir)
         task = config_lib.make_task(c)
         tokenizer = config_lib.make_tokenizer(c)
         model_config = config_lib.make_model_config(c)
