@@ -17,6 +17,7 @@ Multi-process (one command per process; on TPU VMs / SLURM use
 
 import os
 import signal
+import sys
 
 from absl import app, flags, logging
 from ml_collections import ConfigDict
@@ -35,6 +36,9 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", "", "host:port of proc
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes of a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index.")
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress bar.")
+_SERVE = flags.DEFINE_bool(
+    "serve", False, "Run the points a sweep sends on stdin, one after another (sweep.Worker)."
+)
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the config (after overrides) and exit."
 )
@@ -47,8 +51,22 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def serve() -> None:
+    """``--serve``: a sweep's worker (``rl_batch.sweep.serve_points``)."""
+    from rl_batch import locks, sweep  # After flag parsing: jax reads XLA_FLAGS at import.
+
+    logging.set_verbosity(logging.WARNING)
+    signal.signal(signal.SIGTERM, _interrupt)
+    locks.die_with_parent()
+    replies = os.fdopen(os.dup(1), "w")  # the protocol; stray output goes to stderr
+    os.dup2(2, 1)
+    sweep.serve_points(sys.stdin, replies)
+
+
 def main(argv):
     del argv
+    if _SERVE.value:
+        return serve()
     if _CONFIG_JSON.value:
         config = ConfigDict(artifacts.read_json(_CONFIG_JSON.value))
     else:

@@ -447,14 +447,115 @@ def run_child(cmd: list[str], log_path: str) -> int:
                 proc.wait()
 
 
-def _run_subprocess(config: ConfigDict, log_path: str) -> None:
-    """Runs one point as ``python -m experiments.train`` with the config as JSON."""
+def _run_subprocess(config: ConfigDict, log_path: str, worker: Worker | None = None) -> None:
+    """Runs one point as ``python -m experiments.train`` with the config as JSON (in
+    ``worker``, a process that runs points one after another, when one is given)."""
     cfg_path = os.path.join(config.run_dir, "requested_config.json")
     artifacts.write_json_atomic(cfg_path, config.to_dict())
+    if worker is not None:
+        worker.run(cfg_path, log_path)
+        return
     cmd = [sys.executable, "-m", "experiments.train", f"--config_json={cfg_path}", "--resume"]
     returncode = run_child(cmd, log_path)
     if returncode != 0:
         raise RuntimeError(f"subprocess exited with {returncode}; see {log_path}")
+
+
+class Worker:
+    """A child process (``experiments.train --serve``) that runs points one at a time.
+
+    A sweep's concurrent points each used to start a process of their own; on a 2-core
+    CPU the import and the first-call compiles were a fifth of a short run's wall time.
+    A worker keeps both across the points it runs. The protocol (`serve_points` is the
+    other end): one JSON line ``{"config_json": path, "log": path}`` per point on the
+    child's stdin; one JSON line ``{"ok": bool, "error": str}`` back on its stdout once
+    the point has ended. The point's own output (progress bar, warnings, a traceback)
+    is appended to its log, as a child of its own would write it. A child that dies
+    takes only its current point with it (recorded as failed, as before); the next point
+    starts a new child. ``stderr_path`` receives what the child prints between points.
+    """
+
+    def __init__(self, stderr_path: str):
+        self.stderr_path = stderr_path
+        self.proc: subprocess.Popen | None = None
+
+    def _start(self) -> subprocess.Popen:
+        env = {**os.environ, locks.PARENT_PID_ENV: str(os.getpid())}
+        with open(self.stderr_path, "a") as err:
+            return subprocess.Popen(
+                [sys.executable, "-m", "experiments.train", "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=env,
+                text=True,
+            )
+
+    def run(self, cfg_path: str, log_path: str) -> None:
+        """Runs one point; raises RuntimeError (naming ``log_path``) if it failed."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+        try:
+            self.proc.stdin.write(json.dumps({"config_json": cfg_path, "log": log_path}) + "\n")
+            self.proc.stdin.flush()
+            reply = self.proc.stdout.readline()
+        except BrokenPipeError:
+            reply = ""
+        if not reply:  # the child died in the point
+            code = self.proc.wait()
+            self.proc = None
+            raise RuntimeError(f"worker process exited with {code}; see {log_path}")
+        answer = json.loads(reply)
+        if not answer["ok"]:
+            raise RuntimeError(f"{answer['error']}; see {log_path}")
+
+    def close(self) -> None:
+        """Ends the child (end of input: it exits after its current point)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+        self.proc = None
+
+
+def serve_points(requests, replies) -> None:
+    """The child side of `Worker`: runs each requested point in this process.
+
+    Args:
+      requests: lines of ``{"config_json": path, "log": path}`` (a text stream).
+      replies: where each point's ``{"ok", "error"}`` line goes (a text stream that is
+        not this process's stdout: fds 1 and 2 are the point's log while it runs).
+    """
+    from rl_batch import run as run_lib  # Imported late: jax reads XLA_FLAGS at import.
+
+    for line in requests:
+        request = json.loads(line)
+        saved = [os.dup(1), os.dup(2)]
+        with open(request["log"], "a") as log_file:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(log_file.fileno(), 1)
+            os.dup2(log_file.fileno(), 2)
+            ok, error, stop = True, "", False
+            try:
+                config = ConfigDict(artifacts.read_json(request["config_json"]))
+                summary = run_lib.run(config, resume=True, progress=True)
+                print(f"{summary['status']}: N*={summary['n_star']} q={summary['q']}")
+            except KeyboardInterrupt as e:  # a SIGTERM: the run recorded "interrupted"
+                ok, error, stop = False, f"interrupted ({e})", True
+            except Exception as e:  # noqa: BLE001 (the parent records it; the next point runs)
+                traceback.print_exc()
+                ok, error = False, f"{type(e).__name__}: {e}"
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                for fd in saved:
+                    os.close(fd)
+        replies.write(json.dumps({"ok": ok, "error": error}) + "\n")
+        replies.flush()
+        if stop:
+            return
 
 
 def run_sweep(
@@ -546,21 +647,30 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     isolate = isolate or concurrent > 1
     progress = _Progress(len(todo), log, concurrent)
     guard = threading.Lock()  # the record and its file, from concurrent points
+    workers = _Workers(
+        os.path.join(sweep_dir, "workers.log"),
+        enabled=concurrent > 1 and bool(base.sweep.get("reuse_workers", False))
+        and distributed.settings(base) is None,
+    )  # fmt: skip
 
     def run_one(i: int, point: Point) -> None:
         _run_point(i, point, resolved[point.name], record, isolate, run_fn, processes, progress,
-                   lambda: save(sweep_path, record), guard)  # fmt: skip
+                   lambda: save(sweep_path, record), guard, workers.mine())  # fmt: skip
 
     if concurrent == 1 or len(todo) < 2:
         for i, point in enumerate(todo):
             run_one(i, point)
     else:
         # The first point alone builds the shared caches (task data, the warm start);
-        # then ``concurrent`` child processes at a time.
+        # then ``concurrent`` child processes at a time (with ``sweep.reuse_workers``,
+        # ``concurrent`` workers that each run one point after another).
         run_one(0, todo[0])
         with concurrent_futures.ThreadPoolExecutor(concurrent) as pool:
-            for f in [pool.submit(run_one, i, p) for i, p in enumerate(todo) if i > 0]:
-                f.result()
+            try:
+                for f in [pool.submit(run_one, i, p) for i, p in enumerate(todo) if i > 0]:
+                    f.result()
+            finally:  # (before the pool's threads end: a worker stops with its thread)
+                workers.close()
     log(f"sweep finished in {(time.time() - progress.t_start) / 60:.1f} min: {sweep_path}")
     rounds = int(base.sweep.get("calibrate_rounds", 0))
     if only is None and writer and rounds > 0:
@@ -588,7 +698,31 @@ class _Progress:
         return f", sweep ETA {remaining * sum(walls) / len(walls) / 60:.1f} min"
 
 
-def _run_point(i, point, config, record, isolate, run_fn, processes, progress, save, guard):
+class _Workers:
+    """One `Worker` per thread of a sweep's pool (None for every thread when disabled)."""
+
+    def __init__(self, stderr_path: str, enabled: bool):
+        self.stderr_path, self.enabled = stderr_path, enabled
+        self._local, self._all, self._lock = threading.local(), [], threading.Lock()
+
+    def mine(self) -> Worker | None:
+        """This thread's worker (the main thread, which runs the first point, has none)."""
+        if not self.enabled or threading.current_thread() is threading.main_thread():
+            return None
+        if getattr(self._local, "worker", None) is None:
+            self._local.worker = Worker(self.stderr_path)
+            with self._lock:
+                self._all.append(self._local.worker)
+        return self._local.worker
+
+    def close(self) -> None:
+        for w in self._all:
+            w.close()
+
+
+def _run_point(
+    i, point, config, record, isolate, run_fn, processes, progress, save, guard, worker=None
+):
     """Runs one point of ``_run_points`` (skips it when finished) and books its status."""
     n, log = progress.total, progress.log
     entry = next(r for r in record["runs"] if r["name"] == point.name)
@@ -616,7 +750,7 @@ def _run_point(i, point, config, record, isolate, run_fn, processes, progress, s
             log_name = (
                 "stdout.log" if processes.writer else f"stdout.process_{processes.process_id}.log"
             )
-            _run_subprocess(config, os.path.join(config.run_dir, log_name))
+            _run_subprocess(config, os.path.join(config.run_dir, log_name), worker)
             status = _run_status(config.run_dir) or "failed"
         else:
             status = run_fn(config).get("status", FINISHED)

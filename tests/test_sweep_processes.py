@@ -142,7 +142,7 @@ from rl_batch import artifacts, sweep
 
 started = []
 
-def fake_child(config, log_path):
+def fake_child(config, log_path, worker=None):
     started.append(f"{config.name}@{config.derived.device_count}")
     artifacts.write_json_atomic(
         f"{config.run_dir}/{artifacts.SUMMARY_FILE}", {"status": sweep.FINISHED}

@@ -270,6 +270,10 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # on a 2-core CPU two small runs together finish ~1.3x sooner than one after the
     # other. Their measured q then shares the host; the calibration below does not.
     run.sweep.concurrent = 1
+    # With concurrent > 1 (one process): each of the `concurrent` child processes runs
+    # one point after another (rl_batch.sweep.Worker), keeping its imports and compiled
+    # programs; False starts a process per point.
+    run.sweep.reuse_workers = True
     # > 0: after the points, every configuration's training step is timed side by side
     # in one process, interleaved over this many rounds (experiments.calibrate), and the
     # analysis takes T and q from those step times (calibration.json).
