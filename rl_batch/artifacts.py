@@ -339,14 +339,19 @@ def json_default(obj: Any) -> Any:
 
 
 def calibration_generation(record: dict[str, Any] | None) -> dict[float, list[float]] | None:
-    """Concurrency -> per-visit generated tokens/s of a ``calibration.json`` record, or
-    None when it has no generation timing (files written before it was recorded)."""
+    """Concurrency -> per-visit generated tokens/s of a ``calibration.json`` record (its
+    configurations' rollouts and its generation probes), or None when it has no generation
+    timing (files written before it was recorded)."""
     if not record:
         return None
     by_c: dict[float, list[float]] = {}
     for entry in record.get("configs", {}).values():
         if "gen_concurrency" not in entry or not entry.get("gen_tokens_per_s"):
             return None
+        by_c.setdefault(float(entry["gen_concurrency"]), []).extend(
+            float(x) for x in entry["gen_tokens_per_s"]
+        )
+    for entry in record.get("gen_probe", {}).values():  # generation alone, past the grid
         by_c.setdefault(float(entry["gen_concurrency"]), []).extend(
             float(x) for x in entry["gen_tokens_per_s"]
         )
@@ -357,6 +362,21 @@ def read_calibration_generation(sweep_dir: str) -> dict[float, list[float]] | No
     """`calibration_generation` of ``<sweep>/calibration.json`` (None without one)."""
     path = os.path.join(sweep_dir, CALIBRATION_FILE)
     return calibration_generation(read_json(path)) if os.path.exists(path) else None
+
+
+def read_calibration_rounds(sweep_dir: str) -> dict[str, list[float]] | None:
+    """``"PxG:rule"`` -> calibrated seconds per training step in each round (round r of
+    every configuration was timed in one rotation), or None when the sweep has none or
+    a configuration lacks them."""
+    path = os.path.join(sweep_dir, CALIBRATION_FILE)
+    if not os.path.exists(path):
+        return None
+    raw = read_json(path)
+    try:
+        out = {str(k): [float(x) for x in v["step_s"]] for k, v in raw["configs"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # (read_calibration names a malformed file)
+    return out if len({len(v) for v in out.values()}) == 1 else None
 
 
 def read_calibration(sweep_dir: str) -> dict[str, float] | None:

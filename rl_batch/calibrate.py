@@ -19,7 +19,13 @@ measurement. The spread over rounds is kept.
                              "step_s_median": float, "run": run name used,
                              "generate_s": [R per-visit mean seconds generating],
                              "gen_tokens_per_s": [R per-visit generated tokens/s],
-                             "gen_concurrency": sequences decoded together}}}
+                             "gen_concurrency": sequences decoded together}},
+     "gen_probe": {"C": {"gen_concurrency": C, "generate_s": [R], "gen_tokens_per_s": [R]}}}
+
+``gen_probe`` (optional, ``sweep.calibrate_gen_probe``) times generation alone at
+concurrencies past the grid's (the first configuration's rollout with ``C / G`` prompts),
+in the same rotation: where a CPU's generation throughput still rises at the largest
+training batch, the plateau that the critical generation batch names lies beyond it.
 
 The analysis turns a run's updates-to-target ``u*`` into calibrated training time
 ``T = u* x step_s_median`` of its configuration (``rl_batch.analysis.time_to_target``),
@@ -63,11 +69,26 @@ def gen_concurrency(c: ConfigDict) -> int:
     return min(batch, int(c.gen_batch)) if c.get("gen_batch", 0) else batch
 
 
-class _Stepper:
-    """One configuration's learner and rollout source, stepping as the run loop does."""
+def probe_config(c: ConfigDict, concurrency: int) -> ConfigDict:
+    """``c`` with ``concurrency / group_size`` prompts decoded in one batch (a generation
+    probe; a ValueError when the group size does not divide it)."""
+    g = int(c.group_size)
+    if concurrency < g or concurrency % g:
+        raise ValueError(
+            f"sweep.calibrate_gen_probe: concurrency {concurrency} is not a multiple of the "
+            f"group size {g}"
+        )
+    probe = ConfigDict(c.to_dict())
+    probe.prompts, probe.gen_batch = concurrency // g, 0
+    return probe
 
-    def __init__(self, c: ConfigDict):
-        self.c = c
+
+class _Stepper:
+    """One configuration's learner and rollout source, stepping as the run loop does
+    (``generate_only``: the rollout alone, its generation time as the step)."""
+
+    def __init__(self, c: ConfigDict, generate_only: bool = False):
+        self.c, self.generate_only = c, generate_only
         if c.get("xla_cache", False):  # the runs' compiled programs (as ``run.run`` reads them)
             run_lib.enable_xla_cache(c.work_dir)
         task = config_lib.make_task(c)
@@ -90,6 +111,8 @@ class _Stepper:
         """One training step's seconds (what the run books as training time)."""
         t0 = time.perf_counter()
         job, ro, _ = self.source.next(self.algo.policy_params(self.state), self.counters)
+        if self.generate_only:
+            return StepTime(ro.time_generate_s, ro.time_generate_s, int(ro.gen_tokens))
         keep_p = keep_mask(ro, self.algo.filter_groups)
         if keep_p.any():
             batch = self.algo.make_batch(ro, keep_p)
@@ -107,6 +130,7 @@ def calibrate(
     *,
     rounds: int = 3,
     steps: int = 2,
+    gen_probe: tuple[int, ...] = (),
     log_fn=print,
 ) -> dict[str, Any]:
     """Times one training step of each configuration, interleaved (see the module doc).
@@ -115,6 +139,8 @@ def calibrate(
       configs: ``"PxG:rule"`` -> a resolved run config of that configuration.
       rounds: visits per configuration (R >= 1).
       steps: timed steps per visit (their mean is the visit's value).
+      gen_probe: concurrencies whose generation alone is timed in the same rotation (the
+        first configuration's rollout with ``C / G`` prompts).
       log_fn: where progress lines go.
 
     Returns:
@@ -124,10 +150,12 @@ def calibrate(
         raise ValueError(f"calibration needs rounds >= 1 and steps >= 1, got {rounds}, {steps}")
     t_start = time.time()
     load_start = provenance.load_average()
-    keys = list(configs)
+    first = next(iter(configs.values()))
+    probes = {f"gen@{c}": probe_config(first, int(c)) for c in gen_probe}  # checked first
+    keys = list(configs) + list(probes)
     steppers = {}
     for key in keys:  # build and compile (one untimed step each)
-        steppers[key] = _Stepper(configs[key])
+        steppers[key] = _Stepper(configs[key]) if key in configs else _Stepper(probes[key], True)
         steppers[key].step()
     visits: dict[str, list[list[StepTime]]] = {k: [] for k in keys}
     for r in range(rounds):
@@ -145,25 +173,40 @@ def calibrate(
         "load_start": load_start,
         "load_end": provenance.load_average(),
         "wall_s": time.time() - t_start,
-        "configs": {k: _config_record(configs[k], visits[k]) for k in keys},
+        "configs": {k: _config_record(configs[k], visits[k]) for k in configs},
+        **(
+            {"gen_probe": {str(c): _probe_record(visits[f"gen@{c}"], int(c)) for c in gen_probe}}
+            if gen_probe
+            else {}
+        ),  # fmt: skip
     }
+
+
+def _gen_tokens_per_s(visits: list[list[StepTime]]) -> list[float]:
+    return [sum(t.gen_tokens for t in v) / max(sum(t.generate_s for t in v), 1e-12) for v in visits]
 
 
 def _config_record(c: ConfigDict, visits: list[list[StepTime]]) -> dict[str, Any]:
     """One configuration's entry of ``calibration.json`` from its visits' step times."""
     step_s = [float(np.mean([t.step_s for t in v])) for v in visits]
     generate_s = [float(np.mean([t.generate_s for t in v])) for v in visits]
-    tokens_per_s = [
-        sum(t.gen_tokens for t in v) / max(sum(t.generate_s for t in v), 1e-12) for v in visits
-    ]
     return {
         "batch": int(c.prompts) * int(c.group_size),
         "step_s": step_s,
         "step_s_median": statistics.median(step_s),
         "run": c.name,
         "generate_s": generate_s,
-        "gen_tokens_per_s": tokens_per_s,
+        "gen_tokens_per_s": _gen_tokens_per_s(visits),
         "gen_concurrency": gen_concurrency(c),
+    }
+
+
+def _probe_record(visits: list[list[StepTime]], concurrency: int) -> dict[str, Any]:
+    """One generation probe's entry of ``calibration.json``."""
+    return {
+        "gen_concurrency": concurrency,
+        "generate_s": [float(np.mean([t.generate_s for t in v])) for v in visits],
+        "gen_tokens_per_s": _gen_tokens_per_s(visits),
     }
 
 
@@ -185,9 +228,13 @@ def sweep_configs(sweep_dir: str) -> dict[str, ConfigDict]:
     return configs
 
 
-def calibrate_sweep(sweep_dir: str, *, rounds: int, steps: int, log_fn=print) -> dict[str, Any]:
-    """``calibrate`` each configuration of a sweep (its first run's config); writes
-    ``<sweep>/calibration.json`` and returns the record."""
-    record = calibrate(sweep_configs(sweep_dir), rounds=rounds, steps=steps, log_fn=log_fn)
+def calibrate_sweep(
+    sweep_dir: str, *, rounds: int, steps: int, gen_probe: tuple[int, ...] = (), log_fn=print
+) -> dict[str, Any]:
+    """``calibrate`` each configuration of a sweep (its first run's config) and the
+    generation probes; writes ``<sweep>/calibration.json`` and returns the record."""
+    record = calibrate(
+        sweep_configs(sweep_dir), rounds=rounds, steps=steps, gen_probe=gen_probe, log_fn=log_fn
+    )
     artifacts.write_json_atomic(os.path.join(sweep_dir, artifacts.CALIBRATION_FILE), record)
     return record

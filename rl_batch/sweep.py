@@ -182,6 +182,23 @@ def check_base_lr(base: ConfigDict) -> None:
         )
 
 
+def gen_probe(base: ConfigDict, points: list[Point]) -> tuple[int, ...]:
+    """``sweep.calibrate_gen_probe`` as concurrencies (empty: none), each checked to be a
+    multiple of the first point's group size (the calibration probes its rollout)."""
+    text = str(base.sweep.get("calibrate_gen_probe", "") or "")
+    if not text.strip():
+        return ()
+    values = tuple(_ints(text, "calibrate_gen_probe"))
+    g = points[0].group_size if points else 1
+    bad = [c for c in values if c < g or c % g]
+    if bad:
+        raise ValueError(
+            f"sweep.calibrate_gen_probe={text!r}: {bad} not a multiple of the group size {g} "
+            f"of the first point {points[0].name}"
+        )
+    return values
+
+
 def plan(
     base: ConfigDict, sweep_dir: str, device_count: int | None = None
 ) -> tuple[list[Point], dict[str, ConfigDict]]:
@@ -204,6 +221,7 @@ def plan(
     check_base_lr(base)
     points = expand_grid(base)
     reference_key(base, points)
+    gen_probe(base, points)
     resolved, errors = {}, {}  # error message -> the points it is about
     for point in points:
         try:
@@ -674,7 +692,8 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     log(f"sweep finished in {(time.time() - progress.t_start) / 60:.1f} min: {sweep_path}")
     rounds = int(base.sweep.get("calibrate_rounds", 0))
     if only is None and writer and rounds > 0:
-        _calibrate(sweep_dir, rounds, int(base.sweep.get("calibrate_steps", 2)), log)
+        steps = int(base.sweep.get("calibrate_steps", 2))
+        _calibrate(sweep_dir, rounds, steps, gen_probe(base, expand_grid(base)), log)
     return record
 
 
@@ -782,12 +801,15 @@ def _budget_of(run_dir: str) -> float:
     return float(artifacts.read_json(path)["budget_responses"])
 
 
-def _calibrate(sweep_dir: str, rounds: int, steps: int, log: Callable[[str], None]) -> None:
+def _calibrate(
+    sweep_dir: str, rounds: int, steps: int, probe: tuple[int, ...], log: Callable[[str], None]
+) -> None:
     """``experiments.calibrate`` of the sweep in a child process (a clean, JAX-free
     parent; every configuration timed in one process); a failure is logged, not raised."""
     log(f"[sweep] calibrating the configurations' step times ({rounds} interleaved rounds)")
+    probe_flag = "--gen_probe=" + ",".join(map(str, probe))
     cmd = [sys.executable, "-m", "experiments.calibrate", f"--sweep_dir={sweep_dir}",
-           f"--rounds={rounds}", f"--steps={steps}"]  # fmt: skip
+           f"--rounds={rounds}", f"--steps={steps}", probe_flag]  # fmt: skip
     code = run_child(cmd, os.path.join(sweep_dir, "calibration.log"))
     if code != 0:
         log(f"[sweep] calibration failed (exit {code}); see {sweep_dir}/calibration.log")

@@ -7,6 +7,7 @@ import analysis_fixtures as fx
 import pytest
 from run_fixtures import tiny_run_config
 
+from experiments.configs import base
 from rl_batch import artifacts, calibrate, sweep
 from rl_batch.analysis import curves
 from rl_batch.analysis import time_to_target as ttt
@@ -16,7 +17,7 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     calls = []
 
     class FakeStepper:
-        def __init__(self, c):
+        def __init__(self, c, generate_only=False):
             self.key = c.name
 
         def step(self):
@@ -55,6 +56,47 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     assert record["configs"]["b"]["gen_concurrency"] == 4 * 4
 
 
+def test_generation_probes_join_the_rotation(monkeypatch):
+    calls = []
+
+    class FakeStepper:
+        def __init__(self, c, generate_only=False):
+            self.c, self.generate_only = c, generate_only
+            self.key = f"gen{c.prompts * c.group_size}" if generate_only else c.name
+
+        def step(self):
+            calls.append(self.key)
+            seqs = self.c.prompts * self.c.group_size
+            return calibrate.StepTime(1.0, 0.5, 10 * seqs)  # 20 tokens/s per sequence
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(calibrate, "_Stepper", FakeStepper)
+    configs = {"a": tiny_run_config("/unused", name="a", prompts=2, group_size=4)}
+    record = calibrate.calibrate(configs, rounds=2, steps=1, gen_probe=(16, 32), log_fn=print)
+    assert calls == ["a", "gen16", "gen32"] + ["a", "gen16", "gen32"] + ["gen16", "gen32", "a"]
+    probe = record["gen_probe"]
+    assert set(probe) == {"16", "32"} and set(record["configs"]) == {"a"}
+    assert probe["32"]["gen_concurrency"] == 32
+    assert probe["32"]["gen_tokens_per_s"] == [640.0, 640.0]
+    by_c = artifacts.calibration_generation(record)
+    assert sorted(by_c) == [8.0, 16.0, 32.0] and by_c[16.0] == [320.0, 320.0]
+    with pytest.raises(ValueError, match="not a multiple of the group size 4"):
+        calibrate.calibrate(configs, rounds=1, steps=1, gen_probe=(18,), log_fn=print)
+
+
+def test_a_bad_generation_probe_is_refused_before_any_run(tmp_path):
+    c = base.sweep_config(tiny_run_config(str(tmp_path / "unused")))
+    c.sweep.prompts, c.sweep.group_sizes, c.sweep.seeds = "2", "4", "0"
+    c.sweep.calibrate_gen_probe = "16,30"
+    with pytest.raises(ValueError, match=r"calibrate_gen_probe='16,30': \[30\] not a multiple"):
+        sweep.plan(c, str(tmp_path / "sweep"), device_count=1)
+    c.sweep.calibrate_gen_probe = "16,x"
+    with pytest.raises(ValueError, match="expected comma-separated integers"):
+        sweep.plan(c, str(tmp_path / "sweep"), device_count=1)
+
+
 def test_analysis_takes_t_and_q_from_the_calibration(tmp_path):
     d = fx.write_sweep(str(tmp_path), configs=fx.STANDARD_CONFIGS[:2])
     measured = ttt.analyze_sweep(curves.load_sweep(d))
@@ -88,11 +130,10 @@ def test_concurrent_sweep_runs_every_point_and_calibrates(tmp_path):
     """Two points at a time in child processes, then the interleaved calibration."""
     c = tiny_run_config(str(tmp_path / "work"))
     c.budget_responses = 32
-    from experiments.configs import base
-
     c = base.sweep_config(c)
     c.sweep.prompts, c.sweep.group_sizes, c.sweep.seeds = "2,4", "4", "0"
     c.sweep.concurrent, c.sweep.calibrate_rounds, c.sweep.calibrate_steps = 2, 1, 1
+    c.sweep.calibrate_gen_probe = "32"  # generation alone past the grid's 16
     d = str(tmp_path / "sweep")
     record = sweep.run_sweep(c, d, log=lambda s: None)
     logs = {r["name"]: r["status"] for r in record["runs"]}
@@ -104,8 +145,11 @@ def test_concurrent_sweep_runs_every_point_and_calibrates(tmp_path):
         os.path.join(d, "calibration.log")
     ).read()[-2000:]
     assert all(v > 0 for v in cal.values())
-    raw = artifacts.read_json(os.path.join(d, artifacts.CALIBRATION_FILE))["configs"]
+    record = artifacts.read_json(os.path.join(d, artifacts.CALIBRATION_FILE))
+    raw = record["configs"]
     assert [raw[k]["gen_concurrency"] for k in ("2x4:sqrt", "4x4:sqrt")] == [8, 16]
+    assert record["gen_probe"]["32"]["gen_concurrency"] == 32
+    assert record["gen_probe"]["32"]["gen_tokens_per_s"][0] > 0
     for entry in raw.values():  # generation is a timed part of the step
         assert 0 < entry["generate_s"][0] < entry["step_s"][0]
         assert entry["gen_tokens_per_s"][0] > 0

@@ -279,4 +279,7 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # analysis takes T and q from those step times (calibration.json).
     run.sweep.calibrate_rounds = 0
     run.sweep.calibrate_steps = 2  # timed steps per configuration and round
+    # Concurrencies ("512,1024") whose generation alone is timed in the same rotation: the
+    # generation plateau (critical generation batch) can lie past the largest batch.
+    run.sweep.calibrate_gen_probe = ""
     return run

@@ -46,6 +46,20 @@ README's study section and each report's Measurement section):
   cores, each in a worker process that runs one point after another
   (``sweep.reuse_workers``). Each configuration's step is then timed side by side
   (``sweep.calibrate_rounds``) and T uses those step times, not the contended measured q.
+  Five rounds: the intervals of r_q and T/T_ref carry the step-time ratio's spread over
+  the rounds. On an Intel Xeon (2 cores) the ratio of the B = 256 and B = 64 steps read
+  3.55 in one calibration pass and 3.87-4.34 in four later ones within 10 minutes; the
+  spread inside one pass of 3 rounds was under 2% in the first and up to 12% in later
+  ones. What one pass measures moves with the host; the intervals carry its spread
+  inside the pass, not the drift between passes.
+- Generation alone is timed at 512 and 1024 sequences (``sweep.calibrate_gen_probe``):
+  on that Intel Xeon generated tokens/s still rose from c = 128 to 256 (32k -> 38k), so
+  the plateau that the critical generation batch names lay past the grid; the probes read
+  ~40k at 512 and 1024 (and fell to ~37k at 2048).
+- Fixed and sqrt LR at 16 x 8 draw the same prompts with the same rollout keys for one
+  seed (common random numbers): their N* ratio is paired by seed. In the 10 seeds 0-9
+  the two configurations' log N* correlate at 0.70, and the paired interval of their
+  ratio is 1.11 [1.03, 1.21] against 1.11 [0.959, 1.29] as independent samples.
 """
 
 from experiments import configs
@@ -83,5 +97,6 @@ def get_config(arg=None):
     c.sweep.reference = "8x8:sqrt"
     c.sweep.seeds = "0,1,2,3,4,5,6,7,8,9"
     c.sweep.concurrent = 2
-    c.sweep.calibrate_rounds = 3
+    c.sweep.calibrate_rounds = 5
+    c.sweep.calibrate_gen_probe = "512,1024"
     return c

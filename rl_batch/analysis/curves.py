@@ -139,6 +139,7 @@ class Sweep:
     # written before the field existed used the interpolated point ("linear").
     target_crossing: str = "linear"
     calibration: dict[str, float] | None = None  # "PxG:rule" -> calibrated step seconds
+    calibration_rounds: dict[str, list[float]] | None = None  # ... per calibration round
 
     def run(self, name: str) -> RunData:
         """Returns the run called ``name``."""
@@ -283,6 +284,7 @@ def load_sweep(sweep_dir: str) -> Sweep:
         target_band_lo=None if raw.get("target_band_lo") is None else float(raw["target_band_lo"]),
         target_crossing=str(raw.get("target_crossing", "linear")),
         calibration=artifacts.read_calibration(sweep_dir),
+        calibration_rounds=artifacts.read_calibration_rounds(sweep_dir),
     )
 
 

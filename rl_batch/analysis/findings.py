@@ -39,7 +39,13 @@ import numpy as np
 from rl_batch.analysis import critical_batch, intervals
 from rl_batch.analysis.cost_model import GenerationReport
 from rl_batch.analysis.curves import ConfigKey
-from rl_batch.analysis.time_to_target import Analysis, Estimate, fmt_estimate, ratio_estimate
+from rl_batch.analysis.time_to_target import (
+    Analysis,
+    Estimate,
+    fmt_estimate,
+    matched_pair,
+    ratio_estimate,
+)
 
 HOLDS = "holds"
 FAILS = "does not hold"
@@ -161,11 +167,28 @@ def _n_stars(analysis: Analysis, key: ConfigKey) -> list[float] | None:
     return [r.n_star for r in s.runs] if s.reached else None
 
 
-def _n_star_ratio(analysis: Analysis, num: list[float], den: list[float]) -> Estimate:
-    """mean N*(num) / mean N*(den) with the analysis' interval method."""
+def _n_star_ratio(analysis: Analysis, num: ConfigKey, den: ConfigKey) -> Estimate:
+    """mean N*(num) / mean N*(den) (both reached in every seed) with the analysis' interval
+    method; seed by seed when the two form a matched pair (`time_to_target.matched_pair`)."""
+    a, b = analysis.stats[num].runs, analysis.stats[den].runs
+    paired = matched_pair(a, b)
+    if paired:
+        a, b = sorted(a, key=lambda r: r.seed), sorted(b, key=lambda r: r.seed)
     return ratio_estimate(
-        num, den, [1.0], analysis.n_boot, analysis.level, analysis.seed, analysis.method
+        [r.n_star for r in a],
+        [r.n_star for r in b],
+        [1.0],
+        analysis.n_boot,
+        analysis.level,
+        analysis.seed,
+        analysis.method,
+        paired=paired,
     )
+
+
+def _fmt_ratio(e: Estimate) -> str:
+    """The estimate, with "paired by seed" when its interval is a matched-pair one."""
+    return e.fmt() + (" (paired by seed)" if e.paired else "")
 
 
 def batch_unit_finding(analysis: Analysis, tol: float) -> Finding:
@@ -190,8 +213,8 @@ def batch_unit_finding(analysis: Analysis, tol: float) -> Finding:
             parts.append(f"{label}: not reached")
             verdicts.append(UNDECIDED)
             continue
-        e = _n_star_ratio(analysis, na, nb)
-        parts.append(f"{label} = {e.fmt()}")
+        e = _n_star_ratio(analysis, a, b)
+        parts.append(f"{label} = {_fmt_ratio(e)}")
         verdicts.append(_band_verdict(e, tol))
     verdict = verdicts[0] if len(set(verdicts)) == 1 else UNDECIDED
     note = f"holds when the interval lies in [{band[0]:.3g}, {band[1]:.3g}]"
@@ -243,8 +266,8 @@ def critic_batch_finding(analysis: Analysis, tol: float) -> Finding:
             parts.append(f"{label}: not reached")
             verdicts.append(UNDECIDED)
             continue
-        e = _n_star_ratio(analysis, n_k, n_ref)
-        parts.append(f"{label} = {e.fmt()}")
+        e = _n_star_ratio(analysis, k, ref)
+        parts.append(f"{label} = {_fmt_ratio(e)}")
         verdicts.append(_band_verdict(e, tol))
     # It holds when no critic setting changes N*; one that does refutes it.
     if FAILS in verdicts:
@@ -316,8 +339,8 @@ def fixed_lr_finding(analysis: Analysis) -> Finding:
         if st.incomplete:
             return Finding(name, paper, updates, UNDECIDED, "fixed-LR seeds still running")
         return Finding(name, paper, updates, HOLDS, "fixed LR did not reach within the budget")
-    e = _n_star_ratio(analysis, nf, ns)
-    measured = f"N*(fixed) / N*(sqrt) = {e.fmt()}; {updates}"
+    e = _n_star_ratio(analysis, f, s)
+    measured = f"N*(fixed) / N*(sqrt) = {_fmt_ratio(e)}; {updates}"
     if not e.has_interval:
         return Finding(name, paper, measured, UNDECIDED, "no interval")
     verdict = HOLDS if e.lo > 1.0 else (FAILS if e.hi < 1.0 else UNDECIDED)

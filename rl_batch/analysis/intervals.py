@@ -10,6 +10,13 @@ too narrow and jumps with the rng. The default here is Student's t:
   configurations' variances of the log of their means (each ``w' D^-1 S D^-1 w / n``:
   ``S`` the covariance of the run's fields, ``D`` their means, ``w`` the exponents) and
   ``df`` is Welch-Satterthwaite's. The interval is ``exp`` of that: positive, asymmetric.
+  A ratio that holds calibrated step times (``r_q``, ``T/T_ref``) adds the timing noise:
+  the variance over calibration rounds of the log ratio of the two step times (each round
+  times both side by side), divided by the rounds R, with R - 1 degrees of freedom;
+- the same ratio of two configurations run as a matched pair (`t_log_ratio_paired`): the
+  two rows of one seed share their randomness (common random numbers: same prompts, same
+  rollout keys), so ``S`` is the joint covariance of both configurations' fields over the
+  seeds, the cross-covariance enters with its sign, and ``df = n - 1``.
 
 With fewer than two seeds in either sample there is no interval (NaN bounds). Every
 function returns ``(point, lo, hi)``.
@@ -51,7 +58,11 @@ def _log_mean_var(x: np.ndarray, w: np.ndarray) -> float:
 
 
 def t_log_ratio(
-    a: np.ndarray, ref: np.ndarray, weights: Sequence[float], level: float
+    a: np.ndarray,
+    ref: np.ndarray,
+    weights: Sequence[float],
+    level: float,
+    timing: Sequence[float] | None = None,
 ) -> tuple[float, float, float]:
     """``prod_j (mean a_j / mean ref_j)^w_j`` with a delta-method t interval on its log.
 
@@ -60,11 +71,23 @@ def t_log_ratio(
       ref: [n_ref, d] the same fields of the reference configuration.
       weights: [d] exponents (``[1]`` for a ratio of means, ``[1, -1]`` for r_N / r_q).
       level: coverage.
+      timing: for a ratio that holds calibrated step times (r_q, T/T_ref), the log ratio of
+        the two configurations' step times in each calibration round (measured side by
+        side); its spread over rounds is added to the variance (``R - 1`` df). ``None``:
+        seed noise only.
 
     Returns:
       (point, lo, hi); NaN bounds when a side has fewer than two seeds or a mean is not
       positive.
     """
+    return _interval(*_welch_parts(a, ref, weights), level, timing)
+
+
+def _welch_parts(
+    a: np.ndarray, ref: np.ndarray, weights: Sequence[float]
+) -> tuple[float, list[tuple[float, float]]]:
+    """(point, [(variance, df)] of its log per independent sample; [] when a side has
+    fewer than two seeds or a mean is not positive)."""
     a = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
     ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
     w = np.asarray(weights, dtype=np.float64)
@@ -72,15 +95,74 @@ def t_log_ratio(
     with np.errstate(divide="ignore", invalid="ignore"):
         point = float(np.prod((ma / mr) ** w))
     if min(len(a), len(ref)) < 2 or np.any(ma <= 0) or np.any(mr <= 0):
+        return point, []
+    return point, [(_log_mean_var(a, w), len(a) - 1), (_log_mean_var(ref, w), len(ref) - 1)]
+
+
+def _interval(
+    point: float,
+    parts: list[tuple[float, float]],
+    level: float,
+    timing: Sequence[float] | None = None,
+) -> tuple[float, float, float]:
+    """``exp(log point ± t_df sqrt(sum var))`` over independent variance parts ``(var,
+    df)``, ``df`` by Welch-Satterthwaite; ``timing`` (log step-time ratios, one per
+    calibration round) adds ``var(timing) / R`` with ``R - 1`` degrees of freedom."""
+    if not parts:
         return point, NAN, NAN
-    va, vr = _log_mean_var(a, w), _log_mean_var(ref, w)
-    var = va + vr
+    t = np.asarray(timing if timing is not None else [], dtype=np.float64)
+    if t.size >= 2:
+        parts = [*parts, (float(t.var(ddof=1)) / t.size, t.size - 1)]
+    var = sum(v for v, _ in parts)
     if not var > 0:
         return point, point, point  # every seed identical: no spread to show
-    df = var**2 / (va**2 / (len(a) - 1) + vr**2 / (len(ref) - 1))
+    df = var**2 / sum(v**2 / d for v, d in parts if v > 0)
     half = t_quantile(df, level) * np.sqrt(var)
     log_point = float(np.log(point))
     return point, float(np.exp(log_point - half)), float(np.exp(log_point + half))
+
+
+def t_log_ratio_paired(
+    a: np.ndarray,
+    ref: np.ndarray,
+    weights: Sequence[float],
+    level: float,
+    timing: Sequence[float] | None = None,
+) -> tuple[float, float, float]:
+    """`t_log_ratio` of two configurations whose rows are matched (row i of both ran seed i).
+
+    The delta method on the joint [n, 2d] sample: with ``g = [w / mean a, -w / mean ref]``
+    and ``S`` the [2d, 2d] covariance over the n matched rows, ``var = g' S g / n`` and the
+    t quantile has ``n - 1`` degrees of freedom. A positive correlation between the two
+    configurations' seeds (what common random numbers give) narrows the interval; with
+    none it is about as wide as `t_log_ratio`'s (fewer degrees of freedom).
+
+    Args:
+      a: [n, d] per-seed fields of one configuration.
+      ref: [n, d] the same fields of the other configuration, row i the same seed as a's.
+      weights: [d] exponents.
+      level: coverage.
+      timing: as in `t_log_ratio`.
+
+    Returns:
+      (point, lo, hi); NaN bounds with fewer than two pairs or a non-positive mean.
+
+    Raises:
+      ValueError: the two samples have different numbers of rows.
+    """
+    a = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
+    ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
+    if a.shape != ref.shape:
+        raise ValueError(f"paired ratio needs matched rows, got {a.shape} and {ref.shape}")
+    w = np.asarray(weights, dtype=np.float64)
+    ma, mr = a.mean(axis=0), ref.mean(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        point = float(np.prod((ma / mr) ** w))
+    n = len(a)
+    if n < 2 or np.any(ma <= 0) or np.any(mr <= 0):
+        return point, NAN, NAN
+    var = _log_mean_var(np.concatenate([a, ref], axis=1), np.concatenate([w, -w]))
+    return _interval(point, [(var, n - 1)], level, timing)
 
 
 def seeds_for_half_width(

@@ -250,6 +250,13 @@ def measurement_section(analysis: Analysis) -> list[str]:
             '(`target_crossing="linear"`; on average half a batch early).'
         )
     )
+    out.append(
+        "- Intervals: 95% Student-t over seeds (ratios: delta method on the log scale). "
+        "Configurations of one shape that differ only in the learning rule (e.g. fixed "
+        "against sqrt LR) draw the same prompts with the same rollout keys per seed "
+        "(common random numbers); the findings compare them seed by seed (paired), every "
+        "other ratio as independent samples."
+    )
     noise = validation_noise(analysis)
     if noise is not None:
         out.append(
@@ -258,10 +265,18 @@ def measurement_section(analysis: Analysis) -> list[str]:
             f"mean@k would carry)."
         )
     if analysis.calibrated:
+        rounds = len(next(iter(analysis.step_rounds.values()))) if analysis.step_rounds else 0
         out.append(
             "- Throughput: T and q use calibrated step times (every configuration's step "
             "timed side by side, interleaved, in one process: `calibration.json`); the "
-            "measured q of each run is shown beside."
+            "measured q of each run is shown beside. "
+            + (
+                f"The intervals of r_q and T/T_ref add the spread of the step-time ratio "
+                f"over the {rounds} calibration rounds to the seeds' spread."
+                if rounds >= 2
+                else "The intervals of r_q and T/T_ref carry the seeds' spread only (one "
+                "calibration round)."
+            )
         )
     else:
         out.append("- Throughput: measured q of each run (no calibration.json).")

@@ -28,7 +28,11 @@ Ratios against a reference configuration: ``r_N = mean N*(B) / mean N*(B_ref)``,
 ``r_q = mean q(B) / mean q(B_ref)``, ``T/T_ref = r_N / r_q`` (equal to the ratio of
 times for single seeds), ``r_updates`` (ideal ``B_ref / B``, e.g. 0.5 at twice the
 batch). Both methods treat the two configurations' seeds as independent samples and
-keep each run's (N*, q) together.
+keep each run's (N*, q) together. The exception is a matched pair (`matched_pair`: the
+same seeds and the same prompts x group size, differing only in the learning rule, e.g.
+fixed against sqrt LR at one batch): one seed draws the same prompts with the same rollout
+keys in both (common random numbers), and the findings compare such pairs seed by seed
+(``ratio_estimate(..., paired=True)``), which removes the noise the two runs share.
 """
 
 from __future__ import annotations
@@ -168,7 +172,9 @@ class Estimate:
     ``lo`` and ``hi`` are NaN when there is no interval (fewer than two seeds in a
     sample, or no finite bootstrap replicate). ``n`` is the number of seeds (of the
     first sample, for a ratio). ``exact`` marks a value that is not estimated (the
-    reference's ratio to itself, 1 by definition): printed ``1 (reference)``.
+    reference's ratio to itself, 1 by definition): printed ``1 (reference)``. ``paired``
+    marks a ratio whose interval treats the two configurations' seeds as matched pairs
+    (`matched_pair`).
     """
 
     mean: float
@@ -176,6 +182,7 @@ class Estimate:
     hi: float
     n: int
     exact: bool = False
+    paired: bool = False
 
     @property
     def has_interval(self) -> bool:
@@ -274,19 +281,61 @@ def mean_estimate(
 
 
 def ratio_estimate(
-    a: Sequence, ref: Sequence, weights: Sequence[float], n_boot, level, seed, method
+    a: Sequence,
+    ref: Sequence,
+    weights: Sequence[float],
+    n_boot,
+    level,
+    seed,
+    method,
+    paired: bool = False,
+    timing: Sequence[float] | None = None,
 ) -> Estimate:
-    """``prod_j (mean a_j / mean ref_j)^w_j`` over seeds; a, ref are [n, d] (or [n])."""
+    """``prod_j (mean a_j / mean ref_j)^w_j`` over seeds; a, ref are [n, d] (or [n]).
+
+    ``paired``: row i of ``a`` and of ``ref`` ran the same seed with shared randomness
+    (`matched_pair`); the t interval is then `intervals.t_log_ratio_paired`, the bootstrap
+    resamples seeds, each with both of its rows. ``timing``: the log step-time ratio of
+    the two configurations per calibration round, for a ratio that holds calibrated step
+    times (t intervals add its spread; the bootstrap carries seed noise only).
+    """
     a2 = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
     r2 = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
-    if check_method(method) == "t":
-        return Estimate(*intervals.t_log_ratio(a2, r2, weights, level), len(a2))
     w = np.asarray(weights, dtype=np.float64)
+    if check_method(method) == "t":
+        fn = intervals.t_log_ratio_paired if paired else intervals.t_log_ratio
+        e = Estimate(*fn(a2, r2, weights, level, timing), len(a2))
+        return dataclasses.replace(e, paired=paired)
+    if paired:
+        d = a2.shape[1]
+
+        def statistic_paired(s):  # [R, n, 2d] replicates -> [R]
+            m = s[0].mean(axis=1)
+            return np.prod((m[:, :d] / m[:, d:]) ** w, axis=-1)
+
+        e = bootstrap([np.concatenate([a2, r2], axis=1)], statistic_paired, n_boot, level, seed)
+        return dataclasses.replace(e, paired=True)
 
     def statistic(s):  # [R, n, d] replicates -> [R]
         return np.prod((s[0].mean(axis=1) / s[1].mean(axis=1)) ** w, axis=-1)
 
     return bootstrap([a2, r2], statistic, n_boot, level, seed)
+
+
+def matched_pair(a: Sequence[RunTarget], b: Sequence[RunTarget]) -> bool:
+    """Whether two configurations' runs form matched pairs by seed: the same seeds, and the
+    same prompts x group size, so that one seed draws the same prompts with the same
+    rollout keys in both (``rollout_source``: data order from the seed, rollout i's key
+    ``fold_in(seed key, i)``) and the two differ only in the learning rule (LR rule,
+    critic settings). Configurations of different shapes share only the data order; they
+    are compared as independent samples."""
+    seeds_a, seeds_b = [r.seed for r in a], [r.seed for r in b]
+    if not a or None in seeds_a or None in seeds_b or len(set(seeds_a)) != len(seeds_a):
+        return False
+    if sorted(seeds_a) != sorted(seeds_b):
+        return False
+    shapes = {(r.key.prompts, r.key.group_size) for r in (*a, *b)}
+    return len(shapes) == 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,6 +451,7 @@ def ratio_estimates(
     level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
     method: str = DEFAULT_METHOD,
+    timing: Sequence[float] | None = None,
 ) -> tuple[Estimate | None, Estimate | None, Estimate | None]:
     """``(r_N, r_q, r_N / r_q)`` of configuration a against the reference.
 
@@ -411,6 +461,8 @@ def ratio_estimates(
       n_ref, q_ref: the same for the reference.
       n_boot, level, seed: bootstrap settings (``method="bootstrap"``).
       method: ``t`` (default) or ``bootstrap`` (see the module docstring).
+      timing: with calibrated q, ``log(step_a / step_ref)`` per calibration round; r_q
+        and r_N / r_q then carry the step times' noise too (``ratio_estimate``).
 
     Returns:
       The three ratios with intervals; an entry is ``None`` when its inputs are missing.
@@ -419,16 +471,17 @@ def ratio_estimates(
     def ok(v):
         return v is not None and len(v) > 0
 
-    def ratio(a, ref, weights):
-        return ratio_estimate(a, ref, weights, n_boot, level, seed, method)
+    def ratio(a, ref, weights, timed=False):
+        t = timing if timed else None
+        return ratio_estimate(a, ref, weights, n_boot, level, seed, method, timing=t)
 
     r_n = ratio(n_a, n_ref, [1.0]) if ok(n_a) and ok(n_ref) else None
-    r_q = ratio(q_a, q_ref, [1.0]) if ok(q_a) and ok(q_ref) else None
+    r_q = ratio(q_a, q_ref, [1.0], timed=True) if ok(q_a) and ok(q_ref) else None
     r_t = None
     if ok(n_a) and ok(n_ref) and ok(q_a) and ok(q_ref) and len(n_a) == len(q_a):
         a_k2 = np.stack([np.asarray(n_a, float), np.asarray(q_a, float)], axis=1)  # [n_a, 2]
         r_k2 = np.stack([np.asarray(n_ref, float), np.asarray(q_ref, float)], axis=1)
-        r_t = ratio(a_k2, r_k2, [1.0, -1.0])
+        r_t = ratio(a_k2, r_k2, [1.0, -1.0], timed=True)
     return r_n, r_q, r_t
 
 
@@ -447,8 +500,13 @@ def config_ratios(
     level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
     method: str = DEFAULT_METHOD,
+    step_rounds: dict[str, list[float]] | None = None,
 ) -> Ratios:
-    """Ratios of one configuration against the reference configuration."""
+    """Ratios of one configuration against the reference configuration.
+
+    ``step_rounds``: ``"PxG:rule"`` -> calibrated step seconds per round (the q of both
+    configurations is calibrated): r_q and T/T_ref then carry the step times' spread over
+    rounds (`step_time_log_ratios`)."""
     if stats.key == ref.key:
         one = exact_one(stats.n_seeds)
         reached = stats.reached
@@ -470,13 +528,27 @@ def config_ratios(
 
     n_a, n_r = vals(stats, "n_star", True), vals(ref, "n_star", True)
     q_a, q_r = vals(stats, "q", False), vals(ref, "q", False)
-    r_n, r_q, r_t = ratio_estimates(n_a, q_a, n_r, q_r, n_boot, level, seed, method)
+    timing = step_time_log_ratios(step_rounds, stats.key.point_key, ref.key.point_key)
+    r_n, r_q, r_t = ratio_estimates(n_a, q_a, n_r, q_r, n_boot, level, seed, method, timing)
     u_a, u_r = vals(stats, "updates_to_target", True), vals(ref, "updates_to_target", True)
     r_u = None
     if u_a and u_r:
         r_u = ratio_estimate(u_a, u_r, [1.0], n_boot, level, seed, method)
     incomplete = stats.incomplete or (stats.reached and ref.incomplete)
     return Ratios(stats.key, ref.key, r_n, r_q, r_t, r_u, incomplete)
+
+
+def step_time_log_ratios(
+    step_rounds: dict[str, list[float]] | None, key: str, ref_key: str
+) -> list[float] | None:
+    """``log(step_key / step_ref)`` in each calibration round (both timed side by side in
+    one round), or None without per-round step times for both."""
+    if not step_rounds or key not in step_rounds or ref_key not in step_rounds:
+        return None
+    a, r = step_rounds[key], step_rounds[ref_key]
+    if len(a) != len(r) or not a:
+        return None
+    return [float(np.log(x / y)) for x, y in zip(a, r)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -511,14 +583,13 @@ class Analysis:
     band_lo: float | None = None  # set: N*, T, q are band means over [band_lo, target]
     calibrated: bool = False  # T and q from the sweep's calibration.json
     crossing: str = "update"  # how N* is read off the evaluations (targets.CROSSINGS)
+    step_rounds: dict[str, list[float]] | None = None  # calibrated step s per round
 
     def ratios_against(self, reference: ConfigKey) -> dict[ConfigKey, Ratios]:
         """Ratios of every configuration against another reference."""
         ref = self.stats[reference]
-        return {
-            k: config_ratios(s, ref, self.n_boot, self.level, self.seed, self.method)
-            for k, s in self.stats.items()
-        }
+        args = (self.n_boot, self.level, self.seed, self.method, self.step_rounds)
+        return {k: config_ratios(s, ref, *args) for k, s in self.stats.items()}
 
 
 def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[ConfigKey]) -> ConfigKey:
@@ -646,7 +717,10 @@ def analyze_sweep(
     }
     ref_key = resolve_reference(reference, sweep, list(stats))
     ref = stats[ref_key]
-    ratios = {k: config_ratios(s, ref, n_boot, level, seed, method) for k, s in stats.items()}
+    rounds = sweep.calibration_rounds if step_s else None
+    ratios = {
+        k: config_ratios(s, ref, n_boot, level, seed, method, rounds) for k, s in stats.items()
+    }
     return Analysis(
         sweep,
         float(target),
@@ -663,4 +737,5 @@ def analyze_sweep(
         band_lo,
         bool(step_s),
         crossing,
+        rounds,
     )
