@@ -527,7 +527,15 @@ def _length_errors(c, task, model_config, max_prompt_len: int, max_new_tokens: i
         f"prompt ({max_prompt_len}) + response ({max_new_tokens}) tokens exceed the model "
         f"context max_seq_len={model_config.max_seq_len}",
     )
+    check(
+        c.get("rollout_keys", "rollout") in ROLLOUT_KEYS,
+        f"rollout_keys={c.get('rollout_keys')!r}: must be one of {ROLLOUT_KEYS}",
+    )
     if c.partial_rollout.enabled:
+        check(
+            c.get("rollout_keys", "rollout") == "rollout",
+            'partial_rollout continues groups across rollouts: it needs rollout_keys="rollout"',
+        )
         check(
             c.partial_rollout.tokens_per_iter >= 1,
             f"partial_rollout.tokens_per_iter={c.partial_rollout.tokens_per_iter}: must be >= 1",
@@ -684,7 +692,10 @@ RESUME_ALLOWED = (
 # value that computes what the code before the field did (so such a run still resumes
 # when the new config keeps it). Validation rows of math files are shuffled since
 # task.split_seed exists: an older math run (validation unshuffled) does not resume.
+ROLLOUT_KEYS = ("rollout", "prompt")
+
 ADDED_FIELDS: dict[str, Any] = {
+    "rollout_keys": "rollout",
     "task.system_prompt": "",
     "task.drop_long_prompts": False,
     "task.reward_fn": "",

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rl_batch.sampler import SampleOutput, Sampler, SamplingConfig
+from rl_batch.sampler import SampleOutput, Sampler, SamplingConfig, is_row_keys
 from rl_batch.tasks.rewards import (
     greedy_accuracy,
     mean_at_k,
@@ -216,15 +216,22 @@ def generate(
     gen_batch: int = 0,
     max_new_tokens: int | None = None,
 ) -> SampleOutput:
-    """Samples one response per prompt, ``gen_batch`` sequences at a time (0 = all)."""
+    """Samples one response per prompt, ``gen_batch`` sequences at a time (0 = all).
+
+    ``rng``: one key (chunk i samples with ``fold_in(rng, i)``) or one typed key per
+    prompt (`sampler.is_row_keys`; each chunk gets its rows' keys, so a row's draws do
+    not depend on ``gen_batch``)."""
     chunk = gen_batch if gen_batch > 0 else len(prompts)
+    per_row = is_row_keys(rng)
+    if per_row and rng.shape[0] != len(prompts):
+        raise ValueError(f"{rng.shape[0]} row keys for {len(prompts)} prompts")
     outs = []
     for i, start in enumerate(range(0, len(prompts), chunk)):
         outs.append(
             sampler(
                 params,
                 prompts[start : start + chunk],
-                rng=jax.random.fold_in(rng, i),
+                rng=rng[start : start + chunk] if per_row else jax.random.fold_in(rng, i),
                 sampling=sampling,
                 max_new_tokens=max_new_tokens,
             )

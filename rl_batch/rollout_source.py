@@ -20,8 +20,10 @@ the checkpoint:
   response and call; unfinished groups are carried (``partial_carry`` in the checkpoint)
   and continued under the updated policy. Only finished groups train.
 
-The rng of every rollout is ``fold_in(fold_in(seed key, rollout index), 0)``, so a
-resumed run draws what the uninterrupted one drew.
+The rng of every rollout is ``fold_in(fold_in(seed key, rollout index), 0)``, or with
+``rollout_keys="prompt"`` one key per response from the prompt's position in the training
+stream and its member index (`prompt_row_keys`), so a resumed run draws what the
+uninterrupted one drew.
 """
 
 from __future__ import annotations
@@ -48,6 +50,26 @@ class Job(NamedTuple):
     position: int  # counters.data_position when drawn (its first training prompt)
     gen_step: int  # optimizer step of the params that generated it (partial: the oldest)
     result: Any  # the Rollout; async: a Future of it
+
+
+# The stream of per-prompt row keys (``rollout_keys="prompt"``), apart from the rollout
+# indices that the other keys of a run are folded from.
+PROMPT_KEY_STREAM = 0x7FFFFFFF
+
+
+def prompt_row_keys(base_rng: jax.Array, position: int, prompts: int, group_size: int):
+    """[prompts * group_size] typed keys, row ``p * G + g`` (prompt-major, as
+    ``rollout_lib.rollout`` lays out a group) keyed by what it is: the prompt's position in
+    the training stream and its member index,
+    ``fold_in(fold_in(fold_in(seed key, PROMPT_KEY_STREAM), position + p), g)``. Runs of
+    one seed draw the same prompts in the same order whatever their P and G, so each
+    prompt's g-th response uses the same random numbers in every configuration (common
+    random numbers: configurations differ only by their learning, not their luck)."""
+    stream = jax.random.fold_in(base_rng, PROMPT_KEY_STREAM)
+    pos = np.repeat(np.arange(position, position + prompts), group_size)
+    member = np.tile(np.arange(group_size), prompts)
+    fold = jax.vmap(lambda p, g: jax.random.fold_in(jax.random.fold_in(stream, p), g))
+    return fold(jnp.asarray(pos, jnp.uint32), jnp.asarray(member, jnp.uint32))
 
 
 def training_order(n: int, seed: int, position: int, count: int) -> np.ndarray:
@@ -206,10 +228,13 @@ class RolloutSource:
         examples = [self.train_data[int(i)] for i in idx]
         if self.executor is not None:  # The update donates its state: generate from a copy.
             params = jax.block_until_ready(jax.tree.map(jnp.copy, params))
-        rng = jax.random.fold_in(self.base_rng, index)
+        if c.get("rollout_keys", "rollout") == "prompt":
+            rng = prompt_row_keys(self.base_rng, position, len(idx), c.group_size)
+        else:
+            rng = jax.random.fold_in(jax.random.fold_in(self.base_rng, index), 0)
         args = (self.sampler, params, self.task, self.tokenizer, examples, c.group_size)
         kwargs = dict(
-            rng=jax.random.fold_in(rng, 0),
+            rng=rng,
             sampling=self.sampling,
             gen_batch=c.gen_batch,
             stop_strings=stop_strings(c),

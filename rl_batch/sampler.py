@@ -33,7 +33,10 @@ Public API:
 
 Randomness is per row: row b of a batch draws step i's token with
 ``fold_in(fold_in(rng, b), i)``, so a row's sample does not depend on the batch bucket,
-the padding rows or the device shard it lands in.
+the padding rows or the device shard it lands in. ``rng`` may instead be [B] typed keys,
+one per row (row b then draws step i's token with ``fold_in(rng[b], i)``): a caller that
+derives each row's key from what the row is (a prompt and a group member) gets the same
+draws for that row in batches of any shape.
 """
 
 from __future__ import annotations
@@ -297,8 +300,18 @@ def _pad_slots(layer: model_lib.LayerCache, length: int) -> model_lib.LayerCache
 
 
 def row_keys(rng: jax.Array, batch: int) -> jax.Array:
-    """[batch] PRNG keys: row b draws its tokens from ``fold_in(rng, b)``."""
+    """[batch] PRNG keys: row b draws its tokens from ``fold_in(rng, b)``; ``rng`` that
+    already is [batch] typed keys (one per row, `is_row_keys`) is returned as it is."""
+    if is_row_keys(rng):
+        if rng.shape[0] != batch:
+            raise ValueError(f"{rng.shape[0]} row keys for a batch of {batch} rows")
+        return rng
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, jnp.arange(batch))
+
+
+def is_row_keys(rng: Any) -> bool:
+    """Whether ``rng`` is a [B] array of typed PRNG keys (one per row) rather than one key."""
+    return jnp.ndim(rng) == 1 and jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
 
 
 def _sample_and_score(
@@ -355,7 +368,8 @@ def prefill(
       prompt_tokens_bp: [B, P] int prompt ids, LEFT-padded (every prompt ends at P-1).
       prompt_mask_bp: [B, P] bool, True for real prompt tokens. A row with no real token
         is a padding row: it is done from the start and generates nothing.
-      rng: PRNG key; row b draws its tokens from ``fold_in(rng, b)``.
+      rng: PRNG key, row b drawing its tokens from ``fold_in(rng, b)``; or [B] typed
+        keys, one per row.
       max_new_tokens: per-call token limit, traced; clipped to ``response_len``.
       response_len: R, the static size of the response buffer.
       eos_id: end-of-sequence id, or a tuple of ids any of which ends a row (an id
@@ -574,7 +588,7 @@ def sample_batch(
       prompt_tokens_bp: [B, P] int prompt ids, LEFT-padded so every prompt ends at P-1.
       prompt_mask_bp: [B, P] bool, True for real prompt tokens; an all-False row is a
         padding row and generates nothing.
-      rng: PRNG key.
+      rng: PRNG key, or [B] typed keys (one per row, see ``prefill``).
       max_new_tokens: maximum tokens per row (an int, or a traced scalar when
         ``response_len`` is given).
       eos_id: end-of-sequence id (or a tuple of them); a row stops after emitting one.
@@ -788,7 +802,7 @@ class Sampler:
         Args:
           params: the parameter tree (the learner's own, possibly sharded).
           prompts: token id lists, 1..max_prompt_len tokens each.
-          rng: PRNG key.
+          rng: PRNG key, or one typed key per prompt ([len(prompts)]).
           sampling: how tokens are drawn.
           max_new_tokens: token limit for this call (default: the Sampler's).
 
@@ -800,6 +814,10 @@ class Sampler:
         n = len(prompts)
         b, p, r = self.buckets(n, max(len(x) for x in prompts), max_new)
         tokens_bp, mask_bp = self.pad_prompts(prompts, b, p)
+        if is_row_keys(rng):  # padding rows take the first row's key (they draw nothing)
+            if rng.shape[0] != n:
+                raise ValueError(f"{rng.shape[0]} row keys for {n} prompts")
+            rng = jnp.concatenate([rng, jnp.broadcast_to(rng[:1], (b - n,))])
         if self.mesh is not None:
             batch_sharding = sharding_lib.sampler_batch_sharding(self.mesh)
             tokens_bp, mask_bp = jax.device_put((tokens_bp, mask_bp), batch_sharding)

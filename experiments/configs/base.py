@@ -190,6 +190,12 @@ def run_config() -> ConfigDict:
     c.partial_rollout.enabled = False
     c.partial_rollout.tokens_per_iter = 16
 
+    # How rollouts draw their random numbers: "rollout" (rollout i from fold_in(seed key,
+    # i), row b of it from fold_in(that, b)) or "prompt" (each response from the
+    # position of its prompt in the training stream and its member index: the same prompt
+    # gets the same draws in every P x G, common random numbers across configurations).
+    c.rollout_keys = "rollout"
+
     c.filter_groups = True  # drop groups whose rewards are all equal (DAPO)
 
     # Runway, validation and target, all in cumulative *retained* responses.

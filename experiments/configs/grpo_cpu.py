@@ -56,10 +56,15 @@ README's study section and each report's Measurement section):
   on that Intel Xeon generated tokens/s still rose from c = 128 to 256 (32k -> 38k), so
   the plateau that the critical generation batch names lay past the grid; the probes read
   ~40k at 512 and 1024 (and fell to ~37k at 2048).
-- Fixed and sqrt LR at 16 x 8 draw the same prompts with the same rollout keys for one
-  seed (common random numbers): their N* ratio is paired by seed. In the 10 seeds 0-9
-  the two configurations' log N* correlate at 0.70, and the paired interval of their
-  ratio is 1.11 [1.03, 1.21] against 1.11 [0.959, 1.29] as independent samples.
+- Common random numbers (``rollout_keys="prompt"``): each response draws its tokens from
+  a key of its prompt's position in the training stream and its member index, so one
+  seed gives every configuration the same prompts with the same random numbers, and
+  every ratio is compared seed by seed. With the earlier per-rollout keys only fixed and
+  sqrt LR at 16 x 8 shared their draws (log N* correlation 0.70 over seeds 0-9; paired
+  ratio 1.11 [1.03, 1.21] against 1.11 [0.959, 1.29] unpaired), and B = 32 against
+  B = 64 correlated at -0.42 (seeds 0-9) and 0.57 (seeds 20-29). With prompt keys, 8
+  seeds (0-7, grid 4, 8, 32 x 8): 0.81 for B = 32 against B = 64 and 0.39 for B = 256,
+  r_N half-widths 0.086 and 0.15 paired against 0.155 and 0.179 unpaired.
 """
 
 from experiments import configs
@@ -81,6 +86,7 @@ def get_config(arg=None):
     c.pretrain.seed = 2
     c.budget_responses = 8192
     c.eval_every_responses = 256
+    c.rollout_keys = "prompt"  # common random numbers across P x G (see the docstring)
     c.eval_metric = "p_ref"
     c.eval_ref_prompts = 512
     c.eval_prompts = 64

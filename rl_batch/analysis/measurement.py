@@ -250,12 +250,20 @@ def measurement_section(analysis: Analysis) -> list[str]:
             '(`target_crossing="linear"`; on average half a batch early).'
         )
     )
+    prompt_keys = all(t.rollout_keys == "prompt" for t in analysis.targets.values())
     out.append(
         "- Intervals: 95% Student-t over seeds (ratios: delta method on the log scale). "
-        "Configurations of one shape that differ only in the learning rule (e.g. fixed "
-        "against sqrt LR) draw the same prompts with the same rollout keys per seed "
-        "(common random numbers); the findings compare them seed by seed (paired), every "
-        "other ratio as independent samples."
+        + (
+            "Every run keys each response by its prompt's position and member index "
+            '(`rollout_keys="prompt"`): one seed gives every configuration the same prompts '
+            "with the same random numbers (common random numbers), so every ratio compares "
+            "the configurations seed by seed (paired)."
+            if prompt_keys
+            else "Configurations of one shape that differ only in the learning rule (e.g. "
+            "fixed against sqrt LR) draw the same prompts with the same rollout keys per "
+            "seed (common random numbers) and are compared seed by seed (paired); every "
+            "other ratio as independent samples."
+        )
     )
     noise = validation_noise(analysis)
     if noise is not None:

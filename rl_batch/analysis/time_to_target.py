@@ -93,6 +93,7 @@ class RunTarget:
     time_measured_s: float | None = None
     q_measured: float | None = None
     calibrated: bool = False
+    rollout_keys: str = "rollout"  # how its rollouts drew their keys (config rollout_keys)
 
     @property
     def reached(self) -> bool:
@@ -162,6 +163,7 @@ def run_time_to_target(
         r.time_to_target_s,
         r.q,
         step_s is not None,
+        run.config.get("rollout_keys", "rollout"),
     )
 
 
@@ -323,19 +325,23 @@ def ratio_estimate(
 
 
 def matched_pair(a: Sequence[RunTarget], b: Sequence[RunTarget]) -> bool:
-    """Whether two configurations' runs form matched pairs by seed: the same seeds, and the
-    same prompts x group size, so that one seed draws the same prompts with the same
-    rollout keys in both (``rollout_source``: data order from the seed, rollout i's key
-    ``fold_in(seed key, i)``) and the two differ only in the learning rule (LR rule,
-    critic settings). Configurations of different shapes share only the data order; they
-    are compared as independent samples."""
+    """Whether two configurations' runs form matched pairs by seed (common random
+    numbers): the same seeds, and one seed's runs draw the same random numbers for the
+    same prompt in both. With ``rollout_keys="prompt"`` every run keys each response by its
+    prompt's position in the training stream and its member index
+    (``rollout_source.prompt_row_keys``), so any two configurations match. With
+    ``"rollout"`` (rollout i keyed ``fold_in(seed key, i)``) only configurations of one
+    shape P x G do (those that differ in the learning rule alone, e.g. fixed against sqrt
+    LR); others share only the data order and are compared as independent samples."""
     seeds_a, seeds_b = [r.seed for r in a], [r.seed for r in b]
     if not a or None in seeds_a or None in seeds_b or len(set(seeds_a)) != len(seeds_a):
         return False
     if sorted(seeds_a) != sorted(seeds_b):
         return False
+    if all(r.rollout_keys == "prompt" for r in (*a, *b)):
+        return True
     shapes = {(r.key.prompts, r.key.group_size) for r in (*a, *b)}
-    return len(shapes) == 1
+    return len(shapes) == 1 and all(r.rollout_keys == "rollout" for r in (*a, *b))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -452,6 +458,7 @@ def ratio_estimates(
     seed: int = DEFAULT_SEED,
     method: str = DEFAULT_METHOD,
     timing: Sequence[float] | None = None,
+    paired: bool = False,
 ) -> tuple[Estimate | None, Estimate | None, Estimate | None]:
     """``(r_N, r_q, r_N / r_q)`` of configuration a against the reference.
 
@@ -463,6 +470,8 @@ def ratio_estimates(
       method: ``t`` (default) or ``bootstrap`` (see the module docstring).
       timing: with calibrated q, ``log(step_a / step_ref)`` per calibration round; r_q
         and r_N / r_q then carry the step times' noise too (``ratio_estimate``).
+      paired: row i of a and of the reference ran the same seed with common random
+        numbers (`matched_pair`; the rows sorted by seed): seed-by-seed intervals.
 
     Returns:
       The three ratios with intervals; an entry is ``None`` when its inputs are missing.
@@ -473,7 +482,7 @@ def ratio_estimates(
 
     def ratio(a, ref, weights, timed=False):
         t = timing if timed else None
-        return ratio_estimate(a, ref, weights, n_boot, level, seed, method, timing=t)
+        return ratio_estimate(a, ref, weights, n_boot, level, seed, method, paired, t)
 
     r_n = ratio(n_a, n_ref, [1.0]) if ok(n_a) and ok(n_ref) else None
     r_q = ratio(q_a, q_ref, [1.0], timed=True) if ok(q_a) and ok(q_ref) else None
@@ -520,20 +529,23 @@ def config_ratios(
             incomplete=stats.incomplete,
         )
 
+    paired = matched_pair(stats.runs, ref.runs)
+
     def vals(s: ConfigStats, name: str, need_reached: bool):
         if need_reached and not s.reached:
             return None
-        v = [getattr(r, name) for r in s.runs]
+        runs = sorted(s.runs, key=lambda r: r.seed) if paired else s.runs
+        v = [getattr(r, name) for r in runs]
         return None if any(x is None for x in v) else v
 
     n_a, n_r = vals(stats, "n_star", True), vals(ref, "n_star", True)
     q_a, q_r = vals(stats, "q", False), vals(ref, "q", False)
     timing = step_time_log_ratios(step_rounds, stats.key.point_key, ref.key.point_key)
-    r_n, r_q, r_t = ratio_estimates(n_a, q_a, n_r, q_r, n_boot, level, seed, method, timing)
+    r_n, r_q, r_t = ratio_estimates(n_a, q_a, n_r, q_r, n_boot, level, seed, method, timing, paired)
     u_a, u_r = vals(stats, "updates_to_target", True), vals(ref, "updates_to_target", True)
     r_u = None
     if u_a and u_r:
-        r_u = ratio_estimate(u_a, u_r, [1.0], n_boot, level, seed, method)
+        r_u = ratio_estimate(u_a, u_r, [1.0], n_boot, level, seed, method, paired=paired)
     incomplete = stats.incomplete or (stats.reached and ref.incomplete)
     return Ratios(stats.key, ref.key, r_n, r_q, r_t, r_u, incomplete)
 
