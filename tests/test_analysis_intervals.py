@@ -105,16 +105,27 @@ def test_paired_log_ratio_by_hand():
     # covariance of (a, ref) is [[2, 2], [2, 2]]; g = (1/3, -1/2), so var(log ratio) =
     # g' S g / n = (2/9 - 4/6 + 2/4) / 2 = 1/36, with n - 1 = 1 degree of freedom.
     a, ref = np.array([[2.0], [4.0]]), np.array([[1.0], [3.0]])
-    point, lo, hi = intervals.t_log_ratio_paired(a, ref, [1.0], 0.95)
+    point, lo_p, hi_p = intervals.t_log_ratio_paired(a, ref, [1.0], 0.95)
     assert point == pytest.approx(1.5)
-    assert (lo, hi) == pytest.approx((1.5 * math.exp(-T1 / 6), 1.5 * math.exp(T1 / 6)))
+    assert (lo_p, hi_p) == pytest.approx((1.5 * math.exp(-T1 / 6), 1.5 * math.exp(T1 / 6)))
     # As independent samples the shared spread counts twice: var 1/9 + 1/4.
     _, ulo, uhi = intervals.t_log_ratio(a, ref, [1.0], 0.95)
-    assert uhi / ulo > hi / lo
+    assert uhi / ulo > hi_p / lo_p
     with pytest.raises(ValueError, match="matched rows"):
         intervals.t_log_ratio_paired(a, np.ones((3, 1)), [1.0], 0.95)
     _, lo, hi = intervals.t_log_ratio_paired(a[:1], ref[:1], [1.0], 0.95)
     assert math.isnan(lo) and math.isnan(hi)
+
+    # Seeds for a half-width: the paired per-seed variance is 2 * (1/36) = 1/18 at m - 1 df,
+    # so at m seeds the half-width is 1.5 sinh(t_{m-1} sqrt(1 / (18 m))).
+    def half(m):
+        return 1.5 * math.sinh(stats.t.ppf(0.975, m - 1) * math.sqrt(1.0 / (18.0 * m)))
+
+    assert half(2) == pytest.approx((hi_p - lo_p) / 2)
+    assert half(10) > 0.25 >= half(11)
+    assert intervals.seeds_for_half_width(a, ref, [1.0], 0.25, 0.95, paired=True) == 11
+    unpaired = intervals.seeds_for_half_width(a, ref, [1.0], 0.25, 0.95)
+    assert unpaired is None or unpaired > 11  # the shared spread counted twice
 
 
 def test_paired_interval_covers_with_common_noise():

@@ -141,6 +141,11 @@ def test_response_length_comes_from_the_task():
         ({"target": 1.5}, "target=1.5"),
         ({"init.source": "hf"}, "needs init.path"),
         ({"model.overrides": {"max_seq_len": 8}}, "exceed the model context max_seq_len=8"),
+        ({"rollout_keys": "batch"}, "rollout_keys='batch': must be one of ('rollout', 'prompt')"),
+        (
+            {"rollout_keys": "prompt", "partial_rollout.enabled": True},
+            'partial_rollout continues groups across rollouts: it needs rollout_keys="rollout"',
+        ),
     ],
 )
 def test_bad_values_are_named(changes, message):

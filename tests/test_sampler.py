@@ -363,3 +363,32 @@ def test_sampling_config_from_dict_and_validation():
         SamplingConfig(temperature=0.0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=0.0)
+
+
+def test_row_keys_draw_like_the_keys_they_replace(params, sampler):
+    # One key per row: row b with key fold_in(rng, b) draws what the single key gives it.
+    rng = jax.random.key(11)
+    single = sampler(params, PROMPTS, rng=rng)
+    rows = sampler_lib.row_keys(rng, len(PROMPTS))
+    assert sampler_lib.is_row_keys(rows) and not sampler_lib.is_row_keys(rng)
+    per_row = sampler(params, PROMPTS, rng=rows)
+    np.testing.assert_array_equal(per_row.response_tokens, single.response_tokens)
+    np.testing.assert_array_equal(per_row.response_logprobs, single.response_logprobs)
+    # A row keeps its draws wherever it sits and whatever surrounds it.
+    moved = sampler(params, [PROMPTS[3], [4] * 6, PROMPTS[1]], rng=rows[jnp.array([3, 0, 1])])
+    np.testing.assert_array_equal(moved.response_tokens[0], single.response_tokens[3])
+    np.testing.assert_array_equal(moved.response_tokens[2], single.response_tokens[1])
+    with pytest.raises(ValueError, match="3 row keys for 4 prompts"):
+        sampler(params, PROMPTS, rng=rows[:3])
+
+
+def test_row_keys_on_a_sharded_batch(params):
+    mesh = sharding.make_mesh(2, 2, 2)
+    kwargs = dict(eos_id=5, pad_id=PAD, max_prompt_len=16, max_new_tokens=16)
+    prompts = PROMPTS + [[9, 8, 7]]  # 5 rows in a bucket of 8: three padding rows
+    rows = jax.random.split(jax.random.key(2), len(prompts))
+    ref = sampler_lib.Sampler(CONFIG, **kwargs)(params, prompts, rng=rows)
+    sharded_params = jax.device_put(params, sharding.param_shardings(CONFIG, mesh))
+    out = sampler_lib.Sampler(CONFIG, mesh=mesh, **kwargs)(sharded_params, prompts, rng=rows)
+    np.testing.assert_array_equal(out.response_tokens, ref.response_tokens)
+    np.testing.assert_allclose(out.response_logprobs, ref.response_logprobs, atol=1e-5)

@@ -172,12 +172,15 @@ def seeds_for_half_width(
     half_width: float,
     level: float,
     max_seeds: int = 100,
+    paired: bool = False,
 ) -> int | None:
-    """Seeds per configuration at which `t_log_ratio`'s interval would have half-width
+    """Seeds per configuration at which `t_log_ratio`'s interval (``paired``:
+    `t_log_ratio_paired`'s, rows matched by seed) would have half-width
     ``(hi - lo) / 2 <= half_width`` in ratio units.
 
     The per-seed variances of the log statistic (``a``, ``ref`` as in `t_log_ratio`) and
-    the point ratio are assumed unchanged at ``m`` seeds on both sides.
+    the point ratio are assumed unchanged at ``m`` seeds on both sides; the calibration's
+    timing spread is not included.
 
     Returns:
       The smallest ``m >= 2``; ``None`` when an interval is missing or more than
@@ -186,10 +189,14 @@ def seeds_for_half_width(
     a = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
     ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
     w = np.asarray(weights, dtype=np.float64)
-    point, lo, hi = t_log_ratio(a, ref, w, level)
+    point, lo, hi = (t_log_ratio_paired if paired else t_log_ratio)(a, ref, w, level)
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return None
-    sa2, sr2 = _log_mean_var(a, w) * len(a), _log_mean_var(ref, w) * len(ref)  # per seed
+    if paired:  # one per-seed variance of the paired log ratio, n - 1 df
+        sa2 = _log_mean_var(np.concatenate([a, ref], axis=1), np.concatenate([w, -w])) * len(a)
+        sr2 = 0.0
+    else:
+        sa2, sr2 = _log_mean_var(a, w) * len(a), _log_mean_var(ref, w) * len(ref)  # per seed
     for m in range(2, max_seeds + 1):
         var = (sa2 + sr2) / m
         if var <= 0:

@@ -142,15 +142,20 @@ class Power:
 
 
 def _fields(stats: ttt.ConfigStats, names: Sequence[str]) -> np.ndarray:
-    """[seeds, len(names)] of each seed's ``RunTarget`` fields (NaN where missing)."""
-    return np.array([[getattr(r, n) or np.nan for n in names] for r in stats.runs], float)
+    """[seeds, len(names)] of each seed's ``RunTarget`` fields (NaN where missing), in
+    seed order."""
+    runs = sorted(stats.runs, key=lambda r: (r.seed is None, r.seed or 0))
+    return np.array([[getattr(r, n) or np.nan for n in names] for r in runs], float)
 
 
 def _seeds_needed(a, ref, names, weights, half_width, level) -> int | None:
     x, r = _fields(a, names), _fields(ref, names)
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(r))):
         return None
-    return intervals.seeds_for_half_width(x, r, weights, half_width, level, MAX_SEEDS)
+    paired = ttt.matched_pair(a.runs, ref.runs)
+    return intervals.seeds_for_half_width(
+        x, r, weights, half_width, level, MAX_SEEDS, paired=paired
+    )
 
 
 def power(analysis: Analysis, half_width: float = POWER_HALF_WIDTH) -> list[Power]:
