@@ -25,6 +25,10 @@ measurement) says so in its note.
 - **Two critical batches**: which comes first, the critical generation batch or the
   critical training batch (its CI walk), decides the best batch.
 
+N* ratios between two configurations are compared seed by seed when their runs are a
+matched pair (`time_to_target.matched_pair`: common random numbers), else as
+independent samples.
+
 `cost_structure` gives the share of training time spent in generation, scoring, the
 update and idle per batch, and `cost_sentence` what it implies for the hardware.
 """
