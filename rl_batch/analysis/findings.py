@@ -46,6 +46,7 @@ from rl_batch.analysis.curves import ConfigKey
 from rl_batch.analysis.time_to_target import (
     Analysis,
     Estimate,
+    by_seed,
     fmt_estimate,
     matched_pair,
     ratio_estimate,
@@ -177,7 +178,7 @@ def _n_star_ratio(analysis: Analysis, num: ConfigKey, den: ConfigKey) -> Estimat
     a, b = analysis.stats[num].runs, analysis.stats[den].runs
     paired = matched_pair(a, b)
     if paired:
-        a, b = sorted(a, key=lambda r: r.seed), sorted(b, key=lambda r: r.seed)
+        a, b = by_seed(a), by_seed(b)
     return ratio_estimate(
         [r.n_star for r in a],
         [r.n_star for r in b],

@@ -144,7 +144,7 @@ class Power:
 def _fields(stats: ttt.ConfigStats, names: Sequence[str]) -> np.ndarray:
     """[seeds, len(names)] of each seed's ``RunTarget`` fields (NaN where missing), in
     seed order."""
-    runs = sorted(stats.runs, key=lambda r: (r.seed is None, r.seed or 0))
+    runs = ttt.by_seed(stats.runs)
     return np.array([[getattr(r, n) or np.nan for n in names] for r in runs], float)
 
 

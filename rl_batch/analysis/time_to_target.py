@@ -29,10 +29,11 @@ Ratios against a reference configuration: ``r_N = mean N*(B) / mean N*(B_ref)``,
 times for single seeds), ``r_updates`` (ideal ``B_ref / B``, e.g. 0.5 at twice the
 batch). Both methods treat the two configurations' seeds as independent samples and
 keep each run's (N*, q) together. The exception is a matched pair (`matched_pair`: the
-same seeds and the same prompts x group size, differing only in the learning rule, e.g.
-fixed against sqrt LR at one batch): one seed draws the same prompts with the same rollout
-keys in both (common random numbers), and the findings compare such pairs seed by seed
-(``ratio_estimate(..., paired=True)``), which removes the noise the two runs share.
+same seeds, and one seed draws the same prompts with the same random numbers in both,
+i.e. common random numbers: every two configurations with ``rollout_keys="prompt"``, or
+two of one shape P x G with per-rollout keys, such as fixed against sqrt LR at one
+batch). Such pairs are compared seed by seed (``ratio_estimate(..., paired=True)``),
+which removes the noise the two runs share.
 """
 
 from __future__ import annotations
@@ -324,6 +325,11 @@ def ratio_estimate(
     return bootstrap([a2, r2], statistic, n_boot, level, seed)
 
 
+def by_seed(runs: Sequence[RunTarget]) -> list[RunTarget]:
+    """``runs`` in seed order (the row order of a matched pair; unknown seeds last)."""
+    return sorted(runs, key=lambda r: (r.seed is None, r.seed or 0))
+
+
 def matched_pair(a: Sequence[RunTarget], b: Sequence[RunTarget]) -> bool:
     """Whether two configurations' runs form matched pairs by seed (common random
     numbers): the same seeds, and one seed's runs draw the same random numbers for the
@@ -534,7 +540,7 @@ def config_ratios(
     def vals(s: ConfigStats, name: str, need_reached: bool):
         if need_reached and not s.reached:
             return None
-        runs = sorted(s.runs, key=lambda r: r.seed) if paired else s.runs
+        runs = by_seed(s.runs) if paired else s.runs
         v = [getattr(r, name) for r in runs]
         return None if any(x is None for x in v) else v
 
