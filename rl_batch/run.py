@@ -50,6 +50,7 @@ from rl_batch import (
 )
 from rl_batch import config as config_lib
 from rl_batch import model as model_lib
+from rl_batch import programs as programs_lib
 from rl_batch import rollout as rollout_lib
 from rl_batch.accounting import Counters, Step, StepAccounting, keep_mask, stuck_error
 from rl_batch.checkpoint import Checkpointer, CheckpointMismatchError
@@ -401,7 +402,7 @@ class Evaluator:
     validation accuracy that the target and N* are on, is the metric ``eval_metric``
     names (``eval_metric`` in the line); ``eval_mean_at_k`` is always the sampled one."""
 
-    def __init__(self, c: ConfigDict, sampler, task, tokenizer, val_data, base_rng, model_config):
+    def __init__(self, c: ConfigDict, sampler, task, tokenizer, val_data, base_rng, scorer):
         self.c, self.sampler, self.task, self.tokenizer = c, sampler, task, tokenizer
         self.examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
         self.rng = jax.random.fold_in(base_rng, 1)
@@ -409,15 +410,7 @@ class Evaluator:
         # (step, rows) -> None: takes the sampled generations of the first
         # ``log_generations`` prompts of each validation (`MetricsLog.write_generations`).
         self.on_generations = None
-        self.scorer = None
-        if c.eval_metric == "p_ref":
-            n_ref = c.eval_ref_prompts or len(val_data)
-            self.scorer = exact_eval.ReferenceScorer(
-                model_config,
-                tokenizer,
-                [val_data[i] for i in range(min(n_ref, len(val_data)))],
-                temperature=c.sampling.temperature,
-            )
+        self.scorer = scorer  # ``make_scorer``: exact p_ref, or None (sampled only)
 
     def __call__(self, params, counters: Counters) -> dict:
         """Validates ``params``; returns the eval line (and schedules the next validation)."""
@@ -461,6 +454,20 @@ class Evaluator:
             "eval_metric": c.eval_metric,
             **m,
         }
+
+
+def make_scorer(c: ConfigDict, model_config, tokenizer, val_data):
+    """The exact p_ref scorer of the first ``eval_ref_prompts`` validation prompts
+    (``eval_metric="p_ref"``), else None."""
+    if c.eval_metric != "p_ref":
+        return None
+    n_ref = min(c.eval_ref_prompts or len(val_data), len(val_data))
+    return exact_eval.ReferenceScorer(
+        model_config,
+        tokenizer,
+        [val_data[i] for i in range(n_ref)],
+        temperature=c.sampling.temperature,
+    )
 
 
 def generation_rows(
@@ -555,12 +562,20 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
     mesh = sharding.make_mesh(
         data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor, expert=c.mesh.get("expert", 1)
     )
-    algo = make_algorithm(c, model_config, mesh)
+    # (Reused, compiled, from an earlier run of this configuration when the process
+    # keeps programs: ``rl_batch.programs``.)
+    algo, sampler, scorer = programs_lib.get(
+        c,
+        lambda: programs_lib.Programs(
+            make_algorithm(c, model_config, mesh),
+            config_lib.make_sampler(c, tokenizer, model_config, mesh),
+            make_scorer(c, model_config, tokenizer, val_data),
+        ),
+    )
     # (Multi-process: rebuilt so that a checkpoint of the initial state can be saved.)
     state = distributed.rebuild(algo.init_state(initial_params(c, model_config)))
 
     base_rng = jax.random.key(c.seed)
-    sampler = config_lib.make_sampler(c, tokenizer, model_config, mesh)
     source = rollout_source.RolloutSource(
         c, sampler, model_config, task, tokenizer, train_data, base_rng, mesh
     )
@@ -574,7 +589,7 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
         source.restore(meta, counters)
         resumed_step, saved_metrics = counters.step, meta.get("metrics")
         log.info("resumed %s at step %d", run_dir, counters.step)
-    evaluator = Evaluator(c, sampler, task, tokenizer, val_data, base_rng, model_config)
+    evaluator = Evaluator(c, sampler, task, tokenizer, val_data, base_rng, scorer)
     for what, n in (
         ("training rollout", c.prompts * c.group_size),
         ("validation", len(evaluator.examples) * c.eval_k),

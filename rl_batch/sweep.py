@@ -484,17 +484,19 @@ class Worker:
 
     A sweep's concurrent points each used to start a process of their own; on a 2-core
     CPU the import and the first-call compiles were a fifth of a short run's wall time.
-    A worker keeps both across the points it runs. The protocol (`serve_points` is the
-    other end): one JSON line ``{"config_json": path, "log": path}`` per point on the
-    child's stdin; one JSON line ``{"ok": bool, "error": str}`` back on its stdout once
-    the point has ended. The point's own output (progress bar, warnings, a traceback)
-    is appended to its log, as a child of its own would write it. A child that dies
-    takes only its current point with it (recorded as failed, as before); the next point
-    starts a new child. ``stderr_path`` receives what the child prints between points.
+    A worker keeps both across the points it runs, and with ``keep_programs`` > 0 the
+    compiled programs of its last configurations (``rl_batch.programs``). The protocol
+    (`serve_points` is the other end): one JSON line ``{"config_json": path, "log":
+    path, "keep_programs": n}`` per point on the child's stdin; one JSON line ``{"ok":
+    bool, "error": str}`` back on its stdout once the point has ended. The point's own
+    output (progress bar, warnings, a traceback) is appended to its log, as a child of
+    its own would write it. A child that dies takes only its current point with it
+    (recorded as failed, as before); the next point starts a new child. ``stderr_path``
+    receives what the child prints between points.
     """
 
-    def __init__(self, stderr_path: str):
-        self.stderr_path = stderr_path
+    def __init__(self, stderr_path: str, keep_programs: int = 0):
+        self.stderr_path, self.keep_programs = stderr_path, keep_programs
         self.proc: subprocess.Popen | None = None
 
     def _start(self) -> subprocess.Popen:
@@ -514,7 +516,9 @@ class Worker:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = self._start()
         try:
-            self.proc.stdin.write(json.dumps({"config_json": cfg_path, "log": log_path}) + "\n")
+            request = {"config_json": cfg_path, "log": log_path}
+            request["keep_programs"] = self.keep_programs
+            self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
             reply = self.proc.stdout.readline()
         except BrokenPipeError:
@@ -539,11 +543,13 @@ def serve_points(requests, replies) -> None:
     """The child side of `Worker`: runs each requested point in this process.
 
     Args:
-      requests: lines of ``{"config_json": path, "log": path}`` (a text stream).
+      requests: lines of ``{"config_json": path, "log": path, "keep_programs": n}`` (a
+        text stream; ``keep_programs``: ``rl_batch.programs.keep``, 0 when absent).
       replies: where each point's ``{"ok", "error"}`` line goes (a text stream that is
         not this process's stdout: fds 1 and 2 are the point's log while it runs).
     """
-    from rl_batch import run as run_lib  # Imported late: jax reads XLA_FLAGS at import.
+    from rl_batch import programs  # Imported late: jax reads XLA_FLAGS at import.
+    from rl_batch import run as run_lib
 
     for line in requests:
         request = json.loads(line)
@@ -556,6 +562,7 @@ def serve_points(requests, replies) -> None:
             ok, error, stop = True, "", False
             try:
                 config = ConfigDict(artifacts.read_json(request["config_json"]))
+                programs.keep(request.get("keep_programs", 0))
                 summary = run_lib.run(config, resume=True, progress=True)
                 print(f"{summary['status']}: N*={summary['n_star']} q={summary['q']}")
             except KeyboardInterrupt as e:  # a SIGTERM: the run recorded "interrupted"
@@ -669,6 +676,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         os.path.join(sweep_dir, "workers.log"),
         enabled=concurrent > 1 and bool(base.sweep.get("reuse_workers", False))
         and distributed.settings(base) is None,
+        keep_programs=int(base.sweep.get("keep_programs", 0)),
     )  # fmt: skip
 
     def run_one(i: int, point: Point) -> None:
@@ -720,8 +728,8 @@ class _Progress:
 class _Workers:
     """One `Worker` per thread of a sweep's pool (None for every thread when disabled)."""
 
-    def __init__(self, stderr_path: str, enabled: bool):
-        self.stderr_path, self.enabled = stderr_path, enabled
+    def __init__(self, stderr_path: str, enabled: bool, keep_programs: int = 0):
+        self.stderr_path, self.enabled, self.keep_programs = stderr_path, enabled, keep_programs
         self._local, self._all, self._lock = threading.local(), [], threading.Lock()
 
     def mine(self) -> Worker | None:
@@ -729,7 +737,7 @@ class _Workers:
         if not self.enabled or threading.current_thread() is threading.main_thread():
             return None
         if getattr(self._local, "worker", None) is None:
-            self._local.worker = Worker(self.stderr_path)
+            self._local.worker = Worker(self.stderr_path, self.keep_programs)
             with self._lock:
                 self._all.append(self._local.worker)
         return self._local.worker

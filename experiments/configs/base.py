@@ -277,9 +277,13 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # other. Their measured q then shares the host; the calibration below does not.
     run.sweep.concurrent = 1
     # With concurrent > 1 (one process): each of the `concurrent` child processes runs
-    # one point after another (rl_batch.sweep.Worker), keeping its imports and compiled
-    # programs; False starts a process per point.
+    # one point after another (rl_batch.sweep.Worker), keeping its imports; False starts
+    # a process per point.
     run.sweep.reuse_workers = True
+    # A reused worker keeps the learner, sampler and scorer of this many configurations
+    # (rl_batch.programs): the next seed of one reuses them, compiled. Each kept GRPO
+    # learner with a KL term holds a copy of the initial policy; 0 rebuilds per run.
+    run.sweep.keep_programs = 8
     # > 0: after the points, every configuration's training step is timed side by side
     # in one process, interleaved over this many rounds (experiments.calibrate), and the
     # analysis takes T and q from those step times (calibration.json).
