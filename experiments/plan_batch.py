@@ -3,7 +3,9 @@ r"""Algorithm 1: rank candidate batches by ``r_N / r_q`` and recommend the faste
 Full mode uses every run's whole curve; pilot mode predicts r_N from the first
 ``--pilot_fraction`` of each run (simulated on a finished sweep by truncating the
 curves) and reports how its pick compares with the full sweep's best, and at what
-fraction of the sweep's training time.
+fraction of the sweep's training time. Full mode also prints how often each
+configuration is in the recommendation set over resamples of the seeds
+(``rl_batch.analysis.stability``).
 
   python -m experiments.plan_batch --sweep=sweeps/grpo_cpu
   python -m experiments.plan_batch --sweep=sweeps/grpo_cpu --pilot_fraction=0.3
@@ -39,7 +41,7 @@ _OUT = flags.DEFINE_string("out", None, "Output JSON (default <sweep>/plan.json)
 
 def main(argv):
     del argv
-    from rl_batch.analysis import curves, planner, time_to_target
+    from rl_batch.analysis import curves, planner, stability, time_to_target
 
     sweep = curves.load_sweep(_SWEEP.value)
     full = time_to_target.analyze_sweep(
@@ -59,6 +61,8 @@ def main(argv):
         )
         default_name = "plan_pilot.json"
     print(planner.format_plan_table(plan))
+    if plan.mode == "full":  # how often other seeds would name the same set
+        print(stability.recommendation_sentence(full))
     out = _OUT.value or os.path.join(_SWEEP.value, default_name)
     artifacts.write_json_atomic(out, planner.plan_to_json(plan))
     print(f"wrote {out}")

@@ -75,6 +75,7 @@ def study_section(sweep_dir: str, section: str = "study") -> str:
         "",
         planner.format_plan_table(plan),
         "",
+        *report.recommendation_shares_lines(analysis, plan),
         end,
     ]
     return "\n".join(lines)

@@ -116,6 +116,7 @@ def test_plan_batch_cli_writes_plan_json(sweep_dir):
         "Recommendation: grpo-P32-G8-sqrt (batch 256): its interval excludes every other's."
         in out.stdout
     )
+    assert "the recommendation set held grpo-P32-G8-sqrt (batch 256) 100%" in out.stdout
     plan = json.load(open(os.path.join(sweep_dir, "plan.json")))
     assert plan["mode"] == "full" and plan["recommended_batch"] == 256
     out = subprocess.run(

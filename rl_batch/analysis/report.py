@@ -20,6 +20,7 @@ from rl_batch.analysis import (
     measurement,
     noise_scale,
     planner,
+    stability,
 )
 from rl_batch.analysis.time_to_target import (
     INCOMPLETE,
@@ -152,21 +153,43 @@ def ratio_table(analysis: Analysis) -> list[str]:
 
 
 def findings_section(
-    analysis: Analysis, generation: cost_model.GenerationReport | None, tol: float
+    analysis: Analysis,
+    generation: cost_model.GenerationReport | None,
+    tol: float,
+    resamples: int = stability.DEFAULT_RESAMPLES,
 ) -> list[str]:
-    """The study's findings with our measurement and a verdict, and the cost structure."""
+    """The study's findings with our measurement, a verdict and how often resampled seeds
+    reach the same verdict (``stability.verdict_shares``), and the cost structure."""
+
+    def decide(a: Analysis) -> list[findings.Finding]:
+        return findings.study_findings(a, generation, tol)
+
+    shares = stability.verdict_shares(analysis, decide, resamples) if resamples else {}
+    header = ["finding", "the study", "measured here", "verdict", "how decided"]
+    header += ["same verdict on resampled seeds"] if shares else []
     rows = [
         [f.name, f.paper, f.measured, f"**{f.verdict}**", f.note]
-        for f in findings.study_findings(analysis, generation, tol)
+        + ([stability.fmt_shares(f.verdict, shares.get(f.name, {}))] if shares else [])
+        for f in decide(analysis)
     ]
-    out = ["## Findings", ""]
-    out += markdown_table(["finding", "the study", "measured here", "verdict", "how decided"], rows)
+    out = ["## Findings", "", *markdown_table(header, rows), ""]
     n_seeds = sorted({s.n_seeds for s in analysis.stats.values()})
-    out += [
-        "",
+    out.append(
         f"Verdicts at {analysis.level:.0%} intervals over {'/'.join(map(str, n_seeds))} "
         'seed(s) per configuration; "undecided at this power" means the interval does not '
-        "decide it (more seeds would).",
+        "decide it (more seeds would)."
+        + (
+            " The last column: the share of "
+            f"{resamples} resamples of the seeds (with replacement; a drawn seed brings its "
+            "runs of every configuration) that reach the same verdict, i.e. how often a rerun "
+            "with as many fresh seeds would, as far as these seeds tell (seed noise only: "
+            "every resample keeps this sweep's timing). Below ~90% the verdict sits near its "
+            "decision line."
+            if shares
+            else ""
+        )
+    )
+    out += [
         "",
         "Cost structure (share of training time, all runs of each batch):",
         "",
@@ -177,6 +200,18 @@ def findings_section(
         [[b, *(f"{s[p]:.0%}" for p in findings.COST_PARTS)] for b, s in costs],
     )
     return out + ["", findings.cost_sentence(costs), ""]
+
+
+def recommendation_shares_lines(
+    analysis: Analysis,
+    plan: planner.Plan | None = None,
+    resamples: int = stability.DEFAULT_RESAMPLES,
+) -> list[str]:
+    """The full plan's recommendation set over seed resamples (not for a pilot plan)."""
+    if not resamples or (plan is not None and plan.mode != "full"):
+        return []
+    sentence = stability.recommendation_sentence(analysis, resamples)
+    return [sentence, ""] if sentence else []
 
 
 def _critical_section(analysis: Analysis, tol: float) -> list[str]:
@@ -381,6 +416,7 @@ def build_report(
     figures: Sequence[str] = (),
     skipped: Sequence[str] = (),
     plan: planner.Plan | None = None,
+    resamples: int = stability.DEFAULT_RESAMPLES,
 ) -> str:
     """The markdown report of a sweep.
 
@@ -391,6 +427,8 @@ def build_report(
       figures: written figure paths (linked relative to the sweep directory).
       skipped: names of figures skipped for lack of data.
       plan: the plan to show (default: ``planner.plan_full(analysis)``).
+      resamples: seed resamples behind the verdict and recommendation shares
+        (``rl_batch.analysis.stability``; 0: none).
 
     Returns:
       The report text.
@@ -413,7 +451,7 @@ def build_report(
             f"**Warning:** {w} (See Critical generation batch.)\n"
             for w in (generation.model_warnings if generation is not None else ())
         ],
-        *findings_section(analysis, generation, tol),
+        *findings_section(analysis, generation, tol, resamples),
         "## Software and hardware",
         "",
         *provenance.describe_sweep({r.name: provenance.read(r.run_dir) for r in sw.runs}),
@@ -434,6 +472,7 @@ def build_report(
         "",
         planner.format_plan_table(plan or planner.plan_full(analysis)),
         "",
+        *recommendation_shares_lines(analysis, plan, resamples),
         "## Per run",
         "",
         *run_table(analysis),

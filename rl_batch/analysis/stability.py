@@ -1,0 +1,154 @@
+"""How often each finding's verdict comes out the same on other seeds (a seed bootstrap).
+
+A verdict whose measurement sits near its decision line can flip between two runs of
+the study with different seeds although each run's interval is right: the default CPU
+study's "T is U-shaped" read B = 32's T/T_ref as 0.936 [0.861, 1.02] (undecided) on
+seeds 0-9 and 0.938 [0.892, 0.987] (does not hold) on seeds 30-39. A report should say
+which of its verdicts are that fragile.
+
+``verdict_shares`` resamples the sweep's seeds with replacement, as many as it has: a
+drawn seed brings its run of every configuration, relabelled as a new seed, so runs
+that share random numbers (``time_to_target.matched_pair``) stay paired. Each resample
+is analysed as the sweep was (``reanalyze``) and every finding decided again; the share
+of resamples that reach each verdict estimates how often a rerun with as many fresh
+seeds would. ``recommendation_shares`` does the same for the planner's recommendation
+set (``planner.plan_full``). Both are the bootstrap's estimates from the seeds at hand:
+they treat the sweep's spread as the truth's and keep the sweep's timing (calibration)
+in every resample, so they speak of seed noise only.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from rl_batch.analysis import planner
+from rl_batch.analysis.curves import ConfigKey, RunData, Sweep
+from rl_batch.analysis.findings import Finding
+from rl_batch.analysis.time_to_target import Analysis, analyze_sweep, run_is_usable
+
+DEFAULT_RESAMPLES = 200  # share's standard error <= 3.5 points
+
+
+def resample_seeds(sweep: Sweep, drawn: Sequence[int]) -> Sweep:
+    """``sweep`` with the runs of seeds ``drawn`` (repeats allowed): the i-th drawn seed's
+    runs, of every configuration, become seed i (named ``<run>@i``)."""
+    by_seed: dict[int, list[RunData]] = collections.defaultdict(list)
+    for run in sweep.runs:
+        if run.seed is not None:
+            by_seed[run.seed].append(run)
+    runs = [
+        dataclasses.replace(run, seed=i, name=f"{run.name}@{i}")
+        for i, seed in enumerate(drawn)
+        for run in by_seed[seed]
+    ]
+    return dataclasses.replace(sweep, runs=tuple(runs))
+
+
+def reanalyze(analysis: Analysis, sweep: Sweep) -> Analysis:
+    """``sweep`` analysed with ``analysis``'s settings (target, reference, band, crossing,
+    interval method, calibration)."""
+    return analyze_sweep(
+        sweep,
+        target=analysis.target,
+        reference=analysis.reference.point_key,
+        n_boot=analysis.n_boot,
+        level=analysis.level,
+        seed=analysis.seed,
+        method=analysis.method,
+        band_lo=analysis.band_lo,
+        calibrated=analysis.calibrated,
+        crossing=analysis.crossing,
+    )
+
+
+def resampled(analysis: Analysis, resamples: int, seed: int = 0) -> Iterator[Analysis]:
+    """Analyses of ``resamples`` draws of the sweep's seeds with replacement (as many as
+    it has; none when it has fewer than 2 seeds). A draw without a usable run of the
+    reference (its seeds' reference runs failed or are missing) is left out."""
+    seeds = sorted({r.seed for r in analysis.sweep.runs if r.seed is not None})
+    if len(seeds) < 2:
+        return
+    rng = np.random.default_rng(seed)
+    for _ in range(resamples):
+        drawn = rng.choice(seeds, size=len(seeds), replace=True)
+        sweep = resample_seeds(analysis.sweep, drawn.tolist())
+        if any(r.key == analysis.reference and run_is_usable(r)[0] for r in sweep.runs):
+            yield reanalyze(analysis, sweep)
+
+
+def verdict_shares(
+    analysis: Analysis,
+    decide: Callable[[Analysis], list[Finding]],
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> dict[str, dict[str, float]]:
+    """Finding name -> {verdict: share of seed resamples that reach it}.
+
+    Args:
+      analysis: the sweep's analysis (its sweep's runs are resampled).
+      decide: the findings of an analysis (``findings.study_findings`` with the report's
+        generation report and tolerance).
+      resamples: bootstrap resamples.
+      seed: the resampling rng's seed.
+
+    Returns:
+      Shares per finding over the analysable resamples (``resampled``; empty when the
+      sweep has fewer than 2 seeds).
+    """
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    n = 0
+    for a in resampled(analysis, resamples, seed):
+        n += 1
+        for f in decide(a):
+            counts[f.name][f.verdict] += 1
+    return {name: {v: k / n for v, k in c.most_common()} for name, c in counts.items()}
+
+
+def recommendation_shares(
+    analysis: Analysis, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> tuple[dict[ConfigKey, float], dict[ConfigKey, float]]:
+    """(share of seed resamples whose recommendation set, ``planner.plan_full``'s
+    candidates, holds each configuration; share in which it has the best mean T)."""
+    in_set: collections.Counter = collections.Counter()
+    best: collections.Counter = collections.Counter()
+    n = 0
+    for a in resampled(analysis, resamples, seed):
+        plan = planner.plan_full(a)
+        in_set.update(plan.candidates)
+        best.update([plan.best] if plan.best is not None else [])
+        n += 1
+    if not n:
+        return {}, {}
+    return (
+        {k: c / n for k, c in in_set.most_common()},
+        {k: c / n for k, c in best.most_common()},
+    )
+
+
+def recommendation_sentence(analysis: Analysis, resamples: int = DEFAULT_RESAMPLES) -> str:
+    """How often each configuration is in the recommendation set over seed resamples
+    ("" with fewer than 2 seeds)."""
+    in_set, best = recommendation_shares(analysis, resamples)
+    if not in_set:
+        return ""
+    names = ", ".join(f"{k.name} (batch {k.batch}) {_pct(s)}" for k, s in in_set.items())
+    firsts = ", ".join(f"{k.name} {_pct(s)}" for k, s in best.items())
+    return (
+        f"Over {resamples} resamples of the seeds (as in the findings table), the "
+        f"recommendation set held {names}; best mean: {firsts}."
+    )
+
+
+def fmt_shares(own: str, shares: dict[str, float]) -> str:
+    """``"71% (undecided at this power 29%)"``: the share of resamples that reach the
+    sweep's own verdict ``own``, then the others'."""
+    others = ", ".join(f"{v} {_pct(s)}" for v, s in shares.items() if v != own and s > 0)
+    return _pct(shares.get(own, 0.0)) + (f" ({others})" if others else "")
+
+
+def _pct(share: float) -> str:
+    return "<1%" if 0 < share < 0.005 else f"{share:.0%}"
