@@ -138,6 +138,36 @@ def test_generation_saturation_is_decided_on_the_visits_intervals(below_top, ver
     assert "tokens/s against c = 256: c=64: 0.4" in finding.measured
 
 
+@pytest.mark.parametrize(
+    "at_128, walk",
+    [
+        ([80.0, 81.0, 79.0], (256.0, 256.0)),  # 0.8 [0.78, 0.82]: the plateau is 256
+        ([80.0, 100.0, 90.0], (128.0, 256.0)),  # an interval across 90%: 128 or 256
+        ([95.0, 96.0, 94.0], (128.0, 128.0)),
+    ],
+)
+def test_generation_batch_walk_follows_the_intervals(at_128, walk):
+    calibration = {
+        "configs": {
+            "a": {"gen_concurrency": 64, "gen_tokens_per_s": [40.0, 41.0, 39.0]},
+            "b": {"gen_concurrency": 128, "gen_tokens_per_s": at_128},
+            "c": {"gen_concurrency": 256, "gen_tokens_per_s": [100.0, 101.0, 99.0]},
+        }
+    }
+    gen = cost_model.generation_report(
+        None, (), calibration=artifacts.calibration_generation(calibration)
+    )
+    assert findings.generation_batch_walk(gen, 0.95) == walk
+    one_visit = {
+        "configs": {k: {**v, "gen_tokens_per_s": v["gen_tokens_per_s"][:1]} for k, v in
+                    calibration["configs"].items()}
+    }  # fmt: skip
+    gen1 = cost_model.generation_report(
+        None, (), calibration=artifacts.calibration_generation(one_visit)
+    )
+    assert findings.generation_batch_walk(gen1, 0.95) is None
+
+
 def test_ppo_critic_batch_scale_finding_and_figure(tmp_path):
     # PPO at the reference P = 32 (G = 1) with critic variants: k2 needs the same samples,
     # k4 twice as many (the fixture's tau x 2).

@@ -23,7 +23,9 @@ measurement) says so in its note.
 - **T is U-shaped in B**: in the sqrt family, an interior batch whose T/T_ref interval
   lies below both ends' (an end that never reaches counts as slower).
 - **Two critical batches**: which comes first, the critical generation batch or the
-  critical training batch (its CI walk), decides the best batch.
+  critical training batch, decides the best batch; decided when their walks (the
+  training batch's CI walk; the generation batch's from its tokens/s intervals,
+  `generation_batch_walk`) do not meet.
 
 N* ratios between two configurations are compared seed by seed when their runs are a
 matched pair (`time_to_target.matched_pair`: common random numbers), else as
@@ -371,16 +373,10 @@ def generation_finding(gen: GenerationReport | None, level: float = 0.95) -> Fin
         f"plateau ({gen.frac:.0%} of the best, {best:.4g} tokens/s) at c = "
         f"{gen.plateau_batch_measured} of c <= {int(top)} measured ({gen.source})"
     )
-    top_samples = np.asarray(gen.samples.get(top, ()), float)
-    if len(top_samples) < 2:
+    ratios = _ratios_to_top(gen, level)
+    if ratios is None:
         verdict = HOLDS if gen.plateau_batch_measured < top else FAILS
         return Finding(name, paper, measured, verdict, "one measurement: no interval")
-    ratios = []
-    for c in sorted(b for b in batches if b < top):
-        own = np.asarray(gen.samples.get(c, ()), float)
-        if len(own) >= 2:
-            ratio = intervals.t_log_ratio(own[:, None], top_samples[:, None], [1.0], level)
-            ratios.append((c, ratio))
     measured += (
         "; tokens/s against c = "
         + f"{int(top)}: "
@@ -393,6 +389,39 @@ def generation_finding(gen: GenerationReport | None, level: float = 0.95) -> Fin
     else:
         verdict, how = UNDECIDED, f"an interval contains {gen.frac:.0%}"
     return Finding(name, paper, measured, verdict, how)
+
+
+def _ratios_to_top(
+    gen: GenerationReport, level: float
+) -> list[tuple[float, tuple[float, float, float]]] | None:
+    """[(c, (ratio, lo, hi))]: each smaller concurrency's tokens/s against the largest's,
+    with t intervals over the repeated measurements (None: under 2 at the largest)."""
+    top = max(float(b) for b in gen.fit.batches)
+    top_samples = np.asarray(gen.samples.get(top, ()), float)
+    if len(top_samples) < 2:
+        return None
+    ratios = []
+    for c in sorted(float(b) for b in gen.fit.batches if b < top):
+        own = np.asarray(gen.samples.get(c, ()), float)
+        if len(own) >= 2:
+            ratio = intervals.t_log_ratio(own[:, None], top_samples[:, None], [1.0], level)
+            ratios.append((c, ratio))
+    return ratios
+
+
+def generation_batch_walk(gen: GenerationReport, level: float) -> tuple[float, float] | None:
+    """The critical generation batch's interval: the smallest concurrency whose tokens/s
+    interval against the largest's reaches ``gen.frac`` at its upper end (optimistic)
+    and at its lower end (conservative; the largest when none does), both capped by the
+    KV-cache bound. None without repeated measurements."""
+    ratios = _ratios_to_top(gen, level)
+    if ratios is None:
+        return None
+    top = max(float(b) for b in gen.fit.batches)
+    lo = next((c for c, (_, _, hi) in ratios if hi >= gen.frac), top)
+    hi = next((c for c, (_, lo_c, _) in ratios if lo_c >= gen.frac), top)
+    cap = float(gen.max_kv_batch) if gen.max_kv_batch is not None else float("inf")
+    return min(lo, cap), min(hi, cap)
 
 
 def u_shape_finding(analysis: Analysis) -> Finding:
@@ -447,15 +476,18 @@ def critical_order_finding(analysis: Analysis, gen: GenerationReport | None, tol
     if crit is None or gen is None:
         return Finding(name, paper, "-", NOT_MEASURED, "needs both critical batches")
     cg = gen.critical_generation_batch
+    walk = generation_batch_walk(gen, analysis.level)
+    g_lo, g_hi = walk if walk is not None else (cg, cg)
     lo, hi = crit.critical_batch_lo, crit.critical_batch_hi
-    measured = f"generation {cg:.4g}; training {crit.critical_batch} (CI walk [{lo}, {hi}])"
+    measured = f"generation {cg:.4g}" + (f" (walk [{g_lo:.4g}, {g_hi:.4g}])" if walk else "")
+    measured += f"; training {crit.critical_batch} (CI walk [{lo}, {hi}])"
     if lo is None or hi is None or crit.first_outside_incomplete:
         return Finding(name, paper, measured, UNDECIDED, "the training batch has no interval")
-    if cg < lo:
+    if g_hi < lo:
         return Finding(name, paper, measured, HOLDS, "throughput plateaus before invariance breaks")
-    if cg > hi:
+    if g_lo > hi:
         return Finding(name, paper, measured, HOLDS, "invariance breaks before throughput plateaus")
-    return Finding(name, paper, measured, UNDECIDED, "the generation batch lies in the CI walk")
+    return Finding(name, paper, measured, UNDECIDED, "the two batches' walks meet")
 
 
 def study_findings(
