@@ -7,6 +7,10 @@ Prints, per sweep, its wall time and host load (``commands.jsonl``), the finding
 configurations, and the planner's verdict; then whether the findings verdicts agree and
 whether the recommendation sets (the recommendation, or the candidates that cannot be
 told apart) overlap. Exit status 1 when a verdict differs or the sets do not overlap.
+
+``--pool`` then analyses all their runs as one sweep (``curves.pool_sweeps``: a seed run
+by several sweeps counts once; T and q from the first sweep's calibration) and prints
+its findings table with the same lines: the answer at the seeds of all of them.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from absl import app, flags
 
 from rl_batch import provenance
 from rl_batch.analysis import analyze_sweep, critical_batch, findings, load_sweep, planner
+from rl_batch.analysis.curves import pool_sweeps
 from rl_batch.analysis.figures import load_generation
 
 _SWEEPS = flags.DEFINE_list("sweeps", None, "Sweep directories of one study.", required=True)
+_POOL = flags.DEFINE_bool("pool", False, "Also analyse all their runs as one sweep.")
 
 
 def half_widths(analysis) -> tuple[dict[str, float], list[str]]:
@@ -41,9 +47,11 @@ def half_widths(analysis) -> tuple[dict[str, float], list[str]]:
     return worst, not_reached
 
 
-def study(sweep_dir: str):
-    """(findings, plan, half-widths, text) of one sweep."""
-    sweep = load_sweep(sweep_dir)
+def study(sweep_dir: str, sweep=None):
+    """(findings, plan, half-widths, text) of one sweep (``sweep``: a pooled one, whose
+    calibration and command are ``sweep_dir``'s)."""
+    pooled = sweep is not None
+    sweep = sweep or load_sweep(sweep_dir)
     analysis = analyze_sweep(sweep)
     runs = [r for rs in analysis.runs_by_key.values() for r in rs]
     found = findings.study_findings(
@@ -51,11 +59,13 @@ def study(sweep_dir: str):
     )
     plan = planner.plan_full(analysis)
     hw, not_reached = half_widths(analysis)
+    seeds = sorted({s.n_seeds for s in analysis.stats.values()})
+    when = f"pooled; T and q from {sweep_dir}'s calibration" if pooled else None
     lines = [
-        f"## {sweep_dir}",
+        f"## {sweep.sweep_dir}",
         "",
-        f"- {provenance.describe_last_command(sweep_dir)[1]}",
-        f"- {len(runs)} runs",
+        f"- {when or provenance.describe_last_command(sweep_dir)[1]}",
+        f"- {len(runs)} runs, {'/'.join(map(str, seeds))} seeds per configuration",
     ]
     lines += [
         f"- largest 95% half-width over the configurations that reached: r_N "
@@ -92,6 +102,9 @@ def main(argv):
     print("- recommendation sets: " + " / ".join(", ".join(sorted(s)) for s in sets))
     print(f"- overlap: {', '.join(sorted(overlap)) or 'none'}")
     print(f"- findings verdicts agree: {agree}")
+    if _POOL.value:
+        pooled = pool_sweeps([load_sweep(d) for d in _SWEEPS.value])
+        print("\n" + study(_SWEEPS.value[0], pooled)[3])
     sys.exit(0 if agree and overlap else 1)
 
 

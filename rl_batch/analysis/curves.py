@@ -288,6 +288,35 @@ def load_sweep(sweep_dir: str) -> Sweep:
     )
 
 
+def pool_sweeps(sweeps: list[Sweep] | tuple[Sweep, ...]) -> Sweep:
+    """One sweep of the runs of several sweeps of one study: more seeds for one answer.
+
+    The first sweep's settings and calibration (its step times give T and q); a
+    configuration's seed that several sweeps ran is taken from the first that has it
+    (a seed's training is deterministic, so they agree where the code did). Sweeps with
+    another target, band or crossing are refused (ValueError).
+    """
+    first = sweeps[0]
+    for sw in sweeps[1:]:
+        mine = (sw.target, sw.target_band_lo, sw.target_crossing)
+        theirs = (first.target, first.target_band_lo, first.target_crossing)
+        if mine != theirs:
+            raise ValueError(
+                f"sweep {sw.sweep_dir}: target, band and crossing {mine} differ from "
+                f"{first.sweep_dir}'s {theirs}; only sweeps of one study pool"
+            )
+    seen: set[tuple[ConfigKey, int | None]] = set()
+    runs = []
+    for sw in sweeps:
+        for run in sw.runs:
+            if (run.key, run.seed) not in seen:
+                seen.add((run.key, run.seed))
+                runs.append(run)
+    return dataclasses.replace(
+        first, sweep_dir=" + ".join(sw.sweep_dir for sw in sweeps), runs=tuple(runs)
+    )
+
+
 def group_runs(runs: list[RunData] | tuple[RunData, ...]) -> dict[ConfigKey, list[RunData]]:
     """Groups runs by configuration (across seeds), keys in (algo, batch, G, rule) order."""
     groups: dict[ConfigKey, list[RunData]] = {}
