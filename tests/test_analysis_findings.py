@@ -113,6 +113,20 @@ def test_u_shape_fails_only_when_the_end_is_decidedly_fastest(
     assert "B = 64" in f.note
 
 
+def _three_visits(at_128, visits=3):
+    """The generation report of a calibration with ``visits`` interleaved visits per
+    concurrency: c = 64 at ~40 tokens/s, c = 128 at ``at_128``, c = 256 at ~100."""
+    configs = {
+        "a": {"gen_concurrency": 64, "gen_tokens_per_s": [40.0, 41.0, 39.0]},
+        "b": {"gen_concurrency": 128, "gen_tokens_per_s": at_128},
+        "c": {"gen_concurrency": 256, "gen_tokens_per_s": [100.0, 101.0, 99.0]},
+    }
+    for v in configs.values():
+        v["gen_tokens_per_s"] = v["gen_tokens_per_s"][:visits]
+    calibration = artifacts.calibration_generation({"configs": configs})
+    return cost_model.generation_report(None, (), calibration=calibration)
+
+
 @pytest.mark.parametrize(
     "below_top, verdict",
     [
@@ -122,18 +136,7 @@ def test_u_shape_fails_only_when_the_end_is_decidedly_fastest(
     ],
 )
 def test_generation_saturation_is_decided_on_the_visits_intervals(below_top, verdict):
-    # Three interleaved visits per concurrency (calibration.json): c = 256 at ~100 tokens/s.
-    calibration = {
-        "configs": {
-            "a": {"gen_concurrency": 64, "gen_tokens_per_s": [40.0, 41.0, 39.0]},
-            "b": {"gen_concurrency": 128, "gen_tokens_per_s": below_top},
-            "c": {"gen_concurrency": 256, "gen_tokens_per_s": [100.0, 101.0, 99.0]},
-        }
-    }
-    gen = cost_model.generation_report(
-        None, (), calibration=artifacts.calibration_generation(calibration)
-    )
-    finding = findings.generation_finding(gen)
+    finding = findings.generation_finding(_three_visits(below_top))
     assert finding.verdict == verdict, finding
     assert "tokens/s against c = 256: c=64: 0.4" in finding.measured
 
@@ -147,25 +150,8 @@ def test_generation_saturation_is_decided_on_the_visits_intervals(below_top, ver
     ],
 )
 def test_generation_batch_walk_follows_the_intervals(at_128, walk):
-    calibration = {
-        "configs": {
-            "a": {"gen_concurrency": 64, "gen_tokens_per_s": [40.0, 41.0, 39.0]},
-            "b": {"gen_concurrency": 128, "gen_tokens_per_s": at_128},
-            "c": {"gen_concurrency": 256, "gen_tokens_per_s": [100.0, 101.0, 99.0]},
-        }
-    }
-    gen = cost_model.generation_report(
-        None, (), calibration=artifacts.calibration_generation(calibration)
-    )
-    assert findings.generation_batch_walk(gen, 0.95) == walk
-    one_visit = {
-        "configs": {k: {**v, "gen_tokens_per_s": v["gen_tokens_per_s"][:1]} for k, v in
-                    calibration["configs"].items()}
-    }  # fmt: skip
-    gen1 = cost_model.generation_report(
-        None, (), calibration=artifacts.calibration_generation(one_visit)
-    )
-    assert findings.generation_batch_walk(gen1, 0.95) is None
+    assert findings.generation_batch_walk(_three_visits(at_128), 0.95) == walk
+    assert findings.generation_batch_walk(_three_visits(at_128, visits=1), 0.95) is None
 
 
 def test_ppo_critic_batch_scale_finding_and_figure(tmp_path):
