@@ -516,8 +516,11 @@ class Worker:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = self._start()
         try:
-            request = {"config_json": cfg_path, "log": log_path}
-            request["keep_programs"] = self.keep_programs
+            request = {
+                "config_json": cfg_path,
+                "log": log_path,
+                "keep_programs": self.keep_programs,
+            }
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
             reply = self.proc.stdout.readline()

@@ -44,7 +44,7 @@ README's study section and each report's Measurement section):
   would take a third of the time; add it with ``--config.sweep.prompts=4,8,16,32,64``.
 - 12 seeds (was 10): at 10, B = 256's r_N half-width was 0.17 (seeds 0-9) and 0.25
   (seeds 30-39). 14 seeds (runs R11, R12, R13 of the README) gave largest half-widths of
-  0.12-0.13 but took 14.6, 14.6 and 15.4 min; their first 12 seeds give 0.12-0.15. The
+  0.12-0.13 but took 14.7, 14.6 and 15.4 min; their first 12 seeds give 0.12-0.15. The
   kept compiled programs (``sweep.keep_programs``) pay for the extra seeds: one process
   running a second seed of 8 x 8 compiled for 0.23 s instead of 2.2 s.
 - Two points at a time (``sweep.concurrent``): ~1.3x the throughput of one at a time on 2
