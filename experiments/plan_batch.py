@@ -62,7 +62,7 @@ def main(argv):
         default_name = "plan_pilot.json"
     print(planner.format_plan_table(plan))
     if plan.mode == "full":  # how often other seeds would name the same set
-        print(stability.recommendation_sentence(full))
+        print(stability.recommendation_sentence(stability.seed_shares(full)))
     out = _OUT.value or os.path.join(_SWEEP.value, default_name)
     artifacts.write_json_atomic(out, planner.plan_to_json(plan))
     print(f"wrote {out}")

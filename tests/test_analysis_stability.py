@@ -37,7 +37,7 @@ def test_shares_are_the_resampling_probabilities(tmp_path):
         verdict = findings.HOLDS if any(n.endswith("_s0") for n in drawn) else findings.FAILS
         return [Finding("seed 0 drawn", "", "", verdict)]
 
-    shares = stability.verdict_shares(a, decide, resamples=1000, seed=1)["seed 0 drawn"]
+    shares = stability.seed_shares(a, decide, resamples=1000, seed=1).verdicts["seed 0 drawn"]
     assert shares[findings.HOLDS] == pytest.approx(1 - (2 / 3) ** 3, abs=0.05)
     assert shares[findings.HOLDS] + shares[findings.FAILS] == pytest.approx(1.0)
 
@@ -45,7 +45,9 @@ def test_shares_are_the_resampling_probabilities(tmp_path):
 def test_one_seed_has_no_shares(tmp_path):
     d = fx.write_sweep(str(tmp_path / "one"), seed_factors=(1.0,))
     a = ttt.analyze_sweep(curves.load_sweep(d))
-    assert stability.verdict_shares(a, lambda b: [], resamples=10) == {}
+    assert stability.seed_shares(a, lambda b: [], resamples=10) is None
+    assert report.study_shares(a, None, 0.2) is None
+    assert stability.recommendation_sentence(None) == ""
 
 
 def test_fmt_shares():
@@ -58,22 +60,24 @@ def test_fmt_shares():
 def test_the_findings_table_has_the_shares(tmp_path):
     # The fixed-LR finding (1.67x, paired: the seed factor cancels) holds in every resample.
     a = _analysis(tmp_path / "s")
-    table = report.findings_section(a, None, 0.2, resamples=50)
+    table = report.findings_section(a, None, 0.2, report.study_shares(a, None, 0.2, 50))
     assert "same verdict on resampled seeds" in table[2]
     fixed = next(r for r in table if r.startswith("| fixed LR at 2x batch"))
     assert fixed.endswith("| **holds** | N* ratio interval against 1 | 100% |")
     assert "50 resamples of the seeds" in "\n".join(table)
+    assert "resampled" not in "\n".join(report.findings_section(a, None, 0.2))
 
 
 def test_recommendation_shares(tmp_path):
     # The standard sweep's T is smallest at B = 256 by far: best in every resample.
     a = _analysis(tmp_path / "s")
     plan = planner.plan_full(a)
-    in_set, best = stability.recommendation_shares(a, resamples=20)
-    assert best == {plan.best: 1.0}
-    assert in_set[plan.best] == 1.0
-    assert set(in_set) >= set(plan.candidates)
-    sentence = stability.recommendation_sentence(a, resamples=20)
+    shares = stability.seed_shares(a, resamples=20)
+    assert (shares.resamples, shares.used, shares.verdicts) == (20, 20, {})
+    assert shares.best == {plan.best: 1.0}
+    assert shares.in_set[plan.best] == 1.0
+    assert set(shares.in_set) >= set(plan.candidates)
+    sentence = stability.recommendation_sentence(shares)
     assert sentence.startswith("Over 20 resamples of the seeds")
     assert f"{plan.best.name} (batch {plan.best.batch}) 100%" in sentence
     text = report.build_report(a, None, resamples=20)
@@ -88,5 +92,6 @@ def test_draws_without_the_reference_are_left_out(tmp_path):
     a = stability.reanalyze(a, dataclasses.replace(a.sweep, runs=runs))
     kept = list(stability.resampled(a, 300, seed=2))
     assert len(kept) == pytest.approx(300 * (1 - (2 / 3) ** 3), abs=30)
-    shares = stability.verdict_shares(a, lambda b: [Finding("x", "", "", findings.HOLDS)], 300)
-    assert shares == {"x": {findings.HOLDS: 1.0}}
+    shares = stability.seed_shares(a, lambda b: [Finding("x", "", "", findings.HOLDS)], 300, seed=2)
+    assert shares.verdicts == {"x": {findings.HOLDS: 1.0}}
+    assert (shares.resamples, shares.used) == (300, len(kept))

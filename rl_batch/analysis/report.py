@@ -152,25 +152,38 @@ def ratio_table(analysis: Analysis) -> list[str]:
     return markdown_table(header, rows)
 
 
-def findings_section(
+def study_shares(
     analysis: Analysis,
     generation: cost_model.GenerationReport | None,
     tol: float,
     resamples: int = stability.DEFAULT_RESAMPLES,
+) -> stability.Shares | None:
+    """The study's verdict and recommendation shares over ``resamples`` seed resamples
+    (``stability.seed_shares``; None for 0 resamples or fewer than 2 seeds)."""
+    if not resamples:
+        return None
+    return stability.seed_shares(
+        analysis, lambda a: findings.study_findings(a, generation, tol), resamples
+    )
+
+
+def findings_section(
+    analysis: Analysis,
+    generation: cost_model.GenerationReport | None,
+    tol: float,
+    shares: stability.Shares | None = None,
 ) -> list[str]:
-    """The study's findings with our measurement, a verdict and how often resampled seeds
-    reach the same verdict (``stability.verdict_shares``), and the cost structure."""
-
-    def decide(a: Analysis) -> list[findings.Finding]:
-        return findings.study_findings(a, generation, tol)
-
-    shares = stability.verdict_shares(analysis, decide, resamples) if resamples else {}
+    """The study's findings with our measurement, a verdict and, given ``shares``
+    (``study_shares``), how often resampled seeds reach the same verdict; and the cost
+    structure."""
+    found = findings.study_findings(analysis, generation, tol)
+    verdicts = shares.verdicts if shares is not None else {}
     header = ["finding", "the study", "measured here", "verdict", "how decided"]
-    header += ["same verdict on resampled seeds"] if shares else []
+    header += ["same verdict on resampled seeds"] if verdicts else []
     rows = [
         [f.name, f.paper, f.measured, f"**{f.verdict}**", f.note]
-        + ([stability.fmt_shares(f.verdict, shares.get(f.name, {}))] if shares else [])
-        for f in decide(analysis)
+        + ([stability.fmt_shares(f.verdict, verdicts.get(f.name, {}))] if verdicts else [])
+        for f in found
     ]
     out = ["## Findings", "", *markdown_table(header, rows), ""]
     n_seeds = sorted({s.n_seeds for s in analysis.stats.values()})
@@ -180,12 +193,12 @@ def findings_section(
         "decide it (more seeds would)."
         + (
             " The last column: the share of "
-            f"{resamples} resamples of the seeds (with replacement; a drawn seed brings its "
-            "runs of every configuration) that reach the same verdict, i.e. how often a rerun "
-            "with as many fresh seeds would, as far as these seeds tell (seed noise only: "
-            "every resample keeps this sweep's timing). Below ~90% the verdict sits near its "
-            "decision line."
-            if shares
+            f"{shares.resamples} resamples of the seeds (with replacement; a drawn seed brings "
+            "its runs of every configuration) that reach the same verdict, i.e. how often a "
+            "rerun with as many fresh seeds would, as far as these seeds tell (seed noise "
+            "only: every resample keeps this sweep's timing). Below ~90% the verdict sits "
+            "near its decision line."
+            if shares is not None and verdicts
             else ""
         )
     )
@@ -203,14 +216,12 @@ def findings_section(
 
 
 def recommendation_shares_lines(
-    analysis: Analysis,
-    plan: planner.Plan | None = None,
-    resamples: int = stability.DEFAULT_RESAMPLES,
+    shares: stability.Shares | None, plan: planner.Plan | None = None
 ) -> list[str]:
     """The full plan's recommendation set over seed resamples (not for a pilot plan)."""
-    if not resamples or (plan is not None and plan.mode != "full"):
+    if plan is not None and plan.mode != "full":
         return []
-    sentence = stability.recommendation_sentence(analysis, resamples)
+    sentence = stability.recommendation_sentence(shares)
     return [sentence, ""] if sentence else []
 
 
@@ -434,6 +445,7 @@ def build_report(
       The report text.
     """
     sw = analysis.sweep
+    shares = study_shares(analysis, generation, tol, resamples)
     n_used = sum(len(v) for v in analysis.runs_by_key.values())
     out = [
         f"# Batch-size scaling report: {sw.name}",
@@ -451,7 +463,7 @@ def build_report(
             f"**Warning:** {w} (See Critical generation batch.)\n"
             for w in (generation.model_warnings if generation is not None else ())
         ],
-        *findings_section(analysis, generation, tol, resamples),
+        *findings_section(analysis, generation, tol, shares),
         "## Software and hardware",
         "",
         *provenance.describe_sweep({r.name: provenance.read(r.run_dir) for r in sw.runs}),
@@ -472,7 +484,7 @@ def build_report(
         "",
         planner.format_plan_table(plan or planner.plan_full(analysis)),
         "",
-        *recommendation_shares_lines(analysis, plan, resamples),
+        *recommendation_shares_lines(shares, plan),
         "## Per run",
         "",
         *run_table(analysis),

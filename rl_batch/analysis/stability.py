@@ -6,15 +6,15 @@ study's "T is U-shaped" read B = 32's T/T_ref as 0.936 [0.861, 1.02] (undecided)
 seeds 0-9 and 0.938 [0.892, 0.987] (does not hold) on seeds 30-39. A report should say
 which of its verdicts are that fragile.
 
-``verdict_shares`` resamples the sweep's seeds with replacement, as many as it has: a
+``seed_shares`` resamples the sweep's seeds with replacement, as many as it has: a
 drawn seed brings its run of every configuration, relabelled as a new seed, so runs
 that share random numbers (``time_to_target.matched_pair``) stay paired. Each resample
-is analysed as the sweep was (``reanalyze``) and every finding decided again; the share
-of resamples that reach each verdict estimates how often a rerun with as many fresh
-seeds would. ``recommendation_shares`` does the same for the planner's recommendation
-set (``planner.plan_full``). Both are the bootstrap's estimates from the seeds at hand:
-they treat the sweep's spread as the truth's and keep the sweep's timing (calibration)
-in every resample, so they speak of seed noise only.
+is analysed as the sweep was (``reanalyze``), every finding is decided again and the
+planner's recommendation set (``planner.plan_full``) formed again, in one pass. The
+share of resamples that reach each verdict (or hold a configuration in the set)
+estimates how often a rerun with as many fresh seeds would. These are the bootstrap's
+estimates from the seeds at hand: they treat the sweep's spread as the truth's and keep
+the sweep's timing (calibration) in every resample, so they speak of seed noise only.
 """
 
 from __future__ import annotations
@@ -80,65 +80,76 @@ def resampled(analysis: Analysis, resamples: int, seed: int = 0) -> Iterator[Ana
             yield reanalyze(analysis, sweep)
 
 
-def verdict_shares(
+@dataclasses.dataclass(frozen=True)
+class Shares:
+    """What resamples of a sweep's seeds decide (``seed_shares``).
+
+    Attributes:
+      resamples: the resamples drawn.
+      used: those analysed (a draw without a usable reference run is left out).
+      verdicts: finding name -> {verdict: share of the used resamples that reach it}.
+      in_set: configuration -> share whose recommendation set (``planner.plan_full``'s
+        candidates) holds it, most frequent first.
+      best: configuration -> share in which it has the best mean T.
+    """
+
+    resamples: int
+    used: int
+    verdicts: dict[str, dict[str, float]]
+    in_set: dict[ConfigKey, float]
+    best: dict[ConfigKey, float]
+
+
+def seed_shares(
     analysis: Analysis,
-    decide: Callable[[Analysis], list[Finding]],
+    decide: Callable[[Analysis], list[Finding]] | None = None,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
-) -> dict[str, dict[str, float]]:
-    """Finding name -> {verdict: share of seed resamples that reach it}.
+) -> Shares | None:
+    """Verdict and recommendation shares over one set of seed resamples.
 
     Args:
       analysis: the sweep's analysis (its sweep's runs are resampled).
       decide: the findings of an analysis (``findings.study_findings`` with the report's
-        generation report and tolerance).
+        generation report and tolerance); None: recommendation shares only.
       resamples: bootstrap resamples.
       seed: the resampling rng's seed.
 
     Returns:
-      Shares per finding over the analysable resamples (``resampled``; empty when the
-      sweep has fewer than 2 seeds).
+      The shares over the analysable resamples (``resampled``), or None when there is
+      none (fewer than 2 seeds).
     """
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    n = 0
-    for a in resampled(analysis, resamples, seed):
-        n += 1
-        for f in decide(a):
-            counts[f.name][f.verdict] += 1
-    return {name: {v: k / n for v, k in c.most_common()} for name, c in counts.items()}
-
-
-def recommendation_shares(
-    analysis: Analysis, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
-) -> tuple[dict[ConfigKey, float], dict[ConfigKey, float]]:
-    """(share of seed resamples whose recommendation set, ``planner.plan_full``'s
-    candidates, holds each configuration; share in which it has the best mean T)."""
     in_set: collections.Counter = collections.Counter()
     best: collections.Counter = collections.Counter()
     n = 0
     for a in resampled(analysis, resamples, seed):
+        n += 1
+        for f in decide(a) if decide is not None else ():
+            counts[f.name][f.verdict] += 1
         plan = planner.plan_full(a)
         in_set.update(plan.candidates)
         best.update([plan.best] if plan.best is not None else [])
-        n += 1
     if not n:
-        return {}, {}
-    return (
+        return None
+    return Shares(
+        resamples,
+        n,
+        {name: {v: k / n for v, k in c.most_common()} for name, c in counts.items()},
         {k: c / n for k, c in in_set.most_common()},
         {k: c / n for k, c in best.most_common()},
     )
 
 
-def recommendation_sentence(analysis: Analysis, resamples: int = DEFAULT_RESAMPLES) -> str:
-    """How often each configuration is in the recommendation set over seed resamples
-    ("" with fewer than 2 seeds)."""
-    in_set, best = recommendation_shares(analysis, resamples)
-    if not in_set:
+def recommendation_sentence(shares: Shares | None) -> str:
+    """How often each configuration is in the recommendation set over the seed resamples
+    ("" without shares)."""
+    if shares is None or not shares.in_set:
         return ""
-    names = ", ".join(f"{k.name} (batch {k.batch}) {_pct(s)}" for k, s in in_set.items())
-    firsts = ", ".join(f"{k.name} {_pct(s)}" for k, s in best.items())
+    names = ", ".join(f"{k.name} (batch {k.batch}) {_pct(s)}" for k, s in shares.in_set.items())
+    firsts = ", ".join(f"{k.name} {_pct(s)}" for k, s in shares.best.items())
     return (
-        f"Over {resamples} resamples of the seeds (as in the findings table), the "
+        f"Over {shares.resamples} resamples of the seeds (as in the findings table), the "
         f"recommendation set held {names}; best mean: {firsts}."
     )
 
