@@ -20,8 +20,12 @@ measurement) says so in its note.
   needs more samples than the sqrt-LR one (N* ratio > 1, or fixed never reaches).
 - **Generation throughput saturates**: the measured plateau lies inside the measured
   range of concurrency (one measurement: no interval).
-- **T is U-shaped in B**: in the sqrt family, an interior batch whose T/T_ref interval
-  lies below both ends' (an end that never reaches counts as slower).
+- **T is U-shaped in B**: in the sqrt family, an interior batch whose T both ends exceed
+  by more than ``1 + tol`` (the tolerance of invariance and of the batch unit: a U
+  whose arms rise less is not one a batch choice can use; the study's arms are 1.4x and
+  1.7x its minimum). Holds when, for some interior batch, both ends' T / T(interior)
+  intervals lie above ``1 + tol`` (an end that never reaches counts as slower); does not
+  hold when every interior batch has an end whose interval lies below ``1 + tol``.
 - **Two critical batches**: which comes first, the critical generation batch or the
   critical training batch, decides the best batch; decided when their walks (the
   training batch's CI walk; the generation batch's from its tokens/s intervals,
@@ -49,6 +53,7 @@ from rl_batch.analysis.time_to_target import (
     Analysis,
     Estimate,
     by_seed,
+    config_ratios,
     fmt_estimate,
     matched_pair,
     ratio_estimate,
@@ -424,8 +429,25 @@ def generation_batch_walk(gen: GenerationReport, level: float) -> tuple[float, f
     return min(lo, cap), min(hi, cap)
 
 
-def u_shape_finding(analysis: Analysis) -> Finding:
-    """T/T_ref against B in the sqrt family has an interior minimum."""
+def _slower_than(analysis: Analysis, end: ConfigKey, k: ConfigKey, factor: float) -> bool | None:
+    """Whether ``end`` is decidedly more than ``factor`` times slower than ``k``: T(end) /
+    T(k)'s interval lies above ``factor`` (False: below it; None: it spans it or there is
+    none). A configuration that finished without reaching is slower by any factor."""
+    s_end, s_k = analysis.stats[end], analysis.stats[k]
+    if not s_k.reached:
+        return None if s_k.incomplete else False
+    if not s_end.reached:
+        return None if s_end.incomplete else True
+    a = analysis
+    r = config_ratios(s_end, s_k, a.n_boot, a.level, a.seed, a.method, a.step_rounds).r_t
+    if r is None or not r.has_interval:
+        return None
+    return True if r.lo > factor else (False if r.hi < factor else None)
+
+
+def u_shape_finding(analysis: Analysis, tol: float) -> Finding:
+    """T against B in the sqrt family has an interior minimum whose arms rise by more than
+    ``1 + tol`` (see the module docstring)."""
     name, paper = "T is U-shaped in B", "P = 512, 1024: 0.74x, 0.71x; P = 2048, 4096: 1.23x, 1.18x"
     fam = _family(analysis)
     if len(fam) < 3:
@@ -438,34 +460,25 @@ def u_shape_finding(analysis: Analysis) -> Finding:
     if not reached:
         return Finding(name, paper, measured, NOT_MEASURED, "no sqrt batch reached")
     best = min(reached, key=lambda k: r_t[k].mean)
+    factor = 1.0 + tol
 
-    def slower(k: ConfigKey) -> bool | None:
-        """Whether ``k`` is decidedly slower than ``best`` (False: decidedly faster; None:
-        cannot tell). T/T_ref intervals already carry the reference's own noise, so the
-        reference (exactly 1) is compared with the other's interval."""
-        e, b = r_t[k], r_t[best]
-        if e is None:
-            return None if analysis.stats[k].incomplete else True
-        if e.exact and b.exact:
-            return None
-        if e.exact:  # the reference: slower when best's interval lies below 1
-            return (True if b.hi < 1 else (False if b.lo > 1 else None)) if b.has_interval else None
-        if b.exact:
-            return (True if e.lo > 1 else (False if e.hi < 1 else None)) if e.has_interval else None
-        if not (e.has_interval and b.has_interval):
-            return None
-        return True if e.lo > b.hi else (False if e.hi < b.lo else None)
+    def bottom(k: ConfigKey) -> bool | None:
+        """Whether both ends are decidedly over ``factor`` x slower than ``k`` (False: an
+        end decidedly is not; None: cannot tell)."""
+        arms = [_slower_than(analysis, end, k, factor) for end in (fam[0], fam[-1])]
+        return False if False in arms else (True if all(arms) else None)
 
-    if best in (fam[0], fam[-1]):
-        # Not U-shaped only when every other batch, interior ones included, is decidedly
-        # slower than this end; a best *mean* at an end decides nothing.
-        if all(slower(k) for k in fam if k != best):
-            return Finding(name, paper, measured, FAILS, f"fastest at the end B = {best.batch}")
-        return Finding(name, paper, measured, UNDECIDED, f"best mean at the end B = {best.batch}")
-    ends = [slower(fam[0]), slower(fam[-1])]
-    if all(ends):
-        return Finding(name, paper, measured, HOLDS, f"B = {best.batch} below both ends")
-    return Finding(name, paper, measured, UNDECIDED, "an end's interval overlaps the minimum")
+    bottoms = {k: bottom(k) for k in fam[1:-1]}
+    where = f"best mean at B = {best.batch}"
+    found = [k.batch for k, b in bottoms.items() if b]
+    if found:
+        note = f"{where}; both ends over {factor:g}x slower than B = {found[0]}"
+        return Finding(name, paper, measured, HOLDS, note)
+    if not any(b is None for b in bottoms.values()):
+        note = f"{where}; every interior batch has an end within {factor:g}x of its T"
+        return Finding(name, paper, measured, FAILS, note)
+    note = f"{where}; an end's T / T(interior) interval spans {factor:g}"
+    return Finding(name, paper, measured, UNDECIDED, note)
 
 
 def critical_order_finding(analysis: Analysis, gen: GenerationReport | None, tol: float) -> Finding:
@@ -501,7 +514,7 @@ def study_findings(
         *([critic_batch_finding(analysis, tol)] if analysis.reference.algo == "ppo" else []),
         fixed_lr_finding(analysis),
         generation_finding(generation),
-        u_shape_finding(analysis),
+        u_shape_finding(analysis, tol),
         critical_order_finding(analysis, generation, tol),
     ]
 

@@ -2,9 +2,9 @@
 
 A verdict whose measurement sits near its decision line can flip between two runs of
 the study with different seeds although each run's interval is right: the default CPU
-study's "T is U-shaped" read B = 32's T/T_ref as 0.936 [0.861, 1.02] (undecided) on
-seeds 0-9 and 0.938 [0.892, 0.987] (does not hold) on seeds 30-39. A report should say
-which of its verdicts are that fragile.
+study's "B = P x G is the batch unit" (holds inside [0.833, 1.2]) read N*(16x8) /
+N*(8x16) as 0.911 [0.845, 0.981] (holds) on seeds 40-53 and 0.915 [0.805, 1.04]
+(undecided) on seeds 0-11. A report should say which of its verdicts are that fragile.
 
 ``seed_shares`` resamples the sweep's seeds with replacement, as many as it has: a
 drawn seed brings its run of every configuration, relabelled as a new seed, so runs
