@@ -6,7 +6,8 @@ Prints, per sweep, its wall time and host load (``commands.jsonl``), the finding
 (measurement, interval, verdict), the largest 95% half-width of r_N and T/T_ref over its
 configurations, and the planner's verdict; then whether the findings verdicts agree and
 whether the recommendation sets (the recommendation, or the candidates that cannot be
-told apart) overlap. Exit status 1 when a verdict differs or the sets do not overlap.
+told apart) overlap; with more than two sweeps, how many pairs of them agree on every
+verdict. Exit status 1 when a verdict differs or the sets do not overlap.
 
 ``--pool`` then analyses all their runs as one sweep (``curves.pool_sweeps``: a seed run
 by several sweeps counts once; T and q from the first sweep's calibration) and prints
@@ -15,6 +16,7 @@ its findings table with the same lines: the answer at the seeds of all of them.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 
@@ -85,6 +87,13 @@ def recommendation_set(plan) -> set[str]:
     return {k.name for k in plan.candidates}
 
 
+def agreeing_pairs(verdicts: list[list[str]]) -> tuple[int, int]:
+    """(pairs of sweeps whose verdicts are all the same, pairs): with more than two
+    sweeps, how often a rerun of the study would give the same table."""
+    pairs = list(itertools.combinations(verdicts, 2))
+    return sum(a == b for a, b in pairs), len(pairs)
+
+
 def main(argv):
     del argv
     results = [study(d) for d in _SWEEPS.value]
@@ -102,6 +111,9 @@ def main(argv):
     print("- recommendation sets: " + " / ".join(", ".join(sorted(s)) for s in sets))
     print(f"- overlap: {', '.join(sorted(overlap)) or 'none'}")
     print(f"- findings verdicts agree: {agree}")
+    if len(results) > 2:
+        same, pairs = agreeing_pairs([[f.verdict for f in r[0]] for r in results])
+        print(f"- pairs of sweeps with every verdict the same: {same} of {pairs}")
     if _POOL.value:
         pooled = pool_sweeps([load_sweep(d) for d in _SWEEPS.value])
         print("\n" + study(_SWEEPS.value[0], pooled)[3])

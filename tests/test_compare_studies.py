@@ -8,6 +8,7 @@ import sys
 import analysis_fixtures as fx
 import pytest
 
+from experiments import compare_studies
 from rl_batch.analysis import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,3 +46,9 @@ def test_compare_studies_prints_the_pooled_table(tmp_path):
     assert f"pooled; T and q from {dirs[0]}'s calibration" in pooled
     assert "2 seeds per configuration" in pooled  # the same seeds twice count once
     assert "| fixed LR at 2x batch needs more samples |" in pooled
+
+
+def test_agreeing_pairs():
+    runs = [["holds", "undecided"], ["holds", "undecided"], ["holds", "holds"]]
+    assert compare_studies.agreeing_pairs(runs) == (1, 3)
+    assert compare_studies.agreeing_pairs(runs[:2]) == (1, 1)
