@@ -161,6 +161,23 @@ def test_generation_batch_walk_follows_the_intervals(at_128, walk):
     assert findings.generation_batch_walk(_three_visits(at_128, visits=1), 0.95) is None
 
 
+def test_generation_batch_walk_reads_against_the_best_concurrency():
+    # Throughput peaks at c = 256 and falls at 512. The critical generation batch is 256
+    # (90% of the best: c = 128 is at 0.8 of it); against c = 512 (0.91) c = 128 would
+    # pass, a walk that would not hold its own point.
+    configs = {
+        "a": {"gen_concurrency": 128, "gen_tokens_per_s": [80.0, 81.0, 79.0]},
+        "b": {"gen_concurrency": 256, "gen_tokens_per_s": [100.0, 101.0, 99.0]},
+        "c": {"gen_concurrency": 512, "gen_tokens_per_s": [88.0, 89.0, 87.0]},
+    }
+    calibration = artifacts.calibration_generation({"configs": configs})
+    gen = cost_model.generation_report(None, (), calibration=calibration)
+    assert gen.plateau_batch_measured == 256
+    assert findings.generation_batch_walk(gen, 0.95) == (256.0, 256.0)
+    # Saturation inside the range is still read against the largest concurrency.
+    assert "tokens/s against c = 512: c=128: 0.909" in findings.generation_finding(gen).measured
+
+
 def test_ppo_critic_batch_scale_finding_and_figure(tmp_path):
     # PPO at the reference P = 32 (G = 1) with critic variants: k2 needs the same samples,
     # k4 twice as many (the fixture's tau x 2).

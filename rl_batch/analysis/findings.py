@@ -396,35 +396,44 @@ def generation_finding(gen: GenerationReport | None, level: float = 0.95) -> Fin
     return Finding(name, paper, measured, verdict, how)
 
 
-def _ratios_to_top(
-    gen: GenerationReport, level: float
+def _ratios_to(
+    gen: GenerationReport, level: float, ref: float
 ) -> list[tuple[float, tuple[float, float, float]]] | None:
-    """[(c, (ratio, lo, hi))]: each smaller concurrency's tokens/s against the largest's,
-    with t intervals over the repeated measurements (None: under 2 at the largest)."""
-    top = max(float(b) for b in gen.fit.batches)
-    top_samples = np.asarray(gen.samples.get(top, ()), float)
-    if len(top_samples) < 2:
+    """[(c, (ratio, lo, hi))]: each concurrency below ``ref``'s tokens/s against ``ref``'s,
+    with t intervals over the repeated measurements (None: under 2 at ``ref``)."""
+    ref_samples = np.asarray(gen.samples.get(ref, ()), float)
+    if len(ref_samples) < 2:
         return None
     ratios = []
-    for c in sorted(float(b) for b in gen.fit.batches if b < top):
+    for c in sorted(float(b) for b in gen.fit.batches if b < ref):
         own = np.asarray(gen.samples.get(c, ()), float)
         if len(own) >= 2:
-            ratio = intervals.t_log_ratio(own[:, None], top_samples[:, None], [1.0], level)
+            ratio = intervals.t_log_ratio(own[:, None], ref_samples[:, None], [1.0], level)
             ratios.append((c, ratio))
     return ratios
 
 
+def _ratios_to_top(
+    gen: GenerationReport, level: float
+) -> list[tuple[float, tuple[float, float, float]]] | None:
+    """``_ratios_to`` the largest concurrency."""
+    return _ratios_to(gen, level, max(float(b) for b in gen.fit.batches))
+
+
 def generation_batch_walk(gen: GenerationReport, level: float) -> tuple[float, float] | None:
-    """The critical generation batch's interval: the smallest concurrency whose tokens/s
-    interval against the largest's reaches ``gen.frac`` at its upper end (optimistic)
-    and at its lower end (conservative; the largest when none does), both capped by the
-    KV-cache bound. None without repeated measurements."""
-    ratios = _ratios_to_top(gen, level)
+    """The critical generation batch's interval. The batch is the smallest concurrency
+    whose tokens/s reaches ``gen.frac`` of the best measured
+    (``GenerationReport.plateau_batch_measured``); the walk reads it off each smaller
+    concurrency's tokens/s interval against the best one's: at their upper ends
+    (optimistic) and at their lower ends (conservative; the best one itself when none
+    does), both capped by the KV-cache bound. None without repeated measurements."""
+    batches = [float(b) for b in gen.fit.batches]
+    best = batches[int(np.argmax(gen.fit.tokens_per_s))]
+    ratios = _ratios_to(gen, level, best)
     if ratios is None:
         return None
-    top = max(float(b) for b in gen.fit.batches)
-    lo = next((c for c, (_, _, hi) in ratios if hi >= gen.frac), top)
-    hi = next((c for c, (_, lo_c, _) in ratios if lo_c >= gen.frac), top)
+    lo = next((c for c, (_, _, hi) in ratios if hi >= gen.frac), best)
+    hi = next((c for c, (_, lo_c, _) in ratios if lo_c >= gen.frac), best)
     cap = float(gen.max_kv_batch) if gen.max_kv_batch is not None else float("inf")
     return min(lo, cap), min(hi, cap)
 
