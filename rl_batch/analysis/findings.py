@@ -53,7 +53,6 @@ from rl_batch.analysis.time_to_target import (
     Analysis,
     Estimate,
     by_seed,
-    config_ratios,
     fmt_estimate,
     matched_pair,
     ratio_estimate,
@@ -378,7 +377,7 @@ def generation_finding(gen: GenerationReport | None, level: float = 0.95) -> Fin
         f"plateau ({gen.frac:.0%} of the best, {best:.4g} tokens/s) at c = "
         f"{gen.plateau_batch_measured} of c <= {int(top)} measured ({gen.source})"
     )
-    ratios = _ratios_to_top(gen, level)
+    ratios = _ratios_to(gen, level, top)
     if ratios is None:
         verdict = HOLDS if gen.plateau_batch_measured < top else FAILS
         return Finding(name, paper, measured, verdict, "one measurement: no interval")
@@ -413,13 +412,6 @@ def _ratios_to(
     return ratios
 
 
-def _ratios_to_top(
-    gen: GenerationReport, level: float
-) -> list[tuple[float, tuple[float, float, float]]] | None:
-    """``_ratios_to`` the largest concurrency."""
-    return _ratios_to(gen, level, max(float(b) for b in gen.fit.batches))
-
-
 def generation_batch_walk(gen: GenerationReport, level: float) -> tuple[float, float] | None:
     """The critical generation batch's interval. The batch is the smallest concurrency
     whose tokens/s reaches ``gen.frac`` of the best measured
@@ -447,8 +439,7 @@ def _slower_than(analysis: Analysis, end: ConfigKey, k: ConfigKey, factor: float
         return None if s_k.incomplete else False
     if not s_end.reached:
         return None if s_end.incomplete else True
-    a = analysis
-    r = config_ratios(s_end, s_k, a.n_boot, a.level, a.seed, a.method, a.step_rounds).r_t
+    r = analysis.ratio(end, k).r_t
     if r is None or not r.has_interval:
         return None
     return True if r.lo > factor else (False if r.hi < factor else None)

@@ -603,11 +603,15 @@ class Analysis:
     crossing: str = "update"  # how N* is read off the evaluations (targets.CROSSINGS)
     step_rounds: dict[str, list[float]] | None = None  # calibrated step s per round
 
+    def ratio(self, key: ConfigKey, reference: ConfigKey) -> Ratios:
+        """Ratios of configuration ``key`` against ``reference`` (any configuration), with
+        this analysis' interval settings and calibration rounds."""
+        args = (self.n_boot, self.level, self.seed, self.method, self.step_rounds)
+        return config_ratios(self.stats[key], self.stats[reference], *args)
+
     def ratios_against(self, reference: ConfigKey) -> dict[ConfigKey, Ratios]:
         """Ratios of every configuration against another reference."""
-        ref = self.stats[reference]
-        args = (self.n_boot, self.level, self.seed, self.method, self.step_rounds)
-        return {k: config_ratios(s, ref, *args) for k, s in self.stats.items()}
+        return {k: self.ratio(k, reference) for k in self.stats}
 
 
 def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[ConfigKey]) -> ConfigKey:
