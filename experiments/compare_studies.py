@@ -9,6 +9,10 @@ whether the recommendation sets (the recommendation, or the candidates that cann
 told apart) overlap; with more than two sweeps, how many pairs of them agree on every
 verdict. Exit status 1 when a verdict differs or the sets do not overlap.
 
+``--target`` re-reads every sweep at another validation target (exact for runs that went
+past it: training does not depend on the target), and each sweep's text says what its
+runs would have spent had they stopped there.
+
 ``--pool`` then analyses all their runs as one sweep (``curves.pool_sweeps``: a seed run
 by several sweeps counts once; T and q from the first sweep's calibration) and prints
 its findings table with the same lines: the answer at the seeds of all of them.
@@ -29,6 +33,7 @@ from rl_batch.analysis.figures import load_generation
 
 _SWEEPS = flags.DEFINE_list("sweeps", None, "Sweep directories of one study.", required=True)
 _POOL = flags.DEFINE_bool("pool", False, "Also analyse all their runs as one sweep.")
+_TARGET = flags.DEFINE_float("target", None, "Re-read at this target (default: each sweep's).")
 
 
 def half_widths(analysis) -> tuple[dict[str, float], list[str]]:
@@ -49,12 +54,31 @@ def half_widths(analysis) -> tuple[dict[str, float], list[str]]:
     return worst, not_reached
 
 
-def study(sweep_dir: str, sweep=None):
-    """(findings, plan, half-widths, text) of one sweep (``sweep``: a pooled one, whose
-    calibration and command are ``sweep_dir``'s)."""
+def stop_time(sweep, target: float) -> tuple[float, float]:
+    """(training + validation seconds of the sweep's runs up to their first validation at
+    or above ``target``, the seconds they spent): what stopping at ``target``
+    (``stop_at_target``) would have cost, compilation and checkpoints aside. A run that
+    never reached ``target`` counts whole."""
+    to_target = spent = 0.0
+    for run in sweep.runs:
+        evals = [0.0]  # validation seconds so far, after each validation
+        for e in run.eval_records:
+            evals.append(evals[-1] + float(e.get("time_eval_s") or 0.0))
+        whole = max([run.final_time_train] + [e["time_train_cum_s"] for e in run.eval_records])
+        spent += whole + evals[-1]
+        first = next((i for i, e in enumerate(run.eval_records)
+                      if e["eval_accuracy"] >= target), None)  # fmt: skip
+        stop = run.eval_records[first]["time_train_cum_s"] if first is not None else whole
+        to_target += stop + evals[len(evals) - 1 if first is None else first + 1]
+    return to_target, spent
+
+
+def study(sweep_dir: str, sweep=None, target: float | None = None):
+    """(findings, plan, half-widths, text) of one sweep at ``target`` (default: the
+    sweep's; ``sweep``: a pooled one, whose calibration and command are ``sweep_dir``'s)."""
     pooled = sweep is not None
     sweep = sweep or load_sweep(sweep_dir)
-    analysis = analyze_sweep(sweep)
+    analysis = analyze_sweep(sweep, target)
     runs = [r for rs in analysis.runs_by_key.values() for r in rs]
     found = findings.study_findings(
         analysis, load_generation(sweep_dir, runs), critical_batch.DEFAULT_TOL
@@ -73,6 +97,12 @@ def study(sweep_dir: str, sweep=None):
         f"- largest 95% half-width over the configurations that reached: r_N "
         f"{hw['r_N']:.3g}, T/T_ref {hw['T/T_ref']:.3g}; not reached in every seed: "
         f"{', '.join(not_reached) or 'none'}"
+    ]
+    to_target, spent = stop_time(sweep, analysis.target)
+    lines += [
+        f"- target {analysis.target:g}: stopping at the first validation at or above it, the "
+        f"runs' training + validation would take {to_target:.0f} s of the {spent:.0f} s they "
+        f"spent ({to_target / spent:.2f})"
     ]
     lines += [f"- planner: {plan.verdict}", ""]
     lines += ["| finding | measured | verdict |", "|---|---|---|"]
@@ -96,7 +126,7 @@ def agreeing_pairs(verdicts: list[list[str]]) -> tuple[int, int]:
 
 def main(argv):
     del argv
-    results = [study(d) for d in _SWEEPS.value]
+    results = [study(d, target=_TARGET.value) for d in _SWEEPS.value]
     for _, _, _, text in results:
         print(text)
     names = [f.name for f in results[0][0]]
@@ -116,7 +146,7 @@ def main(argv):
         print(f"- pairs of sweeps with every verdict the same: {same} of {pairs}")
     if _POOL.value:
         pooled = pool_sweeps([load_sweep(d) for d in _SWEEPS.value])
-        print("\n" + study(_SWEEPS.value[0], pooled)[3])
+        print("\n" + study(_SWEEPS.value[0], pooled, _TARGET.value)[3])
     sys.exit(0 if agree and overlap else 1)
 
 
