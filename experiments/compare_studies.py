@@ -61,15 +61,15 @@ def stop_time(sweep, target: float) -> tuple[float, float]:
     never reached ``target`` counts whole."""
     to_target = spent = 0.0
     for run in sweep.runs:
-        evals = [0.0]  # validation seconds so far, after each validation
-        for e in run.eval_records:
-            evals.append(evals[-1] + float(e.get("time_eval_s") or 0.0))
-        whole = max([run.final_time_train] + [e["time_train_cum_s"] for e in run.eval_records])
-        spent += whole + evals[-1]
-        first = next((i for i, e in enumerate(run.eval_records)
-                      if e["eval_accuracy"] >= target), None)  # fmt: skip
-        stop = run.eval_records[first]["time_train_cum_s"] if first is not None else whole
-        to_target += stop + evals[len(evals) - 1 if first is None else first + 1]
+        records = run.eval_records
+        eval_s = [0.0]  # validation seconds before the first validation, then after each
+        for e in records:
+            eval_s.append(eval_s[-1] + float(e.get("time_eval_s") or 0.0))
+        train_s = [float(e.get("time_train_cum_s") or 0.0) for e in records]
+        whole = max([run.final_time_train, *train_s]) + eval_s[-1]
+        spent += whole
+        first = next((i for i, e in enumerate(records) if e["eval_accuracy"] >= target), None)
+        to_target += whole if first is None else train_s[first] + eval_s[first + 1]
     return to_target, spent
 
 
@@ -102,7 +102,7 @@ def study(sweep_dir: str, sweep=None, target: float | None = None):
     lines += [
         f"- target {analysis.target:g}: stopping at the first validation at or above it, the "
         f"runs' training + validation would take {to_target:.0f} s of the {spent:.0f} s they "
-        f"spent ({to_target / spent:.2f})"
+        f"spent ({to_target / spent if spent else 1.0:.2f})"
     ]
     lines += [f"- planner: {plan.verdict}", ""]
     lines += ["| finding | measured | verdict |", "|---|---|---|"]
