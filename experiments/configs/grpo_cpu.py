@@ -48,9 +48,10 @@ README's study section and each report's Measurement section):
   that actually reached the level, hence the update-aligned crossing.
 - 512 validation prompts for p_ref (``eval_ref_prompts``), not 256: p_ref is ~80% of a
   validation and validation ~27% of a run's time (R19), so 256 would save ~11%, but
-  re-read on 8 random halves of the 512 (12 seeds, B = 64 and 256, target 0.53), the
-  B = 256 r_N half-width averaged 0.138 (0.122-0.153) against 0.131, and the half's
-  choice moved the reference's N* by 10% (one standard deviation over halves).
+  re-read on 8 random halves of the 512 (seeds 200-211, B = 64 and 256, at 4d2e0fe with
+  a scorer patch, not kept, that logged each prompt's log p; target 0.53), the B = 256
+  r_N half-width averaged 0.138 (0.122-0.153) against 0.131, and the half's choice moved
+  the reference's N* by 10% (one standard deviation over halves).
 - B = 512 is left out of the default grid: it needs ~2.5x the reference's responses and
   would take a third of the time; add it with ``--config.sweep.prompts=4,8,16,32,64``.
 - 12 seeds (was 10): at 10, B = 256's r_N half-width was 0.17 (seeds 0-9) and 0.25
