@@ -35,7 +35,7 @@ TEST = [
     # on the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
     "torch==2.13.0",
     "transformers",
-    # The TensorBoard and W&B backends of config.tracking (rl_batch.tracking); optional
+    # The TensorBoard and W&B backends of config.tracking (rl_batch.runs.tracking); optional
     # for runs, tested here with the packages themselves (W&B offline).
     "tensorboardX",
     "wandb",

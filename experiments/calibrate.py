@@ -4,7 +4,7 @@ r"""Times every configuration of a sweep side by side: ``<sweep>/calibration.jso
       [--gen_probe=512,1024]
 
 Each configuration's training step (its first run's config, from the warm-start policy)
-is timed in one process, interleaved over ``--rounds`` rounds (``rl_batch.calibrate``);
+is timed in one process, interleaved over ``--rounds`` rounds (``rl_batch.sweeps.calibrate``);
 the report and the planner then take T and q from these step times, not from the
 host load each run happened to see. ``experiments.grpo_sweep`` runs this after its
 points when ``--config.sweep.calibrate_rounds`` > 0.
@@ -12,7 +12,7 @@ points when ``--config.sweep.calibrate_rounds`` > 0.
 
 from absl import app, flags
 
-from rl_batch import calibrate
+from rl_batch.sweeps import calibrate
 
 _SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved visits per configuration.")

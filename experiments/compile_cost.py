@@ -59,7 +59,7 @@ class Cost:
 
 def compile_cost(lowered, lower_s: float) -> Cost:
     """Compiles a ``jax.stages.Lowered`` (that took ``lower_s`` to lower) and measures it."""
-    from rl_batch.memory_plan import Compiled
+    from rl_batch.runs.memory_plan import Compiled
 
     t0 = time.perf_counter()
     compiled = lowered.compile()
@@ -85,7 +85,7 @@ def _lower(fn, *args):
 
 def model_config(layout: str):
     """The preset with the run config's memory settings, in layer layout ``layout``."""
-    from rl_batch import model as model_lib
+    from rl_batch.models import transformer as model_lib
 
     config = model_lib.get_preset(_PRESET.value)
     if _NUM_LAYERS.value:
@@ -97,8 +97,9 @@ def model_config(layout: str):
 def update_lowered(config):
     """The GRPO update of ``micro_batches`` x ``micro_seqs`` sequences, lowered (with
     its lowering seconds)."""
-    from rl_batch import grpo as grpo_lib
-    from rl_batch import learner, memory_plan
+    from rl_batch.algorithms import grpo as grpo_lib
+    from rl_batch.algorithms import learner
+    from rl_batch.runs import memory_plan
 
     optimizer = learner.make_optimizer(1e-6, max_grad_norm=1.0)
     update, args = memory_plan.update_program(
@@ -115,7 +116,7 @@ def update_lowered(config):
 def sampler_lowered(config):
     """The sampler's prefill and decode loop for ``gen_batch`` rows, each lowered with
     its seconds (``memory_plan.sampler_programs``)."""
-    from rl_batch import memory_plan
+    from rl_batch.runs import memory_plan
 
     (prefill, prefill_args), (decode, decode_args) = memory_plan.sampler_programs(
         config,

@@ -12,7 +12,7 @@ checkpoint's tokenizer files (tokenizer.json, tokenizer_config.json,
 special_tokens_map.json, generation_config.json, chat templates) copied from
 ``init.path``. A synthetic-task run uses the character tokenizer, which has no Hugging
 Face equivalent: there is no HF tokenizer, only the weights and config.json are written.
-See `rl_batch.export.export_run`.
+See `rl_batch.runs.export.export_run`.
 """
 
 from absl import app, flags, logging
@@ -31,7 +31,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not _RUN_DIR.value or not _OUT.value:
         raise app.UsageError("set --run_dir=RUN and --out=DIR")
-    from rl_batch import export  # After flag parsing: jax reads XLA_FLAGS at import.
+    from rl_batch.runs import export  # After flag parsing: jax reads XLA_FLAGS at import.
 
     logging.set_verbosity(logging.WARNING)  # Orbax logs every restore at INFO.
     try:

@@ -6,20 +6,20 @@ compiled memory estimate, at a few batch sizes (random weights, the preset's voc
       [--bandwidth=4.8e12] [--peak_flops=989e12] [--out=gpu_check.json]
 
 The model takes a run's memory settings (``model.with_memory_defaults``, float32 master
-weights under bf16 compute), as ``rl_batch.config.make_model_config`` gives a real
+weights under bf16 compute), as ``rl_batch.runs.config.make_model_config`` gives a real
 checkpoint. Per batch size B (P + R = prompt + response tokens):
 
 - **Sampling**: the sampler's jitted prefill and ``while_loop`` decode
-  (``rl_batch.sampler.prefill`` / ``decode``, one device), every row generating R tokens
+  (``rl_batch.rollout.sampler.prefill`` / ``decode``, one device), every row generating R tokens
   (no stop id). Decode tokens/s = B * R / decode seconds; its roofline is the HBM-bound
   rate B / (bytes per step / ``--bandwidth``), bytes per step = the params as stored plus
   the whole KV cache (B x (P + R) slots: every decode step's attention reads all of them).
-- **Update**: ``rl_batch.grpo.make_update_fn`` with ``B / micro_batch_seqs``
+- **Update**: ``rl_batch.algorithms.grpo.make_update_fn`` with ``B / micro_batch_seqs``
   micro-batches on random tokens, every response token real. MFU = the model FLOPs
-  ``rl_batch.flops.update_flops`` (3x the forward, remat's recomputation not counted)
+  ``rl_batch.models.flops.update_flops`` (3x the forward, remat's recomputation not counted)
   per second over ``--peak_flops``.
 - **Memory**: each program's compiled estimate, as ``experiments.plan_memory`` computes
-  it (``rl_batch.memory_plan.Compiled``: arguments + outputs - donated + temporaries),
+  it (``rl_batch.runs.memory_plan.Compiled``: arguments + outputs - donated + temporaries),
   here on this backend, against ``device.memory_stats()['peak_bytes_in_use']`` after
   the phase (n/a where the backend has none, e.g. CPU). That peak is the process's
   high-water mark: all sampling runs first (batches ascending, only params resident),
@@ -43,10 +43,12 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from rl_batch import flops, learner, memory_plan
-from rl_batch import grpo as grpo_lib
-from rl_batch import model as model_lib
-from rl_batch import sampler as sampler_lib
+from rl_batch.algorithms import grpo as grpo_lib
+from rl_batch.algorithms import learner
+from rl_batch.models import flops
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import sampler as sampler_lib
+from rl_batch.runs import memory_plan
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,7 +71,7 @@ class Settings:
 # The command line, defined only when run as a program (``_define_flags``): the tests
 # import this module beside ``experiments.throughput``, whose flags share these names.
 _FLAG_HELP = {
-    "preset": "Model preset (rl_batch.model.PRESETS).",
+    "preset": "Model preset (rl_batch.models.transformer.PRESETS).",
     "vocab_size": "Vocabulary override (0: the preset's).",
     "batches": "Batch sizes (sequences).",
     "prompt_len": "Prompt tokens P.",
@@ -181,7 +183,7 @@ def sample_point(mc, params, batch: int, settings: Settings) -> dict:
 def update_point(mc, state, optimizer, mesh, batch: int, settings: Settings):
     """One GRPO update of ``batch`` sequences: time, tokens/s, MFU, compiled estimate and
     the device's peak. Returns (row, state) (the update donates its state)."""
-    from rl_batch import sharding
+    from rl_batch.models import sharding
 
     p, r = settings.prompt_len, settings.response_len
     micro = max(batch // settings.micro_batch_seqs, 1)
@@ -226,7 +228,7 @@ def update_point(mc, state, optimizer, mesh, batch: int, settings: Settings):
 
 def run(settings: Settings) -> list[dict]:
     """Every batch: sampling first (all batches), then the updates; one row per batch."""
-    from rl_batch import sharding
+    from rl_batch.models import sharding
 
     mc = model_config(settings)
     print(

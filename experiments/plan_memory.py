@@ -78,10 +78,11 @@ def main(argv):
     del argv
     import jax
 
-    from rl_batch import config as config_lib
-    from rl_batch import grpo as grpo_lib
-    from rl_batch import learner, memory_plan
-    from rl_batch import model as model_lib
+    from rl_batch.algorithms import grpo as grpo_lib
+    from rl_batch.algorithms import learner
+    from rl_batch.models import transformer as model_lib
+    from rl_batch.runs import config as config_lib
+    from rl_batch.runs import memory_plan
 
     if _CHECK_JSON.value:
         import json
@@ -178,8 +179,8 @@ def _sweep_table(c, micro_fit: int, gen_fit: int | None) -> None:
     """Per sweep point: does the config's own grpo.micro_batches (or the count its
     grpo.micro_batch_seqs derives) / gen_batch fit, and the fewest micro-batches /
     largest gen_batch that do."""
-    from rl_batch import config as config_lib
-    from rl_batch import sweep
+    from rl_batch.runs import config as config_lib
+    from rl_batch.sweeps import sweep
 
     print(
         "\n| sweep point | B | config micro_batches (seqs per device) | fits | fewest "

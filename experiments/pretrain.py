@@ -35,7 +35,8 @@ _EXPORT = flags.DEFINE_string(
 
 def main(argv):
     del argv
-    from rl_batch import artifacts, pretrain, provenance
+    from rl_batch import artifacts, provenance
+    from rl_batch.runs import pretrain
 
     logging.set_verbosity(logging.WARNING)
 

@@ -82,7 +82,8 @@ def main(argv, algo: str = "grpo"):
       algo: the algorithm the config must be for (``"grpo"`` or ``"ppo"``).
     """
     del argv
-    from rl_batch import provenance, sweep
+    from rl_batch import provenance
+    from rl_batch.sweeps import sweep
 
     f = flags.FLAGS
     config = f.config
@@ -105,7 +106,7 @@ def main(argv, algo: str = "grpo"):
     processes = sweep.join_processes(config, isolate=f.isolate)
     run_fn = None
     if f.quiet and not f.isolate:
-        from rl_batch import run as run_lib
+        from rl_batch.runs import run as run_lib
 
         run_fn = functools.partial(run_lib.run, progress=False)
     record = _or_exit(

@@ -2,7 +2,7 @@ r"""Throughput benchmarks, one part per component.
 
   python -m experiments.throughput --part=sampler [--max_batch=1024] [--out=throughput.json]
 
-``--part=sampler``: tokens/s of ``rl_batch.sampler.Sampler`` against Hugging Face
+``--part=sampler``: tokens/s of ``rl_batch.rollout.sampler.Sampler`` against Hugging Face
 ``generate`` (PyTorch CPU, KV cache, sampling) on the same Qwen3 weights, for a range of
 batch sizes, plus the FLOP/s achieved while decoding against a large jitted matmul
 measured in the same run.
@@ -48,12 +48,14 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from rl_batch import flops
-from rl_batch import model as model_lib
-from rl_batch import sampler as sampler_lib
+from rl_batch.models import flops
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import sampler as sampler_lib
 
 _PART = flags.DEFINE_string("part", "sampler", "Which benchmark to run: a key of PARTS.")
-_PRESET = flags.DEFINE_string("preset", "tiny-5m", "Model preset (rl_batch.model.PRESETS).")
+_PRESET = flags.DEFINE_string(
+    "preset", "tiny-5m", "Model preset (rl_batch.models.transformer.PRESETS)."
+)
 _VOCAB = flags.DEFINE_integer("vocab_size", 512, "Vocabulary size override.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per row.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 32, "Generated tokens per row.")
@@ -280,7 +282,7 @@ def run_sampler(settings: Settings) -> dict:
     samplers = {1: _make_sampler(config, p_len, new)}
     placed = {1: params}
     if data_devices > 1:
-        from rl_batch import sharding
+        from rl_batch.models import sharding
 
         mesh = sharding.make_mesh(data=data_devices, devices=jax.devices()[:data_devices])
         samplers[data_devices] = _make_sampler(config, p_len, new, mesh)
@@ -507,10 +509,11 @@ def run_update(settings: Settings) -> dict:
     """GRPO update time vs training batch (``settings.batches`` responses of P + R tokens).
 
     One jitted ``grpo.make_update_fn`` step (forward, backward, Adam) on random tokens
-    with every response token real; its FLOPs are ``rl_batch.flops.update_flops`` (3x the
+    with every response token real; its FLOPs are ``rl_batch.models.flops.update_flops`` (3x the
     forward), compared with the matmul rate measured in the same process.
     """
-    from rl_batch import grpo, learner, sharding
+    from rl_batch.algorithms import grpo, learner
+    from rl_batch.models import sharding
 
     config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
     p_len, r_len = settings.prompt_len, settings.new_tokens

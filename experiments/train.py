@@ -52,8 +52,9 @@ def _interrupt(signum, frame):
 
 
 def serve() -> None:
-    """``--serve``: a sweep's worker (``rl_batch.sweep.serve_points``)."""
-    from rl_batch import locks, sweep  # After flag parsing: jax reads XLA_FLAGS at import.
+    """``--serve``: a sweep's worker (``rl_batch.sweeps.sweep.serve_points``)."""
+    from rl_batch import locks
+    from rl_batch.sweeps import sweep  # After flag parsing: jax reads XLA_FLAGS at import.
 
     logging.set_verbosity(logging.WARNING)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -89,7 +90,8 @@ def main(argv):
             f"{config.run_dir} already holds checkpoints: pass --resume to continue it, "
             "or choose a new --config.run_dir"
         )
-    from rl_batch import locks, run  # After flag parsing: jax reads XLA_FLAGS at import.
+    from rl_batch import locks
+    from rl_batch.runs import run  # After flag parsing: jax reads XLA_FLAGS at import.
 
     logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO.
     # SIGTERM (a scheduler's stop, a sweep parent passing its own on) stops the run as

@@ -5,7 +5,7 @@ r"""How much of the reward variance could a critic explain at the starting polic
 
 For a synthetic task (one canonical response per prompt) the starting policy's success
 probability on validation prompt ``x`` is, to the exact-match lower bound, its
-``p(x) = p(reference response | x)`` (``rl_batch.exact_eval``). A value function that
+``p(x) = p(reference response | x)`` (``rl_batch.algorithms.exact_eval``). A value function that
 knew every ``p(x)`` would explain ``Var_x p(x) / (m (1 - m))`` of the 0/1 reward variance
 (``m`` the mean): the ceiling of a PPO critic's explained variance on fresh rollouts.
 ``--group_by`` (a key of the examples' ``meta``, e.g. ``op`` of ``arithmetic_mix``) also
@@ -47,8 +47,9 @@ def explained_variance_bound(p_n, groups_n=None) -> dict:
 
 def main(argv):
     del argv
-    from rl_batch import config as config_lib
-    from rl_batch import exact_eval, run
+    from rl_batch.algorithms import exact_eval
+    from rl_batch.runs import config as config_lib
+    from rl_batch.runs import run
 
     logging.set_verbosity(logging.WARNING)  # orbax logs the warm start's restore at INFO
     c = _CONFIG.value

@@ -52,7 +52,7 @@ RUNWAY_KEYS = ("budget_responses", "eval_every_responses")
 ENTRY_CONFIG_KEYS = artifacts.SWEEP_ENTRY_CONFIG_KEYS
 ENTRY_FIELDS = artifacts.SWEEP_ENTRY_FIELDS + artifacts.OLD_SWEEP_ENTRY_FIELDS
 _FINGERPRINT_FILES = (artifacts.CONFIG_FILE, artifacts.SUMMARY_FILE, artifacts.METRICS_FILE)
-# What ``rl_batch.sweep.run_sweep(only=...)`` writes into its run directory: the sweep record
+# What ``rl_batch.sweeps.sweep.run_sweep(only=...)`` writes into its run directory: the sweep record
 # (``reference`` run name, ``reference_key``, ``grid``, ``runs``) the shared sweep.json would
 # have held. A job-array sweep has no sweep.json, so this is where its reference is kept.
 SWEEP_POINT_FILE = "sweep_point.json"

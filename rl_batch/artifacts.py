@@ -8,7 +8,7 @@ A run directory::
     <run>/metrics.jsonl    one JSON object per optimizer update and per evaluation
     <run>/generations.jsonl  sampled validation prompts, responses and rewards
                            (``config.log_generations`` per validation; one line per prompt)
-    <run>/tensorboard/, <run>/wandb/  dashboards of ``config.tracking`` (`rl_batch.tracking`)
+    <run>/tensorboard/, <run>/wandb/  dashboards of ``config.tracking`` (`rl_batch.runs.tracking`)
     <run>/checkpoints/     orbax checkpoints
     <run>/summary.json     N*, q, T (or "not reached"), time split, status
 
@@ -75,7 +75,7 @@ SWEEP_FILE = "sweep.json"
 RUNS_DIR = "runs"
 FIGURES_DIR = "figures"
 REPORT_FILE = "report.md"
-CALIBRATION_FILE = "calibration.json"  # rl_batch.calibrate
+CALIBRATION_FILE = "calibration.json"  # rl_batch.sweeps.calibrate
 CALIBRATION_VERSION = 1
 
 NOT_REACHED = "not reached"
@@ -141,7 +141,7 @@ def sweep_entry(
     batch: Any = None,
     critic: str = "",
 ) -> dict[str, Any]:
-    """A run's entry in sweep.json (the one builder: ``rl_batch.sweep``, ``launch/collect``).
+    """A run's entry in sweep.json (the one builder: ``rl_batch.sweeps.sweep``, ``launch/collect``).
 
     ``batch`` is the configured training batch B = P x G (GRPO's batch unit; PPO has
     G = 1), filled in from ``prompts`` and ``group_size`` when not given (the update
@@ -380,7 +380,7 @@ def read_calibration_rounds(sweep_dir: str) -> dict[str, list[float]] | None:
 
 
 def read_calibration(sweep_dir: str) -> dict[str, float] | None:
-    """``"PxG:rule"`` -> calibrated seconds per training step (``rl_batch.calibrate``'s
+    """``"PxG:rule"`` -> calibrated seconds per training step (``rl_batch.sweeps.calibrate``'s
     ``<sweep>/calibration.json``), or None when the sweep has none."""
     path = os.path.join(sweep_dir, CALIBRATION_FILE)
     if not os.path.exists(path):

@@ -1,6 +1,6 @@
 """Time-to-target of one run: the single definition of N*, T, q and updates-to-target.
 
-``summary.json`` (``rl_batch.run``), ``experiments.train``'s printout and the analysis
+``summary.json`` (``rl_batch.runs.run``), ``experiments.train``'s printout and the analysis
 (``rl_batch.analysis``: report, figures, planner) all compute these numbers here, from the
 run's metric lines, so they agree exactly. The module reads records only (numpy, no JAX):
 the run loop sits above it, the analysis beside it.

@@ -12,7 +12,7 @@ import tempfile  # noqa: E402
 # One persistent XLA compilation cache for the whole test session, shared by the xdist
 # workers (they inherit the controller's environment) and by the processes tests start:
 # the tiny models' programs compile once, not once per worker and subprocess. Every
-# program is cached however fast it compiled (as rl_batch.run.enable_xla_cache does). A
+# program is cached however fast it compiled (as rl_batch.runs.run.enable_xla_cache does). A
 # cache hit returns the same executable, so no test's numbers change.
 _OWN_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from rl_batch import hf
-from rl_batch import model as model_lib
+from rl_batch.models import hf
+from rl_batch.models import transformer as model_lib
 from rl_batch.tokenizers import HFTokenizer
 from tests.run_fixtures import TINY_MODEL
 from tests.test_tokenizers import make_hf_tokenizer

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import base
-from rl_batch import flops
-from rl_batch import model as model_lib
+from rl_batch.models import flops
+from rl_batch.models import transformer as model_lib
 
 # Metrics that depend on wall time or on what this process compiled: they differ between
 # two runs of the same computation. Throughput rates divide by wall time.

@@ -2,7 +2,7 @@
 
 Config-field validation itself is unit-tested in ``tests/test_config.py``; here the same
 mistakes go through the command line (non-zero exit, the message, nothing written), and
-the inputs only a run meets are tested through ``rl_batch.run.run``: data files, an HF
+the inputs only a run meets are tested through ``rl_batch.runs.run.run``: data files, an HF
 directory, a run directory being resumed (its config, checkpoints and metrics).
 """
 
@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from rl_batch import artifacts
-from rl_batch import run as run_lib
-from rl_batch.checkpoint import CheckpointMismatchError
+from rl_batch.runs import run as run_lib
+from rl_batch.runs.checkpoint import CheckpointMismatchError
 from rl_batch.tokenizers import CharTokenizer
 from tests.hf_fixtures import make_tiny_hf_dir
 from tests.run_fixtures import tiny_run_config

@@ -8,10 +8,12 @@ import jax
 import numpy as np
 import pytest
 
-from rl_batch import accounting, grpo, ppo, sharding
-from rl_batch import config as config_lib
-from rl_batch.rollout import Rollout
-from rl_batch.sampler import SampleOutput
+from rl_batch.algorithms import grpo, ppo
+from rl_batch.models import sharding
+from rl_batch.rollout.groups import Rollout
+from rl_batch.rollout.sampler import SampleOutput
+from rl_batch.runs import accounting
+from rl_batch.runs import config as config_lib
 from tests.run_fixtures import tiny_run_config
 
 P, G, PL, R = 3, 2, 3, 4

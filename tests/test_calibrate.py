@@ -8,9 +8,10 @@ import pytest
 from run_fixtures import tiny_run_config
 
 from experiments.configs import base
-from rl_batch import artifacts, calibrate, sweep
+from rl_batch import artifacts
 from rl_batch.analysis import curves
 from rl_batch.analysis import time_to_target as ttt
+from rl_batch.sweeps import calibrate, sweep
 
 
 def test_rounds_interleave_and_rotate(monkeypatch):

@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from rl_batch import model
-from rl_batch.checkpoint import CheckpointDamagedError, Checkpointer, CheckpointMismatchError
+from rl_batch.models import transformer as model
+from rl_batch.runs.checkpoint import CheckpointDamagedError, Checkpointer, CheckpointMismatchError
 
 SMALL = model.get_preset("tiny-1m", num_layers=2, hidden_size=32, intermediate_size=64)
 

@@ -8,7 +8,7 @@ import pytest
 from absl import app
 
 from experiments import cli, sweep_main
-from rl_batch import sweep
+from rl_batch.sweeps import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

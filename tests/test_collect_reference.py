@@ -1,9 +1,9 @@
 """launch.collect after a job-array sweep: the configured reference and the grid's runs.json.
 
-The jobs are real ``rl_batch.sweep.run_sweep(only=...)`` calls (what ``--only`` runs), so
+The jobs are real ``rl_batch.sweeps.sweep.run_sweep(only=...)`` calls (what ``--only`` runs), so
 each run directory holds the ``sweep_point.json`` the sweep program writes; the training is
 replaced by a synthetic run (``tests.analysis_fixtures.write_run``) whose ``config.json`` is
-the resolved config, as ``rl_batch.run`` writes it.
+the resolved config, as ``rl_batch.runs.run`` writes it.
 """
 
 import json
@@ -15,8 +15,9 @@ import pytest
 
 from experiments.configs import base
 from launch import collect as collect_lib
-from rl_batch import artifacts, sweep
+from rl_batch import artifacts
 from rl_batch.analysis import curves, time_to_target
+from rl_batch.sweeps import sweep
 from tests import analysis_fixtures as af
 from tests.run_fixtures import tiny_run_config
 from tests.test_launch import _write_exe
@@ -39,7 +40,7 @@ def _sweep_config(work_dir, reference=CONFIGURED):
 
 
 def _synthetic_run(config):
-    """Stands in for rl_batch.run.run: metrics with a known time to target."""
+    """Stands in for rl_batch.runs.run.run: metrics with a known time to target."""
     point_key = f"{config.prompts}x{config.group_size}:{config.lr_rule}"
     af.write_run(
         config.run_dir,

@@ -5,10 +5,11 @@ import jax
 import numpy as np
 import pytest
 
-from rl_batch import model, rollout_source
-from rl_batch import rollout as rollout_lib
-from rl_batch import sampler as sampler_lib
 from rl_batch.analysis import time_to_target as ttt
+from rl_batch.models import transformer as model
+from rl_batch.rollout import groups as rollout_lib
+from rl_batch.rollout import sampler as sampler_lib
+from rl_batch.rollout import sources as rollout_source
 
 CONFIG = model.get_preset("tiny-1m")
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [3], [20, 21, 22, 23, 24], [4, 4], [7, 8, 9]]

@@ -8,8 +8,8 @@ import pytest
 from ml_collections import ConfigDict
 
 from experiments.configs import base, grpo_cpu
-from rl_batch import config as config_lib
-from rl_batch import lr_rules
+from rl_batch.algorithms import lr_rules
+from rl_batch.runs import config as config_lib
 from tests.run_fixtures import set_fields
 
 
@@ -258,7 +258,7 @@ def test_default_study_config_resolves():
 def test_every_study_grid_resolves(name, tmp_path):
     import importlib
 
-    from rl_batch import sweep
+    from rl_batch.sweeps import sweep
 
     config = importlib.import_module(f"experiments.configs.{name}").get_config()
     points, resolved = sweep.plan(config, str(tmp_path))

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from rl_batch import artifacts
-from rl_batch.checkpoint import Checkpointer
+from rl_batch.runs.checkpoint import Checkpointer
 from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,7 +190,7 @@ _SAVER = """
 import sys
 import jax
 import jax.numpy as jnp
-from rl_batch.checkpoint import Checkpointer
+from rl_batch.runs.checkpoint import Checkpointer
 ckpt = Checkpointer(sys.argv[1])
 for step in range(1, 200):
     tree = {f"w{i}": jnp.full((1024, 1024), step, jnp.float32) for i in range(8)}
@@ -286,8 +286,8 @@ _NAN_RUN = """
 import dataclasses, json, sys
 import numpy as np
 from ml_collections import ConfigDict
-from rl_batch import rollout as rollout_lib
-from rl_batch import run as run_lib
+from rl_batch.rollout import groups as rollout_lib
+from rl_batch.runs import run as run_lib
 
 real_rollout, training_calls = rollout_lib.rollout, []
 
@@ -307,8 +307,8 @@ run_lib.run(ConfigDict(json.load(open(sys.argv[1]))), progress=False)
 def test_non_finite_updates_are_skipped_then_stop_the_run_with_a_checkpoint(
     env, work_dir, tmp_path
 ):
-    from rl_batch import config as config_lib
-    from rl_batch import model as model_lib
+    from rl_batch.models import transformer as model_lib
+    from rl_batch.runs import config as config_lib
 
     run_dir = str(tmp_path / "run")
     config = tiny_run_config(

@@ -7,8 +7,8 @@ import pytest
 from run_fixtures import tiny_run_config
 
 from rl_batch import artifacts
-from rl_batch import config as config_lib
-from rl_batch import run as run_lib
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import run as run_lib
 from rl_batch.tasks import custom_reward, get_task
 
 REWARD_FILE = """

@@ -13,8 +13,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from rl_batch import artifacts
-from rl_batch import run as run_lib
-from rl_batch.checkpoint import Checkpointer
+from rl_batch.runs import run as run_lib
+from rl_batch.runs.checkpoint import Checkpointer
 from tests.run_fixtures import tiny_run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

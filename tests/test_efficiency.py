@@ -3,12 +3,13 @@
 import jax
 import pytest
 
-from rl_batch import artifacts, flops
-from rl_batch import config as config_lib
-from rl_batch import model as model_lib
-from rl_batch import rollout as rollout_lib
-from rl_batch import run as run_lib
-from rl_batch.sampler import SamplingConfig
+from rl_batch import artifacts
+from rl_batch.models import flops
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import groups as rollout_lib
+from rl_batch.rollout.sampler import SamplingConfig
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import run as run_lib
 from tests.run_fixtures import tiny_run_config
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from run_fixtures import LEARNER_MODEL, numpy_params
 
-from rl_batch import exact_eval
-from rl_batch import model as model_lib
+from rl_batch.algorithms import exact_eval
+from rl_batch.models import transformer as model_lib
 from rl_batch.tasks import synthetic
 from rl_batch.tokenizers import CharTokenizer, encode_prompt
 

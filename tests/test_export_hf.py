@@ -1,4 +1,4 @@
-"""experiments.export_hf / rl_batch.export: a run's policy as a Hugging Face directory."""
+"""experiments.export_hf / rl_batch.runs.export: a run's policy as a Hugging Face directory."""
 
 import json
 import os
@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, export, hf
-from rl_batch import config as config_lib
-from rl_batch import model as model_lib
-from rl_batch import run as run_lib
-from rl_batch.checkpoint import Checkpointer
+from rl_batch import artifacts
+from rl_batch.models import hf
+from rl_batch.models import transformer as model_lib
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import export
+from rl_batch.runs import run as run_lib
+from rl_batch.runs.checkpoint import Checkpointer
 from tests.run_fixtures import numpy_params, tiny_run_config
 
 

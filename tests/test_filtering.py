@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rl_batch.filtering import dynamic_sampling_filter
+from rl_batch.rollout.filtering import dynamic_sampling_filter
 
 
 def test_drops_groups_with_equal_rewards():

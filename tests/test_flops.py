@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from rl_batch import flops
-from rl_batch import model as model_lib
-from rl_batch.sampler import SampleOutput
+from rl_batch.models import flops
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout.sampler import SampleOutput
 
 # d=4, 2 layers, 2 heads of 2 dims, 1 KV head, MLP 8, vocab 10 (tied head).
 SMALL = model_lib.ModelConfig(

@@ -2,8 +2,8 @@
 column is filled, the roofline is the bytes arithmetic, and the table prints."""
 
 from experiments import gpu_check
-from rl_batch import flops
-from rl_batch import model as model_lib
+from rl_batch.models import flops
+from rl_batch.models import transformer as model_lib
 from tests.run_fixtures import TINY_MODEL
 
 

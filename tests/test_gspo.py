@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import grpo, learner, losses, sharding
+from rl_batch.algorithms import grpo, learner, losses
+from rl_batch.models import sharding
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 from tests.test_learner import ADV, make_batch
 

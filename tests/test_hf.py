@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from rl_batch import hf
-from rl_batch import model as model_lib
-from rl_batch import sampler as sampler_lib
+from rl_batch.models import hf
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import sampler as sampler_lib
 from tests.hf_fixtures import FAMILIES, HF_CLASSES, hf_model, random_params, tiny_config
 
 

@@ -702,7 +702,7 @@ def test_collect_keeps_what_a_sweep_program_added(two_jobs):
     ).sweep
     assert warnings == []
     assert sweep["reference"] == "p64_g8_sqrt_s0" and sweep["grid"] == {"prompts": "64,128"}
-    assert sweep["name"] == "merged"  # Like rl_batch.sweep: the sweep directory's name.
+    assert sweep["name"] == "merged"  # Like rl_batch.sweeps.sweep: the sweep directory's name.
     first = sweep["runs"][0]
     assert (first["name"], first["key"], first["wall_s"], first["status"]) == (
         "p64_g8_sqrt_s0",

@@ -12,8 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-from rl_batch import grpo, learner, losses, sharding
-from rl_batch import model as model_lib
+from rl_batch.algorithms import grpo, learner, losses
+from rl_batch.models import sharding
+from rl_batch.models import transformer as model_lib
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 
 CFG = LEARNER_MODEL

@@ -15,7 +15,7 @@ import pytest
 
 from experiments.configs import grpo_cpu
 from rl_batch import artifacts
-from rl_batch import run as run_lib
+from rl_batch.runs import run as run_lib
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ time.sleep(60)
 PARENT = """
 import sys
 import time
-from rl_batch import sweep
+from rl_batch.sweeps import sweep
 print("parent up", flush=True)
 sys.exit(sweep.run_child([sys.executable, "-c", sys.argv[1], sys.argv[2]], sys.argv[3]))
 """
@@ -106,7 +106,7 @@ def test_the_child_of_a_stopped_parent_stops_too(tmp_path, sig, code):
 
 
 def test_a_second_sweep_on_one_directory_is_refused(tmp_path):
-    from rl_batch import sweep
+    from rl_batch.sweeps import sweep
     from tests.test_sweep import _sweep_config
 
     holder = _holder(tmp_path)
@@ -122,7 +122,7 @@ def test_a_second_sweep_on_one_directory_is_refused(tmp_path):
 
 
 def test_a_second_run_on_one_directory_is_refused_before_it_writes(tmp_path):
-    from rl_batch import run as run_lib
+    from rl_batch.runs import run as run_lib
     from tests.run_fixtures import tiny_run_config
 
     run_dir = tmp_path / "run"

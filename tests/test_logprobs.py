@@ -1,4 +1,4 @@
-"""Chunked log-probs and entropy (rl_batch.logprobs) against the [B, R, V] reference:
+"""Chunked log-probs and entropy (rl_batch.models.logprobs) against the [B, R, V] reference:
 values, gradients, the GRPO update, the absence of a [B, R, V] array, and the sampler's
 last-position-only prefill."""
 
@@ -10,11 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import grpo as grpo_lib
-from rl_batch import learner, losses, sharding
-from rl_batch import logprobs as logprobs_lib
-from rl_batch import model as model_lib
-from rl_batch import sampler as sampler_lib
+from rl_batch.algorithms import grpo as grpo_lib
+from rl_batch.algorithms import learner, losses
+from rl_batch.models import logprobs as logprobs_lib
+from rl_batch.models import sharding
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import sampler as sampler_lib
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 
 CFG = LEARNER_MODEL

@@ -1,4 +1,4 @@
-"""Hand-worked numbers for every function in rl_batch.losses."""
+"""Hand-worked numbers for every function in rl_batch.algorithms.losses."""
 
 import math
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import losses
+from rl_batch.algorithms import losses
 
 
 def close(a, b, tol=1e-5):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from rl_batch import lr_rules
+from rl_batch.algorithms import lr_rules
 
 # Reference: P=128, G=8 -> B_ref = 1024 responses, lr_ref = 1e-6.
 REF = dict(ref_batch=1024, ref_lr=1e-6)

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import grpo as grpo_lib
-from rl_batch import learner
-from rl_batch import model as model_lib
+from rl_batch.algorithms import grpo as grpo_lib
+from rl_batch.algorithms import learner
+from rl_batch.models import transformer as model_lib
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 
 CFG = LEARNER_MODEL
@@ -240,7 +240,7 @@ def test_all_memory_features_together_equal_plain_grpo_gradient():
 def test_tiny_lr_update_changes_every_weight_with_a_gradient(master):
     """bf16 compute; float32 master weights keep an lr 1e-7 Adam step, bf16 storage
     rounds most of it away (the contrast shows the test can fail)."""
-    from rl_batch import sharding
+    from rl_batch.models import sharding
 
     bf16 = CFG.replace(dtype="bfloat16", param_dtype="bfloat16")
     config = model_lib.with_master_weights(bf16) if master else bf16
@@ -286,7 +286,7 @@ def _run_config(**model):
 
 
 def test_run_config_memory_and_precision_defaults_follow_model_size():
-    from rl_batch import config as config_lib
+    from rl_batch.runs import config as config_lib
 
     real = config_lib.make_model_config(_run_config(preset="qwen3-0.6b"))
     preset = model_lib.get_preset("qwen3-0.6b")
@@ -304,7 +304,7 @@ def test_run_config_memory_and_precision_defaults_follow_model_size():
 def test_model_overrides_are_typed_placeholders():
     """Every ModelConfig field can be set on a fresh config (what --config.model.overrides.X
     does), unset ones stay out, and an override beats the size defaults."""
-    from rl_batch import config as config_lib
+    from rl_batch.runs import config as config_lib
 
     c = _run_config(preset="qwen3-0.6b")
     assert set(c.model.overrides.to_dict()) == {
@@ -320,7 +320,7 @@ def test_model_overrides_are_typed_placeholders():
 
 
 def test_micro_batches_from_a_sequence_budget():
-    from rl_batch import config as config_lib
+    from rl_batch.runs import config as config_lib
 
     assert config_lib.micro_batches_for(128, 32) == 4
     assert config_lib.micro_batches_for(96, 40) == 3  # 32 each: 2 pieces of 48 exceed 40
@@ -331,7 +331,7 @@ def test_micro_batches_from_a_sequence_budget():
 
 def test_resolve_derives_micro_batches_from_micro_batch_seqs():
     from experiments.configs import base
-    from rl_batch import config as config_lib
+    from rl_batch.runs import config as config_lib
 
     c = base.run_config()
     c.run_dir = "/tmp/unused"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rl_batch import memory_plan
+from rl_batch.runs import memory_plan
 
 
 def test_largest_fitting():
@@ -24,9 +24,10 @@ def test_largest_fitting():
 
 _SCRIPT = """
 import json, sys
-from rl_batch import learner, memory_plan
-from rl_batch import grpo as grpo_lib
-from rl_batch import model as model_lib
+from rl_batch.algorithms import learner
+from rl_batch.runs import memory_plan
+from rl_batch.algorithms import grpo as grpo_lib
+from rl_batch.models import transformer as model_lib
 
 base = model_lib.get_preset("tiny-1m", num_layers=4, vocab_size=4096, max_seq_len=1024)
 optimizer = learner.make_optimizer(1e-3)
@@ -111,7 +112,7 @@ def test_plan_cli_tables_and_refusal():
 
 def test_sweep_refuses_points_that_do_not_fit(tmp_path):
     from experiments.configs import base
-    from rl_batch import sweep
+    from rl_batch.sweeps import sweep
     from tests.run_fixtures import tiny_run_config
 
     c = base.sweep_config(tiny_run_config(str(tmp_path / "work")))

@@ -1,4 +1,4 @@
-"""Unit tests of rl_batch.model: config validation, parameter counts, the functional
+"""Unit tests of rl_batch.models.transformer: config validation, parameter counts, the functional
 forward, the KV-cache path, dtypes, the value head and logical axes."""
 
 import functools
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import model as model_lib
+from rl_batch.models import transformer as model_lib
 
 SMALL = dict(
     vocab_size=97,

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import model as model_lib
-from rl_batch import moe
+from rl_batch.models import moe
+from rl_batch.models import transformer as model_lib
 
 T, D, E, F = 12, 16, 4, 8
 
@@ -279,15 +279,17 @@ def test_cache_forward_matches_full_forward_on_moe():
         )
         np.testing.assert_allclose(np.asarray(logits_b1v)[:, 0], full_bsv[:, i], atol=1e-4)
     # forward_with_router: same logits, one [B * T, E] router block per sparse layer.
-    out_bsv, router_lte = moe.forward_with_router(config, params, tokens_bs, input_mask_bt=mask_bs)
+    out_bsv, router_lte = model_lib.forward_with_router(
+        config, params, tokens_bs, input_mask_bt=mask_bs
+    )
     np.testing.assert_allclose(out_bsv, full_bsv, atol=1e-5)
     assert router_lte.shape == (3, b * s, 4)
     with pytest.raises(ValueError, match="need a MoE config"):
-        moe.forward_with_router(model_lib.get_preset("tiny-1m"), {}, tokens_bs)
+        model_lib.forward_with_router(model_lib.get_preset("tiny-1m"), {}, tokens_bs)
 
 
 def test_flops_count_active_parameters():
-    from rl_batch import flops
+    from rl_batch.models import flops
 
     # All 4 layers sparse: per layer q 16*2*8 + k, v 2 * 16*8 + o 16*16 = 768, router
     # 16*4 = 64, k=2 experts of 3 * 16 * 8 = 768: 1600; LM head (tied) 16*32 = 512.

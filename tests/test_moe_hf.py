@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import hf, moe
-from rl_batch import model as model_lib
-from rl_batch import sampler as sampler_lib
+from rl_batch.models import hf, moe
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import sampler as sampler_lib
 from tests.hf_fixtures import MOE_VARIANTS, hf_model, random_params, tiny_moe_config
 from tests.test_hf import (
     NEW_TOKENS,
@@ -197,7 +197,7 @@ def test_logits_router_choices_and_aux_loss_match_hf(hf_pair):
     hf_logits_btv, hf_router_lte, hf_aux = _hf_router(model, tokens_bt, mask_bt, positions_bt)
 
     ours_btv, router_lte = jax.jit(
-        lambda p, t, m: moe.forward_with_router(config, p, t, input_mask_bt=m)
+        lambda p, t, m: model_lib.forward_with_router(config, p, t, input_mask_bt=m)
     )(params, jnp.asarray(tokens_bt), jnp.asarray(mask_bt))
     ours_btv, router_lte = np.asarray(ours_btv), np.asarray(router_lte)
     diff = _max_diff(ours_btv, hf_logits_btv, mask_bt)

@@ -10,7 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from rl_batch import grpo, learner, moe, sharding
+from rl_batch.algorithms import grpo, learner
+from rl_batch.models import moe, sharding
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 from tests.test_learner import ADV, make_batch
 

@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import grpo, learner, moe, rollout, sharding
-from rl_batch import sampler as sampler_lib
+from rl_batch.algorithms import grpo, learner
+from rl_batch.models import moe, sharding, transformer
+from rl_batch.rollout import groups as rollout
+from rl_batch.rollout import sampler as sampler_lib
 from tests.test_moe import _dense_reference, _weights
 from tests.test_moe_learner import MOE_MODEL, _params
 
@@ -140,7 +142,7 @@ def test_routing_disagreement_metric_and_replay():
     # With replay the forward follows the rewritten record: different log-probs and loss.
     _, mr = update(moved, routing_replay=True)
     assert abs(mr["logprob_mean"] - plain["logprob_mean"]) > 1e-6
-    want_out, want_router_lte = moe.forward_with_router(
+    want_out, want_router_lte = transformer.forward_with_router(
         MOE_MODEL,
         params,
         jnp.concatenate([moved.prompt_tokens, moved.response_tokens], axis=1),
@@ -211,7 +213,7 @@ def test_concat_outputs_pads_the_routing_record():
 def test_run_loop_on_a_moe_policy_with_replay(tmp_path):
     """run.run end to end: MoE metrics in metrics.jsonl, routing recorded and replayed."""
     from rl_batch import artifacts
-    from rl_batch import run as run_lib
+    from rl_batch.runs import run as run_lib
     from tests.run_fixtures import tiny_run_config
 
     moe_fields = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)

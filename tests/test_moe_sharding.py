@@ -11,8 +11,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from rl_batch import grpo, learner, sharding
-from rl_batch import sampler as sampler_lib
+from rl_batch.algorithms import grpo, learner
+from rl_batch.models import sharding
+from rl_batch.rollout import sampler as sampler_lib
 from tests.test_learner import make_batch
 from tests.test_moe_learner import MOE_MODEL, _params
 from tests.test_sharding import assert_same_update
@@ -118,7 +119,7 @@ def _run_config(**changes):
 
 
 def test_run_config_checks_the_expert_axis():
-    from rl_batch import config as config_lib
+    from rl_batch.runs import config as config_lib
 
     resolved = config_lib.resolve(_run_config(**{"mesh.expert": 4}), 8)
     assert resolved.mesh.expert == 4
@@ -134,7 +135,7 @@ def test_run_config_checks_the_expert_axis():
 
 def test_moe_study_config_fits_its_preset():
     from experiments.configs import grpo_study_moe
-    from rl_batch import model as model_lib
+    from rl_batch.models import transformer as model_lib
 
     c = grpo_study_moe.get_config("/models/Qwen3-30B-A3B")
     preset = model_lib.get_preset(c.model.preset)

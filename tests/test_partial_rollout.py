@@ -4,10 +4,11 @@ import jax
 import numpy as np
 import pytest
 
-from rl_batch import artifacts, partial_rollout
-from rl_batch import model as model_lib
-from rl_batch import run as run_lib
-from rl_batch.sampler import Sampler, SamplingConfig
+from rl_batch import artifacts
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import partial as partial_rollout
+from rl_batch.rollout.sampler import Sampler, SamplingConfig
+from rl_batch.runs import run as run_lib
 from rl_batch.tasks import get_task
 from rl_batch.tokenizers import CharTokenizer, encode_prompt
 from tests.run_fixtures import TINY_MODEL, tiny_run_config
@@ -42,7 +43,7 @@ def test_greedy_continuation_equals_one_uninterrupted_generation():
         np.testing.assert_allclose(g.logprobs[0], ref.response_logprobs[row, :6], atol=1e-5)
 
 
-# FLOPs of one token of CONFIG over s slots (rl_batch.flops): 2 x matmul weights (a layer's
+# FLOPs of one token of CONFIG over s slots (rl_batch.models.flops): 2 x matmul weights (a layer's
 # q, k, v, o = 32x32, 32x16, 32x16, 32x32 and MLP 3 x 32x64 = 9216, the LM head 32 x 55 =
 # 1760) plus attention 4 x L=1 x s x N=2 x H=16.
 def _flops_per_token(s):
@@ -117,7 +118,7 @@ class _NoEosTokenizer(CharTokenizer):
 
 
 def test_run_counts_each_generated_token_once(tmp_path, monkeypatch):
-    from rl_batch import config as config_lib
+    from rl_batch.runs import config as config_lib
 
     monkeypatch.setattr(config_lib, "make_tokenizer", lambda c: _NoEosTokenizer())
     config = tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run"))
@@ -168,7 +169,7 @@ def test_run_counts_each_generated_token_once(tmp_path, monkeypatch):
 
 
 def test_partial_and_async_rollout_are_exclusive(tmp_path):
-    from rl_batch import config as config_lib
+    from rl_batch.runs import config as config_lib
 
     config = tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run"))
     config.partial_rollout.enabled = config.async_rollout.enabled = True

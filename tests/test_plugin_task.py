@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 from run_fixtures import tiny_run_config
 
-from rl_batch import artifacts, pretrain
-from rl_batch import config as config_lib
-from rl_batch import run as run_lib
+from rl_batch import artifacts
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import pretrain
+from rl_batch.runs import run as run_lib
 from rl_batch.tasks import plugin
 from rl_batch.tasks.base import Example, Score, to_example
 

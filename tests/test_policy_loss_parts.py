@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import learner
+from rl_batch.algorithms import learner
 
 CLIPS = {"clip_low": 0.2, "clip_high": 0.28}
 

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 from experiments.configs import base
-from rl_batch import artifacts, learner, ppo, sharding
-from rl_batch import config as config_lib
-from rl_batch import model as model_lib
-from rl_batch import run as run_lib
+from rl_batch import artifacts
+from rl_batch.algorithms import learner, ppo
 from rl_batch.analysis import curves
-from rl_batch.checkpoint import Checkpointer
+from rl_batch.models import sharding
+from rl_batch.models import transformer as model_lib
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import run as run_lib
+from rl_batch.runs.checkpoint import Checkpointer
 from tests.run_fixtures import TINY_MODEL, numpy_params, set_fields, tiny_run_config
 
 CFG = model_lib.get_preset("tiny-1m", **TINY_MODEL)

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from rl_batch import pretrain
+from rl_batch.runs import pretrain
 from rl_batch.tokenizers import CharTokenizer
 from tests.run_fixtures import tiny_run_config
 
@@ -80,8 +80,8 @@ def test_cache_key_follows_what_determines_the_base_policy(tmp_path, change):
 
 def test_params_file_round_trip_and_a_run_starts_from_it(tmp_path):
     """``init.source="params"`` starts a run from the policy in a written file."""
-    from rl_batch import config as config_lib
-    from rl_batch import run as run_lib
+    from rl_batch.runs import config as config_lib
+    from rl_batch.runs import run as run_lib
     from tests.run_fixtures import numpy_params
 
     c = tiny_run_config(str(tmp_path / "work"))
@@ -101,7 +101,7 @@ def test_params_file_round_trip_and_a_run_starts_from_it(tmp_path):
 
 
 def test_params_file_of_another_model_is_refused_in_one_line(tmp_path):
-    from rl_batch import config as config_lib
+    from rl_batch.runs import config as config_lib
     from tests.run_fixtures import numpy_params
 
     c = tiny_run_config(str(tmp_path / "work"))
@@ -115,7 +115,7 @@ def test_params_file_of_another_model_is_refused_in_one_line(tmp_path):
 
 
 def test_missing_params_file_is_a_config_error(tmp_path):
-    from rl_batch import config as config_lib
+    from rl_batch.runs import config as config_lib
 
     c = tiny_run_config(str(tmp_path / "work"), run_dir=str(tmp_path / "run"))
     c.init.source, c.init.path = "params", str(tmp_path / "absent.npz")

@@ -1,9 +1,10 @@
-"""Compiled programs kept across runs of one process (``rl_batch.programs``)."""
+"""Compiled programs kept across runs of one process (``rl_batch.runs.programs``)."""
 
 import pytest
 
-from rl_batch import artifacts, programs
-from rl_batch import run as run_lib
+from rl_batch import artifacts
+from rl_batch.runs import programs
+from rl_batch.runs import run as run_lib
 from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
 
 

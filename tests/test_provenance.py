@@ -6,9 +6,9 @@ import jax
 import pytest
 
 from rl_batch import artifacts, provenance
-from rl_batch import run as run_lib
 from rl_batch.analysis import curves, report
 from rl_batch.analysis import time_to_target as analysis
+from rl_batch.runs import run as run_lib
 from tests import analysis_fixtures as fx
 from tests.run_fixtures import tiny_run_config
 

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from rl_batch import artifacts
-from rl_batch import run as run_lib
+from rl_batch.runs import run as run_lib
 from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
 
 UPDATE_FIELDS = (
@@ -169,9 +169,9 @@ def test_a_run_starts_from_another_runs_checkpoint(work_dir, tmp_path, algo):
     import jax
     import numpy as np
 
-    from rl_batch import config as config_lib
-    from rl_batch import model as model_lib
-    from rl_batch.checkpoint import Checkpointer
+    from rl_batch.models import transformer as model_lib
+    from rl_batch.runs import config as config_lib
+    from rl_batch.runs.checkpoint import Checkpointer
 
     changes = {"algo": algo, "group_size": 1, "prompts": 8} if algo == "ppo" else {}
     first = tiny_run_config(work_dir, str(tmp_path / "first"), budget_responses=16, **changes)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from rl_batch import artifacts
-from rl_batch import rollout as rollout_lib
-from rl_batch import run as run_lib
-from rl_batch.sampler import SampleOutput
+from rl_batch.rollout import groups as rollout_lib
+from rl_batch.rollout.sampler import SampleOutput
+from rl_batch.runs import run as run_lib
 from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
 
 # Weight decay moves the params at every update even while a random policy earns no

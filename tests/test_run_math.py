@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from rl_batch import artifacts
-from rl_batch import config as config_lib
-from rl_batch import run as run_lib
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import run as run_lib
 from rl_batch.tasks import math_data, rewards
 from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION, load_math_file
 from rl_batch.tasks.rewards import math_score
@@ -258,7 +258,9 @@ def test_update_compiles_once_over_prompts_of_varying_length(hf_dir, tmp_path, m
     width moves with the data; the learner's batches are padded to the run's longest
     prompt (``rollout.pad_prompts``), so the update compiles once (here: three prompts,
     one per step, in three different buckets)."""
-    from rl_batch import flops, grpo, rollout
+    from rl_batch.algorithms import grpo
+    from rl_batch.models import flops
+    from rl_batch.rollout import groups as rollout
 
     def write(path, repeats):
         with open(path, "w") as f:
@@ -302,10 +304,12 @@ def test_padded_prompts_give_the_same_update(tmp_path):
     """Left-padding the prompts (masked) leaves the GRPO update unchanged."""
     import jax
 
-    from rl_batch import config as config_lib
-    from rl_batch import grpo, rollout, sharding
-    from rl_batch import model as model_lib
-    from rl_batch.sampler import SampleOutput
+    from rl_batch.algorithms import grpo
+    from rl_batch.models import sharding
+    from rl_batch.models import transformer as model_lib
+    from rl_batch.rollout import groups as rollout
+    from rl_batch.rollout.sampler import SampleOutput
+    from rl_batch.runs import config as config_lib
 
     c = config_lib.resolve(tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run")))
     mc = config_lib.make_model_config(c)

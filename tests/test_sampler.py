@@ -1,4 +1,4 @@
-"""Tests for rl_batch.sampler: cache path vs teacher forcing, EOS, limits, buckets, mesh."""
+"""Tests for rl_batch.rollout.sampler: cache path vs teacher forcing, EOS, limits, buckets, mesh."""
 
 import functools
 
@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch import model, sharding
-from rl_batch import sampler as sampler_lib
-from rl_batch.sampler import SamplingConfig
+from rl_batch.models import sharding
+from rl_batch.models import transformer as model
+from rl_batch.rollout import sampler as sampler_lib
+from rl_batch.rollout.sampler import SamplingConfig
 
 CONFIG = model.get_preset("tiny-1m")
 PAD, NO_EOS = 0, CONFIG.vocab_size  # an id outside the vocabulary never stops a row

@@ -9,8 +9,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from rl_batch import grpo, learner, sharding
-from rl_batch import model as model_lib
+from rl_batch.algorithms import grpo, learner
+from rl_batch.models import sharding
+from rl_batch.models import transformer as model_lib
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 
 CFG = LEARNER_MODEL

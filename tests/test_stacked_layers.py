@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from rl_batch import grpo, learner, pretrain, sampler, sharding
-from rl_batch import hf as hf_lib
-from rl_batch import model as model_lib
-from rl_batch import run as run_lib
-from rl_batch.checkpoint import Checkpointer, CheckpointMismatchError
+from rl_batch.algorithms import grpo, learner
+from rl_batch.models import hf as hf_lib
+from rl_batch.models import sharding
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import sampler
+from rl_batch.runs import pretrain
+from rl_batch.runs import run as run_lib
+from rl_batch.runs.checkpoint import Checkpointer, CheckpointMismatchError
 from tests.hf_fixtures import random_params, tiny_config
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 
@@ -219,7 +222,8 @@ def test_a_stacked_run_resumes_exports_and_matches_the_per_layer_run(tmp_path):
     """End to end: a run of the stacked model, stopped and resumed from its checkpoint,
     logs the updates of an uninterrupted per-layer run (same seed), and its export is
     the per-layer HF checkpoint of its params."""
-    from rl_batch import artifacts, export
+    from rl_batch import artifacts
+    from rl_batch.runs import export
     from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
 
     work = str(tmp_path / "work")

@@ -5,9 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from rl_batch import config as config_lib
-from rl_batch import rollout as rollout_lib
-from rl_batch.sampler import SampleOutput, SamplingConfig
+from rl_batch.rollout import groups as rollout_lib
+from rl_batch.rollout.sampler import SampleOutput, SamplingConfig
+from rl_batch.runs import config as config_lib
 from rl_batch.tasks.base import Score
 from rl_batch.tokenizers import CharTokenizer
 from tests.run_fixtures import tiny_run_config

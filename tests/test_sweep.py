@@ -9,8 +9,9 @@ import pytest
 from ml_collections import ConfigDict
 
 from experiments.configs import base
-from rl_batch import artifacts, sweep
-from rl_batch import config as config_lib
+from rl_batch import artifacts
+from rl_batch.runs import config as config_lib
+from rl_batch.sweeps import sweep
 from tests.run_fixtures import tiny_run_config
 
 

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from experiments.configs import base
-from rl_batch import artifacts, distributed, provenance, sweep
+from rl_batch import artifacts, distributed, provenance
+from rl_batch.sweeps import sweep
 from tests.run_fixtures import free_port, tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +139,8 @@ ISOLATED_PARENT = """
 import sys
 from absl import app
 from experiments import grpo_sweep
-from rl_batch import artifacts, sweep
+from rl_batch import artifacts
+from rl_batch.sweeps import sweep
 
 started = []
 

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from rl_batch import artifacts, sweep
-from rl_batch import run as run_lib
+from rl_batch import artifacts
+from rl_batch.runs import run as run_lib
+from rl_batch.sweeps import sweep
 from tests.run_fixtures import TIMING, tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, run, targets
+from rl_batch import artifacts, targets
 from rl_batch.analysis import curves
 from rl_batch.analysis import time_to_target as ttt
+from rl_batch.runs import run
 
 
 def _slow_tail_records():

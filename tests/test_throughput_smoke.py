@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from experiments import throughput
-from rl_batch import flops, model
+from rl_batch.models import flops
+from rl_batch.models import transformer as model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""Dashboards (rl_batch.tracking) and sampled generations (generations.jsonl)."""
+"""Dashboards (rl_batch.runs.tracking) and sampled generations (generations.jsonl)."""
 
 import os
 import struct
@@ -8,9 +8,10 @@ import types
 import numpy as np
 import pytest
 
-from rl_batch import artifacts, tracking
-from rl_batch import config as config_lib
-from rl_batch import run as run_lib
+from rl_batch import artifacts
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import run as run_lib
+from rl_batch.runs import tracking
 from tests.run_fixtures import tiny_run_config
 
 

@@ -2,7 +2,7 @@
 
 Every field of a run lives here so that ``config.json`` records all of them. Derived
 values (the LR for a batch size under a rule, the response length from the task) are
-computed by ``rl_batch.config.resolve`` in one place and written under ``derived``; the
+computed by ``rl_batch.runs.config.resolve`` in one place and written under ``derived``; the
 inputs here keep their values (``lr`` None = derive it).
 """
 
@@ -10,7 +10,7 @@ import dataclasses
 
 from ml_collections import ConfigDict, config_dict
 
-from rl_batch.model import ModelConfig
+from rl_batch.models.transformer import ModelConfig
 
 
 def model_overrides() -> ConfigDict:
@@ -207,7 +207,7 @@ def run_config() -> ConfigDict:
     # The validation accuracy that the target and N* are on: "mean_at_k" (sampled, above;
     # always logged as eval_mean_at_k) or "p_ref", the exact mean p(reference response) at
     # the sampling temperature on eval_ref_prompts validation prompts (0 = all): mean@inf
-    # of exact matches, without sampling noise (synthetic tasks; rl_batch.exact_eval).
+    # of exact matches, without sampling noise (synthetic tasks; rl_batch.algorithms.exact_eval).
     c.eval_metric = "mean_at_k"
     c.eval_ref_prompts = 0
     c.target = 0.5  # validation accuracy (eval_metric) to reach
@@ -224,7 +224,7 @@ def run_config() -> ConfigDict:
 
     # Dashboards that get a copy of every metrics line (metrics.jsonl is always written):
     # a comma list of "jsonl", "tensorboard" (needs tensorboardX), "wandb" (offline unless
-    # $WANDB_MODE says otherwise); rl_batch.tracking.
+    # $WANDB_MODE says otherwise); rl_batch.runs.tracking.
     c.tracking = "jsonl"
     # Validation prompts whose sampled responses and rewards go to generations.jsonl (and
     # to the dashboards) at every validation; 0 = off.
@@ -277,11 +277,11 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # other. Their measured q then shares the host; the calibration below does not.
     run.sweep.concurrent = 1
     # With concurrent > 1 (one process): each of the `concurrent` child processes runs
-    # one point after another (rl_batch.sweep.Worker), keeping its imports; False starts
+    # one point after another (rl_batch.sweeps.sweep.Worker), keeping its imports; False starts
     # a process per point.
     run.sweep.reuse_workers = True
     # A reused worker keeps the learner, sampler and scorer of this many configurations
-    # (rl_batch.programs): the next seed of one reuses them, compiled. Each kept GRPO
+    # (rl_batch.runs.programs): the next seed of one reuses them, compiled. Each kept GRPO
     # learner with a KL term holds a copy of the initial policy; 0 rebuilds per run.
     run.sweep.keep_programs = 8
     # > 0: after the points, every configuration's training step is timed side by side

@@ -22,7 +22,7 @@ README's study section and each report's Measurement section):
   ``python -m experiments.pretrain --export=...`` trains another from the pretrain
   settings below.
 - Validation is exact: ``eval_metric="p_ref"``, the policy's mean probability of the
-  reference response of each of the 512 validation prompts (``rl_batch.exact_eval``), so
+  reference response of each of the 512 validation prompts (``rl_batch.algorithms.exact_eval``), so
   N* carries no sampling noise (sampled mean@4 on 128 prompts, the earlier metric, has a
   standard error of ~0.02). Sampled mean@1 on 64 prompts is logged beside it.
 - The learning rate: lr_ref = 2.5e-5 at the reference batch (8 x 8 = 64). From the

@@ -56,7 +56,7 @@ from rl_batch import artifacts
 from rl_batch.analysis.curves import RunData, find_config_value
 
 THROUGHPUT_FILE = "throughput.json"
-# The sweep's interleaved step timing (``rl_batch.calibrate``): every concurrency measured
+# The sweep's interleaved step timing (``rl_batch.sweeps.calibrate``): every concurrency measured
 # side by side, so host load cannot move the plateau as it can between runs.
 CALIBRATION_SOURCE = "calibration.json (interleaved)"
 DEFAULT_PLATEAU_FRAC = 0.9

@@ -12,7 +12,7 @@ The report's "Measurement" section, from the same runs as the rest of it:
   (training noise once validation is exact).
 - *Throughput noise*: runs with identical compute per update (same P and G, any LR rule
   or seed) should have equal measured q; their spread is host contention. With a
-  calibration (``rl_batch.calibrate``) the analysis uses the calibrated q, shown beside.
+  calibration (``rl_batch.sweeps.calibrate``) the analysis uses the calibrated q, shown beside.
 - *Power*: each ratio's interval half-width (ratio units) and the seeds per configuration
   at which it would reach ``POWER_HALF_WIDTH`` with the spread measured here
   (`intervals.seeds_for_half_width`).

@@ -16,7 +16,7 @@ Metric fields read from update lines (written by a learner that measures them; a
 optional), first scheme found wins:
 
 1. ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``, ``gns_batch_full`` (what
-   ``rl_batch.learner`` logs with micro-batches: the mean over micro-batches of each
+   ``rl_batch.algorithms.learner`` logs with micro-batches: the mean over micro-batches of each
    micro-batch gradient's squared norm, the full batch's, and the two sizes in
    sequences). Averaging ``|g_b|^2`` over the micro-batches keeps it unbiased.
 2. ``grad_sq_small``, ``grad_sq_big``, ``noise_batch_small``, ``noise_batch_big`` (the

@@ -89,7 +89,7 @@ class RunTarget:
     responses_final: float
     time_train_s: float
     finished: bool = True
-    # With a calibration (``rl_batch.calibrate``), ``time_to_target_s`` and ``q`` are the
+    # With a calibration (``rl_batch.sweeps.calibrate``), ``time_to_target_s`` and ``q`` are the
     # calibrated ones and these keep the run's own measurement.
     time_measured_s: float | None = None
     q_measured: float | None = None

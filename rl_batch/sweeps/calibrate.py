@@ -46,10 +46,12 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, provenance, rollout_source, sharding
-from rl_batch import config as config_lib
-from rl_batch import run as run_lib
-from rl_batch.accounting import Counters, keep_mask
+from rl_batch import artifacts, provenance
+from rl_batch.models import sharding
+from rl_batch.rollout import sources as rollout_source
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import run as run_lib
+from rl_batch.runs.accounting import Counters, keep_mask
 
 log = logging.getLogger(__name__)
 

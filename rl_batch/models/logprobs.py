@@ -7,7 +7,7 @@ rematerialised (``jax.checkpoint``): the forward pass keeps only the [B, R] resu
 and the backward pass recomputes one [B, chunk, V] block of logits at a time. Values
 and gradients equal the unchunked computation (``chunk=0``), which is the reference.
 
-Numerics match ``rl_batch.model``'s head: logits = ``hidden @ head`` in the hidden
+Numerics match ``rl_batch.models.transformer``'s head: logits = ``hidden @ head`` in the hidden
 states' dtype, then float32, then divided by the temperature; log-softmax and entropy
 in float32.
 
@@ -22,8 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rl_batch import model as model_lib
-from rl_batch import moe as moe_lib
+from rl_batch.models import transformer as model_lib
 
 
 def _block(
@@ -146,7 +145,7 @@ def response_logprobs_and_router(
       model_config: a MoE policy's shape (``num_experts > 0``).
       params, batch, temperature: as ``response_logprobs``.
       replay: route by ``batch.routed_experts`` (routing replay) instead of the router's
-        top-k (``moe.forward_hidden_with_router``).
+        top-k (``transformer.forward_hidden_with_router``).
 
     Returns:
       (log-probs [B, R], entropies [B, R], router logits [L, B * (P + R), E] of every
@@ -163,7 +162,7 @@ def response_logprobs_and_router(
     mask_bt = jnp.concatenate(
         [batch.prompt_mask.astype(bool), batch.response_mask.astype(bool)], axis=1
     )
-    hidden_btd, router_lte = moe_lib.forward_hidden_with_router(
+    hidden_btd, router_lte = model_lib.forward_hidden_with_router(
         model_config,
         params,
         tokens_bt,

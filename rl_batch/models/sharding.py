@@ -17,7 +17,7 @@ Batches are split over ``("data", "fsdp", "expert")`` together: every device of 
 expert weights are stored sharded and XLA inserts the collectives the grouped matmuls
 need (no hand-written all-to-all dispatch).
 
-Parameters carry logical axis names (``rl_batch.model.logical_axes``) mapped to mesh
+Parameters carry logical axis names (``rl_batch.models.transformer.logical_axes``) mapped to mesh
 axes by ``LOGICAL_AXIS_RULES`` below -- the only table of its kind in the project. Two
 fallbacks keep every model shardable on every mesh, both to *replication* of that one
 dimension (never an error):
@@ -42,7 +42,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rl_batch import model as model_lib
+from rl_batch.models import transformer as model_lib
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
 # Mesh axes that split the batch dimension of rollout batches and activations.

@@ -4,7 +4,7 @@
 config, restores only the policy parameters of one checkpoint step (GRPO:
 ``state.params``; PPO: the actor, ``state.actor.params``; no optimizer state, critic or
 reference is read) and writes ``config.json`` + ``model.safetensors`` with
-`rl_batch.hf.save_hf_checkpoint`, which transformers, vLLM and lm-eval load.
+`rl_batch.models.hf.save_hf_checkpoint`, which transformers, vLLM and lm-eval load.
 
 Tokenizer: a run that started from a Hugging Face checkpoint (``init.source == "hf"``)
 uses that checkpoint's tokenizer, so its tokenizer files (``tokenizer.json``,
@@ -25,10 +25,11 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, hf
-from rl_batch import config as config_lib
-from rl_batch import model as model_lib
-from rl_batch.checkpoint import Checkpointer
+from rl_batch import artifacts
+from rl_batch.models import hf
+from rl_batch.models import transformer as model_lib
+from rl_batch.runs import config as config_lib
+from rl_batch.runs.checkpoint import Checkpointer
 
 # Files of a Hugging Face model directory that describe its tokenizer and generation
 # defaults; each is copied when present.

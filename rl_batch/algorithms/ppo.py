@@ -5,7 +5,7 @@ model as large as the policy, **critic warm-up** (the first ``warmup_updates`` r
 batches train only the critic; the sample axis starts when the actor starts), then one
 actor and one critic optimizer update per rollout batch, no mini-batches, no reuse.
 
-The maths of one update (every piece from ``rl_batch.losses``):
+The maths of one update (every piece from ``rl_batch.algorithms.losses``):
 
 1. Per-token rewards: the sequence's verifier score at its last real response token
    (``token_level_rewards``), minus ``kl_coef * KL`` on every real token when a
@@ -34,7 +34,7 @@ gradient norm is non-finite, neither network changes (``skipped = 1``). The phas
 
 **Critic batch scale** ``k`` (``critic_batch_scale``): the critic averages its gradient
 over ``k`` rollout batches before stepping (``optax.MultiSteps``); its learning rate is
-resolved for its effective batch ``k * B`` (``rl_batch.config.resolve``).
+resolved for its effective batch ``k * B`` (``rl_batch.runs.config.resolve``).
 
 Batch: a ``PPOBatch`` holding the per-sequence reward ``rewards [B]`` (not advantages:
 those need the critic and are computed inside the update). Rows whose response mask is
@@ -58,10 +58,11 @@ import optax
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, learner, losses
-from rl_batch import model as model_lib
-from rl_batch import rollout as rollout_lib
-from rl_batch import sharding as sharding_lib
+from rl_batch import artifacts
+from rl_batch.algorithms import learner, losses
+from rl_batch.models import sharding as sharding_lib
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import groups as rollout_lib
 
 Params = Any
 Metrics = dict[str, jax.Array]
@@ -75,7 +76,7 @@ TRAIN_PHASE = artifacts.PHASE_TRAIN
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PPOConfig:
-    """PPO algorithm hyperparameters (learning rates come from ``rl_batch.lr_rules``).
+    """PPO algorithm hyperparameters (learning rates come from ``rl_batch.algorithms.lr_rules``).
 
     Attributes:
       gamma: GAE discount.
@@ -663,7 +664,7 @@ class PPO:
 
     Reads the run config's ``ppo`` section (``experiments/configs/base.py``); the critic's
     learning rate ``derived.critic_lr`` and Adam settings ``derived.critic`` are resolved by
-    ``rl_batch.config.resolve``.
+    ``rl_batch.runs.config.resolve``.
     """
 
     filter_groups = False  # A critic learns from every response (validated in resolve).

@@ -22,10 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rl_batch import grpo as grpo_lib
-from rl_batch import learner, sharding
-from rl_batch import model as model_lib
-from rl_batch import sampler as sampler_lib
+from rl_batch.algorithms import grpo as grpo_lib
+from rl_batch.algorithms import learner
+from rl_batch.models import sharding
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import sampler as sampler_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,13 +207,13 @@ def check_run_configs(resolved: dict[str, Any], device_memory: float) -> list[st
     whose estimated peak exceeds ``device_memory`` bytes (an empty list when all fit).
 
     Args:
-      resolved: run name -> resolved run config (``rl_batch.config.resolve``).
+      resolved: run name -> resolved run config (``rl_batch.runs.config.resolve``).
       device_memory: bytes of one device.
 
     Returns:
       One message per run that does not fit (PPO runs are not checked).
     """
-    from rl_batch import config as config_lib
+    from rl_batch.runs import config as config_lib
 
     errors, cache = [], {}
     for name, c in resolved.items():

@@ -3,7 +3,7 @@ without torch.
 
 A Hugging Face model directory holds ``config.json`` and the weights as
 ``model.safetensors`` or as shards listed in ``model.safetensors.index.json``. This
-module maps them to and from `rl_batch.model`'s parameter tree:
+module maps them to and from `rl_batch.models.transformer`'s parameter tree:
 
     HF tensor                                   shape      ours                          shape
     model.embed_tokens.weight                   [V, D]     embed_vd                      [V, D]
@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_batch import model as model_lib
+from rl_batch.models import transformer as model_lib
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen2", "llama")
 _ARCHITECTURES = {
@@ -491,7 +491,7 @@ def load_hf_checkpoint(
 
     Returns:
       ``(config, params)``; ``params`` has exactly the structure and shapes of
-      ``rl_batch.model.abstract_params(config)``.
+      ``rl_batch.models.transformer.abstract_params(config)``.
 
     Raises:
       FileNotFoundError: no ``config.json``, no weights file, or a missing shard.

@@ -27,9 +27,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from rl_batch import flops
-from rl_batch.rollout import Rollout, decode_responses
-from rl_batch.sampler import SampleOutput, Sampler, SamplingConfig, eos_ids_of
+from rl_batch.models import flops
+from rl_batch.rollout.groups import Rollout, decode_responses
+from rl_batch.rollout.sampler import SampleOutput, Sampler, SamplingConfig, eos_ids_of
 from rl_batch.tasks.rewards import score_responses, unverified_counts
 from rl_batch.tokenizers import encode_prompt
 

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_batch import learner
-from rl_batch import model as model_lib
+from rl_batch.algorithms import learner
+from rl_batch.models import transformer as model_lib
 from rl_batch.tokenizers import encode_prompt
 
 

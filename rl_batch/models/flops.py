@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rl_batch import model as model_lib
+from rl_batch.models import transformer as model_lib
 
 UPDATE_FLOPS_MULTIPLIER = 3  # forward + backward (about 2x the forward)
 # Keys of ``step_throughput`` that depend on the machine's speed, not on the computation.

@@ -53,9 +53,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl_batch import distributed
-from rl_batch import model as model_lib
-from rl_batch import moe as moe_lib
-from rl_batch import sharding as sharding_lib
+from rl_batch.models import moe as moe_lib
+from rl_batch.models import sharding as sharding_lib
+from rl_batch.models import transformer as model_lib
 
 
 def eos_ids_of(eos_id: int | Sequence[int]) -> tuple[int, ...]:
@@ -462,7 +462,7 @@ def _forward(
             config, params, tokens_bt, positions_bt, kv_mask_bs, cache, slot, last_only=last_only
         )
         return logits, cache, None
-    logits, cache, router_lte = moe_lib.forward_with_cache_and_router(
+    logits, cache, router_lte = model_lib.forward_with_cache_and_router(
         config, params, tokens_bt, positions_bt, kv_mask_bs, cache, slot, last_only=last_only
     )
     experts_btlk = moe_lib.top_experts(router_lte, config.num_experts_per_tok, tokens_bt.shape[0])

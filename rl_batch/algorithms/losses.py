@@ -1,7 +1,7 @@
 """The RL maths as small pure functions of arrays (GRPO family and PPO).
 
 Every function here is shape-polymorphic, jittable and free of model or optimizer
-state; the learners (``rl_batch.learner``) combine them. Conventions:
+state; the learners (``rl_batch.algorithms.learner``) combine them. Conventions:
 
 - ``*_bt`` arrays are per response token, ``[B, T]``, with a ``mask_bt`` that is True
   (or 1.0) on real response tokens; padded positions never contribute.

@@ -1,6 +1,6 @@
 """Experiment tracking: a run's metrics lines and sampled generations sent to dashboards.
 
-``metrics.jsonl`` (``rl_batch.run.MetricsLog``) stays the source of truth: every line
+``metrics.jsonl`` (``rl_batch.runs.run.MetricsLog``) stays the source of truth: every line
 written there is also handed, once and in order, to the backends that ``config.tracking``
 names (a comma list), with the line's ``step``:
 
@@ -73,7 +73,7 @@ class RunInfo:
 
 def sweep_name(run_dir: str) -> str | None:
     """The sweep a run belongs to: ``<sweep_dir>``'s name when ``run_dir`` is
-    ``<sweep_dir>/runs/<name>`` of a sweep (``rl_batch.sweep`` wrote ``sweep.json`` there,
+    ``<sweep_dir>/runs/<name>`` of a sweep (``rl_batch.sweeps.sweep`` wrote ``sweep.json`` there,
     or ``sweep_point.json`` in the run of an ``--only`` job); None for a lone run."""
     run_dir = os.path.abspath(run_dir)
     runs = os.path.dirname(run_dir)

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from rl_batch import artifacts, flops
-from rl_batch import rollout as rollout_lib
-from rl_batch.filtering import dynamic_sampling_filter
+from rl_batch import artifacts
+from rl_batch.models import flops
+from rl_batch.rollout import groups as rollout_lib
+from rl_batch.rollout.filtering import dynamic_sampling_filter
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rl_batch.sampler import SampleOutput, Sampler, SamplingConfig, is_row_keys
+from rl_batch.rollout.sampler import SampleOutput, Sampler, SamplingConfig, is_row_keys
 from rl_batch.tasks.rewards import (
     greedy_accuracy,
     mean_at_k,

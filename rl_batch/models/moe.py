@@ -1,7 +1,7 @@
 """Qwen3-MoE sparse mixture-of-experts block, its router statistics and auxiliary loss.
 
 The block of Hugging Face's ``Qwen3MoeSparseMoeBlock``, as a pure function
-(``sparse_moe``) and a thin NNX module (``MoeMLP``) that ``rl_batch.model`` puts in
+(``sparse_moe``) and a thin NNX module (``MoeMLP``) that ``rl_batch.models.transformer`` puts in
 place of the dense MLP of every sparse layer (``ModelConfig.is_moe_layer``):
 
     logits = x @ router                      [T, E]   (compute dtype, then float32)
@@ -23,7 +23,7 @@ all-experts einsum. Two implementations (``sparse_moe(impl=...)``):
 Measured on the 2-core CPU, fwd + bwd of the block (T=2048, D=128, E=8, F=256, k=2,
 best of 7 interleaved, as multiples of a dense SwiGLU of width k * F): ragged_dot 18.6x,
 tiled 3.0x, all-experts einsum 20.8x (a loaded machine; an earlier run gave 12.4x /
-13.8x for ragged_dot / all-experts). FLOP metrics (``rl_batch.flops``) count the active
+13.8x for ragged_dot / all-experts). FLOP metrics (``rl_batch.models.flops``) count the active
 work either way.
 
 The router logits of every sparse layer are *sown* (``nnx.Intermediate``) only inside
@@ -233,14 +233,14 @@ class MoeMLP(nnx.Module):
     [E, F, D]; the expert dimension has logical axis ``expert`` (expert parallelism).
     """
 
-    def __init__(self, config: Any, *, rngs: nnx.Rngs):
-        from rl_batch import model as model_lib  # model imports this module
-
+    def __init__(self, config: Any, *, rngs: nnx.Rngs, param: Any):
+        """``param(rngs, shape, logical_axes, config)`` makes one ``nnx.Param`` (the
+        model's own parameter constructor, so that the two modules share one init)."""
         d, e, f = config.hidden_size, config.num_experts, config.moe_intermediate_size
         self.dtype = _DTYPES[config.dtype]
         self.top_k = config.num_experts_per_tok
         self.norm_topk_prob = config.norm_topk_prob
-        p = model_lib._param
+        p = param
         self.router_de = p(rngs, (d, e), ("embed", "router_experts"), config)
         self.gate_edf = p(rngs, (e, d, f), ("expert", "embed", "expert_mlp"), config)
         self.up_edf = p(rngs, (e, d, f), ("expert", "embed", "expert_mlp"), config)
@@ -262,142 +262,6 @@ class MoeMLP(nnx.Module):
         if hasattr(self, "__captures__"):  # only inside nnx.capture (forward_with_router)
             self.sow(nnx.Intermediate, "router_logits", logits_te)
         return y_td.reshape(b, t, d)
-
-
-# ------------------------------------------------------------------ router outputs
-
-
-def _sparse_layers(config: Any) -> list[int]:
-    return [i for i in range(config.num_layers) if config.is_moe_layer(i)]
-
-
-def _call_capturing(config, params, replay_experts_btlk, *args, method="__call__", **kwargs):
-    """Calls the bound model's ``method`` (``__call__`` or ``hidden``) on ``args`` under
-    ``nnx.capture``: (outputs, logits_lte)."""
-    from rl_batch import model as model_lib
-
-    if config.num_experts == 0:
-        raise ValueError("router outputs need a MoE config (num_experts > 0)")
-    module = model_lib.bind(config, params)
-    sparse = _sparse_layers(config)
-    if replay_experts_btlk is not None:
-        b, t, n_layers, k = replay_experts_btlk.shape
-        if n_layers != len(sparse):
-            raise ValueError(
-                f"replayed experts have {n_layers} layers; the model has {len(sparse)} sparse"
-            )
-        for j, i in enumerate(sparse):
-            experts_tk = replay_experts_btlk[:, :, j].reshape(b * t, k)
-            module.layers[i].mlp.replay = RoutingReplay(experts_tk)
-    fn = module if method == "__call__" else getattr(module, method)
-    out, captured = nnx.capture(fn, nnx.Intermediate)(*args, **kwargs)
-    layers = nnx.to_pure_dict(captured)["layers"]
-    logits_lte = jnp.stack([layers[i]["mlp"]["router_logits"][0] for i in sparse])
-    return out, logits_lte
-
-
-def forward_with_router(
-    config: Any,
-    params: Any,
-    tokens_bt: jax.Array,
-    *,
-    input_mask_bt: jax.Array | None = None,
-    positions_bt: jax.Array | None = None,
-    replay_experts_btlk: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """``model.forward`` that also returns every sparse layer's router logits.
-
-    Args:
-      config: a ``ModelConfig`` with ``num_experts > 0``.
-      params, tokens_bt, input_mask_bt, positions_bt: as for ``model.forward``.
-      replay_experts_btlk: optional [B, T, L, k] expert ids per token and sparse layer
-        to route by instead of the router's top-k (routing replay; negative ids: no
-        record, the router decides).
-
-    Returns:
-      (model output as ``model.forward``, router logits [L, B * T, E] float32 of the L
-      sparse layers in layer order; token b * T + t is row (b, t)).
-    """
-    from rl_batch import model as model_lib
-
-    if input_mask_bt is None:
-        input_mask_bt = jnp.ones(tokens_bt.shape, bool)
-    if positions_bt is None:
-        positions_bt = model_lib.positions_from_mask(input_mask_bt)
-    (out, _), logits_lte = _call_capturing(
-        config,
-        params,
-        replay_experts_btlk,
-        tokens_bt,
-        positions_bt,
-        model_lib.causal_mask(input_mask_bt),
-    )
-    return out, logits_lte
-
-
-def forward_hidden_with_router(
-    config: Any,
-    params: Any,
-    tokens_bt: jax.Array,
-    *,
-    input_mask_bt: jax.Array | None = None,
-    positions_bt: jax.Array | None = None,
-    replay_experts_btlk: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """``model.forward_hidden`` that also returns the router logits.
-
-    Arguments as ``forward_with_router``.
-
-    Returns:
-      (final-normed hidden states [B, T, D] in the compute dtype, router logits
-      [L, B * T, E] float32), for ``rl_batch.logprobs``' chunked head.
-    """
-    from rl_batch import model as model_lib
-
-    if input_mask_bt is None:
-        input_mask_bt = jnp.ones(tokens_bt.shape, bool)
-    if positions_bt is None:
-        positions_bt = model_lib.positions_from_mask(input_mask_bt)
-    (hidden_btd, _), logits_lte = _call_capturing(
-        config,
-        params,
-        replay_experts_btlk,
-        tokens_bt,
-        positions_bt,
-        model_lib.causal_mask(input_mask_bt),
-        method="hidden",
-    )
-    return hidden_btd, logits_lte
-
-
-def forward_with_cache_and_router(
-    config: Any,
-    params: Any,
-    tokens_bt: jax.Array,
-    positions_bt: jax.Array,
-    kv_mask_bs: jax.Array,
-    cache: Any,
-    cache_index: jax.Array | int,
-    *,
-    last_only: bool = False,
-) -> tuple[jax.Array, Any, jax.Array]:
-    """``model.forward_with_cache`` (``last_only`` as there) that also returns the router
-    logits [L, B * T, E] of all T fed tokens."""
-    from rl_batch import model as model_lib
-
-    mask_bts = model_lib.cache_mask(kv_mask_bs, cache_index, tokens_bt.shape[1])
-    (out, cache), logits_lte = _call_capturing(
-        config,
-        params,
-        None,
-        tokens_bt,
-        positions_bt,
-        mask_bts,
-        cache,
-        cache_index,
-        last_only=last_only,
-    )
-    return out, cache, logits_lte
 
 
 def top_experts(logits_lte: jax.Array, top_k: int, batch: int) -> jax.Array:

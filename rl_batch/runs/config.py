@@ -20,9 +20,11 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-from rl_batch import grpo, lr_rules, ppo, targets, tracking
-from rl_batch import model as model_lib
-from rl_batch.sampler import Sampler, SamplingConfig
+from rl_batch import targets
+from rl_batch.algorithms import grpo, lr_rules, ppo
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout.sampler import Sampler, SamplingConfig
+from rl_batch.runs import tracking
 from rl_batch.tasks.custom_reward import WithReward
 from rl_batch.tasks.plugin import is_plugin, make_plugin_task
 from rl_batch.tasks.registry import TASKS, get_task
@@ -90,7 +92,7 @@ def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
     vocabulary sized to the character tokenizer for synthetic tasks."""
     overrides = {k: v for k, v in c.model.overrides.to_dict().items() if v is not None}
     if c.init.source == "hf":
-        from rl_batch import hf
+        from rl_batch.models import hf
 
         base = hf.config_from_hf(hf.read_hf_config(c.init.path))
     else:
@@ -678,10 +680,10 @@ RESUME_ALLOWED = (
     "distributed",
     "derived.device_count",
     # An async checkpoint may be resumed synchronously (its batches in flight are drawn
-    # again, rl_batch.rollout_source): the steps already done are unchanged.
+    # again, rl_batch.rollout.sources): the steps already done are unchanged.
     "async_rollout.enabled",
     "xla_cache",
-    # Where copies of the metrics and the sampled generations go (rl_batch.tracking).
+    # Where copies of the metrics and the sampled generations go (rl_batch.runs.tracking).
     "tracking",
     "log_generations",
     "log_generations_every",

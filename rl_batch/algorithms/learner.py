@@ -1,8 +1,8 @@
 """The update skeleton GRPO and PPO share, and the interface the run loop uses.
 
-``rl_batch.grpo`` and ``rl_batch.ppo`` each build one pure, jitted
+``rl_batch.algorithms.grpo`` and ``rl_batch.algorithms.ppo`` each build one pure, jitted
 ``update_fn(state, batch, rng) -> (state, metrics)`` from these pieces and wrap it in an
-adapter implementing ``Algorithm`` (the protocol ``rl_batch.run`` calls):
+adapter implementing ``Algorithm`` (the protocol ``rl_batch.runs.run`` calls):
 
 - train state: ``TrainState`` (params + optimizer state), ``init_train_state`` placed on
   the mesh by ``train_state_shardings``; ``make_optimizer`` / ``actor_optimizer``;
@@ -43,11 +43,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from rl_batch import logprobs as logprobs_lib
-from rl_batch import losses
-from rl_batch import model as model_lib
-from rl_batch import moe as moe_lib
-from rl_batch import sharding as sharding_lib
+from rl_batch.algorithms import losses
+from rl_batch.models import logprobs as logprobs_lib
+from rl_batch.models import moe as moe_lib
+from rl_batch.models import sharding as sharding_lib
+from rl_batch.models import transformer as model_lib
 
 Params = Any
 Metrics = dict[str, jax.Array]
@@ -298,7 +298,7 @@ def response_outputs(
       params: its parameters.
       batch: anything with ``prompt_tokens``, ``prompt_mask``, ``response_tokens``,
         ``response_mask`` (see ``Batch``).
-      with_router: also return a MoE model's router logits (``moe.forward_with_router``).
+      with_router: also return a MoE model's router logits (``transformer.forward_with_router``).
       replay: with ``with_router``, route by ``batch.routed_experts`` (routing replay).
 
     Returns:
@@ -319,7 +319,7 @@ def response_outputs(
             replay_btlk = getattr(batch, "routed_experts", None)
             if replay_btlk is None:
                 raise ValueError("routing replay needs the batch's routed_experts (None)")
-        out, router_lte = moe_lib.forward_with_router(
+        out, router_lte = model_lib.forward_with_router(
             model_config,
             params,
             tokens_bt,
@@ -979,7 +979,7 @@ def rollout_fields(ro: Any, keep_p: np.ndarray) -> dict[str, jax.Array]:
 
 @runtime_checkable
 class Algorithm(Protocol):
-    """What ``rl_batch.run`` needs of a learner (``grpo.GRPO``, ``ppo.PPO``).
+    """What ``rl_batch.runs.run`` needs of a learner (``grpo.GRPO``, ``ppo.PPO``).
 
     Attributes:
       filter_groups: drop groups whose rewards are all equal before the update.

@@ -17,8 +17,8 @@ The maths of one update:
    ``kl_coef > 0``; its log-probs are computed before the update (``GRPO.make_batch``).
 
 The update skeleton (shape checks, masks, gradient accumulation, the non-finite guard,
-common metrics, jit with shardings and donation) is ``rl_batch.learner``'s, shared with
-``rl_batch.ppo``; both implement ``learner.Algorithm`` for ``rl_batch.run``.
+common metrics, jit with shardings and donation) is ``rl_batch.algorithms.learner``'s, shared with
+``rl_batch.algorithms.ppo``; both implement ``learner.Algorithm`` for ``rl_batch.runs.run``.
 
 Shape letters: B sequences, P prompt length (or prompts), G group size, R response
 length.
@@ -38,10 +38,11 @@ import optax
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from rl_batch import flops, learner, losses
-from rl_batch import model as model_lib
-from rl_batch import rollout as rollout_lib
-from rl_batch import sharding as sharding_lib
+from rl_batch.algorithms import learner, losses
+from rl_batch.models import flops
+from rl_batch.models import sharding as sharding_lib
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import groups as rollout_lib
 
 Params = Any
 Metrics = dict[str, jax.Array]
@@ -56,7 +57,7 @@ Batch = learner.Batch
 class GRPOConfig:
     """GRPO hyperparameters: the run config's ``grpo`` section plus the sampling
     temperature (the optimizer's come from the run config, the LR from
-    ``rl_batch.lr_rules``).
+    ``rl_batch.algorithms.lr_rules``).
 
     Attributes:
       clip_low: policy ratio lower bound is ``1 - clip_low``.

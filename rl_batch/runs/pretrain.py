@@ -8,7 +8,7 @@ the base policy leaves room for RL. ``pretrain.stop_metric`` is that accuracy:
 ``"sampled"`` (temperature 1, one response per prompt on ``eval_prompts`` prompts: its
 standard error of ~0.04 moves where the warm start ends, and so where RL starts, by as
 much) or ``"p_ref"``, the exact mean p(reference response) over the validation split
-(``rl_batch.exact_eval``), where only the training itself decides. ``base_params``
+(``rl_batch.algorithms.exact_eval``), where only the training itself decides. ``base_params``
 caches the result under ``<work_dir>/base/<key>/``, keyed by everything that determines
 it.
 """
@@ -31,12 +31,13 @@ import numpy as np
 import optax
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts, exact_eval
-from rl_batch import config as config_lib
-from rl_batch import model as model_lib
-from rl_batch import rollout as rollout_lib
-from rl_batch.checkpoint import Checkpointer, path_name
-from rl_batch.sampler import SamplingConfig
+from rl_batch import artifacts
+from rl_batch.algorithms import exact_eval
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import groups as rollout_lib
+from rl_batch.rollout.sampler import SamplingConfig
+from rl_batch.runs import config as config_lib
+from rl_batch.runs.checkpoint import Checkpointer, path_name
 from rl_batch.tasks.plugin import is_plugin, plugin_splits
 from rl_batch.tasks.tfds_builders import load_split
 from rl_batch.tokenizers import encode_prompt

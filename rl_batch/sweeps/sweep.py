@@ -40,7 +40,7 @@ import jax
 from ml_collections import ConfigDict
 
 from rl_batch import artifacts, distributed, locks
-from rl_batch import config as config_lib
+from rl_batch.runs import config as config_lib
 
 FINISHED = "finished"
 
@@ -485,7 +485,7 @@ class Worker:
     A sweep's concurrent points each used to start a process of their own; on a 2-core
     CPU the import and the first-call compiles were a fifth of a short run's wall time.
     A worker keeps both across the points it runs, and with ``keep_programs`` > 0 the
-    compiled programs of its last configurations (``rl_batch.programs``). The protocol
+    compiled programs of its last configurations (``rl_batch.runs.programs``). The protocol
     (`serve_points` is the other end): one JSON line ``{"config_json": path, "log":
     path, "keep_programs": n}`` per point on the child's stdin; one JSON line ``{"ok":
     bool, "error": str}`` back on its stdout once the point has ended. The point's own
@@ -547,12 +547,12 @@ def serve_points(requests, replies) -> None:
 
     Args:
       requests: lines of ``{"config_json": path, "log": path, "keep_programs": n}`` (a
-        text stream; ``keep_programs``: ``rl_batch.programs.keep``, 0 when absent).
+        text stream; ``keep_programs``: ``rl_batch.runs.programs.keep``, 0 when absent).
       replies: where each point's ``{"ok", "error"}`` line goes (a text stream that is
         not this process's stdout: fds 1 and 2 are the point's log while it runs).
     """
-    from rl_batch import programs  # Imported late: jax reads XLA_FLAGS at import.
-    from rl_batch import run as run_lib
+    from rl_batch.runs import programs  # Imported late: jax reads XLA_FLAGS at import.
+    from rl_batch.runs import run as run_lib
 
     for line in requests:
         request = json.loads(line)
@@ -604,7 +604,7 @@ def run_sweep(
       isolate: run each point in its own process (``experiments.train``).
       only: run just this point name (for job arrays); its record goes to
         ``<run>/sweep_point.json`` and the shared ``sweep.json`` is left alone.
-      run_fn: runs one resolved config in-process (default ``rl_batch.run.run``).
+      run_fn: runs one resolved config in-process (default ``rl_batch.runs.run.run``).
       log: where progress lines go.
       processes: this process's place, if the caller has already joined
         (``join_processes``); else this joins first.
@@ -666,7 +666,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     save(sweep_path, record)
 
     if run_fn is None and not isolate:
-        from rl_batch import run as run_lib  # Imported late: analysis-only users skip jax.
+        from rl_batch.runs import run as run_lib  # Imported late: analysis-only users skip jax.
 
         run_fn = run_lib.run
 

@@ -38,9 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
-from rl_batch import partial_rollout
-from rl_batch import rollout as rollout_lib
-from rl_batch.sampler import Sampler, SamplingConfig
+from rl_batch.rollout import groups as rollout_lib
+from rl_batch.rollout import partial as partial_rollout
+from rl_batch.rollout.sampler import Sampler, SamplingConfig
 
 
 class Job(NamedTuple):

@@ -11,7 +11,7 @@ A run resumes from its latest checkpoint: the metrics file is cut back to that s
 and, with the same seed, the resumed run reproduces the uninterrupted one (the rng of
 every rollout is derived from the seed and the rollout index, the data order from the
 seed; the rollouts in flight or carried at a save are part of the checkpoint, see
-``rl_batch.rollout_source``). A run that finishes waits for its batches in flight
+``rl_batch.rollout.sources``). A run that finishes waits for its batches in flight
 (outside training time) so that a longer run can resume from its last checkpoint.
 
 The pieces: ``rollout_source.RolloutSource`` (sync, async or partial rollout behind one
@@ -35,27 +35,19 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
-from rl_batch import (
-    artifacts,
-    distributed,
-    exact_eval,
-    flops,
-    grpo,
-    locks,
-    provenance,
-    rollout_source,
-    sharding,
-    targets,
-    tracking,
-)
-from rl_batch import config as config_lib
-from rl_batch import model as model_lib
-from rl_batch import programs as programs_lib
-from rl_batch import rollout as rollout_lib
-from rl_batch.accounting import Counters, Step, StepAccounting, keep_mask, stuck_error
-from rl_batch.checkpoint import Checkpointer, CheckpointMismatchError
-from rl_batch.learner import Algorithm
-from rl_batch.sampler import Sampler
+from rl_batch import artifacts, distributed, locks, provenance, targets
+from rl_batch.algorithms import exact_eval, grpo
+from rl_batch.algorithms.learner import Algorithm
+from rl_batch.models import flops, sharding
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import groups as rollout_lib
+from rl_batch.rollout import sources as rollout_source
+from rl_batch.rollout.sampler import Sampler
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import programs as programs_lib
+from rl_batch.runs import tracking
+from rl_batch.runs.accounting import Counters, Step, StepAccounting, keep_mask, stuck_error
+from rl_batch.runs.checkpoint import Checkpointer, CheckpointMismatchError
 from rl_batch.tasks.plugin import is_plugin, plugin_splits
 from rl_batch.tasks.tfds_builders import load_split
 
@@ -183,15 +175,15 @@ def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:
     if source == "scratch":
         return model_lib.init_params(model_config, c.seed)
     if source == "pretrain":
-        from rl_batch import pretrain
+        from rl_batch.runs import pretrain
 
         return pretrain.base_params(c)
     if source == "params":  # a base policy file (experiments.pretrain --export)
-        from rl_batch import pretrain
+        from rl_batch.runs import pretrain
 
         return pretrain.load_params_file(c.init.path, model_config)
     if source == "hf":
-        from rl_batch import hf
+        from rl_batch.models import hf
 
         _, params = hf.load_hf_checkpoint(
             c.init.path, dtype=model_config.param_dtype, scan_layers=model_config.scan_layers
@@ -398,7 +390,7 @@ class MetricsLog:
 class Evaluator:
     """Validation, booked into the counters: sampled mean@k on ``eval_prompts`` held-out
     prompts and, with ``eval_metric="p_ref"``, the exact p(reference response) on
-    ``eval_ref_prompts`` of them (``rl_batch.exact_eval``). ``eval_accuracy``, the
+    ``eval_ref_prompts`` of them (``rl_batch.algorithms.exact_eval``). ``eval_accuracy``, the
     validation accuracy that the target and N* are on, is the metric ``eval_metric``
     names (``eval_metric`` in the line); ``eval_mean_at_k`` is always the sampled one."""
 
@@ -563,7 +555,7 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
         data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor, expert=c.mesh.get("expert", 1)
     )
     # (Reused, compiled, from an earlier run of this configuration when the process
-    # keeps programs: ``rl_batch.programs``.)
+    # keeps programs: ``rl_batch.runs.programs``.)
     algo, sampler, scorer = programs_lib.get(
         c,
         lambda: programs_lib.Programs(
@@ -619,7 +611,7 @@ def _compile(s: _Setup, state, counters: Counters) -> float:
     t0 = time.perf_counter()
     matmul_rate = flops.measure_matmul_flops()  # once per process
     if s.sampler.num_compilations and flops.jit_cache_size(algo.update_fn):
-        # Kept programs (``rl_batch.programs``): an earlier run of this configuration in
+        # Kept programs (``rl_batch.runs.programs``): an earlier run of this configuration in
         # this process compiled them, the warm-up rollout's shapes included.
         counters.time_compile_s += time.perf_counter() - t0
         return matmul_rate
@@ -782,7 +774,7 @@ def _write_summary(s: _Setup, counters: Counters, status: str, error: str | None
 def make_algorithm(c: ConfigDict, model_config: model_lib.ModelConfig, mesh) -> Algorithm:
     """The learner of ``c.algo``."""
     if c.algo == "ppo":
-        from rl_batch import ppo
+        from rl_batch.algorithms import ppo
 
         return ppo.PPO(c, model_config, mesh)
     return grpo.GRPO(c, model_config, mesh)

@@ -4,7 +4,7 @@ One module covers the family through config switches: RMSNorm, rotary position
 embeddings (configurable theta), grouped-query attention, optional QK-norm (Qwen3),
 optional QKV bias (Qwen2), SwiGLU MLP, tied or untied embeddings, and an optional
 scalar value head (PPO critics). With ``num_experts > 0`` the MLP of the sparse layers is
-the Qwen3-MoE mixture-of-experts block of ``rl_batch.moe`` (``ModelConfig.is_moe_layer``).
+the Qwen3-MoE mixture-of-experts block of ``rl_batch.models.moe`` (``ModelConfig.is_moe_layer``).
 
 Parameters are exchanged as a *pure* nested dict of arrays (``params``): the learner,
 the optimizer, the sampler, checkpoints and the Hugging Face importer all use that one
@@ -15,7 +15,7 @@ With ``scan_layers`` the blocks' parameters are stored stacked on a leading [L] 
 ``to_layout`` converts a tree between the two layouts (HF import and export map either).
 
 Every parameter carries logical axis names (metadata ``logical_axes``) that
-``rl_batch.sharding`` maps to mesh axes; ``logical_axes(config)`` returns them as a tree
+``rl_batch.models.sharding`` maps to mesh axes; ``logical_axes(config)`` returns them as a tree
 shaped like ``params``.
 
 Shape letters: B batch, T query length, S key/cache length, D model width, N query
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rl_batch import moe as moe_lib
+from rl_batch.models import moe as moe_lib
 
 Params = dict[str, Any]
 # Per-layer KV cache: {"k": [B, K, S, H], "v": [B, K, S, H]} (heads before slots, so
@@ -86,7 +86,7 @@ class ModelConfig:
       attention: attention implementation for multi-token passes (training forward,
         prefill), one of ``ATTENTION_IMPLS``; one-token decode steps always use einsum.
       logits_chunk: response positions whose [B, chunk, V] logits exist at once when
-        log-probs and entropy are computed from hidden states (``rl_batch.logprobs``);
+        log-probs and entropy are computed from hidden states (``rl_batch.models.logprobs``);
         0 = all R positions at once. Memory only: the values are the same.
       scan_layers: store the decoder blocks' parameters stacked on a leading layer
         axis (``params["layers"]`` is one block's tree of [L, ...] arrays, logical axis
@@ -176,7 +176,7 @@ class ModelConfig:
         moe_lib.check_moe_config(self)
         if self.scan_layers and self.num_experts:
             # The scan stacks identical blocks, and the router logits a MoE block sows
-            # (``moe.forward_with_router``) cannot leave a ``lax.scan`` body.
+            # (``forward_with_router``) cannot leave a ``lax.scan`` body.
             raise ValueError(
                 "ModelConfig.scan_layers=True is not supported with a MoE model "
                 f"(num_experts={self.num_experts}); use scan_layers=False"
@@ -253,7 +253,7 @@ def with_memory_defaults(config: ModelConfig) -> ModelConfig:
     """``config`` with ``STUDY_MEMORY`` applied if it has >= 100M parameters (a real
     checkpoint's shape; MoE models keep their per-layer blocks, which a scan cannot
     run); small models keep their settings. Run configs apply this before their
-    ``model.overrides`` (``rl_batch.config.make_model_config``)."""
+    ``model.overrides`` (``rl_batch.runs.config.make_model_config``)."""
     if config.num_params < REAL_MODEL_PARAMS:
         return config
     changes = dict(STUDY_MEMORY)
@@ -660,7 +660,7 @@ class Block(nnx.Module):
         self.attn = Attention(config, rngs=rngs)
         self.post_attn_norm = RMSNorm(config.hidden_size, "embed", config, rngs=rngs)
         if config.is_moe_layer(layer):
-            self.mlp = moe_lib.MoeMLP(config, rngs=rngs)
+            self.mlp = moe_lib.MoeMLP(config, rngs=rngs, param=_param)
         else:
             self.mlp = MLP(config, rngs=rngs)
 
@@ -934,7 +934,7 @@ def forward_hidden(
 ) -> jax.Array:
     """``forward`` without the head: final-normed hidden states [B, T, D] in the compute
     dtype. ``hidden_btd @ lm_head(config, params)`` (in the compute dtype, then float32)
-    are ``forward``'s logits; ``rl_batch.logprobs`` takes it from there in chunks."""
+    are ``forward``'s logits; ``rl_batch.models.logprobs`` takes it from there in chunks."""
     if input_mask_bt is None:
         input_mask_bt = jnp.ones(tokens_bt.shape, bool)
     if positions_bt is None:
@@ -1003,3 +1003,131 @@ def token_logprobs(logits_btv: jax.Array, targets_bt: jax.Array) -> jax.Array:
     """log p(target) per position, [B, T], computed in float32."""
     logp_btv = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
     return jnp.take_along_axis(logp_btv, targets_bt[..., None], axis=-1)[..., 0]
+
+
+# ------------------------------------------------------------------ router outputs (MoE)
+
+
+def _sparse_layers(config: Any) -> list[int]:
+    return [i for i in range(config.num_layers) if config.is_moe_layer(i)]
+
+
+def _call_capturing(config, params, replay_experts_btlk, *args, method="__call__", **kwargs):
+    """Calls the bound model's ``method`` (``__call__`` or ``hidden``) on ``args`` under
+    ``nnx.capture``: (outputs, logits_lte)."""
+    if config.num_experts == 0:
+        raise ValueError("router outputs need a MoE config (num_experts > 0)")
+    module = bind(config, params)
+    sparse = _sparse_layers(config)
+    if replay_experts_btlk is not None:
+        b, t, n_layers, k = replay_experts_btlk.shape
+        if n_layers != len(sparse):
+            raise ValueError(
+                f"replayed experts have {n_layers} layers; the model has {len(sparse)} sparse"
+            )
+        for j, i in enumerate(sparse):
+            experts_tk = replay_experts_btlk[:, :, j].reshape(b * t, k)
+            module.layers[i].mlp.replay = moe_lib.RoutingReplay(experts_tk)
+    fn = module if method == "__call__" else getattr(module, method)
+    out, captured = nnx.capture(fn, nnx.Intermediate)(*args, **kwargs)
+    layers = nnx.to_pure_dict(captured)["layers"]
+    logits_lte = jnp.stack([layers[i]["mlp"]["router_logits"][0] for i in sparse])
+    return out, logits_lte
+
+
+def forward_with_router(
+    config: Any,
+    params: Any,
+    tokens_bt: jax.Array,
+    *,
+    input_mask_bt: jax.Array | None = None,
+    positions_bt: jax.Array | None = None,
+    replay_experts_btlk: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """``model.forward`` that also returns every sparse layer's router logits.
+
+    Args:
+      config: a ``ModelConfig`` with ``num_experts > 0``.
+      params, tokens_bt, input_mask_bt, positions_bt: as for ``model.forward``.
+      replay_experts_btlk: optional [B, T, L, k] expert ids per token and sparse layer
+        to route by instead of the router's top-k (routing replay; negative ids: no
+        record, the router decides).
+
+    Returns:
+      (model output as ``model.forward``, router logits [L, B * T, E] float32 of the L
+      sparse layers in layer order; token b * T + t is row (b, t)).
+    """
+    if input_mask_bt is None:
+        input_mask_bt = jnp.ones(tokens_bt.shape, bool)
+    if positions_bt is None:
+        positions_bt = positions_from_mask(input_mask_bt)
+    (out, _), logits_lte = _call_capturing(
+        config,
+        params,
+        replay_experts_btlk,
+        tokens_bt,
+        positions_bt,
+        causal_mask(input_mask_bt),
+    )
+    return out, logits_lte
+
+
+def forward_hidden_with_router(
+    config: Any,
+    params: Any,
+    tokens_bt: jax.Array,
+    *,
+    input_mask_bt: jax.Array | None = None,
+    positions_bt: jax.Array | None = None,
+    replay_experts_btlk: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """``model.forward_hidden`` that also returns the router logits.
+
+    Arguments as ``forward_with_router``.
+
+    Returns:
+      (final-normed hidden states [B, T, D] in the compute dtype, router logits
+      [L, B * T, E] float32), for ``rl_batch.models.logprobs``' chunked head.
+    """
+    if input_mask_bt is None:
+        input_mask_bt = jnp.ones(tokens_bt.shape, bool)
+    if positions_bt is None:
+        positions_bt = positions_from_mask(input_mask_bt)
+    (hidden_btd, _), logits_lte = _call_capturing(
+        config,
+        params,
+        replay_experts_btlk,
+        tokens_bt,
+        positions_bt,
+        causal_mask(input_mask_bt),
+        method="hidden",
+    )
+    return hidden_btd, logits_lte
+
+
+def forward_with_cache_and_router(
+    config: Any,
+    params: Any,
+    tokens_bt: jax.Array,
+    positions_bt: jax.Array,
+    kv_mask_bs: jax.Array,
+    cache: Any,
+    cache_index: jax.Array | int,
+    *,
+    last_only: bool = False,
+) -> tuple[jax.Array, Any, jax.Array]:
+    """``model.forward_with_cache`` (``last_only`` as there) that also returns the router
+    logits [L, B * T, E] of all T fed tokens."""
+    mask_bts = cache_mask(kv_mask_bs, cache_index, tokens_bt.shape[1])
+    (out, cache), logits_lte = _call_capturing(
+        config,
+        params,
+        None,
+        tokens_bt,
+        positions_bt,
+        mask_bts,
+        cache,
+        cache_index,
+        last_only=last_only,
+    )
+    return out, cache, logits_lte
