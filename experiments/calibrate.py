@@ -28,13 +28,7 @@ def main(argv):
     record = calibrate.calibrate_sweep(
         _SWEEP_DIR.value, rounds=_ROUNDS.value, steps=_STEPS.value, gen_probe=probe
     )
-    for key, v in record["configs"].items():
-        spread = ", ".join(f"{s:.3f}" for s in v["step_s"])
-        print(f"{key:>12}  B={v['batch']:<5d} step {v['step_s_median']:.3f} s  [{spread}]")
-    for c, v in record.get("gen_probe", {}).items():
-        spread = ", ".join(f"{x:.0f}" for x in v["gen_tokens_per_s"])
-        print(f"{'gen@' + c:>12}  generation alone, tokens/s [{spread}]")
-    print(f"load {record['load_start']} -> {record['load_end']}, {record['wall_s']:.0f} s")
+    print(calibrate.describe(record))
 
 
 if __name__ == "__main__":

@@ -62,12 +62,6 @@ _BATCH_SHARDS = flags.DEFINE_integer(
 )
 _BASELINE = flags.DEFINE_bool("baseline", False, "Compile the pre-issue-19 settings.")
 _SKIP_SAMPLER = flags.DEFINE_bool("skip_sampler", False, "Compile the update only.")
-_CHECK_JSON = flags.DEFINE_string(
-    "check_json",
-    None,
-    "A JSON file {run name: resolved run config}: compile each run's own shapes and print "
-    "the runs that do not fit as a JSON list on the last line (used by sweeps).",
-)
 
 
 def _gb(x: float) -> str:
@@ -84,17 +78,8 @@ def main(argv):
     from rl_batch.runs import config as config_lib
     from rl_batch.runs import memory_plan
 
-    if _CHECK_JSON.value:
-        import json
-
-        from ml_collections import ConfigDict
-
-        with open(_CHECK_JSON.value) as f:
-            resolved = {k: ConfigDict(v) for k, v in json.load(f).items()}
-        print(json.dumps(memory_plan.check_run_configs(resolved, _DEVICE_MEMORY.value)))
-        return
     if _CONFIG.value is None:
-        raise app.UsageError("pass --config=... (or --check_json=...)")
+        raise app.UsageError("pass --config=...")
     c = _CONFIG.value
     mc = config_lib.make_model_config(c)
     if _BASELINE.value:

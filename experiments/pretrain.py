@@ -40,12 +40,15 @@ def main(argv):
 
     logging.set_verbosity(logging.WARNING)
 
+    from rl_batch.runs import config as config_lib
+
     config = _CONFIG.value
     config.init.source = "pretrain"  # (this job trains one, whatever the runs start from)
-    directory = pretrain.cache_dir(config)
+    spec = config_lib.resolve(config)
+    directory = pretrain.cache_dir(spec)
     if _FORCE.value and os.path.isdir(directory):
         shutil.rmtree(directory)
-    params = pretrain.base_params(config)
+    params = pretrain.base_params(spec)
     with open(os.path.join(directory, "info.json")) as f:
         info = json.load(f)
     if _EXPORT.value:

@@ -119,7 +119,7 @@ def main(argv, algo: str = "grpo"):
     if f.only is None:  # (the jobs of an array leave the sweep's shared files alone)
         provenance.record_command(
             sweep_dir, sys.argv, started_at, time.perf_counter() - t0, load_start,
-            "failed" if failed else "finished",
+            "failed" if failed else "finished", module=f"experiments.{algo}_sweep",
         )  # fmt: skip
     if f.analyze and f.only is None:
         from rl_batch.analysis import write_all

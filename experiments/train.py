@@ -17,7 +17,6 @@ Multi-process (one command per process; on TPU VMs / SLURM use
 
 import os
 import signal
-import sys
 
 from absl import app, flags, logging
 from ml_collections import ConfigDict
@@ -29,16 +28,13 @@ _CONFIG = cli.define_config(
     "config", configs.path("grpo_cpu.py"), "Run config file.", lock_config=False
 )
 _CONFIG_JSON = flags.DEFINE_string(
-    "config_json", None, "A complete run config as JSON (used by sweeps with --isolate)."
+    "config_json", None, "A run config or a run's config.json (a resolved spec) as JSON."
 )
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the run's latest checkpoint.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", "", "host:port of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes of a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index.")
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress bar.")
-_SERVE = flags.DEFINE_bool(
-    "serve", False, "Run the points a sweep sends on stdin, one after another (sweep.Worker)."
-)
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the config (after overrides) and exit."
 )
@@ -51,23 +47,8 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def serve() -> None:
-    """``--serve``: a sweep's worker (``rl_batch.sweeps.sweep.serve_points``)."""
-    from rl_batch import locks
-    from rl_batch.sweeps import sweep  # After flag parsing: jax reads XLA_FLAGS at import.
-
-    logging.set_verbosity(logging.WARNING)
-    signal.signal(signal.SIGTERM, _interrupt)
-    locks.die_with_parent()
-    replies = os.fdopen(os.dup(1), "w")  # the protocol; stray output goes to stderr
-    os.dup2(2, 1)
-    sweep.serve_points(sys.stdin, replies)
-
-
 def main(argv):
     del argv
-    if _SERVE.value:
-        return serve()
     if _CONFIG_JSON.value:
         config = ConfigDict(artifacts.read_json(_CONFIG_JSON.value))
     else:
@@ -90,8 +71,10 @@ def main(argv):
             f"{config.run_dir} already holds checkpoints: pass --resume to continue it, "
             "or choose a new --config.run_dir"
         )
+    # After flag parsing: jax reads XLA_FLAGS at import.
     from rl_batch import locks
-    from rl_batch.runs import run  # After flag parsing: jax reads XLA_FLAGS at import.
+    from rl_batch.runs import config as config_lib
+    from rl_batch.runs import run
 
     logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO.
     # SIGTERM (a scheduler's stop, a sweep parent passing its own on) stops the run as
@@ -100,7 +83,8 @@ def main(argv):
     locks.die_with_parent()  # a sweep's --isolate child stops with its parent
 
     try:
-        summary = run.run(config, resume=_RESUME.value, progress=not _QUIET.value)
+        spec = config_lib.load_spec(config.to_dict())  # (the run's one resolution)
+        summary = run.run(spec, resume=_RESUME.value, progress=not _QUIET.value)
     except artifacts.DiskFullError as e:
         # One line, not a traceback: the directory, and that --resume continues the run.
         raise SystemExit(f"error: {e}") from None

@@ -55,12 +55,12 @@ def main(argv):
     c = _CONFIG.value
     if "sweep" in c:
         del c["sweep"]
-    c = config_lib.resolve(c)
+    spec = config_lib.resolve(c)
+    c, model_config = spec.config, spec.model
     tokenizer = config_lib.make_tokenizer(c)
-    model_config = config_lib.make_model_config(c)
-    _, val = run.load_task_data(c, tokenizer)
+    _, val = run.load_task_data(spec, tokenizer)
     examples = [val[i] for i in range(len(val))]
-    params = run.initial_params(c, model_config)
+    params = run.initial_params(spec)
     scorer = exact_eval.ReferenceScorer(
         model_config, tokenizer, examples, temperature=c.sampling.temperature
     )

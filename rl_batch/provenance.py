@@ -173,10 +173,13 @@ def record_command(
     wall_s: float,
     load_start: list[float] | None,
     status: str,
+    module: str | None = None,
 ) -> None:
-    """Appends one invocation of a sweep program to ``<sweep_dir>/commands.jsonl``."""
+    """Appends one invocation of a sweep program (``module``: its ``python -m`` name) to
+    ``<sweep_dir>/commands.jsonl``."""
     record = {
         "argv": list(argv),
+        "module": module,
         "started_at": started_at,
         "ended_at": now(),
         "wall_s": round(wall_s, 1),
@@ -203,8 +206,9 @@ def describe_last_command(sweep_dir: str) -> tuple[str, str]:
         return "(not recorded)", "wall time not recorded"
     c = done[-1]
     argv = list(c["argv"])
-    module = os.path.splitext(os.path.basename(argv[0]))[0] if argv else "grpo_sweep"
-    cmd = shlex.join(["python", "-m", f"experiments.{module}", *argv[1:]])
+    # (A record without ``module``: the program as it was started.)
+    head = ["python", "-m", c["module"]] if c.get("module") else ["python", *argv[:1]]
+    cmd = shlex.join([*head, *argv[1:]])
     load = "/".join(f"{x[0]:.1f}" for x in (c.get("load_start"), c.get("load_end")) if x)
     when = f"{c['wall_s'] / 60:.1f} min wall, started {c['started_at']}"
     return cmd, f"{when}; host load (1 min) at start/end {load}"

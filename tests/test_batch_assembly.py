@@ -8,12 +8,12 @@ import jax
 import numpy as np
 import pytest
 
-from rl_batch.algorithms import grpo, ppo
 from rl_batch.models import sharding
 from rl_batch.rollout.groups import Rollout
 from rl_batch.rollout.sampler import SampleOutput
 from rl_batch.runs import accounting
 from rl_batch.runs import config as config_lib
+from rl_batch.runs import run as run_lib
 from tests.run_fixtures import tiny_run_config
 
 P, G, PL, R = 3, 2, 3, 4
@@ -58,7 +58,7 @@ def _config(tmp_path, **changes):
 
 def test_grpo_batch_signs_row_order_and_dropped_groups(tmp_path, mesh):
     c = _config(tmp_path, filter_groups=True)
-    algo = grpo.GRPO(c, config_lib.make_model_config(c), mesh)
+    algo = run_lib.make_algorithm(c, mesh)
     # Prompt 0: the first response is right; prompt 1: none (filtered); prompt 2: the second.
     ro = _rollout([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
     keep_p = accounting.keep_mask(ro, algo.filter_groups)
@@ -71,7 +71,7 @@ def test_grpo_batch_signs_row_order_and_dropped_groups(tmp_path, mesh):
     # Rows are prompt-major and keep the rollout's tokens and log-probs.
     np.testing.assert_array_equal(np.asarray(batch.prompt_tokens)[:, -1], [1, 1, 2, 2, 3, 3])
     # Prompts left-padded (masked) to the run's longest: one update shape every step.
-    width = c.derived.max_prompt_len
+    width = c.max_prompt_len
     assert batch.prompt_tokens.shape == (P * G, width) and width > PL
     np.testing.assert_array_equal(
         np.asarray(batch.prompt_mask), np.arange(width)[None, :].repeat(P * G, 0) >= width - PL
@@ -93,7 +93,7 @@ def test_partial_rollout_trains_only_finished_groups():
 
 def test_ppo_batch_rewards_per_sequence(tmp_path, mesh):
     c = _config(tmp_path, algo="ppo")
-    algo = ppo.PPO(c, config_lib.make_model_config(c), mesh)
+    algo = run_lib.make_algorithm(c, mesh)
     ro = _rollout([[1.0, 0.0], [0.5, 0.0], [0.0, 1.0]])
     keep_p = np.array([True, False, True])
     batch = algo.make_batch(ro, keep_p)

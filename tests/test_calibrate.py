@@ -11,6 +11,7 @@ from experiments.configs import base
 from rl_batch import artifacts
 from rl_batch.analysis import curves
 from rl_batch.analysis import time_to_target as ttt
+from rl_batch.runs import config as config_lib
 from rl_batch.sweeps import calibrate, sweep
 
 
@@ -18,8 +19,8 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     calls = []
 
     class FakeStepper:
-        def __init__(self, c, generate_only=False):
-            self.key = c.name
+        def __init__(self, spec, generate_only=False):
+            self.key = spec.inputs.name
 
         def step(self):
             calls.append(self.key)
@@ -31,7 +32,8 @@ def test_rounds_interleave_and_rotate(monkeypatch):
 
     monkeypatch.setattr(calibrate, "_Stepper", FakeStepper)
     configs = {
-        k: tiny_run_config("/unused", name=k, prompts=p) for k, p in (("a", 2), ("b", 4), ("c", 8))
+        k: config_lib.resolve(tiny_run_config("/unused", "/unused", name=k, prompts=p), 1)
+        for k, p in (("a", 2), ("b", 4), ("c", 8))
     }
     record = calibrate.calibrate(configs, rounds=3, steps=2, log_fn=lambda s: None)
     warm, timed = calls[:3], calls[3:]
@@ -61,20 +63,24 @@ def test_generation_probes_join_the_rotation(monkeypatch):
     calls = []
 
     class FakeStepper:
-        def __init__(self, c, generate_only=False):
-            self.c, self.generate_only = c, generate_only
-            self.key = f"gen{c.prompts * c.group_size}" if generate_only else c.name
+        def __init__(self, spec, generate_only=False):
+            self.spec, self.generate_only = spec, generate_only
+            self.key = f"gen{spec.batch}" if generate_only else spec.inputs.name
 
         def step(self):
             calls.append(self.key)
-            seqs = self.c.prompts * self.c.group_size
+            seqs = self.spec.batch
             return calibrate.StepTime(1.0, 0.5, 10 * seqs)  # 20 tokens/s per sequence
 
         def close(self):
             pass
 
     monkeypatch.setattr(calibrate, "_Stepper", FakeStepper)
-    configs = {"a": tiny_run_config("/unused", name="a", prompts=2, group_size=4)}
+    configs = {
+        "a": config_lib.resolve(
+            tiny_run_config("/unused", "/unused", name="a", prompts=2, group_size=4), 1
+        )
+    }
     record = calibrate.calibrate(configs, rounds=2, steps=1, gen_probe=(16, 32), log_fn=print)
     assert calls == ["a", "gen16", "gen32"] + ["a", "gen16", "gen32"] + ["gen16", "gen32", "a"]
     probe = record["gen_probe"]

@@ -39,8 +39,9 @@ def _sweep_config(work_dir, reference=CONFIGURED):
     return c
 
 
-def _synthetic_run(config):
+def _synthetic_run(spec):
     """Stands in for rl_batch.runs.run.run: metrics with a known time to target."""
+    config = spec.inputs
     point_key = f"{config.prompts}x{config.group_size}:{config.lr_rule}"
     af.write_run(
         config.run_dir,
@@ -50,7 +51,7 @@ def _synthetic_run(config):
         seed=config.seed,
         tau=af.TAU0 * TAU_MULT[point_key] * af.SEED_TAU_FACTORS[config.seed],
     )
-    artifacts.write_json_atomic(os.path.join(config.run_dir, "config.json"), config.to_dict())
+    artifacts.write_json_atomic(os.path.join(config.run_dir, "config.json"), spec.to_json())
     return {"status": "finished"}
 
 

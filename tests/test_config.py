@@ -1,5 +1,6 @@
 """Run-config validation: one clear error per bad field, derived values computed once."""
 
+import dataclasses
 import json
 import math
 import re
@@ -22,22 +23,22 @@ def _config(**changes):
 def test_sqrt_rule_derives_the_lr():
     c = config_lib.resolve(_config(prompts=32, group_size=8, lr_ref=1e-4, batch_ref=64), 1)
     # B = 256 = 4 x B_ref, so lr = 1e-4 * sqrt(4) = 2e-4.
-    assert math.isclose(c.derived.lr, 2e-4)
-    assert c.lr is None  # the input: unset
-    assert c.derived.batch == 256
-    assert "sqrt" in c.derived.lr_arithmetic
+    assert math.isclose(c.optimizer.lr, 2e-4)
+    assert c.inputs.lr is None  # the input: unset
+    assert c.batch == 256
+    assert "sqrt" in c.lr_arithmetic
 
 
 def test_fixed_rule_keeps_the_reference_lr():
     c = config_lib.resolve(_config(prompts=32, lr_rule="fixed", lr_ref=1e-4, batch_ref=64), 1)
-    assert math.isclose(c.derived.lr, 1e-4)
+    assert math.isclose(c.optimizer.lr, 1e-4)
 
 
 def test_explicit_lr_overrides_the_rule():
     c = config_lib.resolve(_config(lr=3e-4, lr_rule="malladi", prompts=32, group_size=8), 1)
-    assert c.lr == c.derived.lr == 3e-4
+    assert c.inputs.lr == c.optimizer.lr == 3e-4
     # A fixed LR trains with the Adam settings as given (the rule rescales none of them).
-    assert (c.derived.b1, c.derived.b2, c.derived.eps) == (0.9, 0.999, 1e-8)
+    assert (c.optimizer.b1, c.optimizer.b2, c.optimizer.eps) == (0.9, 0.999, 1e-8)
 
 
 # A batch of 256 responses, twice the base config's batch_ref of 128 (k = 2).
@@ -47,9 +48,9 @@ BATCH_256 = {
 }
 
 
-def _resolve_again(c):
-    """What a sweep point meets: its resolved config, through JSON, resolved again."""
-    return config_lib.resolve(ConfigDict(json.loads(json.dumps(c.to_dict()))), 1)
+def _resolve_again(spec):
+    """A run's config.json resolved anew (its derived section ignored)."""
+    return config_lib.resolve(ConfigDict(json.loads(json.dumps(spec.to_json()))), 1)
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
@@ -58,16 +59,17 @@ def test_malladi_rule_scales_adam_once_however_often_resolved(algo):
     twice = _resolve_again(once)
     # k = 2: lr = 5e-5 * sqrt(2), 1 - b -> 2 (1 - b), eps -> 1e-8 / sqrt(2).
     for c in (once, twice, _resolve_again(twice)):
-        d = c.derived
+        d = c.optimizer
         assert d.lr == pytest.approx(5e-5 * math.sqrt(2))
         assert (d.b1, d.b2, d.eps) == pytest.approx((0.8, 0.998, 1e-8 / math.sqrt(2)))
-        assert (c.lr, c.b1, c.b2, c.eps) == (None, 0.9, 0.999, 1e-8)  # the inputs
-        assert "b1 = 1 - k * (1 - 0.9) = 1 - 2 * 0.1 = 0.8" in c.derived.lr_arithmetic
-        assert "b2 = 1 - k * (1 - 0.999) = 1 - 2 * 0.001 = 0.998" in c.derived.lr_arithmetic
+        i = c.inputs
+        assert (i.lr, i.b1, i.b2, i.eps) == (None, 0.9, 0.999, 1e-8)  # the inputs
+        assert "b1 = 1 - k * (1 - 0.9) = 1 - 2 * 0.1 = 0.8" in c.lr_arithmetic
+        assert "b2 = 1 - k * (1 - 0.999) = 1 - 2 * 0.001 = 0.998" in c.lr_arithmetic
         if algo == "ppo":  # the critic's rule starts from the reference betas too
-            critic = c.derived.critic
-            assert c.derived.critic_lr == pytest.approx(1e-3 * math.sqrt(2))
-            assert c.ppo.critic_lr is None
+            critic = c.critic_rule
+            assert c.critic_optimizer.lr == pytest.approx(1e-3 * math.sqrt(2))
+            assert c.inputs.ppo.critic_lr is None
             assert (critic.ref_b1, critic.ref_b2, critic.ref_eps) == (0.9, 0.999, 1e-8)
             assert (critic.b1, critic.b2) == pytest.approx((0.8, 0.998))
             assert critic.eps == pytest.approx(1e-8 / math.sqrt(2))
@@ -78,8 +80,9 @@ def test_malladi_rule_scales_adam_once_however_often_resolved(algo):
 @pytest.mark.parametrize("fixed", [{}, {"lr": 3e-4, "ppo.critic_lr": 2e-3}])
 def test_resolve_is_idempotent(rule, algo, fixed):
     once = config_lib.resolve(_config(lr_rule=rule, **BATCH_256[algo], **fixed), 1)
-    assert _resolve_again(once).to_dict() == once.to_dict()
-    assert config_lib.resolve(once, 1).to_dict() == once.to_dict()
+    assert _resolve_again(once).to_json() == once.to_json()
+    # A run's config.json reads back as the spec that wrote it, without resolving.
+    assert config_lib.load_spec(json.loads(json.dumps(once.to_json()))) == once
 
 
 @pytest.mark.parametrize("rule", lr_rules.RULES)
@@ -90,28 +93,40 @@ def test_resolve_is_idempotent(rule, algo, fixed):
 )
 def test_resolve_leaves_every_input_as_given(rule, algo, changes):
     given = _config(lr_rule=rule, **BATCH_256[algo], **changes)
-    resolved = config_lib.resolve(given, 1).to_dict()
+    resolved = config_lib.resolve(given, 1).to_json()
     derived = resolved.pop("derived")
-    assert resolved == given.to_dict()
+    assert resolved == json.loads(json.dumps(given.to_dict()))
     assert derived["lr"] > 0 and derived["micro_batches"] >= 1
 
 
 def test_derived_micro_batches_come_from_the_memory_budget():
     c = config_lib.resolve(_config(prompts=32, group_size=8, **{"grpo.micro_batch_seqs": 64}), 1)
-    assert c.derived.micro_batches == 256 // 64 and c.grpo.micro_batches == 1  # the input
-    assert config_lib.resolve(_config(**{"grpo.micro_batches": 2}), 1).derived.micro_batches == 2
+    assert c.micro_batches == 256 // 64 and c.inputs.grpo.micro_batches == 1  # the input
+    assert config_lib.resolve(_config(**{"grpo.micro_batches": 2}), 1).micro_batches == 2
 
 
 def test_resolve_recomputes_an_input_derived_section():
-    once = config_lib.resolve(_config(), 1)
-    once.derived.lr = 123.0  # stale: resolve does not read it
-    assert config_lib.resolve(once, 1).derived.lr == pytest.approx(5e-5)
+    stale = config_lib.resolve(_config(), 1).to_json()
+    stale["derived"]["lr"] = 123.0  # stale: resolve does not read it
+    assert config_lib.resolve(ConfigDict(stale), 1).optimizer.lr == pytest.approx(5e-5)
+
+
+def test_a_spec_is_frozen_and_reads_back_from_its_json():
+    spec = config_lib.resolve(_config(**BATCH_256["ppo"]), 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.batch = 1
+    with pytest.raises(AttributeError):
+        spec.inputs.prompts = 1
+    back = config_lib.load_spec(json.loads(json.dumps(spec.to_json())))
+    assert back == spec and back.algorithm == spec.algorithm and back.model == spec.model
+    assert spec.config.derived.lr == spec.optimizer.lr  # the read-only view of the JSON
 
 
 def test_a_field_changed_after_resolve_is_the_new_input():
     once = config_lib.resolve(_config(lr_rule="malladi", prompts=32, group_size=8), 1)
-    once.b1, once.prompts = 0.95, 64  # B = 512: k = 4
-    again = config_lib.resolve(once, 1).derived
+    changed = ConfigDict(once.to_json())
+    changed.b1, changed.prompts = 0.95, 64  # B = 512: k = 4
+    again = config_lib.resolve(changed, 1).optimizer
     assert again.lr == pytest.approx(5e-5 * 2)  # re-derived, not kept from k = 2
     assert again.b1 == pytest.approx(1 - 4 * 0.05)  # from the new reference b1
     assert again.b2 == pytest.approx(1 - 4 * 0.001)  # the original reference b2
@@ -121,8 +136,8 @@ def test_response_length_comes_from_the_task():
     c = config_lib.resolve(_config(), 1)
     # 3-digit addition: "abc+def=" (8 chars) + BOS. Scratchpad response: three column
     # steps "a+b+c=cs" (8 chars) joined by 2 commas, ">" and 4 answer digits = 31, + EOS.
-    assert c.derived.max_prompt_len == 9
-    assert c.derived.max_new_tokens == 32
+    assert c.max_prompt_len == 9
+    assert c.max_new_tokens == 32
 
 
 @pytest.mark.parametrize(
@@ -228,7 +243,7 @@ def test_a_rule_between_grpo_fields_is_judged_on_the_configured_values():
     # GSPO needs the sequence-mean aggregation: configured together they resolve; each
     # field used to be checked beside the other's default and GSPO could not be set.
     gspo = {"grpo.policy_loss": "gspo", "grpo.loss_agg": "seq_mean_token_mean"}
-    assert config_lib.resolve(_config(**gspo), 1).grpo.policy_loss == "gspo"
+    assert config_lib.resolve(_config(**gspo), 1).algorithm.policy_loss == "gspo"
     with pytest.raises(ValueError) as e:
         config_lib.resolve(_config(**{"grpo.policy_loss": "gspo"}), 1)
     assert str(e.value) == (
@@ -251,7 +266,7 @@ def test_default_study_config_resolves():
     c = grpo_cpu.get_config()
     del c["sweep"]
     c.run_dir = "/tmp/unused"
-    assert config_lib.resolve(c, 1).derived.lr > 0
+    assert config_lib.resolve(c, 1).optimizer.lr > 0
 
 
 @pytest.mark.parametrize("name", ["grpo_cpu", "ppo_cpu", "grpo_gpu", "grpo_tpu"])
@@ -262,17 +277,17 @@ def test_every_study_grid_resolves(name, tmp_path):
 
     config = importlib.import_module(f"experiments.configs.{name}").get_config()
     points, resolved = sweep.plan(config, str(tmp_path))
-    assert points and all(r.derived.lr > 0 and r.lr is None for r in resolved.values())
+    assert points and all(r.optimizer.lr > 0 and r.inputs.lr is None for r in resolved.values())
 
 
 def test_resume_compares_a_run_dirs_config_json_with_the_new_resolved_config():
     def resolved(devices=1, **changes):
-        return config_lib.resolve(_config(lr_rule="malladi", **changes), devices).to_dict()
+        return config_lib.resolve(_config(lr_rule="malladi", **changes), devices).to_json()
 
     saved = json.loads(json.dumps(resolved()))  # a run dir's config.json
     assert config_lib.resume_diffs(saved, resolved()) == []
     # Its own config.json resolved again (experiments.train --config_json) resumes too.
-    assert config_lib.resume_diffs(saved, config_lib.resolve(ConfigDict(saved), 1).to_dict()) == []
+    assert config_lib.resume_diffs(saved, config_lib.resolve(ConfigDict(saved), 1).to_json()) == []
     # More devices (derived.device_count may differ) resume ...
     assert config_lib.resume_diffs(saved, resolved(devices=2)) == []
     # ... a new lr_ref does not, and the effective LR it changes is named too.
@@ -281,14 +296,14 @@ def test_resume_compares_a_run_dirs_config_json_with_the_new_resolved_config():
 
 
 def test_a_run_dir_from_before_a_field_existed_resumes_when_the_field_keeps_its_default():
-    new = config_lib.resolve(_config(), 1).to_dict()
+    new = config_lib.resolve(_config(), 1).to_json()
     old = json.loads(json.dumps(new))
     for key in ("chat_template_kwargs", "eval_fraction", "split_seed", "system_prompt"):
         del old["task"][key]
     del old["tracking"], old["log_generations"]
     assert config_lib.resume_diffs(old, new) == []
     # A new value of such a field does not resume ...
-    changed = config_lib.resolve(_config(**{"task.split_seed": 2}), 1).to_dict()
+    changed = config_lib.resolve(_config(**{"task.split_seed": 2}), 1).to_json()
     assert config_lib.resume_diffs(old, changed) == ["task.split_seed: 0 -> 2"]
     # ... and a math run (validation unshuffled before split_seed) does not either.
     old["task"]["name"] = new["task"]["name"] = "math"

@@ -340,7 +340,7 @@ def test_non_finite_updates_are_skipped_then_stop_the_run_with_a_checkpoint(
     # The stop left a checkpoint; the skipped updates did not touch the parameters.
     ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
     assert ckpt.all_steps() == [4, 7]
-    like = model_lib.abstract_params(config_lib.make_model_config(config_lib.resolve(config, 1)))
+    like = model_lib.abstract_params(config_lib.resolve(config, 1).model)
     before, after = ckpt.restore_params(like, step=4), ckpt.restore_params(like, step=7)
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

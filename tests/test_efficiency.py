@@ -47,13 +47,13 @@ def test_a_run_logs_throughput_and_compiles_only_before_its_first_step(work_dir,
 
 
 def _tiny_parts(work_dir):
-    c = config_lib.resolve(tiny_run_config(work_dir, "unused"))
-    tokenizer = config_lib.make_tokenizer(c)
-    model_config = config_lib.make_model_config(c)
-    train, _ = run_lib.load_task_data(c, tokenizer)
-    sampler = config_lib.make_sampler(c, tokenizer, model_config)
+    spec = config_lib.resolve(tiny_run_config(work_dir, "unused"))
+    tokenizer = config_lib.make_tokenizer(spec.config)
+    model_config = spec.model
+    train, _ = run_lib.load_task_data(spec, tokenizer)
+    sampler = config_lib.make_sampler(spec, tokenizer)
     params = model_lib.init_params(model_config, 0)
-    return c, tokenizer, model_config, train, sampler, params
+    return spec.config, tokenizer, model_config, train, sampler, params
 
 
 def test_chunked_rollout_returns_every_response_and_counts(work_dir):

@@ -330,6 +330,8 @@ def test_micro_batches_from_a_sequence_budget():
 
 
 def test_resolve_derives_micro_batches_from_micro_batch_seqs():
+    from ml_collections import ConfigDict
+
     from experiments.configs import base
     from rl_batch.runs import config as config_lib
 
@@ -339,9 +341,9 @@ def test_resolve_derives_micro_batches_from_micro_batch_seqs():
     c.grpo.micro_batches = 16  # the input; the budget wins
     c.grpo.micro_batch_seqs = 32
     once = config_lib.resolve(c, 1)
-    assert once.derived.micro_batches == 128 // 32
-    assert once.grpo.micro_batches == 16  # the input is kept
-    assert config_lib.resolve(once, 1).to_dict() == once.to_dict()  # idempotent
+    assert once.micro_batches == 128 // 32
+    assert once.inputs.grpo.micro_batches == 16  # the input is kept
+    assert config_lib.resolve(ConfigDict(once.to_json()), 1) == once  # idempotent
     c.grpo.micro_batch_seqs = 1
     with pytest.raises(ValueError, match="grpo.micro_batch_seqs=1: no micro-batch count"):
         config_lib.resolve(c, 2)  # pieces of 1 sequence cannot split over 2 devices

@@ -122,8 +122,8 @@ def test_run_config_checks_the_expert_axis():
     from rl_batch.runs import config as config_lib
 
     resolved = config_lib.resolve(_run_config(**{"mesh.expert": 4}), 8)
-    assert resolved.mesh.expert == 4
-    assert config_lib.data_axis_size(resolved, 8) == 8  # data 2 x expert 4 split the batch
+    assert resolved.inputs.mesh.expert == 4
+    assert config_lib.data_axis_size(resolved.inputs, 8) == 8  # data 2 x expert 4 split the batch
     with pytest.raises(ValueError, match=re.escape("mesh.expert=3: must be a positive int divid")):
         config_lib.resolve(_run_config(**{"mesh.expert": 3, "mesh.data": 1}), 3)
     with pytest.raises(

@@ -7,6 +7,7 @@ import pytest
 from rl_batch import artifacts
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import partial as partial_rollout
+from rl_batch.rollout import sources as rollout_source
 from rl_batch.rollout.sampler import Sampler, SamplingConfig
 from rl_batch.runs import run as run_lib
 from rl_batch.tasks import get_task
@@ -132,7 +133,7 @@ def test_run_counts_each_generated_token_once(tmp_path, monkeypatch):
     # continues them (32 more tokens) and trains on them. 64 responses: 4 updates, 8
     # iterations, 256 tokens: each update generated 32 (not the 64 its batch holds).
     c = config_lib.resolve(config)
-    assert (c.derived.max_new_tokens, len(updates)) == (4, 4)
+    assert (c.max_new_tokens, len(updates)) == (4, 4)
     for u in updates:
         assert (u["gen_tokens"], u["batch_generated"], u["response_len_mean"]) == (32, 16, 4.0)
 
@@ -140,9 +141,11 @@ def test_run_counts_each_generated_token_once(tmp_path, monkeypatch):
     train, _ = run_lib.load_task_data(c, _NoEosTokenizer())
     lengths = [
         [len(encode_prompt(TOKENIZER, train[int(i)]["prompt"])) for i in order]
-        for order in (run_lib._training_order(len(train), c.seed, 4 * k, 4) for k in range(4))
+        for order in (
+            rollout_source.training_order(len(train), c.inputs.seed, 4 * k, 4) for k in range(4)
+        )
     ]
-    max_prompt = c.derived.max_prompt_len + 4  # the partial sampler's largest prompt bucket
+    max_prompt = c.max_prompt_len + 4  # the partial sampler's largest prompt bucket
 
     def iteration(prompt_lens, carried):
         """(prompt bucket, generation FLOPs) of 16 rows carrying ``carried`` tokens each."""

@@ -54,11 +54,12 @@ def plugin_config(tmp_path, **changes):
 
 
 def test_the_task_class_is_built_with_its_knobs_and_draws_its_splits(tmp_path):
-    c = config_lib.resolve(plugin_config(tmp_path), device_count=1)
+    spec = config_lib.resolve(plugin_config(tmp_path), device_count=1)
+    c = spec.config
     task = config_lib.make_task(c)
     assert isinstance(task, ReverseTask) and task.n_digits == 3
-    assert c.derived.max_prompt_len == 3 + 1 + 1  # + BOS
-    assert c.derived.max_new_tokens == 3 + 1  # + EOS
+    assert spec.max_prompt_len == 3 + 1 + 1  # + BOS
+    assert spec.max_new_tokens == 3 + 1  # + EOS
     train, val = plugin.plugin_splits(task, c)
     assert (len(train), len(val)) == (256, 32)
     val_prompts = {ex["prompt"] for ex in val}
@@ -68,7 +69,7 @@ def test_the_task_class_is_built_with_its_knobs_and_draws_its_splits(tmp_path):
         assert ex["answer"] == ex["prompt"][:-1][::-1]
     again, _ = plugin.plugin_splits(task, c)  # seeded by task.split_seed
     assert again.get_batch(range(4)) == train.get_batch(range(4))
-    assert pretrain.cache_key(c).startswith("test_plugin_task_ReverseTask-")
+    assert pretrain.cache_key(spec).startswith("test_plugin_task_ReverseTask-")
 
 
 def test_a_file_spec_loads_the_class(tmp_path):
@@ -118,6 +119,6 @@ def test_the_warm_start_trains_on_the_users_task(tmp_path):
     c = plugin_config(tmp_path, **{"init.source": "pretrain"})
     c.pretrain.steps, c.pretrain.eval_every, c.pretrain.eval_prompts = 4, 2, 8
     c.pretrain.warmup_steps, c.pretrain.stop_accuracy = 1, 1.1  # (every step runs)
-    _, info = pretrain.train_base(c, progress=False)
+    _, info = pretrain.train_base(config_lib.resolve(c), progress=False)
     assert info["steps"] == 4 and [e[0] for e in info["evals"]] == [2, 4]
     assert all(np.isfinite(loss) for _, loss in info["losses"])

@@ -298,13 +298,13 @@ def ppo_run_config(**changes):
 def test_resolve_derives_the_critic_lr():
     c = config_lib.resolve(ppo_run_config(**{"ppo.critic_batch_scale": 8}), device_count=1)
     # Actor: 1.5e-4 * sqrt(32 / 64); critic: its own 1e-3 at k x B = 8 x 32 = 256.
-    assert c.derived.lr == pytest.approx(1.5e-4 * np.sqrt(0.5))
-    assert c.derived.critic_lr == pytest.approx(1e-3 * 2.0) and c.ppo.critic_lr is None
-    assert c.derived.critic["batch"] == 256 and c.derived.critic["rule"] == "sqrt"
+    assert c.optimizer.lr == pytest.approx(1.5e-4 * np.sqrt(0.5))
+    assert c.critic_optimizer.lr == pytest.approx(1e-3 * 2.0) and c.inputs.ppo.critic_lr is None
+    assert c.critic_rule.batch == 256 and c.critic_rule.rule == "sqrt"
     fixed = config_lib.resolve(ppo_run_config(**{"ppo.critic_lr_rule": "fixed"}), 1)
-    assert fixed.derived.critic_lr == pytest.approx(1e-3)
+    assert fixed.critic_optimizer.lr == pytest.approx(1e-3)
     given = config_lib.resolve(ppo_run_config(**{"ppo.critic_lr": 5e-4}), 1)
-    assert given.derived.critic_lr == given.ppo.critic_lr == 5e-4
+    assert given.critic_optimizer.lr == given.inputs.ppo.critic_lr == 5e-4
 
 
 def test_resolve_rejects_bad_ppo_fields():

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from rl_batch.runs import config as config_lib
 from rl_batch.runs import pretrain
 from rl_batch.tokenizers import CharTokenizer
 from tests.run_fixtures import tiny_run_config
@@ -26,6 +27,10 @@ def test_sequences_and_loss_mask_by_hand():
     assert np.flatnonzero(loss_mask[1]).tolist() == [4, 5, 6]  # "8", "1", EOS
 
 
+def _spec(c):
+    return config_lib.resolve(c, 1)
+
+
 def pretrain_config(tmp_path, **pretrain_changes):
     c = tiny_run_config(str(tmp_path / "work"), **{"init.source": "pretrain"})
     c.pretrain.steps = 6
@@ -38,12 +43,16 @@ def pretrain_config(tmp_path, **pretrain_changes):
 
 
 def test_training_stops_at_the_first_eval_that_reaches_stop_accuracy(tmp_path):
-    _, info = pretrain.train_base(pretrain_config(tmp_path, stop_accuracy=0.0), progress=False)
+    _, info = pretrain.train_base(
+        _spec(pretrain_config(tmp_path, stop_accuracy=0.0)), progress=False
+    )
     assert info["steps"] == 2 and [e[0] for e in info["evals"]] == [2]
 
 
 def test_unreachable_stop_accuracy_runs_every_step(tmp_path):
-    _, info = pretrain.train_base(pretrain_config(tmp_path, stop_accuracy=1.1), progress=False)
+    _, info = pretrain.train_base(
+        _spec(pretrain_config(tmp_path, stop_accuracy=1.1)), progress=False
+    )
     assert info["steps"] == 6
     assert [e[0] for e in info["evals"]] == [2, 4, 6]
     assert [step for step, _ in info["losses"]] == [2, 4, 6]
@@ -52,7 +61,7 @@ def test_unreachable_stop_accuracy_runs_every_step(tmp_path):
 
 
 def test_base_params_are_trained_once_then_read_from_the_cache(tmp_path, monkeypatch):
-    c = pretrain_config(tmp_path, stop_accuracy=0.0)
+    c = _spec(pretrain_config(tmp_path, stop_accuracy=0.0))
     first = pretrain.base_params(c, progress=False)
     directory = pretrain.cache_dir(c)
     with open(os.path.join(directory, "info.json")) as f:
@@ -72,20 +81,19 @@ def test_base_params_are_trained_once_then_read_from_the_cache(tmp_path, monkeyp
 )
 def test_cache_key_follows_what_determines_the_base_policy(tmp_path, change):
     c = pretrain_config(tmp_path)
-    key = pretrain.cache_key(c)
+    key = pretrain.cache_key(_spec(c))
     section, field, value = change
     c[section][field] = value
-    assert pretrain.cache_key(c) != key
+    assert pretrain.cache_key(_spec(c)) != key
 
 
 def test_params_file_round_trip_and_a_run_starts_from_it(tmp_path):
     """``init.source="params"`` starts a run from the policy in a written file."""
-    from rl_batch.runs import config as config_lib
     from rl_batch.runs import run as run_lib
     from tests.run_fixtures import numpy_params
 
     c = tiny_run_config(str(tmp_path / "work"))
-    model_config = config_lib.make_model_config(config_lib.resolve(c))
+    model_config = config_lib.resolve(c).model
     params = numpy_params(model_config, seed=7)
     path = str(tmp_path / "base.npz")
     pretrain.write_params_file(path, params)
@@ -95,27 +103,25 @@ def test_params_file_round_trip_and_a_run_starts_from_it(tmp_path):
 
     c.init.source, c.init.path = "params", path
     c.run_dir = str(tmp_path / "run")
-    start = run_lib.initial_params(config_lib.resolve(c), model_config)
+    start = run_lib.initial_params(config_lib.resolve(c))
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(start)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_params_file_of_another_model_is_refused_in_one_line(tmp_path):
-    from rl_batch.runs import config as config_lib
     from tests.run_fixtures import numpy_params
 
     c = tiny_run_config(str(tmp_path / "work"))
-    model_config = config_lib.make_model_config(config_lib.resolve(c))
+    model_config = config_lib.resolve(c).model
     path = str(tmp_path / "base.npz")
     pretrain.write_params_file(path, numpy_params(model_config))
     c.model.overrides.hidden_size = 64
-    other = config_lib.make_model_config(config_lib.resolve(c))
+    other = config_lib.resolve(c).model
     with pytest.raises(ValueError, match=r"base\.npz: no array .* of shape"):
         pretrain.load_params_file(path, other)
 
 
 def test_missing_params_file_is_a_config_error(tmp_path):
-    from rl_batch.runs import config as config_lib
 
     c = tiny_run_config(str(tmp_path / "work"), run_dir=str(tmp_path / "run"))
     c.init.source, c.init.path = "params", str(tmp_path / "absent.npz")

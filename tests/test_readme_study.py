@@ -19,7 +19,9 @@ def test_study_section_from_a_sweep(tmp_path):
         provenance._write(os.path.join(d, "runs", name), [_session()])
     argv = ["grpo_sweep.py", "--config.sweep.seeds=0,1,2"]
     started = "2026-12-01T10:00:00+00:00"
-    provenance.record_command(d, argv, started, 600.0, [1.0, 1.0, 1.0], "finished")
+    provenance.record_command(
+        d, argv, started, 600.0, [1.0, 1.0, 1.0], "finished", module="experiments.grpo_sweep"
+    )
     section = readme_study.study_section(d)
     assert section.startswith(readme_study.BEGIN) and section.endswith(readme_study.END)
     assert "`python -m experiments.grpo_sweep --config.sweep.seeds=0,1,2`" in section

@@ -179,10 +179,12 @@ def test_a_run_starts_from_another_runs_checkpoint(work_dir, tmp_path, algo):
     c = tiny_run_config(work_dir, str(tmp_path / "second"), **changes)
     c.init.source, c.init.path = "checkpoint", os.path.join(first.run_dir, "checkpoints")
     c = config_lib.resolve(c)
-    model_config = config_lib.make_model_config(c)
-    params = run_lib.initial_params(c, model_config)
+    model_config = c.model
+    params = run_lib.initial_params(c)
     # The trained policy of the first run (the whole-state restore reads the same arrays).
-    expected = Checkpointer(c.init.path).restore_params(model_lib.abstract_params(model_config))
+    expected = Checkpointer(c.inputs.init.path).restore_params(
+        model_lib.abstract_params(model_config)
+    )
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(expected)):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

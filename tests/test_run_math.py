@@ -120,13 +120,13 @@ def test_prompt_budget_is_the_samplers(hf_dir, tmp_path):
             hf_dir, tmp_path, str(path), max_prompt_len=lengths[1] - 1, max_response_len=12
         )
     )
-    assert c.derived.max_prompt_len == lengths[1]
-    sampler = config_lib.make_sampler(c, tokenizer, config_lib.make_model_config(c))
+    assert c.max_prompt_len == lengths[1]
+    sampler = config_lib.make_sampler(c, tokenizer)
     kept = load_math_file(
         path,
-        c.task.format,
+        c.inputs.task.format,
         tokenizer=tokenizer,
-        max_prompt_tokens=c.derived.max_prompt_len,
+        max_prompt_tokens=c.max_prompt_len,
         drop_long_prompts=True,
     )
     assert [e.meta["line"] for e in kept] == [1, 2]
@@ -135,7 +135,7 @@ def test_prompt_budget_is_the_samplers(hf_dir, tmp_path):
     with pytest.raises(ValueError, match=f"prompt 0 has {lengths[2]} tokens"):
         sampler._validate([encode_prompt(tokenizer, examples[2].prompt)], 1)
     with pytest.raises(ValueError, match=f"train.jsonl:3: prompt has {lengths[2]} tokens"):
-        load_math_file(path, tokenizer=tokenizer, max_prompt_tokens=c.derived.max_prompt_len)
+        load_math_file(path, tokenizer=tokenizer, max_prompt_tokens=c.max_prompt_len)
 
 
 def test_over_long_math_prompt_fails_at_load_time(hf_dir, tmp_path):
@@ -304,15 +304,15 @@ def test_padded_prompts_give_the_same_update(tmp_path):
     """Left-padding the prompts (masked) leaves the GRPO update unchanged."""
     import jax
 
-    from rl_batch.algorithms import grpo
     from rl_batch.models import sharding
     from rl_batch.models import transformer as model_lib
     from rl_batch.rollout import groups as rollout
     from rl_batch.rollout.sampler import SampleOutput
     from rl_batch.runs import config as config_lib
+    from rl_batch.runs import run as run_lib
 
-    c = config_lib.resolve(tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run")))
-    mc = config_lib.make_model_config(c)
+    spec = config_lib.resolve(tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run")))
+    c, mc = spec.inputs, spec.model
     rng = np.random.default_rng(0)
     b, p, r = c.prompts * c.group_size, 5, 6
     prompt_mask = np.ones((b, p), bool)
@@ -340,7 +340,7 @@ def test_padded_prompts_give_the_same_update(tmp_path):
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     outs = []
     for prompt_len in (p, 12):
-        algo = grpo.GRPO(c, mc, mesh)
+        algo = run_lib.make_algorithm(spec, mesh)
         algo.prompt_len = prompt_len
         batch = algo.make_batch(ro, keep)
         assert batch.prompt_tokens.shape == (b, prompt_len)

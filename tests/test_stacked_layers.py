@@ -4,6 +4,7 @@ and every file format (base-policy .npz, run checkpoint, Hugging Face) read and 
 in either layout."""
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -188,7 +189,8 @@ def test_initial_params_from_a_per_layer_checkpoint(tmp_path):
     ckpt.save(1, {"params": params}, {})
     ckpt.close()
     c = ConfigDict({"init": {"source": "checkpoint", "path": str(tmp_path / "ckpt")}})
-    _assert_trees_equal(run_lib.initial_params(c, STACKED), model_lib.stack_layers(params))
+    spec = types.SimpleNamespace(inputs=c, model=STACKED)  # (the two fields it reads)
+    _assert_trees_equal(run_lib.initial_params(spec), model_lib.stack_layers(params))
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])

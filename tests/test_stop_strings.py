@@ -110,14 +110,15 @@ def test_a_config_read_back_from_json_resolves_to_the_same_stop_strings(tmp_path
     c = tiny_run_config(str(tmp_path), run_dir=str(tmp_path / "run"))
     c.sampling.stop_strings = (";", "::")
     once = config_lib.resolve(c)
-    again = config_lib.resolve(ConfigDict(json.loads(json.dumps(once.to_dict()))))
-    assert again.sampling.stop_strings == (";", "::")
-    assert again.to_dict() == once.to_dict()
+    again = config_lib.resolve(ConfigDict(json.loads(json.dumps(once.to_json()))))
+    assert again.inputs.sampling.stop_strings == (";", "::")
+    assert again == once
+    assert config_lib.load_spec(json.loads(json.dumps(once.to_json()))) == once
 
 
 def test_a_run_written_before_stop_strings_existed_resumes_without_a_diff(tmp_path):
     c = tiny_run_config(str(tmp_path), run_dir=str(tmp_path / "run"))
-    new = config_lib.resolve(c).to_dict()
+    new = config_lib.resolve(c).to_json()
     old = {**new, "sampling": {k: v for k, v in new["sampling"].items() if k != "stop_strings"}}
     assert config_lib.resume_diffs(old, new) == []
     changed = {**new, "sampling": {**new["sampling"], "stop_strings": (";",)}}

@@ -40,10 +40,10 @@ def test_each_point_gets_its_lr_from_the_rule(tmp_path):
     c = _sweep_config(prompts="4,16", group_sizes="4", lr_rules="sqrt,fixed")
     _, resolved = sweep.plan(c, str(tmp_path))
     # lr_ref 1e-3 at B_ref = 16: B = 64 is 4x, so sqrt gives 2e-3 and fixed keeps 1e-3.
-    assert resolved["p16_g4_sqrt_s0"].derived.lr == pytest.approx(2e-3)
-    assert resolved["p16_g4_fixed_s0"].derived.lr == pytest.approx(1e-3)
-    assert resolved["p4_g4_sqrt_s0"].derived.lr == pytest.approx(1e-3)
-    assert all(r.lr is None for r in resolved.values())  # the input: unset
+    assert resolved["p16_g4_sqrt_s0"].optimizer.lr == pytest.approx(2e-3)
+    assert resolved["p16_g4_fixed_s0"].optimizer.lr == pytest.approx(1e-3)
+    assert resolved["p4_g4_sqrt_s0"].optimizer.lr == pytest.approx(1e-3)
+    assert all(r.inputs.lr is None for r in resolved.values())  # the input: unset
 
 
 def test_a_fixed_base_lr_is_rejected_and_the_fixed_rule_is_the_fix(tmp_path):
@@ -59,17 +59,20 @@ def test_a_fixed_base_lr_is_rejected_and_the_fixed_rule_is_the_fix(tmp_path):
     # The suggested fix trains every point at that learning rate.
     c.lr, c.sweep.lr_rules, c.lr_ref = None, "fixed", 3e-4
     _, resolved = sweep.plan(c, str(tmp_path))
-    assert [r.derived.lr for r in resolved.values()] == pytest.approx([3e-4, 3e-4])
+    assert [r.optimizer.lr for r in resolved.values()] == pytest.approx([3e-4, 3e-4])
 
 
 def test_a_planned_point_resolves_to_itself_in_the_run(tmp_path):
-    # run.run resolves the config plan() resolved: PPO's malladi critic must not rescale.
+    # A point's spec, through its JSON (what a worker reads), is the planned spec, and
+    # resolving its inputs anew gives it again: PPO's malladi critic must not rescale.
     c = _sweep_config(prompts="8,32", group_sizes="1", lr_rules="malladi")
     c.algo = "ppo"
     _, resolved = sweep.plan(c, str(tmp_path))
     for name, point in resolved.items():
-        assert config_lib.resolve(point).to_dict() == point.to_dict(), name
-    critic = resolved["p32_g1_malladi_s0"].derived.critic  # k = 32 / 16 = 2
+        as_json = json.loads(json.dumps(point.to_json()))
+        assert config_lib.load_spec(as_json) == point, name
+        assert config_lib.resolve(ConfigDict(as_json)).to_json() == point.to_json(), name
+    critic = resolved["p32_g1_malladi_s0"].critic_rule  # k = 32 / 16 = 2
     assert (critic.b1, critic.b2) == pytest.approx((0.8, 0.998))
 
 
@@ -87,7 +90,8 @@ def test_invalid_grid_fails_before_anything_starts(tmp_path):
 def _fake_run(fail=()):
     calls = []
 
-    def run_fn(config: ConfigDict):
+    def run_fn(spec):
+        config = spec.inputs
         calls.append(config.name)
         if config.name in fail:
             raise RuntimeError("boom")
@@ -149,11 +153,11 @@ def test_a_points_effective_lr_is_in_derived_and_in_its_sweep_entry(tmp_path):
     entries = {r["name"]: r for r in json.load(open(tmp_path / artifacts.SWEEP_FILE))["runs"]}
     assert entries == {r["name"]: r for r in record["runs"]}
     for name, point in resolved.items():
-        assert point.lr is None and point.derived.lr > 0, name
-        assert entries[name]["lr"] == point.derived.lr, name
+        assert point.inputs.lr is None and point.optimizer.lr > 0, name
+        assert entries[name]["lr"] == point.optimizer.lr, name
     # B = 64 = 4 x B_ref (16): sqrt and malladi both double lr_ref.
     assert entries["p16_g4_malladi_s0"]["lr"] == pytest.approx(2e-3)
-    assert resolved["p16_g4_malladi_s0"].derived.b1 == pytest.approx(1 - 4 * 0.1)
+    assert resolved["p16_g4_malladi_s0"].optimizer.b1 == pytest.approx(1 - 4 * 0.1)
 
 
 @pytest.mark.parametrize(
@@ -214,7 +218,7 @@ def test_a_rerun_with_other_settings_is_refused_before_any_point(tmp_path):
     for r in ("p2_g4_sqrt_s0", "p4_g4_sqrt_s0"):  # what run.run would have written
         cfg = sweep.plan(c, str(tmp_path))[1][r]
         artifacts.write_json_atomic(
-            os.path.join(str(tmp_path), "runs", r, artifacts.CONFIG_FILE), cfg.to_dict()
+            os.path.join(str(tmp_path), "runs", r, artifacts.CONFIG_FILE), cfg.to_json()
         )
     before = open(tmp_path / artifacts.SWEEP_FILE).read()
     c.eval_k = 1
@@ -242,15 +246,15 @@ def test_ppo_critic_axes_and_critic_points(tmp_path):
     assert points[1].name == "p8_g1_sqrt_k2_s0"
     _, resolved = sweep.plan(c, str(tmp_path))
     k2, fixed = resolved["p8_g1_sqrt_k2_s0"], resolved["p8_g1_sqrt_k1-fixed_s0"]
-    assert (k2.ppo.critic_batch_scale, k2.ppo.critic_lr_rule) == (2, "")
-    assert (fixed.ppo.critic_batch_scale, fixed.ppo.critic_lr_rule) == (1, "fixed")
+    assert (k2.inputs.ppo.critic_batch_scale, k2.inputs.ppo.critic_lr_rule) == (2, "")
+    assert (fixed.inputs.ppo.critic_batch_scale, fixed.inputs.ppo.critic_lr_rule) == (1, "fixed")
     # The critic's LR is resolved for its effective batch k x B (sqrt rule: x sqrt(2)).
-    base_lr = resolved["p8_g1_sqrt_s0"].derived.critic_lr
-    assert k2.derived.critic_lr == pytest.approx(base_lr * 2**0.5)
-    assert fixed.derived.critic_lr == pytest.approx(c.ppo.critic_lr_ref)
+    base_lr = resolved["p8_g1_sqrt_s0"].critic_optimizer.lr
+    assert k2.critic_optimizer.lr == pytest.approx(base_lr * 2**0.5)
+    assert fixed.critic_optimizer.lr == pytest.approx(c.ppo.critic_lr_ref)
     # Each run's key is read back from its own config the same way.
-    assert artifacts.critic_variant_of(k2) == "k2"
-    assert artifacts.critic_variant_of(fixed) == "k1-fixed"
+    assert artifacts.critic_variant_of(k2.inputs) == "k2"
+    assert artifacts.critic_variant_of(fixed.inputs) == "k1-fixed"
     # A base critic setting is every point's default, the reference's included.
     c.ppo.critic_batch_scale, c.sweep.critic_batch_scales, c.sweep.extra_points = 2, "", ""
     assert {p.key for p in sweep.expand_grid(c)} == {"8x1:sqrt:k2", "16x1:sqrt:k2"}
@@ -268,3 +272,20 @@ def test_critic_point_keys_are_checked():
         with pytest.raises(ValueError, match="bad sweep point"):
             artifacts.parse_point_key(bad)
     assert artifacts.parse_point_key("64x1:sqrt:k1-sqrt") == (64, 1, "sqrt", "")
+
+
+def test_each_point_is_resolved_once_on_its_way_to_the_run(tmp_path, monkeypatch):
+    # In process: plan() resolves each point, run.run receives its spec and resolves
+    # nothing; the runs' config.json files are those specs.
+    c = _sweep_config(str(tmp_path / "work"), prompts="4,8", group_sizes="2")
+    c.budget_responses = 16
+    calls = []
+    resolve = config_lib.resolve
+    monkeypatch.setattr(config_lib, "resolve", lambda *a, **k: calls.append(1) or resolve(*a, **k))
+    record = sweep.run_sweep(c, str(tmp_path / "sweep"), log=lambda s: None)
+    assert [r["status"] for r in record["runs"]] == ["finished", "finished"]
+    assert len(calls) == len(record["runs"])
+    _, specs = sweep.plan(c, str(tmp_path / "sweep"))
+    for name, spec in specs.items():
+        saved = artifacts.read_json(os.path.join(spec.inputs.run_dir, artifacts.CONFIG_FILE))
+        assert config_lib.load_spec(saved) == spec, name

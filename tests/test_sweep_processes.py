@@ -144,10 +144,10 @@ from rl_batch.sweeps import sweep
 
 started = []
 
-def fake_child(config, log_path, worker=None):
-    started.append(f"{config.name}@{config.derived.device_count}")
+def fake_child(spec, log_path, worker=None):
+    started.append(f"{spec.inputs.name}@{spec.device_count}")
     artifacts.write_json_atomic(
-        f"{config.run_dir}/{artifacts.SUMMARY_FILE}", {"status": sweep.FINISHED}
+        f"{spec.inputs.run_dir}/{artifacts.SUMMARY_FILE}", {"status": sweep.FINISHED}
     )
 
 sweep._run_subprocess = fake_child

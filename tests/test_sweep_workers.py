@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture()
 def in_repo(monkeypatch):
-    """The worker child runs ``python -m experiments.train`` from the repository."""
+    """The worker child (``python -m rl_batch.sweeps.worker``) runs from the repository."""
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("PYTHONPATH", REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
 

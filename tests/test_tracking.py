@@ -306,7 +306,7 @@ def test_training_samples_every_n_updates_go_to_generations_jsonl_and_the_dashbo
     assert sorted({r["step"] for r in val}) == [0, 2, 4]
     updates = {r["step"]: r for r in artifacts.read_metrics(c.run_dir, "update")}
     task = config_lib.make_task(c)
-    max_new_tokens = config_lib.resolve(c, device_count=1).derived.max_new_tokens
+    max_new_tokens = config_lib.resolve(c, device_count=1).max_new_tokens
     for r in train:
         assert len(r["responses"]) == len(r["rewards"]) == len(r["lengths"]) == c.group_size
         assert r["responses_cum"] == updates[r["step"]]["responses_cum"]

@@ -126,11 +126,11 @@ class GRPOConfig:
         return tuple(f.name for f in dataclasses.fields(cls) if f.name != "temperature")
 
     @classmethod
-    def from_config(cls, c: ConfigDict) -> GRPOConfig:
-        """A resolved run config's ``grpo`` section (and ``sampling.temperature``), with
-        the update's micro-batch count from ``derived.micro_batches``."""
+    def from_config(cls, c: ConfigDict, micro_batches: int) -> GRPOConfig:
+        """A run config's ``grpo`` section (and ``sampling.temperature``), with the
+        update's resolved micro-batch count (``RunSpec.micro_batches``)."""
         fields = {k: c.grpo[k] for k in cls.config_fields()}
-        fields["micro_batches"] = c.derived.micro_batches
+        fields["micro_batches"] = micro_batches
         return cls(temperature=c.sampling.temperature, **fields)
 
     @property
@@ -332,13 +332,29 @@ def batch_advantages(rewards_pg: np.ndarray, keep_p: np.ndarray, mode: str) -> n
 class GRPO:
     """GRPO for the run loop (``learner.Algorithm``): state, batch and update."""
 
-    def __init__(self, c: ConfigDict, model_config: model_lib.ModelConfig, mesh: Mesh):
+    def __init__(
+        self,
+        config: GRPOConfig,
+        model_config: model_lib.ModelConfig,
+        mesh: Mesh,
+        *,
+        optimizer: optax.GradientTransformation,
+        prompt_len: int,
+        filter_groups: bool,
+    ):
+        """Args:
+        config: the algorithm's settings (``RunSpec.algorithm``).
+        model_config, mesh: the policy's shape and the device mesh.
+        optimizer: the policy's optimizer (``learner.make_optimizer`` at the run's batch).
+        prompt_len: every batch's prompts are padded to this many tokens (the longest the
+          run accepts): one update shape.
+        filter_groups: drop groups whose rewards are all equal (dynamic sampling).
+        """
         self.model_config, self.mesh = model_config, mesh
-        self.filter_groups = c.filter_groups
-        # Every batch's prompts are padded to the longest the run accepts: one update shape.
-        self.prompt_len = c.derived.max_prompt_len
-        self.grpo_config = GRPOConfig.from_config(c)
-        self.optimizer = learner.actor_optimizer(c)
+        self.filter_groups = filter_groups
+        self.prompt_len = prompt_len
+        self.grpo_config = config
+        self.optimizer = optimizer
         self.update_fn = make_update_fn(model_config, self.grpo_config, self.optimizer, mesh)
         # KL to a reference (``grpo.kl_coef > 0``): the initial policy, kept frozen; its
         # log-probs join every batch (``Batch.ref_logprobs``). Computed as many rows at a

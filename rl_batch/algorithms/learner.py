@@ -942,19 +942,6 @@ def jit_update(update_fn: Callable, state_sharding: Any, mesh: Mesh) -> Callable
     )
 
 
-def actor_optimizer(c: Any) -> optax.GradientTransformation:
-    """The policy's optimizer from a resolved run config (the effective ``derived.lr``,
-    ``derived.b1``, ``derived.b2``, ``derived.eps``; ``weight_decay``, ``max_grad_norm``)."""
-    return make_optimizer(
-        lr=c.derived.lr,
-        b1=c.derived.b1,
-        b2=c.derived.b2,
-        eps=c.derived.eps,
-        weight_decay=c.weight_decay,
-        max_grad_norm=c.max_grad_norm or None,
-    )
-
-
 def rollout_fields(ro: Any, keep_p: np.ndarray) -> dict[str, jax.Array]:
     """The sequences of a rollout (row p * G + g) as batch fields, on the host.
 

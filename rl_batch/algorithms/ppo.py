@@ -132,9 +132,9 @@ class PPOConfig:
         learner.check_policy_loss_fields(self, bad)  # the actor's clip, aggregation, ...
 
     @classmethod
-    def from_config(cls, c: ConfigDict) -> PPOConfig:
-        """A resolved run config's ``ppo`` section (and ``sampling.temperature``), with the
-        update's micro-batch count from ``derived.micro_batches``."""
+    def from_config(cls, c: ConfigDict, micro_batches: int) -> PPOConfig:
+        """A run config's ``ppo`` section (and ``sampling.temperature``), with the
+        update's resolved micro-batch count (``RunSpec.micro_batches``)."""
         p = c.ppo
         return cls(
             gamma=p.gamma,
@@ -149,7 +149,7 @@ class PPOConfig:
             clip_high=p.clip_high,
             loss_agg=p.loss_agg,
             temperature=c.sampling.temperature,
-            micro_batches=c.derived.micro_batches,
+            micro_batches=micro_batches,
         )
 
     def replace(self, **changes) -> PPOConfig:
@@ -660,32 +660,37 @@ def make_update_fn(
 
 
 class PPO:
-    """PPO for the run loop (``learner.Algorithm``, as ``grpo.GRPO``): state, batch, update.
-
-    Reads the run config's ``ppo`` section (``experiments/configs/base.py``); the critic's
-    learning rate ``derived.critic_lr`` and Adam settings ``derived.critic`` are resolved by
-    ``rl_batch.runs.config.resolve``.
-    """
+    """PPO for the run loop (``learner.Algorithm``, as ``grpo.GRPO``): state, batch, update."""
 
     filter_groups = False  # A critic learns from every response (validated in resolve).
 
-    def __init__(self, c: ConfigDict, model_config: model_lib.ModelConfig, mesh: Mesh):
-        self.config, self.model_config, self.mesh = c, model_config, mesh
-        p = c.ppo
-        self.ppo_config = PPOConfig.from_config(c)
-        self.with_ref = bool(p.kl_coef)
-        max_grad_norm = c.max_grad_norm or None
-        self.actor_optimizer = learner.actor_optimizer(c)
-        hp = c.derived.critic
-        self.critic_optimizer = make_critic_optimizer(
-            c.derived.critic_lr,
-            b1=hp.b1,
-            b2=hp.b2,
-            eps=hp.eps,
-            weight_decay=c.weight_decay,
-            max_grad_norm=max_grad_norm,
-            batch_scale=p.critic_batch_scale,
-        )
+    def __init__(
+        self,
+        config: PPOConfig,
+        model_config: model_lib.ModelConfig,
+        mesh: Mesh,
+        *,
+        actor_optimizer: optax.GradientTransformation,
+        critic_optimizer: optax.GradientTransformation,
+        prompt_len: int,
+        seed: int,
+        critic_from_policy: bool,
+    ):
+        """Args:
+        config: the algorithm's settings (``RunSpec.algorithm``).
+        model_config, mesh: the policy's shape and the device mesh.
+        actor_optimizer: the policy's optimizer at the run's batch.
+        critic_optimizer: the critic's (``make_critic_optimizer`` at k x B).
+        prompt_len: every batch's prompts are padded to this many tokens.
+        seed: the run's seed (a fresh critic's initialisation).
+        critic_from_policy: the critic starts from the policy's body (else fresh).
+        """
+        self.model_config, self.mesh = model_config, mesh
+        self.ppo_config = config
+        self.prompt_len, self.seed, self.critic_from_policy = prompt_len, seed, critic_from_policy
+        self.with_ref = bool(config.kl_coef)
+        self.actor_optimizer = actor_optimizer
+        self.critic_optimizer = critic_optimizer
         self.update_fn = make_update_fn(
             model_config,
             self.ppo_config,
@@ -700,8 +705,8 @@ class PPO:
 
         ``ppo.critic_from_policy`` chooses.
         """
-        rng = jax.random.fold_in(jax.random.key(self.config.seed), 7)
-        if self.config.ppo.critic_from_policy:
+        rng = jax.random.fold_in(jax.random.key(self.seed), 7)
+        if self.critic_from_policy:
             critic = critic_params_from_policy(self.model_config, params, rng)
         else:
             critic = model_lib.init_params(critic_model_config(self.model_config), rng)
@@ -734,7 +739,7 @@ class PPO:
         """The rollout as a sharded ``PPOBatch`` (rewards per sequence; dropped groups,
         if any, get an all-False response mask; prompts padded to the run's longest,
         ``rollout.pad_prompts``, so the update compiles once)."""
-        ro = rollout_lib.pad_prompts(ro, self.config.derived.max_prompt_len)
+        ro = rollout_lib.pad_prompts(ro, self.prompt_len)
         g = ro.rewards_pg.shape[1]
         keep_b = np.repeat(np.asarray(keep_p, bool), g)
         rewards_b = np.asarray(ro.rewards_pg, np.float32).reshape(-1) * keep_b

@@ -238,6 +238,11 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """The config ``to_dict`` wrote (also read back from JSON, which has no tuples)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
 
 # Memory settings of real-model (>= 100M parameter) run configs (``with_memory_defaults``;
 # the presets themselves are the checkpoints' shapes): remat every block, flash

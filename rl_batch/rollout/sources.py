@@ -131,13 +131,13 @@ class RolloutSource:
                 model_config,
                 eos_id=tokenizer.stop_ids,
                 pad_id=tokenizer.pad_id,
-                max_prompt_len=c.derived.max_prompt_len + c.derived.max_new_tokens,
+                max_prompt_len=sampler.max_prompt_len + sampler.max_new_tokens,
                 max_new_tokens=c.partial_rollout.tokens_per_iter,
                 mesh=mesh if mesh.size > 1 else None,
             )
             # The batch keeps the shapes of a whole rollout (no recompiles of the update).
             _, self.batch_prompt_len, self.batch_response_len = sampler.buckets(
-                c.prompts * c.group_size, c.derived.max_prompt_len, c.derived.max_new_tokens
+                c.prompts * c.group_size, sampler.max_prompt_len, sampler.max_new_tokens
             )
 
     # ------------------------------------------------------------------ checkpoint
@@ -260,7 +260,7 @@ class RolloutSource:
             params,
             groups,
             eos_id=tokenizer.stop_ids,
-            max_new_tokens=c.derived.max_new_tokens,
+            max_new_tokens=self.sampler.max_new_tokens,  # (the whole response's limit)
             tokens_per_iter=c.partial_rollout.tokens_per_iter,
             rng=jax.random.fold_in(jax.random.fold_in(self.base_rng, index), 0),
             sampling=self.sampling,

@@ -116,8 +116,8 @@ class StepAccounting:
       overlapped: generation overlaps the update (async rollout).
     """
 
-    def __init__(self, c, model_config, extra_update_flops, matmul_flops_per_s, overlapped):
-        self.c, self.model_config = c, model_config
+    def __init__(self, spec, extra_update_flops, matmul_flops_per_s, overlapped):
+        self.c, self.model_config, self.lr = spec.config, spec.model, spec.optimizer.lr
         self.extra_update_flops = extra_update_flops
         self.matmul_rate, self.overlapped = matmul_flops_per_s, overlapped
 
@@ -163,7 +163,7 @@ class StepAccounting:
             "group_size": c.group_size,
             "batch_responses": retained,
             "batch_generated": generated,
-            "lr": c.derived.lr,
+            "lr": self.lr,
             "reward_mean": float(ro.rewards_pg.mean()),
             "reward_retained_mean": float(ro.rewards_pg[s.keep_p].mean()),
             **ro.score_counts,  # math: score_unverified_too_big, score_unverified_timeout

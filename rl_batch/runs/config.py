@@ -1,14 +1,13 @@
-"""Resolving and validating run configs: every derived value is computed here, once.
+"""Validating run configs and resolving them, once, into a ``RunSpec``.
 
-``resolve(config)`` returns a copy with a ``derived`` section (the LR and Adam settings
-under the batch rule, the micro-batch count, the response length from the task, the
-model's shape) and raises one ``ValueError`` naming each bad field before any compute.
-
-Resolve never changes an input: every derived value lives under ``derived`` (see
-``resolve``), and everything that trains reads the effective values there
-(``derived.lr``, not ``lr``, which stays None when the rule derives it). Resolving a
-resolved config recomputes ``derived`` from the same inputs, so
-``resolve(resolve(c)) == resolve(c)``.
+``resolve(config)`` checks every field (one ``ValueError`` naming each bad field,
+before any compute) and returns the run's ``RunSpec`` (``rl_batch.runs.spec``): the
+inputs as given plus every derived value (the LR and Adam settings under the batch
+rule, the micro-batch count, the response length from the task, the model's shape,
+the algorithm's config). Resolve never changes an input: everything that trains reads
+the effective values from the spec (``spec.optimizer.lr``, not ``lr``, which stays None
+when the rule derives it). ``load_spec`` reads a run's ``config.json`` back as its spec
+without resolving again.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from rl_batch.algorithms import grpo, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout.sampler import Sampler, SamplingConfig
 from rl_batch.runs import tracking
+from rl_batch.runs.spec import Adam, RunSpec
 from rl_batch.tasks.custom_reward import WithReward
 from rl_batch.tasks.plugin import is_plugin, make_plugin_task
 from rl_batch.tasks.registry import TASKS, get_task
@@ -105,19 +105,19 @@ def make_model_config(c: ConfigDict, head: str = "lm") -> model_lib.ModelConfig:
     return base.replace(head=head, **overrides)
 
 
-def make_sampler(c: ConfigDict, tokenizer, model_config: model_lib.ModelConfig, mesh=None):
-    """The rollout sampler of a resolved config: the task's prompt and response limits,
-    the tokenizer's stop ids (EOS and any other end-of-response id) and PAD, the batch
+def make_sampler(spec: RunSpec, tokenizer, mesh=None):
+    """The rollout sampler of a run: the task's prompt and response limits, the
+    tokenizer's stop ids (EOS and any other end-of-response id) and PAD, the batch
     sharded over ``mesh`` when it has > 1 device, MoE routing recorded when
     ``record_routing`` or ``routing_replay`` asks for it."""
     return Sampler(
-        model_config,
+        spec.model,
         eos_id=tokenizer.stop_ids,
         pad_id=tokenizer.pad_id,
-        max_prompt_len=c.derived.max_prompt_len,
-        max_new_tokens=c.derived.max_new_tokens,
+        max_prompt_len=spec.max_prompt_len,
+        max_new_tokens=spec.max_new_tokens,
         mesh=mesh if mesh is not None and mesh.size > 1 else None,
-        record_routing=records_routing(c, model_config),
+        record_routing=records_routing(spec.inputs, spec.model),
     )
 
 
@@ -288,39 +288,36 @@ def check_data_sizes(c: ConfigDict, n_train: int, n_val: int, train_name: str, v
             )
 
 
-def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
-    """Validates a run config and fills in derived values.
+def resolve(config: ConfigDict, device_count: int | None = None) -> RunSpec:
+    """Validates a run config and derives every value from it: the run's one resolution.
 
     Args:
-      config: a run config (see ``experiments/configs/base.py``).
+      config: a run config (see ``experiments/configs/base.py``); a ``derived`` or
+        ``sweep`` section in it is ignored (a resolved config is resolved anew from its
+        inputs).
       device_count: devices the mesh spans (default ``jax.device_count()``).
 
     Returns:
-      A new ConfigDict: the inputs exactly as given plus a ``derived`` section (an input
-      ``derived`` section, e.g. of a resolved config, is recomputed, so resolving again
-      gives an equal config). The effective optimizer settings are there:
+      The ``RunSpec``: the inputs exactly as given plus the derived values, among them
 
-      - ``derived.lr``: the policy's LR, ``lr`` when set, else ``lr_rule`` applied to
-        ``lr_ref`` at B / ``batch_ref``;
-      - ``derived.b1``, ``derived.b2``, ``derived.eps``: the policy's Adam settings, the
-        rule's (``malladi`` rescales them) when it derives the LR, else the inputs;
-      - ``derived.lr_arithmetic``: how the rule got there, in words;
-      - ``derived.critic_lr`` (PPO): ``ppo.critic_lr`` when set, else the critic's rule
-        at k x B; ``derived.critic``: that rule's whole result (its Adam settings are the
-        critic's);
-      - ``derived.micro_batches``: the update's gradient-accumulation micro-batches (GRPO:
-        from ``grpo.micro_batch_seqs`` when it is > 0, else ``grpo.micro_batches``; PPO:
+      - ``optimizer``: the policy's Adam settings, ``lr`` when set, else ``lr_rule``
+        applied to ``lr_ref`` at B / ``batch_ref`` with the rule's betas and eps
+        (``malladi`` rescales them); ``lr_arithmetic``: how the rule got there;
+      - ``critic_optimizer`` (PPO): ``ppo.critic_lr`` when set, else the critic's rule at
+        k x B; ``critic_rule``: that rule's whole result;
+      - ``micro_batches``: the update's gradient-accumulation micro-batches (GRPO: from
+        ``grpo.micro_batch_seqs`` when it is > 0, else ``grpo.micro_batches``; PPO:
         ``ppo.micro_batches``);
-      - ``derived.batch``: the configured batch B = prompts x group_size;
-      - ``derived.max_prompt_len``, ``derived.max_new_tokens``, ``derived.model``,
-        ``derived.num_params``, ``derived.device_count``, ``derived.python``.
+      - ``batch`` = prompts x group_size, ``max_prompt_len``, ``max_new_tokens``,
+        ``model``, ``algorithm``, ``device_count``, ``python``.
 
     Raises:
       ValueError: naming every invalid field.
     """
     c = ConfigDict(config.to_dict())
-    if "derived" in c:
-        del c["derived"]
+    for section in ("derived", "sweep"):
+        if section in c:
+            del c[section]
     stops = c.get("sampling", {}).get("stop_strings")
     if isinstance(stops, list):  # a config read back from JSON, which has no tuples
         del c.sampling["stop_strings"]
@@ -341,17 +338,32 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     errors = _length_errors(c, task, model_config, max_prompt_len, max_new_tokens)
     errors += _layout_errors(c, model_config, device_count)
     _raise_if(errors)
-    micro_batches = _micro_batches(c, device_count)
-    c.derived = ConfigDict(_optimizer_settings(c))
-    c.derived.micro_batches = micro_batches
-    c.derived.batch = c.prompts * c.group_size
-    c.derived.max_prompt_len = max_prompt_len
-    c.derived.max_new_tokens = max_new_tokens
-    c.derived.model = model_config.to_dict()
-    c.derived.num_params = model_config.num_params
-    c.derived.device_count = device_count
-    c.derived.python = platform.python_version()
-    return c
+    policy, lr_arithmetic, critic_optimizer, critic_rule = _optimizer_settings(c)
+    return RunSpec.build(
+        c,
+        policy=policy,
+        lr_arithmetic=lr_arithmetic,
+        critic_optimizer=critic_optimizer,
+        critic_rule=critic_rule,
+        micro_batches=_micro_batches(c, device_count),
+        max_prompt_len=max_prompt_len,
+        max_new_tokens=max_new_tokens,
+        model=model_config,
+        device_count=device_count,
+        python=platform.python_version(),
+    )
+
+
+def load_spec(data: dict[str, Any]) -> RunSpec:
+    """A run's ``config.json`` (or a spec's ``to_json()``) as its ``RunSpec``, read as it
+    was resolved; a config without its ``derived`` section is resolved here.
+
+    Raises:
+      ValueError: naming every invalid field of an unresolved config.
+    """
+    if isinstance(data.get("derived"), dict):
+        return RunSpec.from_json(data)
+    return resolve(ConfigDict(data))
 
 
 class _Errors(list):
@@ -624,8 +636,10 @@ def _micro_batches(c: ConfigDict, device_count: int) -> int:
     return micro_batches
 
 
-def _optimizer_settings(c: ConfigDict) -> dict:
-    """``derived``'s LR and Adam settings of the policy (and PPO's critic) from the rules."""
+def _optimizer_settings(c: ConfigDict):
+    """The policy's Adam settings from its rule (or the fixed ``lr`` with the Adam settings
+    as given), the rule's arithmetic in words, and PPO's critic settings and rule result
+    (None, None for GRPO)."""
     try:
         hp = lr_rules.scale_hparams(
             rule=c.lr_rule,
@@ -638,26 +652,23 @@ def _optimizer_settings(c: ConfigDict) -> dict:
         )
     except ValueError as e:
         raise ValueError(f"invalid config: lr_rule={c.lr_rule!r}: {e}") from e
-    if c.lr is None:  # the rule's LR and Adam settings
-        out = {"lr": hp.lr, "b1": hp.b1, "b2": hp.b2, "eps": hp.eps}
-    else:  # a fixed LR trains with the Adam settings as given
-        out = {"lr": c.lr, "b1": c.b1, "b2": c.b2, "eps": c.eps}
-    out["lr_arithmetic"] = hp.describe()
-    if c.algo == "ppo":
-        # The critic's own rule and reference LR, at its effective batch k x B (it steps
-        # once per critic_batch_scale rollout batches on their mean gradient).
-        critic_hp = lr_rules.scale_hparams(
-            rule=c.ppo.critic_lr_rule or c.lr_rule,
-            ref_lr=c.ppo.critic_lr_ref,
-            batch=c.prompts * c.group_size * c.ppo.critic_batch_scale,
-            ref_batch=c.batch_ref,
-            b1=c.b1,
-            b2=c.b2,
-            eps=c.eps,
-        )
-        out["critic_lr"] = critic_hp.lr if c.ppo.critic_lr is None else c.ppo.critic_lr
-        out["critic"] = critic_hp.to_dict()
-    return out
+    policy = hp if c.lr is None else Adam(lr=c.lr, b1=c.b1, b2=c.b2, eps=c.eps)
+    if c.algo != "ppo":
+        return policy, hp.describe(), None, None
+    # The critic's own rule and reference LR, at its effective batch k x B (it steps
+    # once per critic_batch_scale rollout batches on their mean gradient).
+    critic_hp = lr_rules.scale_hparams(
+        rule=c.ppo.critic_lr_rule or c.lr_rule,
+        ref_lr=c.ppo.critic_lr_ref,
+        batch=c.prompts * c.group_size * c.ppo.critic_batch_scale,
+        ref_batch=c.batch_ref,
+        b1=c.b1,
+        b2=c.b2,
+        eps=c.eps,
+    )
+    critic_lr = critic_hp.lr if c.ppo.critic_lr is None else c.ppo.critic_lr
+    critic = Adam(lr=critic_lr, b1=critic_hp.b1, b2=critic_hp.b2, eps=critic_hp.eps)
+    return policy, hp.describe(), critic, critic_hp
 
 
 # Settings that may differ when a run directory is resumed (every other field of the

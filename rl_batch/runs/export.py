@@ -23,8 +23,6 @@ import os
 import shutil
 from typing import Any
 
-from ml_collections import ConfigDict
-
 from rl_batch import artifacts
 from rl_batch.models import hf
 from rl_batch.models import transformer as model_lib
@@ -163,8 +161,8 @@ def export_run(
             raise ExportError(f"no step {step} in {ckpt_dir}; available steps: {steps}")
         check_out_dir(out, overwrite)
 
-        c = ConfigDict(artifacts.read_json(config_path))
-        model_config = config_lib.make_model_config(c)
+        spec = config_lib.load_spec(artifacts.read_json(config_path))
+        c, model_config = spec.inputs, spec.model
         from_hf = c.init.source == "hf"
         source_hf = hf.read_hf_config(c.init.path) if from_hf else {}
         model_type = source_hf.get("model_type") or infer_model_type(model_config)

@@ -202,28 +202,25 @@ def largest_fitting(sizes: list[int], peaks: list[int], budget: float) -> tuple[
     return max(sizes[-1], int(s1 + (budget - p1) // slope)), True
 
 
-def check_run_configs(resolved: dict[str, Any], device_memory: float) -> list[str]:
+def check_run_specs(specs: dict[str, Any], device_memory: float) -> list[str]:
     """Compiles each GRPO run's update and sampler at its own shapes and names the runs
     whose estimated peak exceeds ``device_memory`` bytes (an empty list when all fit).
 
     Args:
-      resolved: run name -> resolved run config (``rl_batch.runs.config.resolve``).
+      specs: run name -> ``RunSpec`` (``rl_batch.runs.config.resolve``).
       device_memory: bytes of one device.
 
     Returns:
       One message per run that does not fit (PPO runs are not checked).
     """
-    from rl_batch.runs import config as config_lib
-
     errors, cache = [], {}
-    for name, c in resolved.items():
+    for name, spec in specs.items():
+        c = spec.inputs
         if c.algo != "grpo":
             continue
-        mc = config_lib.make_model_config(c)
-        b = c.prompts * c.group_size
-        m = c.derived.micro_batches
+        mc, b, m = spec.model, spec.batch, spec.micro_batches
         seqs = b // c.grpo.num_minibatches // m
-        p, r = c.derived.max_prompt_len, c.derived.max_new_tokens
+        p, r = spec.max_prompt_len, spec.max_new_tokens
         gen = min(c.gen_batch or b, b)
         optimizer = learner.make_optimizer(1e-6, max_grad_norm=c.max_grad_norm or None)
         # Activations do not depend on the micro-batch count beyond 2 (a scan).

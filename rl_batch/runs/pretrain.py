@@ -38,6 +38,7 @@ from rl_batch.rollout import groups as rollout_lib
 from rl_batch.rollout.sampler import SamplingConfig
 from rl_batch.runs import config as config_lib
 from rl_batch.runs.checkpoint import Checkpointer, path_name
+from rl_batch.runs.spec import RunSpec
 from rl_batch.tasks.plugin import is_plugin, plugin_splits
 from rl_batch.tasks.tfds_builders import load_split
 from rl_batch.tokenizers import encode_prompt
@@ -45,20 +46,22 @@ from rl_batch.tokenizers import encode_prompt
 log = logging.getLogger(__name__)
 
 
-def cache_key(c: ConfigDict) -> str:
+def cache_key(spec: RunSpec) -> str:
     """A short hash of everything that determines the base policy."""
-    spec = {
+    c = spec.inputs
+    fields = {
         "task": c.task.to_dict(),
-        "model": config_lib.make_model_config(c).to_dict(),
+        "model": spec.model.to_dict(),
         "pretrain": c.pretrain.to_dict(),
     }
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", c.task.name)  # (a plug-in's "dir/file.py:Class")
     return f"{name}-{c.model.preset}-{digest}"
 
 
-def cache_dir(c: ConfigDict) -> str:
-    return os.path.join(os.path.abspath(c.work_dir), "base", cache_key(c))
+def cache_dir(spec: RunSpec) -> str:
+    """``<work_dir>/base/<cache_key>``: where the warm start of ``spec`` is cached."""
+    return os.path.join(os.path.abspath(spec.inputs.work_dir), "base", cache_key(spec))
 
 
 def make_sequences(tokenizer, examples: list[dict], length: int):
@@ -119,21 +122,21 @@ def stop_scorer(c: ConfigDict, model_config, tokenizer, val) -> exact_eval.Refer
     )
 
 
-def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, Any]]:
-    """Trains the warm-start policy from scratch.
+def train_base(spec: RunSpec, *, progress: bool = True) -> tuple[Any, dict[str, Any]]:
+    """Trains the warm-start policy of a resolved run from scratch.
 
     Returns:
       (params, info) where info has ``val_greedy_accuracy``, ``val_mean_at_k``, ``steps``,
       ``wall_s`` and the loss curve.
     """
-    c = config_lib.resolve(c)
+    c = spec.config
     p = c.pretrain
     task = config_lib.make_task(c)
     tokenizer = config_lib.make_tokenizer(c)
-    model_config = config_lib.make_model_config(c)
+    model_config = spec.model
     train, val = base_splits(c, task)
     val_examples = val.get_batch(range(min(p.eval_prompts, len(val))))
-    length = c.derived.max_prompt_len + c.derived.max_new_tokens
+    length = spec.max_prompt_len + spec.max_new_tokens
 
     schedule = optax.warmup_cosine_decay_schedule(0.0, p.lr, p.warmup_steps, p.steps, p.lr * 0.1)
     optimizer = optax.chain(
@@ -142,7 +145,7 @@ def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, 
     params = model_lib.init_params(model_config, p.seed)
     opt_state = optimizer.init(params)
     step_fn = make_train_step(model_config, optimizer)
-    sampler = config_lib.make_sampler(c, tokenizer, model_config)
+    sampler = config_lib.make_sampler(spec, tokenizer)
     scorer = None  # the exact stop metric (no sampling noise in where the warm start ends)
     if p.get("stop_metric", "sampled") == "p_ref":
         scorer = stop_scorer(c, model_config, tokenizer, val)
@@ -200,7 +203,7 @@ def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, 
         greedy=True,
     )
     info = {
-        "key": cache_key(c),
+        "key": cache_key(spec),
         "steps": step,
         "wall_s": time.time() - t0,
         "val_greedy_accuracy": final["eval_greedy_accuracy"],
@@ -218,8 +221,8 @@ def train_base(c: ConfigDict, *, progress: bool = True) -> tuple[Any, dict[str, 
 HOST_PARAMS_FILE = "params.npz"  # the cached params as host arrays, for multi-process runs
 
 
-def base_params(c: ConfigDict, *, progress: bool = True) -> Any:
-    """The cached warm-start params for ``c``; trained and cached on first use.
+def base_params(spec: RunSpec, *, progress: bool = True) -> Any:
+    """The cached warm-start params of a resolved run; trained and cached on first use.
 
     Under several processes (``jax.distributed``) the training loop and its orbax
     checkpoint are single-process things, so process 0 has a one-process child (on the
@@ -227,10 +230,10 @@ def base_params(c: ConfigDict, *, progress: bool = True) -> Any:
     (``<cache>/params.npz``, `export_host_params`); every process then reads that file.
     ``work_dir`` must be on a filesystem every process sees, as the run directory is.
     """
-    directory = cache_dir(c)
-    model_config = config_lib.make_model_config(c)
+    directory = cache_dir(spec)
+    model_config = spec.model
     if jax.process_count() > 1:
-        return _base_params_multiprocess(c, directory, model_config)
+        return _base_params_multiprocess(spec, directory, model_config)
     like = {"params": model_lib.abstract_params(model_config)}
     ckpt = Checkpointer(directory, max_to_keep=1)
     if ckpt.latest_step() is not None:
@@ -238,18 +241,18 @@ def base_params(c: ConfigDict, *, progress: bool = True) -> Any:
         return tree["params"]
     if jax.process_index() == 0 and progress:
         print(f"[pretrain] no base policy in {directory}: training one", flush=True)
-    params, info = train_base(c, progress=progress)
+    params, info = train_base(spec, progress=progress)
     ckpt.save(info["steps"], {"params": params}, {"key": info["key"]})
     artifacts.write_json_atomic(os.path.join(directory, "info.json"), info)
     ckpt.close()
     return params
 
 
-def export_host_params(c: ConfigDict) -> str:
-    """Writes the warm-start params of ``c`` (trained first if not cached) as
+def export_host_params(spec: RunSpec) -> str:
+    """Writes the warm-start params of ``spec`` (trained first if not cached) as
     ``<cache>/params.npz`` (array names are their tree paths); returns its path."""
-    params = base_params(c, progress=False)
-    path = os.path.join(cache_dir(c), HOST_PARAMS_FILE)
+    params = base_params(spec, progress=False)
+    path = os.path.join(cache_dir(spec), HOST_PARAMS_FILE)
     write_params_file(path, params)
     return path
 
@@ -297,7 +300,7 @@ def load_params_file(path: str, model_config: model_lib.ModelConfig) -> Any:
 WARM_START_WAIT_S = 6 * 3600  # how long other processes wait for process 0's warm start
 
 
-def _base_params_multiprocess(c: ConfigDict, directory: str, model_config) -> Any:
+def _base_params_multiprocess(spec: RunSpec, directory: str, model_config) -> Any:
     """`base_params` under several processes (see its docstring). The others wait for
     process 0's file (a collective would time out while it trains), or its failure
     note, ``params.failed``."""
@@ -309,13 +312,12 @@ def _base_params_multiprocess(c: ConfigDict, directory: str, model_config) -> An
         if os.path.exists(failed):
             os.remove(failed)
         config_path = os.path.join(directory, "export_config.json")
-        artifacts.write_json_atomic(config_path, c.to_dict())
+        artifacts.write_json_atomic(config_path, spec.to_json())
         env = {k: v for k, v in os.environ.items() if k != "RL_BATCH_DISTRIBUTED"}
         env["JAX_PLATFORMS"] = "cpu"  # (the accelerators belong to this run)
         code = (
-            "import json, sys; from ml_collections import ConfigDict; "
-            "from rl_batch import pretrain; "
-            "pretrain.export_host_params(ConfigDict(json.load(open(sys.argv[1]))))"
+            "import json, sys; from rl_batch.runs import config, pretrain; "
+            "pretrain.export_host_params(config.load_spec(json.load(open(sys.argv[1]))))"
         )
         n = jax.process_count()
         print(f"[pretrain] preparing the warm start for {n} processes", flush=True)

@@ -36,7 +36,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from rl_batch import artifacts, distributed, locks, provenance, targets
-from rl_batch.algorithms import exact_eval, grpo
+from rl_batch.algorithms import exact_eval, grpo, learner
 from rl_batch.algorithms.learner import Algorithm
 from rl_batch.models import flops, sharding
 from rl_batch.models import transformer as model_lib
@@ -48,16 +48,14 @@ from rl_batch.runs import programs as programs_lib
 from rl_batch.runs import tracking
 from rl_batch.runs.accounting import Counters, Step, StepAccounting, keep_mask, stuck_error
 from rl_batch.runs.checkpoint import Checkpointer, CheckpointMismatchError
+from rl_batch.runs.spec import RunSpec
 from rl_batch.tasks.plugin import is_plugin, plugin_splits
 from rl_batch.tasks.tfds_builders import load_split
 
 log = logging.getLogger(__name__)
 
-# (Kept importable here: tests and older call-sites use ``run._training_order``.)
-_training_order = rollout_source.training_order
 
-
-def _check_resumable(run_dir: str, c: ConfigDict) -> None:
+def _check_resumable(run_dir: str, spec: RunSpec) -> None:
     """Refuses a config that differs from the one ``run_dir``'s run trained with (a
     config.json left by a run that stopped before any metrics or checkpoint is not
     a run: it is replaced)."""
@@ -68,7 +66,7 @@ def _check_resumable(run_dir: str, c: ConfigDict) -> None:
     )
     if not os.path.exists(path) or not ran:
         return
-    diffs = config_lib.resume_diffs(artifacts.read_json(path), c.to_dict())
+    diffs = config_lib.resume_diffs(artifacts.read_json(path), spec.to_json())
     if diffs:
         raise ValueError(
             f"{run_dir} holds a run with a different config ({'; '.join(diffs)}); only "
@@ -115,8 +113,8 @@ def _metrics_damage(path: str, step: int, saved: list[dict]) -> str:
     return f"line {first + 1} differs from the checkpoint's copy"
 
 
-def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
-    """(train, validation) random-access sequences of example dicts.
+def load_task_data(spec: RunSpec, tokenizer) -> tuple[Any, Any]:
+    """(train, validation) random-access sequences of example dicts of a resolved run.
 
     A user's task class (``task.name="module:Class"``) has its splits drawn in memory
     from its ``make_example`` (`rl_batch.tasks.plugin`). Synthetic tasks come from their
@@ -126,6 +124,7 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
     tokenizer's chat template (``task.chat_template_kwargs``), validation rows shuffled by
     ``task.split_seed``.
     """
+    c, max_prompt_len = spec.config, spec.max_prompt_len
     if is_plugin(c.task.name):  # (a user's task class: drawn in memory)
         return plugin_splits(config_lib.make_task(c), c)
     if c.task.name in config_lib.SYNTHETIC_TASKS:
@@ -151,7 +150,7 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
             tokenizer=tokenizer,
             instruction=DEFAULT_INSTRUCTION if instruction is None else instruction,
             system=c.task.get("system_prompt") or None,
-            max_prompt_tokens=c.derived.max_prompt_len,
+            max_prompt_tokens=max_prompt_len,
             drop_long_prompts=bool(c.task.get("drop_long_prompts", False)),
             chat_template_kwargs=template_kwargs,
         )
@@ -169,15 +168,16 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
     return train, shuffled(val, seed)
 
 
-def initial_params(c: ConfigDict, model_config: model_lib.ModelConfig) -> Any:
-    """The starting policy named by ``config.init``."""
+def initial_params(spec: RunSpec) -> Any:
+    """The starting policy named by the run's ``init`` section."""
+    c, model_config = spec.inputs, spec.model
     source = c.init.source
     if source == "scratch":
         return model_lib.init_params(model_config, c.seed)
     if source == "pretrain":
         from rl_batch.runs import pretrain
 
-        return pretrain.base_params(c)
+        return pretrain.base_params(spec)
     if source == "params":  # a base policy file (experiments.pretrain --export)
         from rl_batch.runs import pretrain
 
@@ -516,7 +516,8 @@ def save_checkpoint(s: _Setup, state, counters: Counters) -> None:
 class _Setup(NamedTuple):
     """Everything a run builds before its first step."""
 
-    c: ConfigDict
+    spec: RunSpec
+    c: ConfigDict  # spec.config: the read-only view of the inputs (and derived values)
     run_dir: str
     is_writer: bool
     model_config: model_lib.ModelConfig
@@ -532,24 +533,25 @@ class _Setup(NamedTuple):
     base_rng: jax.Array
 
 
-def _set_up(c: ConfigDict, resume: bool) -> _Setup:
+def _set_up(spec: RunSpec, resume: bool) -> _Setup:
     """Writes config.json, loads the data and the policy, restores the latest checkpoint."""
+    c = spec.config
     if not c.run_dir:
         raise ValueError("run_dir is empty: set --config.run_dir")
     run_dir = os.path.abspath(c.run_dir)
     is_writer = jax.process_index() == 0
     # Every process checks (process 0 writes only once its check passed), so a mismatch
     # stops all of them instead of leaving the others waiting in a collective.
-    _check_resumable(run_dir, c)
+    _check_resumable(run_dir, spec)
     if is_writer:
         os.makedirs(run_dir, exist_ok=True)
-        artifacts.write_json_atomic(os.path.join(run_dir, artifacts.CONFIG_FILE), c.to_dict())
+        artifacts.write_json_atomic(os.path.join(run_dir, artifacts.CONFIG_FILE), spec.to_json())
         provenance.start_session(run_dir)
 
     task = config_lib.make_task(c)
     tokenizer = config_lib.make_tokenizer(c)
-    model_config = config_lib.make_model_config(c)
-    train_data, val_data = load_task_data(c, tokenizer)
+    model_config = spec.model
+    train_data, val_data = load_task_data(spec, tokenizer)
     # ``expert``: MoE expert parallelism (for a dense model one more batch axis).
     mesh = sharding.make_mesh(
         data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor, expert=c.mesh.get("expert", 1)
@@ -559,13 +561,13 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
     algo, sampler, scorer = programs_lib.get(
         c,
         lambda: programs_lib.Programs(
-            make_algorithm(c, model_config, mesh),
-            config_lib.make_sampler(c, tokenizer, model_config, mesh),
+            make_algorithm(spec, mesh),
+            config_lib.make_sampler(spec, tokenizer, mesh),
             make_scorer(c, model_config, tokenizer, val_data),
         ),
     )
     # (Multi-process: rebuilt so that a checkpoint of the initial state can be saved.)
-    state = distributed.rebuild(algo.init_state(initial_params(c, model_config)))
+    state = distributed.rebuild(algo.init_state(initial_params(spec)))
 
     base_rng = jax.random.key(c.seed)
     source = rollout_source.RolloutSource(
@@ -583,7 +585,7 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
         log.info("resumed %s at step %d", run_dir, counters.step)
     evaluator = Evaluator(c, sampler, task, tokenizer, val_data, base_rng, scorer)
     for what, n in (
-        ("training rollout", c.prompts * c.group_size),
+        ("training rollout", spec.batch),
         ("validation", len(evaluator.examples) * c.eval_k),
     ):
         rollout_lib.check_kv_memory(sampler, n, c.gen_batch, c.get("max_kv_bytes", 0), what)
@@ -597,7 +599,7 @@ def _set_up(c: ConfigDict, resume: bool) -> _Setup:
     if is_writer:
         evaluator.on_generations = metrics_log.write_generations
     return _Setup(
-        c, run_dir, is_writer, model_config, train_data, algo, state, counters, ckpt,
+        spec, c, run_dir, is_writer, model_config, train_data, algo, state, counters, ckpt,
         metrics_log, sampler, source, evaluator, base_rng,
     )  # fmt: skip
 
@@ -647,11 +649,14 @@ def enable_xla_cache(work_dir: str) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> dict[str, Any]:
+def run(
+    spec: RunSpec | ConfigDict, *, resume: bool = True, progress: bool = True
+) -> dict[str, Any]:
     """Runs one configuration to its budget (or to a confirmed target) and returns the summary.
 
     Args:
-      config: a run config (resolved or not; it is resolved and validated here).
+      spec: the run's ``RunSpec`` (``rl_batch.runs.config.resolve``), used as it is; a
+        plain run config is resolved here, once (a run started from Python).
       resume: continue from the latest checkpoint in ``run_dir`` when there is one.
       progress: show a progress bar.
 
@@ -661,8 +666,11 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     Raises:
       locks.DirectoryLocked: another process is writing ``run_dir`` (nothing is written).
     """
-    distributed.maybe_initialize(config)
-    c = config_lib.resolve(config)
+    if not isinstance(spec, RunSpec):
+        distributed.maybe_initialize(spec)  # (before resolve counts the devices)
+        spec = config_lib.resolve(spec)
+    distributed.maybe_initialize(spec.inputs)
+    c = spec.config
     if c.get("xla_cache", False):
         enable_xla_cache(c.work_dir)
     if not c.run_dir:
@@ -672,19 +680,20 @@ def run(config: ConfigDict, *, resume: bool = True, progress: bool = True) -> di
     if lock is not None:
         lock.acquire()
     try:
-        return _run(c, resume, progress)
+        return _run(spec, resume, progress)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _run(c: ConfigDict, resume: bool, progress: bool) -> dict[str, Any]:
+def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
     """`run` once the config is resolved and the run directory is this process's."""
-    s = _set_up(c, resume)
+    s = _set_up(spec, resume)
+    c = s.c
     algo, source, evaluator, metrics_log, ckpt = s.algo, s.source, s.evaluator, s.log, s.ckpt
     state, counters = s.state, s.counters
     accounting = StepAccounting(
-        c, s.model_config, algo.extra_update_flops, _compile(s, state, counters), source.depth > 0
+        spec, algo.extra_update_flops, _compile(s, state, counters), source.depth > 0
     )
     if metrics_log.last_eval is None:
         metrics_log.write(evaluator(algo.policy_params(state), counters))
@@ -771,10 +780,39 @@ def _write_summary(s: _Setup, counters: Counters, status: str, error: str | None
     return summary
 
 
-def make_algorithm(c: ConfigDict, model_config: model_lib.ModelConfig, mesh) -> Algorithm:
-    """The learner of ``c.algo``."""
+def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
+    """The learner of ``spec``'s algorithm, with its optimizers at the run's batch."""
+    c = spec.inputs
+    max_grad_norm = c.max_grad_norm or None
+    actor_optimizer = learner.make_optimizer(
+        **dataclasses.asdict(spec.optimizer),
+        weight_decay=c.weight_decay,
+        max_grad_norm=max_grad_norm,
+    )
     if c.algo == "ppo":
         from rl_batch.algorithms import ppo
 
-        return ppo.PPO(c, model_config, mesh)
-    return grpo.GRPO(c, model_config, mesh)
+        critic_optimizer = ppo.make_critic_optimizer(
+            **dataclasses.asdict(spec.critic_optimizer),
+            weight_decay=c.weight_decay,
+            max_grad_norm=max_grad_norm,
+            batch_scale=c.ppo.critic_batch_scale,
+        )
+        return ppo.PPO(
+            spec.algorithm,
+            spec.model,
+            mesh,
+            actor_optimizer=actor_optimizer,
+            critic_optimizer=critic_optimizer,
+            prompt_len=spec.max_prompt_len,
+            seed=c.seed,
+            critic_from_policy=c.ppo.critic_from_policy,
+        )
+    return grpo.GRPO(
+        spec.algorithm,
+        spec.model,
+        mesh,
+        optimizer=actor_optimizer,
+        prompt_len=spec.max_prompt_len,
+        filter_groups=c.filter_groups,
+    )

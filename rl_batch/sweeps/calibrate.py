@@ -52,6 +52,7 @@ from rl_batch.rollout import sources as rollout_source
 from rl_batch.runs import config as config_lib
 from rl_batch.runs import run as run_lib
 from rl_batch.runs.accounting import Counters, keep_mask
+from rl_batch.runs.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -89,21 +90,22 @@ class _Stepper:
     """One configuration's learner and rollout source, stepping as the run loop does
     (``generate_only``: the rollout alone, its generation time as the step)."""
 
-    def __init__(self, c: ConfigDict, generate_only: bool = False):
+    def __init__(self, spec: RunSpec, generate_only: bool = False):
+        c = spec.config
         self.c, self.generate_only = c, generate_only
         if c.get("xla_cache", False):  # the runs' compiled programs (as ``run.run`` reads them)
             run_lib.enable_xla_cache(c.work_dir)
         task = config_lib.make_task(c)
         tokenizer = config_lib.make_tokenizer(c)
-        model_config = config_lib.make_model_config(c)
-        train_data, _ = run_lib.load_task_data(c, tokenizer)
+        model_config = spec.model
+        train_data, _ = run_lib.load_task_data(spec, tokenizer)
         mesh = sharding.make_mesh(
             data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor, expert=c.mesh.expert
         )
-        self.algo = run_lib.make_algorithm(c, model_config, mesh)
-        self.state = self.algo.init_state(run_lib.initial_params(c, model_config))
+        self.algo = run_lib.make_algorithm(spec, mesh)
+        self.state = self.algo.init_state(run_lib.initial_params(spec))
         self.rng = jax.random.key(c.seed)
-        sampler = config_lib.make_sampler(c, tokenizer, model_config, mesh)
+        sampler = config_lib.make_sampler(spec, tokenizer, mesh)
         self.source = rollout_source.RolloutSource(
             c, sampler, model_config, task, tokenizer, train_data, self.rng, mesh
         )
@@ -128,7 +130,7 @@ class _Stepper:
 
 
 def calibrate(
-    configs: dict[str, ConfigDict],
+    configs: dict[str, RunSpec],
     *,
     rounds: int = 3,
     steps: int = 2,
@@ -138,7 +140,7 @@ def calibrate(
     """Times one training step of each configuration, interleaved (see the module doc).
 
     Args:
-      configs: ``"PxG:rule"`` -> a resolved run config of that configuration.
+      configs: ``"PxG:rule"`` -> the spec of one run of that configuration.
       rounds: visits per configuration (R >= 1).
       steps: timed steps per visit (their mean is the visit's value).
       gen_probe: concurrencies whose generation alone is timed in the same rotation (the
@@ -152,8 +154,11 @@ def calibrate(
         raise ValueError(f"calibration needs rounds >= 1 and steps >= 1, got {rounds}, {steps}")
     t_start = time.time()
     load_start = provenance.load_average()
-    first = next(iter(configs.values()))
-    probes = {f"gen@{c}": probe_config(first, int(c)) for c in gen_probe}  # checked first
+    first = next(iter(configs.values())).inputs
+    # (A probe is another batch of the first configuration: a config of its own, resolved.)
+    probes = {
+        f"gen@{c}": config_lib.resolve(probe_config(first, int(c))) for c in gen_probe
+    }  # checked first
     keys = list(configs) + list(probes)
     steppers = {}
     for key in keys:  # build and compile (one untimed step each)
@@ -188,12 +193,13 @@ def _gen_tokens_per_s(visits: list[list[StepTime]]) -> list[float]:
     return [sum(t.gen_tokens for t in v) / max(sum(t.generate_s for t in v), 1e-12) for v in visits]
 
 
-def _config_record(c: ConfigDict, visits: list[list[StepTime]]) -> dict[str, Any]:
+def _config_record(spec: RunSpec, visits: list[list[StepTime]]) -> dict[str, Any]:
     """One configuration's entry of ``calibration.json`` from its visits' step times."""
+    c = spec.inputs
     step_s = [float(np.mean([t.step_s for t in v])) for v in visits]
     generate_s = [float(np.mean([t.generate_s for t in v])) for v in visits]
     return {
-        "batch": int(c.prompts) * int(c.group_size),
+        "batch": spec.batch,
         "step_s": step_s,
         "step_s_median": statistics.median(step_s),
         "run": c.name,
@@ -212,19 +218,20 @@ def _probe_record(visits: list[list[StepTime]], concurrency: int) -> dict[str, A
     }
 
 
-def sweep_configs(sweep_dir: str) -> dict[str, ConfigDict]:
-    """``"PxG:rule"`` -> the resolved config (``config.json``) of its first listed run."""
+def sweep_configs(sweep_dir: str) -> dict[str, RunSpec]:
+    """``"PxG:rule"`` -> the spec (``config.json``) of its first listed run."""
     record = artifacts.read_json(os.path.join(sweep_dir, artifacts.SWEEP_FILE))
-    configs: dict[str, ConfigDict] = {}
+    configs: dict[str, RunSpec] = {}
     for entry in record.get("runs", []):
         path = os.path.join(sweep_dir, artifacts.RUNS_DIR, entry["name"], artifacts.CONFIG_FILE)
         if not os.path.exists(path):
             continue
-        c = ConfigDict(artifacts.read_json(path))
+        spec = config_lib.load_spec(artifacts.read_json(path))
+        c = spec.inputs
         key = artifacts.point_key(
             c.prompts, c.group_size, c.lr_rule, artifacts.critic_variant_of(c)
         )
-        configs.setdefault(key, c)
+        configs.setdefault(key, spec)
     if not configs:
         raise ValueError(f"{sweep_dir}: no run has a config.json to calibrate")
     return configs
@@ -240,3 +247,17 @@ def calibrate_sweep(
     )
     artifacts.write_json_atomic(os.path.join(sweep_dir, artifacts.CALIBRATION_FILE), record)
     return record
+
+
+def describe(record: dict[str, Any]) -> str:
+    """A calibration record as lines: each configuration's step times, each generation
+    probe's tokens/s, and the host load around the whole measurement."""
+    lines = []
+    for key, v in record["configs"].items():
+        spread = ", ".join(f"{s:.3f}" for s in v["step_s"])
+        lines.append(f"{key:>12}  B={v['batch']:<5d} step {v['step_s_median']:.3f} s  [{spread}]")
+    for c, v in record.get("gen_probe", {}).items():
+        spread = ", ".join(f"{x:.0f}" for x in v["gen_tokens_per_s"])
+        lines.append(f"{'gen@' + c:>12}  generation alone, tokens/s [{spread}]")
+    lines.append(f"load {record['load_start']} -> {record['load_end']}, {record['wall_s']:.0f} s")
+    return "\n".join(lines)

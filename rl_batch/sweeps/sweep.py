@@ -41,8 +41,11 @@ from ml_collections import ConfigDict
 
 from rl_batch import artifacts, distributed, locks
 from rl_batch.runs import config as config_lib
+from rl_batch.runs.spec import RunSpec
 
 FINISHED = "finished"
+# The processes a sweep starts (its points, their workers, calibration, the memory check).
+WORKER = (sys.executable, "-m", "rl_batch.sweeps.worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +81,6 @@ def _ints(text: str, field: str) -> list[int]:
 
 def _strs(text: str) -> list[str]:
     return [v.strip() for v in str(text).split(",") if v.strip()]
-
-
-parse_point_key = artifacts.parse_point_key
 
 
 def _critic_axis(base: ConfigDict) -> list[tuple[int, str]]:
@@ -127,7 +127,7 @@ def expand_grid(base: ConfigDict) -> list[Point]:
 def _full_key(base: ConfigDict, text: str) -> tuple[int, int, str, str]:
     """A point key's (prompts, group_size, rule, critic), the critic part filled in from
     the base config when absent; a critic part on a GRPO sweep is refused."""
-    p, g, r, critic = parse_point_key(text)
+    p, g, r, critic = artifacts.parse_point_key(text)
     if critic is None:
         critic = artifacts.critic_variant_of({**base.to_dict(), "lr_rule": r})
     elif critic and base.get("algo") != "ppo":
@@ -201,7 +201,7 @@ def gen_probe(base: ConfigDict, points: list[Point]) -> tuple[int, ...]:
 
 def plan(
     base: ConfigDict, sweep_dir: str, device_count: int | None = None
-) -> tuple[list[Point], dict[str, ConfigDict]]:
+) -> tuple[list[Point], dict[str, RunSpec]]:
     """Expands and validates the whole grid; nothing is started.
 
     Args:
@@ -211,7 +211,7 @@ def plan(
         starts the JAX backend: a multi-process program joins ``jax.distributed`` first).
 
     Returns:
-      (points, resolved run config per point name).
+      (points, the ``RunSpec`` of each point by name): each point resolved once.
 
     Raises:
       ValueError: for a fixed base ``lr`` (see ``check_base_lr``), a reference that is
@@ -239,17 +239,17 @@ def plan(
     return points, resolved
 
 
-def check_memory(resolved: dict[str, ConfigDict], device_memory: float, work_dir: str) -> list[str]:
-    """Runs ``experiments.plan_memory --check_json`` in a CPU-only child process (this
-    one keeps its hands off the accelerators) on the points' own shapes; returns one
-    message per point whose update or sampler would not fit ``device_memory`` bytes."""
+def check_memory(resolved: dict[str, RunSpec], device_memory: float, work_dir: str) -> list[str]:
+    """Runs the worker's ``memory`` check (``rl_batch.sweeps.worker``) in a CPU-only child
+    process (this one keeps its hands off the accelerators) on the points' own shapes;
+    returns one message per point whose update or sampler would not fit
+    ``device_memory`` bytes."""
     os.makedirs(work_dir, exist_ok=True)
     path = os.path.join(work_dir, "memory_check.json")
-    artifacts.write_json_atomic(path, {k: c.to_dict() for k, c in resolved.items()})
+    artifacts.write_json_atomic(path, {k: spec.to_json() for k, spec in resolved.items()})
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.plan_memory", f"--check_json={path}"]
-        + [f"--device_memory={device_memory}"],
+        [*WORKER, "memory", path, f"--device_memory={device_memory}"],
         env=env,
         capture_output=True,
         text=True,
@@ -263,7 +263,7 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
     old_runs = {r["name"]: r for r in (old or {}).get("runs", [])}
     runs = []
     for point in points:
-        c = resolved[point.name]
+        spec = resolved[point.name]
         prev = old_runs.get(point.name, {})
         entry = artifacts.sweep_entry(
             point.name,
@@ -271,7 +271,7 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
             group_size=point.group_size,
             lr_rule=point.lr_rule,
             critic=point.critic,
-            lr=c.derived.lr,
+            lr=spec.optimizer.lr,
             seed=point.seed,
             status=prev.get("status", "pending"),
             error=prev.get("error"),
@@ -293,16 +293,17 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
     }
 
 
-def _changed_settings(resolved: dict[str, ConfigDict]) -> list[str]:
+def _changed_settings(resolved: dict[str, RunSpec]) -> list[str]:
     """``"run: field: old -> new"`` for each point whose run directory holds a run
     (``summary.json``: started, finished or not) whose config differs outside
     `config.RESUME_ALLOWED`, checked before any point starts, in every process. (A
     directory with a config.json alone is refused by ``run.run`` at its point.)"""
     out = []
-    for name, c in resolved.items():
-        path = os.path.join(c.run_dir, artifacts.CONFIG_FILE)
-        if os.path.exists(path) and os.path.exists(os.path.join(c.run_dir, artifacts.SUMMARY_FILE)):
-            diffs = config_lib.resume_diffs(artifacts.read_json(path), c.to_dict())
+    for name, spec in resolved.items():
+        run_dir = spec.inputs.run_dir
+        path = os.path.join(run_dir, artifacts.CONFIG_FILE)
+        if os.path.exists(path) and os.path.exists(os.path.join(run_dir, artifacts.SUMMARY_FILE)):
+            diffs = config_lib.resume_diffs(artifacts.read_json(path), spec.to_json())
             out += [f"{name}: {d}" for d in diffs]
     return out
 
@@ -336,7 +337,7 @@ def join_processes(base: ConfigDict, *, isolate: bool = False) -> Processes:
     process (the default) join ``jax.distributed`` here, since ``plan`` counts the
     devices, which starts the backend, and ``jax.distributed.initialize`` must come
     first; ``run.run``'s own call then does nothing. With ``isolate``, this process
-    only starts each point's ``experiments.train`` children, which inherit the
+    only starts each point's worker children (``rl_batch.sweeps.worker``), which inherit the
     environment and join the run themselves: this one must not (it would hold the
     coordinator's port), so its index and the process count come from the settings,
     and nor may it start JAX's backend (it would hold the accelerators its children
@@ -435,7 +436,7 @@ def run_child(cmd: list[str], log_path: str) -> int:
     """Runs ``cmd`` with its output appended to ``log_path``; returns its exit status.
 
     The child gets SIGTERM if this process dies (even by SIGKILL) when it calls
-    `locks.die_with_parent` (``experiments.train`` does), and a SIGTERM sent to this
+    `locks.die_with_parent` (``rl_batch.sweeps.worker`` does), and a SIGTERM sent to this
     process is passed on to it (this process then waits for it and exits 143), so the
     child is never left training a run that a rerun would start a second time.
     """
@@ -465,22 +466,23 @@ def run_child(cmd: list[str], log_path: str) -> int:
                 proc.wait()
 
 
-def _run_subprocess(config: ConfigDict, log_path: str, worker: Worker | None = None) -> None:
-    """Runs one point as ``python -m experiments.train`` with the config as JSON (in
-    ``worker``, a process that runs points one after another, when one is given)."""
-    cfg_path = os.path.join(config.run_dir, "requested_config.json")
-    artifacts.write_json_atomic(cfg_path, config.to_dict())
+def _run_subprocess(spec: RunSpec, log_path: str, worker: Worker | None = None) -> None:
+    """Runs one point in a child process (``rl_batch.sweeps.worker run``) from its spec
+    as JSON (in ``worker``, a process that runs points one after another, when one is
+    given)."""
+    cfg_path = os.path.join(spec.inputs.run_dir, "requested_config.json")
+    artifacts.write_json_atomic(cfg_path, spec.to_json())
     if worker is not None:
         worker.run(cfg_path, log_path)
         return
-    cmd = [sys.executable, "-m", "experiments.train", f"--config_json={cfg_path}", "--resume"]
+    cmd = [*WORKER, "run", cfg_path]
     returncode = run_child(cmd, log_path)
     if returncode != 0:
         raise RuntimeError(f"subprocess exited with {returncode}; see {log_path}")
 
 
 class Worker:
-    """A child process (``experiments.train --serve``) that runs points one at a time.
+    """A child process (``rl_batch.sweeps.worker serve``) that runs points one at a time.
 
     A sweep's concurrent points each used to start a process of their own; on a 2-core
     CPU the import and the first-call compiles were a fifth of a short run's wall time.
@@ -503,7 +505,7 @@ class Worker:
         env = {**os.environ, locks.PARENT_PID_ENV: str(os.getpid())}
         with open(self.stderr_path, "a") as err:
             return subprocess.Popen(
-                [sys.executable, "-m", "experiments.train", "--serve"],
+                [*WORKER, "serve"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -564,9 +566,9 @@ def serve_points(requests, replies) -> None:
             os.dup2(log_file.fileno(), 2)
             ok, error, stop = True, "", False
             try:
-                config = ConfigDict(artifacts.read_json(request["config_json"]))
+                spec = config_lib.load_spec(artifacts.read_json(request["config_json"]))
                 programs.keep(request.get("keep_programs", 0))
-                summary = run_lib.run(config, resume=True, progress=True)
+                summary = run_lib.run(spec, resume=True, progress=True)
                 print(f"{summary['status']}: N*={summary['n_star']} q={summary['q']}")
             except KeyboardInterrupt as e:  # a SIGTERM: the run recorded "interrupted"
                 ok, error, stop = False, f"interrupted ({e})", True
@@ -592,7 +594,7 @@ def run_sweep(
     *,
     isolate: bool = False,
     only: str | None = None,
-    run_fn: Callable[[ConfigDict], dict[str, Any]] | None = None,
+    run_fn: Callable[[RunSpec], dict[str, Any]] | None = None,
     log: Callable[[str], None] = print,
     processes: Processes | None = None,
 ) -> dict[str, Any]:
@@ -601,10 +603,10 @@ def run_sweep(
     Args:
       base: the sweep config (a run config with a ``sweep`` section).
       sweep_dir: output directory.
-      isolate: run each point in its own process (``experiments.train``).
+      isolate: run each point in its own process (``rl_batch.sweeps.worker run``).
       only: run just this point name (for job arrays); its record goes to
         ``<run>/sweep_point.json`` and the shared ``sweep.json`` is left alone.
-      run_fn: runs one resolved config in-process (default ``rl_batch.runs.run.run``).
+      run_fn: runs one point's ``RunSpec`` in-process (default ``rl_batch.runs.run.run``).
       log: where progress lines go.
       processes: this process's place, if the caller has already joined
         (``join_processes``); else this joins first.
@@ -658,7 +660,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     record = _sweep_record(base, points, resolved, ref_key, old)
     record["name"] = os.path.basename(os.path.normpath(sweep_dir))
     if only is not None:
-        sweep_path = os.path.join(resolved[only].run_dir, "sweep_point.json")
+        sweep_path = os.path.join(resolved[only].inputs.run_dir, "sweep_point.json")
     # Other processes of a multi-process run compute but write and print nothing.
     writer = processes.writer
     save = artifacts.write_json_atomic if writer else _discard
@@ -751,10 +753,11 @@ class _Workers:
 
 
 def _run_point(
-    i, point, config, record, isolate, run_fn, processes, progress, save, guard, worker=None
+    i, point, spec, record, isolate, run_fn, processes, progress, save, guard, worker=None
 ):
     """Runs one point of ``_run_points`` (skips it when finished) and books its status."""
     n, log = progress.total, progress.log
+    config = spec.inputs
     entry = next(r for r in record["runs"] if r["name"] == point.name)
     status = _run_status(config.run_dir)
     if status == FINISHED and _budget_of(config.run_dir) >= config.budget_responses:
@@ -766,7 +769,7 @@ def _run_point(
     resume = status is not None or os.path.isdir(os.path.join(config.run_dir, "checkpoints"))
     log(
         f"[sweep {i + 1}/{n}] {point.name}: B={point.prompts}x{point.group_size}"
-        f"={point.prompts * point.group_size}, lr={config.derived.lr:.3g} ({point.lr_rule})"
+        f"={spec.batch}, lr={spec.optimizer.lr:.3g} ({point.lr_rule})"
         f"{' (resuming)' if resume else ''}{progress.eta()}"
     )
     with guard:
@@ -780,10 +783,10 @@ def _run_point(
             log_name = (
                 "stdout.log" if processes.writer else f"stdout.process_{processes.process_id}.log"
             )
-            _run_subprocess(config, os.path.join(config.run_dir, log_name), worker)
+            _run_subprocess(spec, os.path.join(config.run_dir, log_name), worker)
             status = _run_status(config.run_dir) or "failed"
         else:
-            status = run_fn(config).get("status", FINISHED)
+            status = run_fn(spec).get("status", FINISHED)
         error = None
     except KeyboardInterrupt:
         with guard:
@@ -815,12 +818,11 @@ def _budget_of(run_dir: str) -> float:
 def _calibrate(
     sweep_dir: str, rounds: int, steps: int, probe: tuple[int, ...], log: Callable[[str], None]
 ) -> None:
-    """``experiments.calibrate`` of the sweep in a child process (a clean, JAX-free
+    """The worker's ``calibrate`` of the sweep in a child process (a clean, JAX-free
     parent; every configuration timed in one process); a failure is logged, not raised."""
     log(f"[sweep] calibrating the configurations' step times ({rounds} interleaved rounds)")
     probe_flag = "--gen_probe=" + ",".join(map(str, probe))
-    cmd = [sys.executable, "-m", "experiments.calibrate", f"--sweep_dir={sweep_dir}",
-           f"--rounds={rounds}", f"--steps={steps}", probe_flag]  # fmt: skip
+    cmd = [*WORKER, "calibrate", sweep_dir, f"--rounds={rounds}", f"--steps={steps}", probe_flag]
     code = run_child(cmd, os.path.join(sweep_dir, "calibration.log"))
     if code != 0:
         log(f"[sweep] calibration failed (exit {code}); see {sweep_dir}/calibration.log")
@@ -842,7 +844,7 @@ def list_runs(base: ConfigDict, sweep_dir: str) -> str:
                     "prompts": p.prompts,
                     "group_size": p.group_size,
                     "lr_rule": p.lr_rule,
-                    "lr": resolved[p.name].derived.lr,
+                    "lr": resolved[p.name].optimizer.lr,
                     "seed": p.seed,
                     **({"critic": p.critic} if p.critic else {}),
                 },

@@ -1,0 +1,200 @@
+"""RunSpec: one run's inputs and every value derived from them, resolved once.
+
+``rl_batch.runs.config.resolve(config)`` validates a run config and returns a
+``RunSpec``; nothing after it resolves again. A sweep plans specs, its workers and
+subprocesses receive ``spec.to_json()``, and ``<run>/config.json`` is that JSON: the
+inputs exactly as configured plus a ``derived`` section. ``RunSpec.from_json`` reads it
+back without recomputing anything, so a config.json written before the spec existed
+(the same format) still loads and resumes.
+
+The typed fields own the derived values; ``spec.config`` is the read-only config view
+(inputs + ``derived``) for code that reads configured fields (``spec.config.task.name``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from ml_collections import ConfigDict, FrozenConfigDict
+
+from rl_batch.algorithms import grpo, lr_rules, ppo
+from rl_batch.models import transformer as model_lib
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Adam:
+    """The Adam settings one network trains with (at the run's batch, after its rule)."""
+
+    lr: float
+    b1: float
+    b2: float
+    eps: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """A resolved run: the configured inputs and every derived value.
+
+    Attributes:
+      inputs: every configured field, exactly as given (no ``derived``, no ``sweep``).
+      batch: B = prompts x group_size, the responses one rollout batch generates (the
+        one meaning of "batch" in a config; a metrics line's ``batch_responses`` counts
+        the retained responses of one update).
+      optimizer: the policy's Adam settings at B (``lr`` when set, else ``lr_rule``
+        applied to ``lr_ref`` at B / ``batch_ref``; the rule's betas and eps).
+      lr_arithmetic: how the rule got to ``optimizer.lr``, in words.
+      critic_optimizer: PPO's critic Adam settings at k x B (None for GRPO).
+      critic_rule: the critic rule's whole result (None for GRPO).
+      micro_batches: the update's gradient-accumulation micro-batches.
+      max_prompt_len: prompt tokens the run accepts (the task's longest + BOS).
+      max_new_tokens: response tokens the sampler generates at most (+ EOS).
+      model: the policy's model config.
+      algorithm: ``grpo.GRPOConfig`` or ``ppo.PPOConfig`` of the run.
+      device_count: devices the run's mesh spans.
+      python: the Python version that resolved it.
+    """
+
+    inputs: FrozenConfigDict
+    batch: int
+    optimizer: Adam
+    lr_arithmetic: str
+    critic_optimizer: Adam | None = None
+    critic_rule: lr_rules.OptimizerHparams | None = None
+    micro_batches: int
+    max_prompt_len: int
+    max_new_tokens: int
+    model: model_lib.ModelConfig
+    algorithm: grpo.GRPOConfig | ppo.PPOConfig
+    device_count: int
+    python: str
+
+    @classmethod
+    def build(
+        cls,
+        inputs: ConfigDict,
+        *,
+        policy: lr_rules.OptimizerHparams | Adam,
+        lr_arithmetic: str,
+        critic_optimizer: Adam | None,
+        critic_rule: lr_rules.OptimizerHparams | None,
+        micro_batches: int,
+        max_prompt_len: int,
+        max_new_tokens: int,
+        model: model_lib.ModelConfig,
+        device_count: int,
+        python: str,
+    ) -> RunSpec:
+        """A spec from validated inputs and the derived values (``config.resolve``)."""
+        inputs = ConfigDict(inputs.to_dict())
+        for section in ("derived", "sweep"):
+            if section in inputs:
+                del inputs[section]
+        return cls(
+            inputs=FrozenConfigDict(inputs),
+            batch=inputs.prompts * inputs.group_size,
+            optimizer=Adam(lr=policy.lr, b1=policy.b1, b2=policy.b2, eps=policy.eps),
+            lr_arithmetic=lr_arithmetic,
+            critic_optimizer=critic_optimizer,
+            critic_rule=critic_rule,
+            micro_batches=micro_batches,
+            max_prompt_len=max_prompt_len,
+            max_new_tokens=max_new_tokens,
+            model=model,
+            algorithm=_algorithm_config(inputs, micro_batches),
+            device_count=device_count,
+            python=python,
+        )
+
+    # ------------------------------------------------------------ the JSON form
+
+    def derived(self) -> dict[str, Any]:
+        """The ``derived`` section of ``config.json`` (keys as written since it existed)."""
+        out: dict[str, Any] = dataclasses.asdict(self.optimizer)
+        out["lr_arithmetic"] = self.lr_arithmetic
+        if self.critic_optimizer is not None:
+            out["critic_lr"] = self.critic_optimizer.lr
+            out["critic"] = self.critic_rule.to_dict()
+        out.update(
+            micro_batches=self.micro_batches,
+            batch=self.batch,
+            max_prompt_len=self.max_prompt_len,
+            max_new_tokens=self.max_new_tokens,
+            model=self.model.to_dict(),
+            num_params=self.model.num_params,
+            device_count=self.device_count,
+            python=self.python,
+        )
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """``config.json``: the inputs plus the ``derived`` section (JSON types only)."""
+        return {**_plain(self.inputs.to_dict()), "derived": _plain(self.derived())}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSpec:
+        """The spec a ``to_json()`` (a run's ``config.json``) describes; nothing is recomputed.
+
+        Raises:
+          ValueError: ``data`` has no ``derived`` section (an unresolved config: resolve it
+            with ``rl_batch.runs.config.resolve``).
+        """
+        derived = data.get("derived")
+        if not isinstance(derived, dict):
+            raise ValueError("a run spec needs its derived section (resolve the config first)")
+        inputs = ConfigDict({k: v for k, v in data.items() if k not in ("derived", "sweep")})
+        stops = inputs.get("sampling", {}).get("stop_strings")
+        if isinstance(stops, list):  # (JSON has no tuples)
+            del inputs.sampling["stop_strings"]
+            inputs.sampling.stop_strings = tuple(stops)
+        critic, critic_optimizer = derived.get("critic"), None
+        if critic is not None:
+            fields = {f.name for f in dataclasses.fields(lr_rules.OptimizerHparams)}
+            critic = {k: v for k, v in critic.items() if k in fields}
+            critic = lr_rules.OptimizerHparams(**{**critic, "clamped": tuple(critic["clamped"])})
+            critic_optimizer = Adam(
+                lr=derived["critic_lr"], b1=critic.b1, b2=critic.b2, eps=critic.eps
+            )
+        return cls.build(
+            inputs,
+            policy=Adam(lr=derived["lr"], b1=derived["b1"], b2=derived["b2"], eps=derived["eps"]),
+            lr_arithmetic=derived.get("lr_arithmetic", ""),
+            critic_optimizer=critic_optimizer,
+            critic_rule=critic,
+            micro_batches=derived["micro_batches"],
+            max_prompt_len=derived["max_prompt_len"],
+            max_new_tokens=derived["max_new_tokens"],
+            model=model_lib.ModelConfig.from_dict(derived["model"]),
+            device_count=derived["device_count"],
+            python=derived.get("python", ""),
+        )
+
+    @functools.cached_property
+    def config(self) -> FrozenConfigDict:
+        """The read-only config view: the inputs plus ``derived`` (as ``config.json``)."""
+        return FrozenConfigDict(ConfigDict(self.to_json()))
+
+    def replace_inputs(self, **changes: Any) -> RunSpec:
+        """This spec with top-level inputs that derive nothing changed (``run_dir``,
+        ``name``, ``budget_responses``, ...): a resumed or relocated run."""
+        inputs = ConfigDict(self.inputs.to_dict())
+        for key, value in changes.items():
+            inputs[key] = value
+        return dataclasses.replace(self, inputs=FrozenConfigDict(inputs))
+
+
+def _algorithm_config(inputs: ConfigDict, micro_batches: int):
+    """The algorithm's own config dataclass from the inputs and the micro-batch count."""
+    if inputs.algo == "ppo":
+        return ppo.PPOConfig.from_config(inputs, micro_batches)
+    return grpo.GRPOConfig.from_config(inputs, micro_batches)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with tuples as lists (what JSON reads back), recursively."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
