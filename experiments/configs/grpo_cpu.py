@@ -1,9 +1,15 @@
 """The default CPU study: GRPO batch scaling on 3-digit scratchpad addition, ~1M model.
 
-Six configurations x 12 seeds on a 2-core CPU: the invariance family P x 8 for
-P = 4 ... 32 (B = 32 ... 256 responses) under the sqrt LR rule, the fixed LR rule at 2x
+Seven configurations x 12 seeds on a 2-core CPU: the invariance family P x 8 for
+P = 2 ... 32 (B = 16 ... 256 responses) under the sqrt LR rule, the fixed LR rule at 2x
 the reference batch, and a group-size pair (8 x 16 against 16 x 8, both B = 128). The
 README's study section gives the wall time and the answer of two runs of this config.
+
+The left arm P = 2 (B = 16): runs R8-R22 all put the smallest T at B = 32, then the
+smallest batch of the grid, so "T is U-shaped" was decided by a grid that never tried a
+smaller batch (issue 37). With ``sweep.extend_edges`` the sweep also adds the next batch
+beyond an edge optimum (B = 8 if B = 16 turns out fastest; B = 512 if B = 256 does), at
+most two rounds (``rl_batch.analysis.planner.next_edge_points``).
 
 Measurement choices (their measured effects, and what they do not fix, are in the
 README's study section and each report's Measurement section):
@@ -113,7 +119,8 @@ def get_config(arg=None):
     c.target_band_lo = 0.43
     c.stop_at_target = True
     c.confirm_evals = 1
-    c.sweep.prompts = "4,8,16,32"
+    c.sweep.prompts = "2,4,8,16,32"  # P = 2: the left arm of B = 32 (see the docstring)
+    c.sweep.extend_edges = True
     c.sweep.group_sizes = "8"
     c.sweep.lr_rules = "sqrt"
     c.sweep.extra_points = "16x8:fixed,8x16:sqrt"

@@ -485,6 +485,7 @@ def build_report(
         planner.format_plan_table(plan or planner.plan_full(analysis)),
         "",
         *recommendation_shares_lines(shares, plan),
+        *planner.extension_lines(sw.sweep_dir),
         "## Per run",
         "",
         *run_table(analysis),
