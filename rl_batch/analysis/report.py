@@ -20,6 +20,7 @@ from rl_batch.analysis import (
     measurement,
     noise_scale,
     planner,
+    saturation,
     stability,
 )
 from rl_batch.analysis.time_to_target import (
@@ -476,6 +477,7 @@ def build_report(
         *ratio_table(analysis),
         "",
         *measurement.measurement_section(analysis),
+        *saturation.saturation_section(analysis),
         *_critical_section(analysis, tol),
         *_noise_section(analysis),
         *critic_section(analysis),
