@@ -109,3 +109,36 @@ def test_needs_a_target(tmp_path):
     c.target = None
     with pytest.raises(ValueError, match="extend_edges=True needs a target"):
         sweep_main.run_extending(c, str(tmp_path), FakeGrid(str(tmp_path)), WRITER)
+
+
+def test_with_the_sweeps_own_run_loop(tmp_path):
+    """`sweep.run_sweep` itself (grid, records, skipping finished points), each point's
+    run replaced by a synthetic one: the grid grows to B = 16 and a re-run runs nothing."""
+    import functools
+
+    from tests.run_fixtures import tiny_run_config
+
+    calls = []
+
+    def run_fn(c):
+        calls.append(c.name)
+        tau = fx.TAU0 * _mult(c.prompts * c.group_size) * fx.SEED_TAU_FACTORS[c.seed]
+        fx.write_run(c.run_dir, prompts=c.prompts, group_size=c.group_size, tau=tau,
+                     seed=c.seed)  # fmt: skip
+        # The point's own config, as a run writes it (a re-run compares it with the grid's).
+        artifacts.write_json_atomic(os.path.join(c.run_dir, artifacts.CONFIG_FILE), c.to_dict())
+        return {"status": "finished"}
+
+    c = base.sweep_config(tiny_run_config(str(tmp_path / "work")))
+    c.target, c.sweep.prompts, c.sweep.group_sizes, c.sweep.seeds = fx.TARGET, "8,16", "8", "0,1"
+    c.sweep.extend_edges = True
+    d = str(tmp_path / "sweep")
+    grid = functools.partial(sweep.run_sweep, sweep_dir=d, run_fn=run_fn, processes=WRITER,
+                             log=lambda s: None)  # fmt: skip
+    sweep_main.run_extending(c, d, grid, WRITER, log=lambda s: None)
+    assert [n.rsplit("_", 1)[0] for n in calls[4:]] == ["p4_g8_sqrt"] * 2 + ["p2_g8_sqrt"] * 2
+    raw = artifacts.read_json(os.path.join(d, artifacts.SWEEP_FILE))
+    assert len(raw["runs"]) == 8 and raw["reference"] == "p8_g8_sqrt_s0"
+    calls.clear()
+    sweep_main.run_extending(c, d, grid, WRITER, log=lambda s: None)
+    assert calls == []
