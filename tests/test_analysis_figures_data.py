@@ -162,3 +162,21 @@ def test_critical_batches_show_the_calibrations_intervals(stopping):
     assert any(t.startswith("plateau CI walk") for t in legend)
     assert any("critical training batch: CI walk" in t.get_text()
                for t in right.get_legend().get_texts())  # fmt: skip
+
+
+def test_binned_signal_mean_only_where_every_seed_has_data(tmp_path):
+    from matplotlib.figure import Figure
+
+    for seed, budget in enumerate((1024, 3072)):
+        fx.write_run(str(tmp_path / f"s{seed}"), prompts=8, group_size=8, tau=2000.0,
+                     seed=seed, budget=budget)  # fmt: skip
+    runs = [curves.load_run(str(tmp_path / f"s{seed}")) for seed in (0, 1)]
+    edges = np.linspace(0.0, 3072.0, 13)  # bins of 256 responses: one update of 64 in four
+    v_rk = figures.binned_seeds(runs, "grad_norm", edges)
+    assert np.isfinite(v_rk[1]).all() and np.isnan(v_rk[0][4:]).all()
+    ax = Figure().subplots()
+    figures.plot_binned(ax, runs, "grad_norm", edges, "C0", "-", "mean")
+    mean, *tails = ax.get_lines()
+    x, y = mean.get_xdata(), mean.get_ydata()
+    assert np.isfinite(y[x < 1024]).all() and np.isnan(y[x > 1024]).all()
+    assert len(tails) == 2  # each seed's own values past the common range

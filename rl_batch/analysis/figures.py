@@ -290,28 +290,6 @@ def _group_pairs(analysis: Analysis) -> list[list[ConfigKey]]:
     ]
 
 
-def _binned_field(
-    runs: Sequence[RunData], field: str, bins: int = 30
-) -> tuple[np.ndarray, np.ndarray]:
-    """Seed-mean of per-bin means of an update field over responses (smooths noisy norms).
-
-    Returns:
-      (bin centers [K], mean values [K]) for the bins with data.
-    """
-    hi = max(r.final_responses for r in runs)
-    edges = np.linspace(0.0, hi, bins + 1)
-    sums, counts = np.zeros(bins), np.zeros(bins)
-    for r in runs:
-        v = r.field(field)
-        ok = np.isfinite(v)
-        idx = np.clip(np.searchsorted(edges, r.responses[ok], side="left") - 1, 0, bins - 1)
-        np.add.at(sums, idx, v[ok])
-        np.add.at(counts, idx, 1)
-    has = counts > 0
-    centers = 0.5 * (edges[1:] + edges[:-1])
-    return centers[has], sums[has] / counts[has]
-
-
 def figure_group_size(analysis: Analysis) -> Figure | None:
     """Same ``B = P x G``, different (P, G): curves and gradient norm against responses."""
     pairs = _group_pairs(analysis)
@@ -336,14 +314,13 @@ def figure_group_size(analysis: Analysis) -> Figure | None:
     _plot_curves(ax, analysis, keys, styles)
     ax.set_title("group size at fixed B = P x G")
     plotted = False
+    with_norm = [r for k in keys for r in analysis.runs_by_key[k] if r.has_field("grad_norm")]
+    edges = np.linspace(0.0, max((r.final_responses for r in with_norm), default=1.0), 31)
     for k in keys:
         runs = [r for r in analysis.runs_by_key[k] if r.has_field("grad_norm")]
-        if not runs:
-            continue
-        centers, mean = _binned_field(runs, "grad_norm")
-        if centers.size:
+        if runs:
             st = styles[k]
-            ax2.plot(centers, mean, color=st["color"], linestyle=st["linestyle"], label=st["label"])
+            plot_binned(ax2, runs, "grad_norm", edges, st["color"], st["linestyle"], st["label"])
             plotted = True
     if plotted:
         ax2.set_xlabel("cumulative retained responses")
@@ -850,6 +827,28 @@ def binned_seeds(runs: Sequence[RunData], field: str, edges: np.ndarray) -> np.n
     return np.stack(rows) if rows else np.full((0, k), np.nan)
 
 
+def plot_binned(ax, runs: Sequence[RunData], field: str, edges: np.ndarray, color, style,
+                label: str | None) -> None:  # fmt: skip
+    """One configuration's update field against responses: the seed mean of binned values
+    (`binned_seeds`) where every seed has data, the seed min-max band, and each seed's own
+    values (faint) past that (no survivors-only mean)."""
+    centers = 0.5 * (edges[1:] + edges[:-1])
+    v_rk = binned_seeds(runs, field, edges)
+    all_k = np.isfinite(v_rk).all(axis=0)
+    filled = np.where(all_k, v_rk, 0.0)
+    mean = np.where(all_k, filled.mean(axis=0), np.nan)
+    ax.plot(centers, mean, color=color, linestyle=style, linewidth=1.2, label=label)
+    if len(runs) > 1:
+        lo = np.where(all_k, np.min(np.where(all_k, v_rk, np.inf), axis=0), np.nan)
+        hi = np.where(all_k, np.max(np.where(all_k, v_rk, -np.inf), axis=0), np.nan)
+        ax.fill_between(centers, lo, hi, color=color, alpha=0.15, linewidth=0)
+    past = ~all_k & (np.cumsum(all_k[::-1])[::-1] == 0)  # bins after the common range
+    if past.any():
+        i = max(int(np.argmax(past)) - 1, 0)
+        for row in v_rk:
+            ax.plot(centers[i:], row[i:], color=color, linestyle=style, **SEED_STYLE)
+
+
 def figure_training_signals(analysis: Analysis, bins: int = 30) -> Figure | None:
     """Reward, entropy, KL and response length against responses: per configuration, the
     seed mean of binned values where every seed has data, the seed min-max band, and
@@ -865,28 +864,13 @@ def figure_training_signals(analysis: Analysis, bins: int = 30) -> Figure | None
     axes = fig.subplots(2, 2).ravel()
     colors = _config_colors(keys)
     edges = np.linspace(0.0, max(r.final_responses for r in runs) or 1.0, bins + 1)
-    centers = 0.5 * (edges[1:] + edges[:-1])
     for ax, (field, name) in zip(axes, fields):
         for k in keys:
             own = [r for r in analysis.runs_by_key[k] if r.has_field(field)]
-            if not own:
-                continue
-            v_rk = binned_seeds(own, field, edges)
-            all_k = np.isfinite(v_rk).all(axis=0)
-            mean = np.where(all_k, np.nanmean(np.where(all_k, v_rk, 0.0), axis=0), np.nan)
-            color = colors[k]
-            style = "-" if k.lr_rule == "sqrt" else "--"
-            label = f"B={k.batch} {k.label}" if ax is axes[0] else None
-            ax.plot(centers, mean, color=color, linestyle=style, linewidth=1.2, label=label)
-            if len(own) > 1:
-                lo = np.where(all_k, np.min(np.where(all_k, v_rk, np.inf), axis=0), np.nan)
-                hi = np.where(all_k, np.max(np.where(all_k, v_rk, -np.inf), axis=0), np.nan)
-                ax.fill_between(centers, lo, hi, color=color, alpha=0.15, linewidth=0)
-            past = ~all_k & (np.cumsum(all_k[::-1])[::-1] == 0)  # after the common range
-            if past.any():
-                i = max(int(np.argmax(past)) - 1, 0)
-                for row in v_rk:
-                    ax.plot(centers[i:], row[i:], color=color, linestyle=style, **SEED_STYLE)
+            if own:
+                style = "-" if k.lr_rule == "sqrt" else "--"
+                label = f"B={k.batch} {k.label}" if ax is axes[0] else None
+                plot_binned(ax, own, field, edges, colors[k], style, label)
         ax.set_xlabel("cumulative retained responses")
         ax.set_ylabel(name or kl_label(runs), fontsize=8)
     for ax in axes[len(fields) :]:
