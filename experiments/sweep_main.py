@@ -89,6 +89,17 @@ def extended_config(config, points: list[str]):
     return c
 
 
+def listed_config(config, sweep_dir: str):
+    """The config whose grid ``--list_runs`` prints: with ``sweep.extend_edges``, the
+    points recorded in ``<sweep>/extensions.json`` are added (`extended_config`)."""
+    if not config.sweep.get("extend_edges", False):
+        return config
+    from rl_batch.analysis import planner
+
+    added = [p for r in planner.read_extensions(sweep_dir)["rounds"] for p in r["points"]]
+    return extended_config(config, added)
+
+
 def _too_big(config, sweep_dir: str, points: list[str], processes) -> list[str]:
     """Messages for the added ``points`` whose update or sampler would not fit
     ``sweep.device_memory`` (none when it is 0): the planner's memory check."""
@@ -200,8 +211,8 @@ def main(argv, algo: str = "grpo"):
     if config.algo != algo:
         raise app.UsageError(f"--config is a {config.algo!r} config; this job runs {algo!r}")
     sweep_dir = f.sweep_dir or default_sweep_dir(f["config"].config_filename)
-    if f.list_runs:
-        print(_or_exit(sweep.list_runs, config, sweep_dir))
+    if f.list_runs:  # (with the points a grid extension added, when it is on)
+        print(_or_exit(sweep.list_runs, listed_config(config, sweep_dir), sweep_dir))
         return
     # A multi-process sweep joins jax.distributed before any JAX call (run_sweep's plan
     # counts the devices); after that, each process knows whether it is the writer. With

@@ -142,3 +142,14 @@ def test_with_the_sweeps_own_run_loop(tmp_path):
     calls.clear()
     sweep_main.run_extending(c, d, grid, WRITER, log=lambda s: None)
     assert calls == []
+
+
+def test_list_runs_includes_the_recorded_extension(tmp_path):
+    sweep_dir = str(tmp_path)
+    sweep_main.run_extending(_config(), sweep_dir, FakeGrid(sweep_dir), WRITER, log=lambda s: None)
+    listed = sweep_main.listed_config(_config(), sweep_dir)
+    assert [p.key for p in sweep.expand_grid(listed)][::2] == [
+        "2x8:sqrt", "4x8:sqrt", "8x8:sqrt", "16x8:sqrt"
+    ]  # fmt: skip
+    off = _config(extend_edges=False)
+    assert sweep_main.listed_config(off, sweep_dir) is off
