@@ -5,6 +5,10 @@ One definition of the flags (``--config`` with its ``--config.*`` overrides,
 ``--print_config``, ``--quiet``) and of ``main``; each entry point calls `define_flags`
 with its own default config once, at import, so the override flags are registered for
 that config only.
+
+With ``sweep.extend_edges``, `run_extending` runs the grid, then extends it past an edge
+optimum (``rl_batch.analysis.planner.next_edge_points``) until the minimum of T is
+interior or a limit is reached; docs/study_design.md describes it.
 """
 
 import functools
