@@ -59,7 +59,8 @@ README's study section and each report's Measurement section):
   r_N half-width averaged 0.138 (0.122-0.153) against 0.131, and the half's choice moved
   the reference's N* by 10% (one standard deviation over halves).
 - B = 512 is left out of the default grid: it needs ~2.5x the reference's responses and
-  would take a third of the time; add it with ``--config.sweep.prompts=4,8,16,32,64``.
+  would take a third of the time; add it with ``--config.sweep.prompts=2,4,8,16,32,64``
+  (``sweep.extend_edges`` adds it by itself only if B = 256 turns out fastest).
 - 12 seeds (was 10): at 10, B = 256's r_N half-width was 0.17 (seeds 0-9) and 0.25
   (seeds 30-39). 14 seeds (runs R11, R12, R13 of the README) gave largest half-widths of
   0.12-0.13 but took 14.7, 14.6 and 15.4 min; their first 12 seeds give 0.12-0.15. The
