@@ -292,4 +292,13 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # Concurrencies ("512,1024") whose generation alone is timed in the same rotation: the
     # generation plateau (critical generation batch) can lie past the largest batch.
     run.sweep.calibrate_gen_probe = ""
+    # True: after the grid, when the configuration with the smallest T has the smallest
+    # (largest) batch of its family, the sweep adds the next batch beyond it by the grid's
+    # factor (P / f, or G / f at P = 1; P x f), same LR rule, every seed, and repeats
+    # until the minimum is interior or a limit below is reached
+    # (rl_batch.analysis.planner.next_edge_points; <sweep>/extensions.json keeps the added
+    # points, so a re-run of the same command runs only what is new).
+    run.sweep.extend_edges = False
+    run.sweep.extend_max_rounds = 2  # the most extension rounds (each adds 1-2 configurations)
+    run.sweep.extend_max_batch = 0  # > 0: never extend past this batch (e.g. from memory)
     return run

@@ -1,9 +1,15 @@
 """The default CPU study: GRPO batch scaling on 3-digit scratchpad addition, ~1M model.
 
-Six configurations x 12 seeds on a 2-core CPU: the invariance family P x 8 for
-P = 4 ... 32 (B = 32 ... 256 responses) under the sqrt LR rule, the fixed LR rule at 2x
+Seven configurations x 12 seeds on a 2-core CPU: the invariance family P x 8 for
+P = 2 ... 32 (B = 16 ... 256 responses) under the sqrt LR rule, the fixed LR rule at 2x
 the reference batch, and a group-size pair (8 x 16 against 16 x 8, both B = 128). The
 README's study section gives the wall time and the answer of two runs of this config.
+
+The left arm P = 2 (B = 16): runs R8-R22 all put the smallest T at B = 32, then the
+smallest batch of the grid, so "T is U-shaped" was decided by a grid that never tried a
+smaller batch (issue 37). With ``sweep.extend_edges`` the sweep also adds the next batch
+beyond an edge optimum (B = 8 if B = 16 turns out fastest; B = 512 if B = 256 does), at
+most two rounds (``rl_batch.analysis.planner.next_edge_points``).
 
 Measurement choices (their measured effects, and what they do not fix, are in the
 README's study section and each report's Measurement section):
@@ -53,7 +59,8 @@ README's study section and each report's Measurement section):
   r_N half-width averaged 0.138 (0.122-0.153) against 0.131, and the half's choice moved
   the reference's N* by 10% (one standard deviation over halves).
 - B = 512 is left out of the default grid: it needs ~2.5x the reference's responses and
-  would take a third of the time; add it with ``--config.sweep.prompts=4,8,16,32,64``.
+  would take a third of the time; add it with ``--config.sweep.prompts=2,4,8,16,32,64``
+  (``sweep.extend_edges`` adds it by itself only if B = 256 turns out fastest).
 - 12 seeds (was 10): at 10, B = 256's r_N half-width was 0.17 (seeds 0-9) and 0.25
   (seeds 30-39). 14 seeds (runs R11, R12, R13 of the README) gave largest half-widths of
   0.12-0.13 but took 14.7, 14.6 and 15.4 min; their first 12 seeds give 0.12-0.15. The
@@ -113,7 +120,8 @@ def get_config(arg=None):
     c.target_band_lo = 0.43
     c.stop_at_target = True
     c.confirm_evals = 1
-    c.sweep.prompts = "4,8,16,32"
+    c.sweep.prompts = "2,4,8,16,32"  # P = 2: the left arm of B = 32 (see the docstring)
+    c.sweep.extend_edges = True
     c.sweep.group_sizes = "8"
     c.sweep.lr_rules = "sqrt"
     c.sweep.extra_points = "16x8:fixed,8x16:sqrt"

@@ -10,7 +10,8 @@ Typical use (script or notebook)::
     paths = analysis.write_all("sweeps/grpo_cpu")        # figures/ and report.md
 
 Modules: ``curves`` (loading), ``time_to_target``, ``critical_batch``, ``noise_scale``,
-``cost_model`` (throughput file, generation plateau, KV-cache bound), ``planner``,
+``cost_model`` (throughput file, generation plateau, KV-cache bound), ``planner`` (also
+edge optima and the grid extension's next points), ``saturation`` (ScaleRL's ceiling fit),
 ``figures`` and ``report`` (matplotlib is imported only by those two, on first use).
 """
 

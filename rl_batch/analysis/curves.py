@@ -349,29 +349,46 @@ def truncate_run(run: RunData, max_responses: float) -> RunData:
 def mean_curve(
     runs: list[RunData], grid_n: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Seed-mean accuracy curve on a responses grid.
+    """Seed-mean accuracy curve on a responses grid, only where every seed has data.
 
-    Each run's eval curve is linearly interpolated on ``grid_n``; grid points beyond a
-    run's last evaluation are NaN for that run.
+    Each run's eval curve is linearly interpolated on ``grid_n``. A grid point outside
+    any run's evaluations (past a seed that stopped at the target, say) is NaN in all
+    three outputs: a mean over the seeds still running there would be a mean over the
+    slow seeds only, and would fall as the fast ones stop (survivorship). Draw the
+    seeds' own curves beyond it (``seed_curves``).
 
     Args:
       runs: runs of one configuration.
       grid_n: [K] responses grid.
 
     Returns:
-      (mean [K], min [K], max [K]) over the runs that cover each grid point.
+      (mean [K], min [K], max [K]) over the runs with evaluations; NaN where one of
+      them has no data.
     """
-    rows = []
+    rows = [y for _, y in seed_curves(runs, grid_n)]
+    if not rows:
+        nan = np.full(grid_n.shape, np.nan)
+        return nan, nan, nan
+    acc_rk = np.stack(rows)  # [R, K]
+    covered_k = np.isfinite(acc_rk).all(axis=0)
+    nan = np.full(grid_n.shape, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # All-NaN columns stay NaN.
+        return (
+            np.where(covered_k, acc_rk.mean(0), nan),
+            np.where(covered_k, acc_rk.min(0), nan),
+            np.where(covered_k, acc_rk.max(0), nan),
+        )
+
+
+def seed_curves(runs: list[RunData], grid_n: np.ndarray) -> list[tuple[RunData, np.ndarray]]:
+    """Each run's eval curve interpolated on ``grid_n`` ([K]; NaN outside its evaluations);
+    runs without evaluations are left out."""
+    out = []
     for r in runs:
         if r.eval_responses.size == 0:
             continue
         y = np.interp(grid_n, r.eval_responses, r.eval_accuracy)
         y[(grid_n > r.eval_responses[-1]) | (grid_n < r.eval_responses[0])] = np.nan
-        rows.append(y)
-    if not rows:
-        nan = np.full(grid_n.shape, np.nan)
-        return nan, nan, nan
-    acc_rk = np.stack(rows)  # [R, K]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # All-NaN columns stay NaN.
-        return np.nanmean(acc_rk, 0), np.nanmin(acc_rk, 0), np.nanmax(acc_rk, 0)
+        out.append((r, y))
+    return out

@@ -15,12 +15,19 @@ Figures (each skipped, with a logged note, when the sweep has no data for it):
 - ``time_to_target``: ``T / T_ref`` against batch; the recommendation ringed in gold, or,
   when the planner cannot tell them apart, every candidate ringed in grey.
 - ``accuracy_vs_time``: accuracy against training seconds per configuration (the study's
-  question: which batch gets there first in wall time).
+  question: which batch gets there first in wall time), on the calibrated clock when the
+  sweep has a calibration, with each configuration's T and its interval on the target line.
 - ``ratios``: ``r_N`` and ``r_q`` against batch in one panel (their ratio is ``T/T_ref``).
 - ``time_breakdown``: seconds per update in generation, scoring, update and idle per batch.
-- ``training_signals``: reward, entropy, KL and response length against responses per run.
+- ``training_signals``: reward, entropy, KL and response length against responses, the
+  seed mean per configuration with its band; the KL panel says which KL was logged.
 - ``critic`` (PPO): the critic's explained variance per update, warm-up included, and N*
   against the critic's settings (batch scale, LR rule) at the reference.
+
+Curves against responses or time: the seed mean only where every seed has data (runs
+stop at the target, so past the first stop a mean over the seeds still running would be a
+mean over the slow ones), the seed min-max band, and each seed's own curve, faint, beyond;
+the y label names the sweep's validation metric (``eval_metric``).
 
 Error bars are the intervals over seeds (`time_to_target`'s method, Student-t by
 default); an estimate without one (a single seed) is drawn as a hollow marker with no
@@ -45,8 +52,22 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from rl_batch import artifacts
-from rl_batch.analysis import cost_model, critical_batch, findings, noise_scale, planner
-from rl_batch.analysis.curves import ConfigKey, RunData, load_sweep, mean_curve
+from rl_batch.analysis import (
+    cost_model,
+    critical_batch,
+    findings,
+    intervals,
+    measurement,
+    noise_scale,
+    planner,
+)
+from rl_batch.analysis.curves import (
+    ConfigKey,
+    RunData,
+    load_sweep,
+    mean_curve,
+    seed_curves,
+)
 from rl_batch.analysis.time_to_target import DEFAULT_N_BOOT, Analysis, analyze_sweep
 
 log = logging.getLogger(__name__)
@@ -152,8 +173,34 @@ def _grid(runs: Sequence[RunData], points: int = 200) -> np.ndarray:
     return np.linspace(0.0, hi, points)
 
 
+def metric_label(analysis: Analysis) -> str:
+    """The y label of a validation curve, from the runs' ``eval_metric`` (and ``eval_k``)."""
+    metric = measurement.validation_metric(analysis)
+    if metric == "p_ref":
+        return "validation p_ref (exact mean p(reference response))"
+    ks = {e.get("eval_k") for rs in analysis.runs_by_key.values() for r in rs
+          for e in r.eval_records[:1]}  # fmt: skip
+    k = next(iter(ks)) if len(ks) == 1 and None not in ks else "k"
+    return f"validation accuracy (mean@{k})"
+
+
+SEED_STYLE = {"linewidth": 0.6, "alpha": 0.35}  # a seed's own curve past the common range
+CURVE_NOTE = "line: seed mean where every seed has data, band: seed min-max; faint: single seeds"
+
+
+def _plot_seed_tails(ax, xs_ys, x_end: float, color, linestyle) -> None:
+    """Each seed's own curve (x [E], y [E]) from ``x_end`` (where the mean stops) on."""
+    for x, y in xs_ys:
+        keep = x >= x_end
+        if keep.sum() >= 1:
+            i = max(int(np.argmax(keep)) - 1, 0)  # from the point before, to join the mean
+            ax.plot(x[i:], y[i:], color=color, linestyle=linestyle, **SEED_STYLE)
+
+
 def _plot_curves(ax, analysis: Analysis, keys: Sequence[ConfigKey], styles: dict) -> None:
-    """Seed-mean accuracy against responses with the seed min-max band."""
+    """Seed-mean accuracy against responses where every seed has data, with the seed
+    min-max band; past the first seed's last evaluation (a seed that stopped at the
+    target), each seed's own curve, faint (no survivors-only mean)."""
     runs = [r for k in keys for r in analysis.runs_by_key[k]]
     grid = _grid(runs)
     for k in keys:
@@ -168,9 +215,15 @@ def _plot_curves(ax, analysis: Analysis, keys: Sequence[ConfigKey], styles: dict
         )
         if len(analysis.runs_by_key[k]) > 1:
             ax.fill_between(grid, lo, hi, color=st.get("color"), alpha=0.15, linewidth=0)
+        seeds = [(r.eval_responses, r.eval_accuracy) for r, _ in seed_curves(
+            analysis.runs_by_key[k], grid)]  # fmt: skip
+        if seeds:
+            x_end = min(float(x[-1]) for x, _ in seeds)
+            _plot_seed_tails(ax, seeds, x_end, st.get("color"), st.get("linestyle", "-"))
     ax.axhline(analysis.target, color="0.5", linestyle=":", linewidth=1, label="target")
     ax.set_xlabel("cumulative retained responses")
-    ax.set_ylabel("validation accuracy (mean@k)")
+    ax.set_ylabel(metric_label(analysis))
+    ax.text(0.01, 0.01, CURVE_NOTE, transform=ax.transAxes, fontsize=6, color="0.35")
     ax.legend(fontsize=7)
 
 
@@ -237,28 +290,6 @@ def _group_pairs(analysis: Analysis) -> list[list[ConfigKey]]:
     ]
 
 
-def _binned_field(
-    runs: Sequence[RunData], field: str, bins: int = 30
-) -> tuple[np.ndarray, np.ndarray]:
-    """Seed-mean of per-bin means of an update field over responses (smooths noisy norms).
-
-    Returns:
-      (bin centers [K], mean values [K]) for the bins with data.
-    """
-    hi = max(r.final_responses for r in runs)
-    edges = np.linspace(0.0, hi, bins + 1)
-    sums, counts = np.zeros(bins), np.zeros(bins)
-    for r in runs:
-        v = r.field(field)
-        ok = np.isfinite(v)
-        idx = np.clip(np.searchsorted(edges, r.responses[ok], side="left") - 1, 0, bins - 1)
-        np.add.at(sums, idx, v[ok])
-        np.add.at(counts, idx, 1)
-    has = counts > 0
-    centers = 0.5 * (edges[1:] + edges[:-1])
-    return centers[has], sums[has] / counts[has]
-
-
 def figure_group_size(analysis: Analysis) -> Figure | None:
     """Same ``B = P x G``, different (P, G): curves and gradient norm against responses."""
     pairs = _group_pairs(analysis)
@@ -283,14 +314,13 @@ def figure_group_size(analysis: Analysis) -> Figure | None:
     _plot_curves(ax, analysis, keys, styles)
     ax.set_title("group size at fixed B = P x G")
     plotted = False
+    with_norm = [r for k in keys for r in analysis.runs_by_key[k] if r.has_field("grad_norm")]
+    edges = np.linspace(0.0, max((r.final_responses for r in with_norm), default=1.0), 31)
     for k in keys:
         runs = [r for r in analysis.runs_by_key[k] if r.has_field("grad_norm")]
-        if not runs:
-            continue
-        centers, mean = _binned_field(runs, "grad_norm")
-        if centers.size:
+        if runs:
             st = styles[k]
-            ax2.plot(centers, mean, color=st["color"], linestyle=st["linestyle"], label=st["label"])
+            plot_binned(ax2, runs, "grad_norm", edges, st["color"], st["linestyle"], st["label"])
             plotted = True
     if plotted:
         ax2.set_xlabel("cumulative retained responses")
@@ -420,6 +450,18 @@ def figure_critical_batches(
     if generation is not None:
         g = generation
         ax.plot(g.fit.batches, g.fit.tokens_per_s, "o", color="C0", label="measured")
+        bars = [(c, intervals.t_mean(g.samples[c], analysis.level)) for c in sorted(g.samples)
+                if len(g.samples[c]) >= 2]  # fmt: skip
+        if bars:  # repeated measurements (calibration rounds): their t intervals
+            c_b = np.array([c for c, _ in bars], dtype=float)
+            m_b = np.array([m for _, (m, _, _) in bars])
+            err = np.array([[m - lo for _, (m, lo, _) in bars], [hi - m for _, (m, _, hi) in bars]])
+            ax.errorbar(c_b, m_b, yerr=err, fmt="none", ecolor="C0", capsize=3,
+                        label=f"{analysis.level:.0%} t interval over rounds")  # fmt: skip
+        walk = findings.generation_batch_walk(g, analysis.level)
+        if walk is not None:
+            ax.axvspan(walk[0], walk[1] * 1.0001, color="0.6", alpha=0.25,
+                       label=f"plateau CI walk [{walk[0]:.4g}, {walk[1]:.4g}]")  # fmt: skip
         cs = np.geomspace(g.fit.batches.min(), g.fit.batches.max(), 200)
         ax.plot(
             cs,
@@ -481,6 +523,10 @@ def figure_critical_batches(
             linestyle="--",
             label=f"critical training batch {crit.critical_batch}{walk}",
         )
+        if crit.has_interval and crit.critical_batch_lo is not None:
+            lo_b, hi_b = crit.critical_batch_lo, crit.critical_batch_hi
+            ax2.axvspan(lo_b * 0.97, hi_b * 1.03, color="C1", alpha=0.12,
+                        label="critical training batch: CI walk")  # fmt: skip
         bs = [
             s.median_second_half
             for rs in analysis.runs_by_key.values()
@@ -584,47 +630,78 @@ def figure_time_to_target(analysis: Analysis) -> Figure | None:
     return fig
 
 
-def eval_times(run: RunData) -> np.ndarray:
-    """[E] training seconds at each evaluation, interpolated on the update lines."""
+def eval_times(run: RunData, step_s: float | None = None) -> np.ndarray:
+    """[E] training seconds at each evaluation: the run's own, interpolated on the update
+    lines, or with ``step_s`` (the configuration's calibrated seconds per update) the
+    calibrated time, updates done at the evaluation x ``step_s``, the clock its T is on."""
     xp = np.concatenate([[0.0], run.responses])
+    if step_s is not None:
+        updates = np.interp(run.eval_responses, xp, np.concatenate([[0.0], run.updates_done]))
+        return updates * float(step_s)
     fp = np.concatenate([[0.0], run.time_train])
     return np.interp(run.eval_responses, xp, fp)
 
 
 def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
-    """Validation accuracy against training seconds, per configuration (seed mean)."""
+    """Validation accuracy against training seconds, per configuration: the seed mean
+    where every seed has data, then each seed's own curve (faint) to its end, and each
+    configuration's T (with its interval) marked on the target line. With a calibration,
+    the x axis is the calibrated time its T is measured on."""
     keys = [k for k in sorted(analysis.stats, key=lambda k: k.sort_key())
             if any(r.eval_responses.size for r in analysis.runs_by_key[k])]  # fmt: skip
     if not keys:
         log.info("figure accuracy_vs_time: skipped (no evaluations)")
         return None
+    calibration = analysis.sweep.calibration if analysis.calibrated else None
     fig = _figure(analysis, 1, width=7.0)
     ax = fig.subplots()
-    colors = _batch_colors([k.batch for k in keys])
+    colors = _config_colors(keys)
     dashes = {"sqrt": "-", "fixed": "--", "linear": ":", "malladi": "-."}
     for k in keys:
         runs = [r for r in analysis.runs_by_key[k] if r.eval_responses.size]
-        t_end = min(float(eval_times(r)[-1]) for r in runs)
+        step_s = calibration.get(k.point_key) if calibration else None
+        seeds = [(eval_times(r, step_s), r.eval_accuracy) for r in runs]
+        t_end = min(float(x[-1]) for x, _ in seeds)
         grid = np.linspace(0.0, t_end, 100)
-        acc = np.stack([np.interp(grid, eval_times(r), r.eval_accuracy) for r in runs])
+        acc = np.stack([np.interp(grid, x, y) for x, y in seeds])
         st = analysis.stats[k]
         t = "" if st.time_to_target_s is None else f", T {st.time_to_target_s.fmt('.3g')} s"
-        ax.plot(
-            grid,
-            acc.mean(axis=0),
-            color=colors[k.batch],
-            linestyle=dashes.get(k.lr_rule, "-"),
-            label=f"B={k.batch} {k.label}{t}",
-        )
+        color, style = colors[k], dashes.get(k.lr_rule, "-")
+        ax.plot(grid, acc.mean(axis=0), color=color, linestyle=style,
+                label=f"B={k.batch} {k.label}{t}")  # fmt: skip
         if len(runs) > 1:
             lo, hi = acc.min(axis=0), acc.max(axis=0)
-            ax.fill_between(grid, lo, hi, color=colors[k.batch], alpha=0.12, linewidth=0)
+            ax.fill_between(grid, lo, hi, color=color, alpha=0.12, linewidth=0)
+        _plot_seed_tails(ax, seeds, t_end, color, style)
+        e = st.time_to_target_s
+        if e is not None:  # T on the axis it is measured on
+            has = e.has_interval and not e.exact
+            xerr = [[e.mean - e.lo], [e.hi - e.mean]] if has else None
+            face = color if has else "none"  # hollow: no interval (one seed)
+            ax.errorbar([e.mean], [analysis.target], xerr=xerr, fmt="o", color=color,
+                        markersize=4, capsize=3, markerfacecolor=face)  # fmt: skip
     ax.axhline(analysis.target, color="0.5", linestyle=":", linewidth=1, label="target")
-    ax.set_xlabel("training time (s): generation + scoring + update + idle")
-    ax.set_ylabel("validation accuracy (mean@k)")
-    ax.set_title("accuracy against wall-clock training time (band: seed min-max)")
+    if calibration:
+        ax.set_xlabel("calibrated training time (s): updates x the configuration's step time")
+    else:
+        ax.set_xlabel("training time (s): generation + scoring + update + idle")
+    ax.set_ylabel(metric_label(analysis))
+    ax.set_title(
+        "accuracy against training time; markers on the target line: T and its interval\n"
+        + CURVE_NOTE,
+        fontsize=8,
+    )
     ax.legend(fontsize=6, ncol=2)
     return fig
+
+
+def _config_colors(keys: Sequence[ConfigKey]) -> dict[ConfigKey, str]:
+    """A distinct colour per configuration (tab10, then tab20), in sort order."""
+    from matplotlib import colormaps
+
+    ordered = sorted(set(keys), key=ConfigKey.sort_key)
+    cmap = colormaps["tab10" if len(ordered) <= 10 else "tab20"]
+    return {k: cmap(i % cmap.N) for i, k in enumerate(ordered)}
 
 
 def figure_ratios(analysis: Analysis) -> Figure | None:
@@ -647,13 +724,31 @@ def figure_ratios(analysis: Analysis) -> Figure | None:
             ax.annotate(r.missing_label, (k.batch, 1.0), rotation=90, fontsize=7, ha="center")
     ax.axhline(1.0, color="0.5", linestyle=":", linewidth=1)
     ax.set_yscale("log", base=2)
-    ax.yaxis.set_major_formatter(ScalarFormatter())
+    log_ticks(ax)
     _batch_axis(ax, [k.batch for k in fam])
     ax.set_xlabel("training batch B (responses)")
     ax.set_ylabel(f"ratio to the reference (B={analysis.reference.batch})")
     ax.set_title("larger batch is faster where r_q > r_N (T/T_ref = r_N / r_q)")
     ax.legend(fontsize=7)
     return fig
+
+
+def log_ticks(ax, lo: float | None = None, hi: float | None = None) -> list[float]:
+    """Readable labelled ticks on a log y axis: powers of 2 split into 2, 4 or 8 steps, as
+    fine as needed for at least 4 ticks inside the axis' limits (``lo``, ``hi``; default
+    the current ones); no minor labels. Returns the ticks."""
+    if lo is None or hi is None:
+        lo, hi = ax.get_ylim()
+    ticks: list[float] = []
+    for per_octave in (1, 2, 4, 8):
+        k = np.arange(np.floor(np.log2(lo) * per_octave), np.ceil(np.log2(hi) * per_octave) + 1)
+        ticks = [float(v) for v in 2.0 ** (k / per_octave) if lo <= v <= hi]
+        if len(ticks) >= 4:
+            break
+    ax.set_yticks(ticks, [f"{v:.3g}" for v in ticks])
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_ylim(lo, hi)
+    return ticks
 
 
 def figure_time_breakdown(analysis: Analysis) -> Figure | None:
@@ -688,37 +783,100 @@ def figure_time_breakdown(analysis: Analysis) -> Figure | None:
 SIGNALS = (
     ("reward_mean", "mean reward"),
     ("entropy", "token entropy"),
-    ("kl", "KL to the reference (k3)"),
+    ("kl", None),  # labelled by kl_label: what the logged KL is depends on kl_coef
     ("response_len_mean", "response length (tokens)"),
 )
 
 
-def figure_training_signals(analysis: Analysis) -> Figure | None:
-    """Reward, entropy, KL and response length against responses, one line per run."""
-    runs = [(k, r) for k in sorted(analysis.stats, key=lambda k: k.sort_key())
-            for r in analysis.runs_by_key[k]]  # fmt: skip
-    fields = [(f, name) for f, name in SIGNALS if any(r.has_field(f) for _, r in runs)]
+def kl_label(runs: Sequence[RunData]) -> str:
+    """What the logged ``kl`` is: k3 to the frozen reference (the initial policy) where
+    the run's ``kl_coef > 0``, else k3 to the behaviour policy (the sampler's log-probs,
+    before the update: ~0 with one update per batch)."""
+    coefs = set()
+    for r in runs:
+        v = (r.config.get(r.key.algo) or {}).get("kl_coef") if r.config else None
+        coefs.add(float(v or 0.0) > 0.0)
+    if coefs == {True}:
+        return "KL to the reference policy (k3; kl_coef > 0)"
+    if coefs == {False}:
+        return "KL to the behaviour policy (k3; kl_coef = 0)"
+    return "KL (k3): to the reference where kl_coef > 0, else to the behaviour policy"
+
+
+def binned_seeds(runs: Sequence[RunData], field: str, edges: np.ndarray) -> np.ndarray:
+    """[R, K] per-run means of an update field in the responses bins ``edges`` ([K + 1]);
+    a bin without an update line inside the run's range (a batch wider than a bin) is
+    interpolated between its neighbours; NaN outside the run's range."""
+    k = len(edges) - 1
+    rows = []
+    for r in runs:
+        v = r.field(field)
+        ok = np.isfinite(v)
+        idx = np.clip(np.searchsorted(edges, r.responses[ok], side="left") - 1, 0, k - 1)
+        sums, counts = np.zeros(k), np.zeros(k)
+        np.add.at(sums, idx, v[ok])
+        np.add.at(counts, idx, 1)
+        row = np.full(k, np.nan)
+        has = counts > 0
+        row[has] = sums[has] / counts[has]
+        if has.sum() >= 2:
+            i0, i1 = np.flatnonzero(has)[[0, -1]]
+            inner = np.arange(i0, i1 + 1)
+            row[inner] = np.interp(inner, np.flatnonzero(has), row[has])
+        rows.append(row)
+    return np.stack(rows) if rows else np.full((0, k), np.nan)
+
+
+def plot_binned(ax, runs: Sequence[RunData], field: str, edges: np.ndarray, color, style,
+                label: str | None) -> None:  # fmt: skip
+    """One configuration's update field against responses: the seed mean of binned values
+    (`binned_seeds`) where every seed has data, the seed min-max band, and each seed's own
+    values (faint) past that (no survivors-only mean)."""
+    centers = 0.5 * (edges[1:] + edges[:-1])
+    v_rk = binned_seeds(runs, field, edges)
+    all_k = np.isfinite(v_rk).all(axis=0)
+    filled = np.where(all_k, v_rk, 0.0)
+    mean = np.where(all_k, filled.mean(axis=0), np.nan)
+    ax.plot(centers, mean, color=color, linestyle=style, linewidth=1.2, label=label)
+    if len(runs) > 1:
+        lo = np.where(all_k, np.min(np.where(all_k, v_rk, np.inf), axis=0), np.nan)
+        hi = np.where(all_k, np.max(np.where(all_k, v_rk, -np.inf), axis=0), np.nan)
+        ax.fill_between(centers, lo, hi, color=color, alpha=0.15, linewidth=0)
+    past = ~all_k & (np.cumsum(all_k[::-1])[::-1] == 0)  # bins after the common range
+    if past.any():
+        i = max(int(np.argmax(past)) - 1, 0)
+        for row in v_rk:
+            ax.plot(centers[i:], row[i:], color=color, linestyle=style, **SEED_STYLE)
+
+
+def figure_training_signals(analysis: Analysis, bins: int = 30) -> Figure | None:
+    """Reward, entropy, KL and response length against responses: per configuration, the
+    seed mean of binned values where every seed has data, the seed min-max band, and
+    each seed's own values (faint) past that; one colour per configuration."""
+    keys = [k for k in sorted(analysis.stats, key=lambda k: k.sort_key())
+            if analysis.runs_by_key[k]]  # fmt: skip
+    runs = [r for k in keys for r in analysis.runs_by_key[k]]
+    fields = [(f, name) for f, name in SIGNALS if any(r.has_field(f) for r in runs)]
     if not fields:
         log.info("figure training_signals: skipped (no reward, entropy, KL or length logged)")
         return None
     fig = _figure(analysis, 2, height=3.2, nrows=2)
     axes = fig.subplots(2, 2).ravel()
-    colors = _batch_colors([k.batch for k, _ in runs])
+    colors = _config_colors(keys)
+    edges = np.linspace(0.0, max(r.final_responses for r in runs) or 1.0, bins + 1)
     for ax, (field, name) in zip(axes, fields):
-        labelled = set()  # one legend entry per configuration, in the first panel
-        for k, r in runs:
-            if not r.has_field(field):
-                continue
-            label = f"B={k.batch} {k.label}" if k not in labelled and ax is axes[0] else None
-            labelled.add(k)
-            linestyle = "-" if k.lr_rule == "sqrt" else "--"
-            ax.plot(r.responses, r.field(field), color=colors[k.batch], linestyle=linestyle,
-                    linewidth=0.8, alpha=0.8, label=label)  # fmt: skip
+        for k in keys:
+            own = [r for r in analysis.runs_by_key[k] if r.has_field(field)]
+            if own:
+                style = "-" if k.lr_rule == "sqrt" else "--"
+                label = f"B={k.batch} {k.label}" if ax is axes[0] else None
+                plot_binned(ax, own, field, edges, colors[k], style, label)
         ax.set_xlabel("cumulative retained responses")
-        ax.set_ylabel(name)
+        ax.set_ylabel(name or kl_label(runs), fontsize=8)
     for ax in axes[len(fields) :]:
         ax.set_visible(False)
     axes[0].legend(fontsize=6, ncol=2)
+    axes[0].set_title(CURVE_NOTE.replace("line", "lines"), fontsize=7)
     return fig
 
 

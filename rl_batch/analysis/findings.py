@@ -46,7 +46,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rl_batch.analysis import critical_batch, intervals
+from rl_batch.analysis import critical_batch, intervals, planner
 from rl_batch.analysis.cost_model import GenerationReport
 from rl_batch.analysis.curves import ConfigKey
 from rl_batch.analysis.time_to_target import (
@@ -470,6 +470,8 @@ def u_shape_finding(analysis: Analysis, tol: float) -> Finding:
 
     bottoms = {k: bottom(k) for k in fam[1:-1]}
     where = f"best mean at B = {best.batch}"
+    if best in (fam[0], fam[-1]):  # The U is not tested on the arm that was not tried.
+        where += f" ({planner.EDGE_WORDS[planner.SMALLER if best == fam[0] else planner.LARGER]})"
     found = [k.batch for k, b in bottoms.items() if b]
     if found:
         note = f"{where}; both ends over {factor:g}x slower than B = {found[0]}"

@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from rl_batch import artifacts
 from rl_batch.analysis import intervals
 from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, truncate_run
 from rl_batch.analysis.time_to_target import (
@@ -154,6 +156,8 @@ class Plan:
       candidates: the best and the configurations that cannot be told apart from it.
       seeds_to_separate: seeds per configuration at which the best's interval would
         exclude every other candidate's (``None``: unknown, e.g. no interval, or > 100).
+      edge: `edge_sentence` of the best (empty when it is interior): an edge optimum is
+        the smallest (or largest) batch tried, not a shown optimum.
     """
 
     mode: str
@@ -166,6 +170,7 @@ class Plan:
     best: ConfigKey | None = None
     candidates: tuple[ConfigKey, ...] = ()
     seeds_to_separate: int | None = None
+    edge: str = ""
 
     @property
     def decided(self) -> bool:
@@ -226,7 +231,10 @@ def verdict(
 def _ranked_plan(mode, target, reference, ranked, pilot=None, note="") -> Plan:
     best, candidates, seeds = verdict(ranked)
     rec = best if len(candidates) == 1 else None
-    return Plan(mode, target, reference, tuple(ranked), rec, pilot, note, best, candidates, seeds)
+    edge = edge_sentence([r.key for r in ranked], best)
+    return Plan(
+        mode, target, reference, tuple(ranked), rec, pilot, note, best, candidates, seeds, edge
+    )
 
 
 def _rank(rows: list[PlanRow]) -> list[PlanRow]:
@@ -523,6 +531,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "candidates": [k.name for k in plan.candidates],
         "seeds_to_separate": plan.seeds_to_separate,
         "verdict": plan.verdict,
+        "edge": plan.edge,
         "note": plan.note,
         "rows": [
             {
@@ -587,6 +596,8 @@ def format_plan_table(plan: Plan) -> str:
         " `*` the recommendation; `~` candidates that cannot be told apart from the best."
     )
     lines.append(f"Recommendation: {plan.verdict}.")
+    if plan.edge:
+        lines.append(f"**Edge of the grid:** {plan.edge}")
     if plan.note:
         lines.append(f"Note: {plan.note}.")
     p = plan.pilot
@@ -604,3 +615,207 @@ def format_plan_table(plan: Plan) -> str:
                 f"T(pick)/T(best) = {p.regret:.3f}."
             )
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Edge optima and grid extension (Algorithm 1 is a search, not a fixed grid).
+
+SMALLER, LARGER, BOTH = "smaller", "larger", "both"
+EDGE_WORDS = {
+    SMALLER: "at the edge of the grid: a smaller batch was not tried",
+    LARGER: "at the edge of the grid: a larger batch was not tried",
+    BOTH: "at the edge of the grid: neither a smaller nor a larger batch was tried",
+}
+
+
+def edge_family(keys: Sequence[ConfigKey], best: ConfigKey) -> list[ConfigKey]:
+    """The configurations ``best`` is compared with along the batch axis: same algorithm,
+    LR rule and critic settings (any (P, G) split of B), sorted by batch."""
+    fam = [
+        k for k in keys if (k.algo, k.lr_rule, k.critic) == (best.algo, best.lr_rule, best.critic)
+    ]
+    return sorted(fam, key=ConfigKey.sort_key)
+
+
+def edge_side(keys: Sequence[ConfigKey], best: ConfigKey | None) -> str | None:
+    """Whether ``best`` has the smallest (``"smaller"``: no smaller batch was tried), the
+    largest (``"larger"``) or the only (``"both"``) batch of its family
+    (`edge_family`); ``None`` when it is interior, or there is no best.
+
+    Args:
+      keys: every configuration of the sweep (tried, reached or not).
+      best: the configuration with the smallest T.
+    """
+    if best is None:
+        return None
+    batches = sorted({k.batch for k in edge_family(keys, best)})
+    if len(batches) == 1:
+        return BOTH
+    if best.batch == batches[0]:
+        return SMALLER
+    if best.batch == batches[-1]:
+        return LARGER
+    return None
+
+
+def edge_sentence(keys: Sequence[ConfigKey], best: ConfigKey | None) -> str:
+    """One sentence flagging an edge optimum (empty when the best is interior)."""
+    side = edge_side(keys, best)
+    if side is None:
+        return ""
+    fam = f"{best.algo}, {best.lr_rule} LR" + (f", critic {best.critic}" if best.critic else "")
+    which = {SMALLER: "smallest", LARGER: "largest", BOTH: "only"}[side]
+    return (
+        f"The best mean T, B = {best.batch} ({best.name}), is the {which} batch of its "
+        f"family ({fam}): {EDGE_WORDS[side]}, so it is not shown to be an optimum."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Extension:
+    """The grid extension's next step (`next_edge_points`).
+
+    Attributes:
+      points: point keys (``"PxG:rule"``, sweep spelling) to add; empty: stop.
+      reason: why these points, or why the extension stops.
+      best: the configuration with the smallest mean T (``None``: none reached).
+      side: the edge the best sits at (``"smaller"``, ``"larger"``, ``"both"``) or ``None``.
+    """
+
+    points: tuple[str, ...]
+    reason: str
+    best: ConfigKey | None = None
+    side: str | None = None
+
+    @property
+    def stop(self) -> bool:
+        return not self.points
+
+
+def _grid_factor(batches: Sequence[int], best: int, toward: int, default: int) -> int | None:
+    """The grid's factor at ``best``: its neighbour on the interior side over it (an
+    integer, or ``None`` when the ratio is not one); ``default`` for a one-batch family."""
+    if len(batches) < 2:
+        return default
+    i = batches.index(best)
+    neighbour = batches[i + toward]
+    hi, lo = max(neighbour, best), min(neighbour, best)
+    return hi // lo if hi % lo == 0 and hi // lo >= 2 else None
+
+
+def next_edge_points(
+    analysis: Analysis,
+    rounds_done: int = 0,
+    max_rounds: int = 2,
+    max_batch: int = 0,
+    min_group: int = 2,
+    default_factor: int = 2,
+) -> Extension:
+    """The next batch beyond an edge optimum, or why the search stops (a pure function).
+
+    The best configuration is `plan_full`'s (smallest mean T/T_ref among those whose every
+    seed reached the target). When it has the smallest batch of its family
+    (`edge_family`), the next point is ``B / f`` with ``f`` the grid's factor (the ratio
+    of the best's batch to its neighbour's): ``P / f`` prompts at the same group size, or,
+    at ``P = 1``, ``G / f`` (not below ``min_group``); the largest batch gets ``P * f``.
+    The new point keeps the best's LR rule (its LR follows from ``lr_ref`` and the rule)
+    and critic settings. A one-batch family is extended both ways by ``default_factor``.
+
+    Stops (no points) when: no configuration reached the target; the best is interior
+    (a smaller and a larger batch were both tried); ``rounds_done >= max_rounds``; the
+    next batch cannot be formed (P does not divide by f, or P = 1 and G / f would be
+    below ``min_group``); or it would exceed ``max_batch`` (0: no bound).
+
+    Args:
+      analysis: the analysed sweep.
+      rounds_done: extension rounds already run.
+      max_rounds: the most extension rounds (``sweep.extend_max_rounds``).
+      max_batch: the largest batch the extension may add (0: none), e.g. from memory.
+      min_group: the smallest group size (2 for GRPO, whose advantage needs a group).
+      default_factor: the factor of a family with a single batch.
+
+    Returns:
+      The points to add (sweep spelling) with the reason, or no points and why it stops.
+    """
+    keys = list(analysis.stats)
+    best = plan_full(analysis).best
+    if best is None:
+        return Extension((), "no configuration reached the target in every seed")
+    side = edge_side(keys, best)
+    if side is None:
+        return Extension(
+            (), f"the minimum of T (B = {best.batch}) is interior: both arms were tried", best
+        )
+    if rounds_done >= max_rounds:
+        return Extension(
+            (),
+            f"limit: {rounds_done} extension round(s) done (max {max_rounds}); "
+            f"B = {best.batch} stays {EDGE_WORDS[side]}",
+            best,
+            side,
+        )
+    batches = sorted({k.batch for k in edge_family(keys, best)})
+    points, notes = [], []
+    if side in (SMALLER, BOTH):
+        f = _grid_factor(batches, best.batch, +1, default_factor)
+        p, g = best.prompts, best.group_size
+        if f is None:
+            notes.append(f"no integer grid factor above B = {best.batch}")
+        elif p > 1 and p % f == 0:
+            points.append((p // f, g))
+        elif p == 1 and g % f == 0 and g // f >= min_group:
+            points.append((1, g // f))
+        elif p == 1:
+            notes.append(f"limit: P = 1 and G = {g} / {f} would be below {min_group}")
+        else:
+            notes.append(f"limit: P = {p} does not divide by the grid's factor {f}")
+    if side in (LARGER, BOTH):
+        f = _grid_factor(batches, best.batch, -1, default_factor)
+        if f is None:
+            notes.append(f"no integer grid factor below B = {best.batch}")
+        elif max_batch and best.batch * f > max_batch:
+            notes.append(f"limit: B = {best.batch * f} is over the largest batch {max_batch}")
+        else:
+            points.append((best.prompts * f, best.group_size))
+    keys_out = tuple(
+        ConfigKey(best.algo, p, g, best.lr_rule, best.critic).point_key for p, g in points
+    )
+    if not keys_out:
+        return Extension((), "; ".join(notes), best, side)
+    added = ", ".join(f"B = {p * g} ({p}x{g})" for p, g in points)
+    reason = f"B = {best.batch} is {EDGE_WORDS[side]}: adding {added}"
+    return Extension(keys_out, "; ".join([reason, *notes]), best, side)
+
+
+EXTENSIONS_FILE = "extensions.json"  # <sweep>/extensions.json: the grid extension's rounds
+
+
+def read_extensions(sweep_dir: str) -> dict[str, Any]:
+    """``<sweep>/extensions.json`` (``{"rounds": [], "stopped": ""}`` when absent).
+
+    Format: ``{"version": 1, "rounds": [{"points": ["PxG:rule", ...], "reason": str,
+    "best": config name}], "stopped": why the extension stopped ("" while it runs)}``.
+    """
+    path = os.path.join(sweep_dir, EXTENSIONS_FILE)
+    if not os.path.exists(path):
+        return {"version": 1, "rounds": [], "stopped": ""}
+    obj = artifacts.read_json(path)
+    rounds = obj.get("rounds") if isinstance(obj, dict) else None
+    if not isinstance(rounds, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("points"), list) for r in rounds
+    ):
+        raise ValueError(f"{path}: expected {{'rounds': [{{'points': [...]}}, ...]}}")
+    return {"version": 1, "rounds": rounds, "stopped": str(obj.get("stopped", ""))}
+
+
+def extension_lines(sweep_dir: str) -> list[str]:
+    """The report's lines on the grid extension (empty when the sweep was not extended)."""
+    ext = read_extensions(sweep_dir)
+    if not ext["rounds"] and not ext["stopped"]:
+        return []
+    out = ["## Grid extension (sweep.extend_edges)", ""]
+    for i, r in enumerate(ext["rounds"], start=1):
+        out.append(f"- round {i}: added {', '.join(r['points'])}: {r.get('reason', '')}")
+    if ext["stopped"]:
+        out.append(f"- stopped: {ext['stopped']}")
+    return out + [""]

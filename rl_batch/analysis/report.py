@@ -20,6 +20,7 @@ from rl_batch.analysis import (
     measurement,
     noise_scale,
     planner,
+    saturation,
     stability,
 )
 from rl_batch.analysis.time_to_target import (
@@ -476,6 +477,7 @@ def build_report(
         *ratio_table(analysis),
         "",
         *measurement.measurement_section(analysis),
+        *saturation.saturation_section(analysis),
         *_critical_section(analysis, tol),
         *_noise_section(analysis),
         *critic_section(analysis),
@@ -485,6 +487,7 @@ def build_report(
         planner.format_plan_table(plan or planner.plan_full(analysis)),
         "",
         *recommendation_shares_lines(shares, plan),
+        *planner.extension_lines(sw.sweep_dir),
         "## Per run",
         "",
         *run_table(analysis),

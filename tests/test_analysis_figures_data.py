@@ -1,0 +1,182 @@
+"""Figures that draw the data as it is: no survivors-only means, curves to their end on
+the clock T is measured on, the study's metric on the y axis, per-configuration signal
+means, readable log ticks and the calibration's intervals (issue 37)."""
+
+import math
+import os
+
+import analysis_fixtures as fx
+import numpy as np
+import pytest
+
+from rl_batch import artifacts
+from rl_batch.analysis import cost_model, curves, figures
+from rl_batch.analysis import time_to_target as ttt
+
+FACTORS = (0.8, 0.95, 1.05, 1.3)  # seeds' tau factors: they reach the target apart
+
+
+def _stopping_sweep(sweep_dir: str, calibrate: bool = True) -> str:
+    """The standard synthetic sweep, each seed stopped at the evaluation that reaches the
+    target (as ``stop_at_target`` runs do), with a 5-round calibration.json."""
+    fx.write_sweep(sweep_dir, seed_factors=FACTORS)
+    rng = np.random.default_rng(0)
+    configs = {}
+    for p, g, rule, mult in fx.STANDARD_CONFIGS:
+        for s, f in enumerate(FACTORS):
+            tau = fx.TAU0 * mult * f
+            n_star = tau * math.log(1 / (1 - fx.TARGET))
+            if n_star < fx.BUDGET:
+                budget = int(n_star // fx.EVAL_EVERY + 1) * fx.EVAL_EVERY
+                run_dir = os.path.join(sweep_dir, artifacts.RUNS_DIR, fx.run_name(p, g, rule, s))
+                fx.write_run(run_dir, prompts=p, group_size=g, lr_rule=rule, seed=s, tau=tau,
+                             budget=budget)  # fmt: skip
+        b = p * g
+        steps = [fx.time_per_update_s(b) * (1 + 0.05 * rng.standard_normal()) for _ in range(5)]
+        tok = [b / fx.step_time_s(b) * (1 + 0.04 * rng.standard_normal()) for _ in range(5)]
+        configs[f"{p}x{g}:{rule}"] = {
+            "batch": b, "step_s": steps, "step_s_median": float(np.median(steps)),
+            "gen_concurrency": b, "gen_tokens_per_s": tok, "generate_s": steps,
+        }  # fmt: skip
+    if calibrate:
+        cal = {"version": 1, "rounds": 5, "steps": 2, "configs": configs}
+        artifacts.write_json_atomic(os.path.join(sweep_dir, artifacts.CALIBRATION_FILE), cal)
+    return sweep_dir
+
+
+@pytest.fixture(scope="module")
+def stopping(tmp_path_factory):
+    d = _stopping_sweep(str(tmp_path_factory.mktemp("stop")))
+    return ttt.analyze_sweep(curves.load_sweep(d), n_boot=100)
+
+
+def test_mean_curve_only_where_every_seed_has_data(tmp_path):
+    # Two seeds: one stops at 1024 responses (it reached), one runs to 3072.
+    for seed, (tau, budget) in enumerate(((500.0, 1024), (4000.0, 3072))):
+        fx.write_run(str(tmp_path / f"s{seed}"), prompts=8, group_size=8, tau=tau, seed=seed,
+                     budget=budget)  # fmt: skip
+    runs = [curves.load_run(str(tmp_path / f"s{seed}")) for seed in (0, 1)]
+    grid = np.linspace(0.0, 3072.0, 13)  # every 256 responses
+    mean, lo, hi = curves.mean_curve(runs, grid)
+    both = grid <= 1024
+    expect = [np.interp(grid[both], r.eval_responses, r.eval_accuracy) for r in runs]
+    np.testing.assert_allclose(mean[both], np.mean(expect, axis=0))
+    np.testing.assert_allclose(lo[both], np.min(expect, axis=0))
+    # Past the fast seed's stop, a mean of the slow seed alone would fall from ~0.55 to
+    # ~0.27 (survivorship; the old nanmean did): none is drawn.
+    assert np.isnan(mean[~both]).all() and np.isnan(hi[~both]).all()
+    ys = [y for _, y in curves.seed_curves(runs, grid)]
+    assert np.isfinite(ys[1]).all() and np.isnan(ys[0][~both]).all()
+
+
+def _lines(ax):
+    return [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
+
+
+def test_curves_reach_every_seeds_end(stopping):
+    fig = figures.figure_invariance(stopping)
+    ax = fig.axes[0]
+    last = max(float(r.eval_responses[-1]) for rs in stopping.runs_by_key.values() for r in rs
+               if r.key.lr_rule == "sqrt" and r.key.group_size == 8)  # fmt: skip
+    assert max(float(np.max(ln.get_xdata())) for ln in _lines(ax)) == pytest.approx(last)
+    assert ax.get_ylabel() == "validation accuracy (mean@4)"
+
+
+def test_accuracy_vs_time_on_the_calibrated_clock_to_the_last_seed(stopping):
+    assert stopping.calibrated
+    fig = figures.figure_accuracy_vs_time(stopping)
+    ax = fig.axes[0]
+    assert ax.get_xlabel().startswith("calibrated training time")
+    k = curves.ConfigKey("grpo", 32, 8, "sqrt")
+    step_s = stopping.sweep.calibration[k.point_key]
+    ends = [float(figures.eval_times(r, step_s)[-1]) for r in stopping.runs_by_key[k]]
+    assert min(ends) < max(ends)  # the seeds stop apart
+    xs = [float(np.max(ln.get_xdata())) for ln in _lines(ax)]
+    assert any(x == pytest.approx(max(ends)) for x in xs)  # not cut at the first stop
+    # T (calibrated) is marked on the target line of the axis it is measured on.
+    t = stopping.stats[k].time_to_target_s.mean
+    marks = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 1]
+    assert any(float(m.get_xdata()[0]) == pytest.approx(t) for m in marks)
+    assert all(float(m.get_ydata()[0]) == stopping.target for m in marks)
+
+
+def test_y_label_names_the_sweeps_metric(tmp_path):
+    d = fx.write_sweep(str(tmp_path))
+    for name in os.listdir(os.path.join(d, artifacts.RUNS_DIR)):
+        path = os.path.join(d, artifacts.RUNS_DIR, name, artifacts.METRICS_FILE)
+        lines = artifacts.read_metrics(os.path.dirname(path))
+        with open(path, "w") as f:
+            for rec in lines:
+                if rec.get("kind") == "eval":
+                    rec = {**rec, "eval_metric": "p_ref"}
+                f.write(__import__("json").dumps(rec) + "\n")
+    a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=50)
+    assert "p_ref" in figures.figure_invariance(a).axes[0].get_ylabel()
+    assert "p_ref" in figures.figure_accuracy_vs_time(a).axes[0].get_ylabel()
+
+
+def test_training_signals_one_mean_per_configuration_and_kl_named(stopping):
+    fig = figures.figure_training_signals(stopping)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    labels = [ln.get_label() for ln in axes[0].get_lines() if not ln.get_label().startswith("_")]
+    assert len(labels) == len(stopping.stats)  # one labelled line per configuration
+    colors = {tuple(ln.get_color()) for ln in axes[0].get_lines() if ln.get_label() in labels}
+    assert len(colors) == len(labels)  # two B = 128 configurations no longer share one
+    ylabels = [ax.get_ylabel() for ax in axes]
+    assert "KL to the behaviour policy (k3; kl_coef = 0)" in ylabels
+
+
+def test_kl_label_follows_kl_coef(stopping):
+    runs = [r for rs in stopping.runs_by_key.values() for r in rs][:2]
+    with_ref = [r.__class__(**{**r.__dict__, "config": {"grpo": {"kl_coef": 0.01}}}) for r in runs]
+    assert figures.kl_label(with_ref) == "KL to the reference policy (k3; kl_coef > 0)"
+    assert "where kl_coef > 0" in figures.kl_label([with_ref[0], runs[1]])
+
+
+def test_ratios_log_axis_has_readable_ticks(stopping):
+    ax = figures.figure_ratios(stopping).axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert len(labels) >= 4 and "1" in labels
+
+
+@pytest.mark.parametrize("lo,hi,expect", [(0.9, 1.2, 4), (0.5, 4.0, 4), (0.7, 3.0, 5)])
+def test_log_ticks_are_dense_enough(lo, hi, expect):
+    from matplotlib.figure import Figure
+
+    ax = Figure().subplots()
+    ax.set_yscale("log", base=2)
+    ticks = figures.log_ticks(ax, lo, hi)
+    assert len(ticks) >= expect and all(lo <= t <= hi for t in ticks)
+
+
+def test_critical_batches_show_the_calibrations_intervals(stopping):
+    gen = cost_model.generation_report(
+        None,
+        [r for rs in stopping.runs_by_key.values() for r in rs],
+        calibration=artifacts.read_calibration_generation(stopping.sweep.sweep_dir),
+    )
+    fig = figures.figure_critical_batches(stopping, gen)
+    left, right = fig.axes[:2]
+    legend = [t.get_text() for t in left.get_legend().get_texts()]
+    assert any("t interval over rounds" in t for t in legend)
+    assert any(t.startswith("plateau CI walk") for t in legend)
+    assert any("critical training batch: CI walk" in t.get_text()
+               for t in right.get_legend().get_texts())  # fmt: skip
+
+
+def test_binned_signal_mean_only_where_every_seed_has_data(tmp_path):
+    from matplotlib.figure import Figure
+
+    for seed, budget in enumerate((1024, 3072)):
+        fx.write_run(str(tmp_path / f"s{seed}"), prompts=8, group_size=8, tau=2000.0,
+                     seed=seed, budget=budget)  # fmt: skip
+    runs = [curves.load_run(str(tmp_path / f"s{seed}")) for seed in (0, 1)]
+    edges = np.linspace(0.0, 3072.0, 13)  # bins of 256 responses: one update of 64 in four
+    v_rk = figures.binned_seeds(runs, "grad_norm", edges)
+    assert np.isfinite(v_rk[1]).all() and np.isnan(v_rk[0][4:]).all()
+    ax = Figure().subplots()
+    figures.plot_binned(ax, runs, "grad_norm", edges, "C0", "-", "mean")
+    mean, *tails = ax.get_lines()
+    x, y = mean.get_xdata(), mean.get_ydata()
+    assert np.isfinite(y[x < 1024]).all() and np.isnan(y[x > 1024]).all()
+    assert len(tails) == 2  # each seed's own values past the common range

@@ -1,0 +1,155 @@
+"""The sweep's grid extension past an edge optimum (``sweep.extend_edges``), with a
+synthetic run function: each point writes a run of ``analysis_fixtures`` whose sample
+cost makes B = 32 the fastest batch, so a grid of B = 64, 128 must grow down to 16."""
+
+import os
+
+import analysis_fixtures as fx
+import pytest
+
+from experiments import sweep_main
+from experiments.configs import base
+from rl_batch import artifacts
+from rl_batch.analysis import planner
+from rl_batch.sweeps import sweep
+
+
+def _mult(batch: int) -> float:
+    """tau multiplier: invariance up to B = 32, then r_N ~ (B / 32)^0.85 (T least at 32)."""
+    return max(1.0, (batch / 32) ** 0.85)
+
+
+class FakeGrid:
+    """``run_grid``: writes the synthetic runs of the points not yet written."""
+
+    def __init__(self, sweep_dir):
+        self.sweep_dir, self.written, self.passes = sweep_dir, [], 0
+
+    def __call__(self, config):
+        self.passes += 1
+        points = sweep.expand_grid(config)
+        runs = []
+        for p in points:
+            run_dir = os.path.join(self.sweep_dir, artifacts.RUNS_DIR, p.name)
+            if not os.path.exists(os.path.join(run_dir, artifacts.SUMMARY_FILE)):
+                batch = p.prompts * p.group_size
+                tau = fx.TAU0 * _mult(batch) * fx.SEED_TAU_FACTORS[p.seed]
+                fx.write_run(run_dir, prompts=p.prompts, group_size=p.group_size, tau=tau,
+                             seed=p.seed)  # fmt: skip
+                self.written.append(p.name)
+            runs.append({"name": p.name, "prompts": p.prompts, "group_size": p.group_size,
+                         "lr_rule": p.lr_rule, "seed": p.seed, "status": "finished"})  # fmt: skip
+        ref = sweep.reference_key(config, points)
+        record = {
+            "name": "extend",
+            "algo": "grpo",
+            "target": config.target,
+            "reference": next(p.name for p in points if p.key == ref),
+            "budget_responses": fx.BUDGET,
+            "eval_every_responses": fx.EVAL_EVERY,
+            "runs": runs,
+        }
+        artifacts.write_json_atomic(os.path.join(self.sweep_dir, artifacts.SWEEP_FILE), record)
+        return record
+
+
+def _config(**sweep_fields):
+    c = base.sweep_config(base.run_config())
+    c.target = fx.TARGET
+    c.sweep.prompts, c.sweep.seeds, c.sweep.extend_edges = "8,16", "0,1", True
+    for k, v in sweep_fields.items():
+        c.sweep[k] = v
+    return c
+
+
+WRITER = sweep.Processes(writer=True, device_count=1)
+
+
+def test_extends_until_the_minimum_is_interior_and_reruns_only_new_points(tmp_path):
+    sweep_dir = str(tmp_path)
+    grid = FakeGrid(sweep_dir)
+    sweep_main.run_extending(_config(), sweep_dir, grid, WRITER, log=lambda s: None)
+    ext = planner.read_extensions(sweep_dir)
+    assert [r["points"] for r in ext["rounds"]] == [["4x8:sqrt"], ["2x8:sqrt"]]
+    assert "interior" in ext["stopped"] and "B = 32" in ext["stopped"]
+    assert grid.passes == 3 and len(grid.written) == 8  # 2 + 1 + 1 configurations x 2 seeds
+    # The reference stays the grid's smallest batch before the extension, 8 x 8.
+    raw = artifacts.read_json(os.path.join(sweep_dir, artifacts.SWEEP_FILE))
+    assert raw["reference"] == "p8_g8_sqrt_s0"
+    # The same command again: one pass over the extended grid, nothing new runs.
+    again = FakeGrid(sweep_dir)
+    sweep_main.run_extending(_config(), sweep_dir, again, WRITER, log=lambda s: None)
+    assert again.passes == 1 and again.written == []
+    assert len(planner.read_extensions(sweep_dir)["rounds"]) == 2
+    assert "## Grid extension" in "\n".join(planner.extension_lines(sweep_dir))
+
+
+def test_round_limit_stops_at_the_edge(tmp_path):
+    sweep_dir = str(tmp_path)
+    grid = FakeGrid(sweep_dir)
+    sweep_main.run_extending(
+        _config(extend_max_rounds=1), sweep_dir, grid, WRITER, log=lambda s: None
+    )
+    ext = planner.read_extensions(sweep_dir)
+    assert [r["points"] for r in ext["rounds"]] == [["4x8:sqrt"]]
+    assert ext["stopped"].startswith("limit: 1 extension round(s)")
+    assert "a smaller batch was not tried" in ext["stopped"]
+
+
+def test_extended_config_pins_the_reference_and_appends():
+    c = _config(extra_points="16x8:fixed")
+    out = sweep_main.extended_config(c, ["4x8:sqrt", "16x8:fixed"])
+    assert out.sweep.reference == "8x8:sqrt"
+    assert out.sweep.extra_points == "16x8:fixed,4x8:sqrt"
+    assert c.sweep.extra_points == "16x8:fixed"  # The caller's config is left alone.
+
+
+def test_needs_a_target(tmp_path):
+    c = _config()
+    c.target = None
+    with pytest.raises(ValueError, match="extend_edges=True needs a target"):
+        sweep_main.run_extending(c, str(tmp_path), FakeGrid(str(tmp_path)), WRITER)
+
+
+def test_with_the_sweeps_own_run_loop(tmp_path):
+    """`sweep.run_sweep` itself (grid, records, skipping finished points), each point's
+    run replaced by a synthetic one: the grid grows to B = 16 and a re-run runs nothing."""
+    import functools
+
+    from tests.run_fixtures import tiny_run_config
+
+    calls = []
+
+    def run_fn(c):
+        calls.append(c.name)
+        tau = fx.TAU0 * _mult(c.prompts * c.group_size) * fx.SEED_TAU_FACTORS[c.seed]
+        fx.write_run(c.run_dir, prompts=c.prompts, group_size=c.group_size, tau=tau,
+                     seed=c.seed)  # fmt: skip
+        # The point's own config, as a run writes it (a re-run compares it with the grid's).
+        artifacts.write_json_atomic(os.path.join(c.run_dir, artifacts.CONFIG_FILE), c.to_dict())
+        return {"status": "finished"}
+
+    c = base.sweep_config(tiny_run_config(str(tmp_path / "work")))
+    c.target, c.sweep.prompts, c.sweep.group_sizes, c.sweep.seeds = fx.TARGET, "8,16", "8", "0,1"
+    c.sweep.extend_edges = True
+    d = str(tmp_path / "sweep")
+    grid = functools.partial(sweep.run_sweep, sweep_dir=d, run_fn=run_fn, processes=WRITER,
+                             log=lambda s: None)  # fmt: skip
+    sweep_main.run_extending(c, d, grid, WRITER, log=lambda s: None)
+    assert [n.rsplit("_", 1)[0] for n in calls[4:]] == ["p4_g8_sqrt"] * 2 + ["p2_g8_sqrt"] * 2
+    raw = artifacts.read_json(os.path.join(d, artifacts.SWEEP_FILE))
+    assert len(raw["runs"]) == 8 and raw["reference"] == "p8_g8_sqrt_s0"
+    calls.clear()
+    sweep_main.run_extending(c, d, grid, WRITER, log=lambda s: None)
+    assert calls == []
+
+
+def test_list_runs_includes_the_recorded_extension(tmp_path):
+    sweep_dir = str(tmp_path)
+    sweep_main.run_extending(_config(), sweep_dir, FakeGrid(sweep_dir), WRITER, log=lambda s: None)
+    listed = sweep_main.listed_config(_config(), sweep_dir)
+    assert [p.key for p in sweep.expand_grid(listed)][::2] == [
+        "2x8:sqrt", "4x8:sqrt", "8x8:sqrt", "16x8:sqrt"
+    ]  # fmt: skip
+    off = _config(extend_edges=False)
+    assert sweep_main.listed_config(off, sweep_dir) is off
