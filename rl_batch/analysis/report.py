@@ -24,6 +24,7 @@ from rl_batch.analysis import (
 )
 from rl_batch.analysis.time_to_target import (
     INCOMPLETE,
+    NO_TIMING,
     NOT_REACHED,
     Analysis,
     ConfigStats,
@@ -69,7 +70,7 @@ def config_table(analysis: Analysis) -> list[str]:
                 _seeds_cell(s),
                 fmt_estimate(s.n_star, ".4g", miss),
                 fmt_estimate(s.q, ".4g", "-"),
-                fmt_estimate(s.time_to_target_s, ".4g", miss),
+                fmt_estimate(s.time_to_target_s, ".4g", s.time_missing_label),
                 fmt_estimate(s.updates_to_target, ".4g", miss),
             ]
         )
@@ -135,7 +136,7 @@ def ratio_table(analysis: Analysis) -> list[str]:
                 k.batch,
                 fmt_estimate(r.r_n, missing=miss),
                 fmt_estimate(r.r_q, missing="-"),
-                fmt_estimate(r.r_t, missing=miss),
+                fmt_estimate(r.r_t, missing=r.time_missing_label),
                 fmt_estimate(r.r_updates, missing=miss),
                 f"{r.ideal_updates:.3g}",
             ]
@@ -459,6 +460,15 @@ def build_report(
         f'("{INCOMPLETE}" while a seed that has not reached is still running); one seed '
         f'gives no interval ("1 seed, no CI").',
         "",
+        *(
+            []
+            if analysis.timed
+            else [
+                f"**{NO_TIMING.capitalize()}:** no run logged training time, so this report "
+                "gives N* and r_N only; q, T, r_q, T/T_ref and the findings that need them "
+                'read "no timing" or "not measured".\n'
+            ]
+        ),
         *[
             f"**Warning:** {w} (See Critical generation batch.)\n"
             for w in (generation.model_warnings if generation is not None else ())
