@@ -150,7 +150,7 @@ def generic_keymap(tmp_dir: str) -> str:
 
     km = load_keymap("generic")
     km.pop("_path")
-    km["eval_accuracy"] = ["eval/eval_accuracy"]
+    km["eval_accuracy"] = ["eval/accuracy"]
     km["lr_rule"] = {"config": "lr_rule"}
     km["metrics"] = {"grad_norm": ["train/grad_norm"]}
     path = os.path.join(tmp_dir, "generic_keymap.json")
@@ -177,7 +177,7 @@ def write_tensorboard(sweep_dir: str, out_dir: str) -> list[str]:
         for r in records:
             wall = TB_START + r["time_train_cum_s"]
             if r["kind"] == "eval":
-                w.add_scalar("eval/eval_accuracy", r["eval_accuracy"], r["step"], walltime=wall)
+                w.add_scalar("eval/accuracy", r["eval_accuracy"], r["step"], walltime=wall)
             else:
                 w.add_scalar("train/grad_norm", r["grad_norm"], r["step"], walltime=wall)
                 w.add_scalar("train/lr", r["lr"], r["step"], walltime=wall)

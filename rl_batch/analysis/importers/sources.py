@@ -164,14 +164,21 @@ def _wandb_chunks(path: str):
             raise ImportProblem(f"{path}: malformed W&B record at byte {pos}")
 
 
+def wandb_records(path: str):
+    """The records of a ``.wandb`` file as the wandb package's own protobufs
+    (``wandb_internal_pb2.Record``), in file order."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    for chunk in _wandb_chunks(path):
+        yield pb.Record.FromString(chunk)
+
+
 def _wandb_key(item: Any) -> str:
     return item.key or "/".join(item.nested_key)
 
 
 def read_wandb_offline(path: str) -> Logged:
     """History rows and config of an offline W&B run (a ``.wandb`` file or its run dir)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
     if os.path.isdir(path):
         pattern = os.path.join(path, "**", "*.wandb")
         found = sorted({os.path.realpath(p) for p in glob.glob(pattern, recursive=True)})
@@ -181,8 +188,7 @@ def read_wandb_offline(path: str) -> Logged:
     rows: list[dict[str, float]] = []
     config: dict[str, Any] = {}
     start = None
-    for chunk in _wandb_chunks(path):
-        rec = pb.Record.FromString(chunk)
+    for rec in wandb_records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "run":
             start = rec.run.start_time.seconds + rec.run.start_time.nanos * 1e-9 or None
