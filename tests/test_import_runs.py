@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -263,3 +264,35 @@ def test_keymap_pattern_matching_two_keys_is_an_error():
     )
     with pytest.raises(importers.ImportProblem, match="matches 2 keys"):
         match_key(["val-core/*/acc/mean@*"], ["val-core/a/acc/mean@4", "val-core/b/acc/mean@4"])
+
+
+def test_an_analysis_without_timing_says_n_star_and_r_n_only(reference):
+    """Runs that logged no time: T, T/T_ref and the U-shape finding read "no timing"
+    (not "not reached", not nan), the plan says why it cannot rank, the report says so."""
+    from rl_batch.analysis import report
+
+    d, ref, _ = reference
+    paths = fx.write_trainer_state(ref, os.path.join(d, "trl_report"))
+    km = importers.load_keymap("trl")
+    km["lr_rule"] = {"config": "lr_rule"}
+    out = os.path.join(d, "imp_trl_report")
+    importers.import_runs(paths, out, km, TARGET, overrides={"world_size": fx.TRL_WORLD_SIZE})
+    a = time_to_target.analyze_sweep(curves.load_sweep(out), None, None)
+    assert not a.timed
+    key = next(k for k in a.stats if k.point_key == "16x8:sqrt")
+    assert a.stats[key].n_star is not None and a.stats[key].time_to_target_s is None
+    assert a.ratios[key].r_n is not None and a.ratios[key].r_t is None
+    assert a.ratios[key].time_missing_label == time_to_target.NO_TIMING
+    ref_ratios = a.ratios[a.reference]
+    assert ref_ratios.r_n.mean == 1.0 and ref_ratios.r_q is None  # no "1 (reference)" r_q
+    u_shape = next(f for f in findings.study_findings(a, None, TOL) if "U-shaped" in f.name)
+    assert (u_shape.verdict, u_shape.note) == (findings.NOT_MEASURED, "no timing in the runs")
+    plan = planner.plan_full(a)
+    assert plan.recommendation is None and "no timing" in plan.note
+    table = planner.format_plan_table(plan)
+    assert "not reached" not in table and "| no timing |" in table
+    text = report.build_report(a, None, TOL, resamples=0)
+    assert "**No timing:** no run logged training time" in text
+    assert not re.search(r"\bnan\b", text)
+    tables = text.split("## Time to target per configuration")[1]
+    assert "not reached" not in tables.split("## Measurement")[0]

@@ -96,6 +96,7 @@ def run_table(analysis: Analysis) -> list[str]:
         for r in runs:
             t = analysis.targets[r.name]
             miss = f"{NOT_REACHED} yet" if t.pending else NOT_REACHED
+            timed = t.q is not None  # a run that logged no time has no q, T, train s
             rows.append(
                 [
                     r.name,
@@ -104,10 +105,10 @@ def run_table(analysis: Analysis) -> list[str]:
                     r.status,
                     _num(t.n_star, missing=miss),
                     _num(t.q, ".4g") if t.q is not None else "-",
-                    _num(t.time_to_target_s, missing=miss),
+                    _num(t.time_to_target_s, missing=miss) if timed else NO_TIMING,
                     _num(t.updates_to_target, missing=miss),
                     f"{t.responses_final:.0f}",
-                    f"{t.time_train_s:.4g}",
+                    f"{t.time_train_s:.4g}" if timed else NO_TIMING,
                 ]
             )
     header = [
