@@ -39,6 +39,8 @@ TEST = [
     # for runs, tested here with the packages themselves (W&B offline).
     "tensorboardX",
     "wandb",
+    # transformers.Trainer (a real trainer_state.json for the importer's tests) needs it.
+    "accelerate",
 ]
 
 # Readers of other frameworks' runs (rl_batch.analysis.importers, experiments.import_runs):

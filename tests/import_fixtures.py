@@ -29,6 +29,7 @@ CONFIGS = (
     (16, 8, "fixed", 1.67),
 )
 EVAL_KEY_VERL = "val-core/synthetic/acc/mean@4"
+VERL_TESTING_S = 7.5  # seconds of each validation, inside verl's timing_s/step
 TRL_WORLD_SIZE = 2
 TRL_ACCUMULATION = 2
 
@@ -67,6 +68,9 @@ def verl_rows(records: list[dict[str, Any]]) -> list[tuple[int, dict[str, float]
         d = rows.setdefault(s, {})
         if r["kind"] == "eval":
             d[EVAL_KEY_VERL] = r["eval_accuracy"]
+            if s > 0:  # validation inside the step's timer, which the import takes out
+                d["timing_s/testing"] = VERL_TESTING_S
+                d["timing_s/step"] += VERL_TESTING_S
             continue
         d.update(
             {
@@ -128,10 +132,21 @@ def write_verl_jsonl(sweep_dir: str, out_dir: str) -> list[str]:
 def write_wandb_offline(sweep_dir: str, out_dir: str) -> list[str]:
     """One offline W&B run per reference run (``wandb.init`` / ``log``, verl's names and
     config, ``step=`` the global step as verl logs); returns the run directories."""
-    os.environ["WANDB_MODE"] = "offline"
-    os.environ["WANDB_SILENT"] = "true"
     import wandb
 
+    saved = {k: os.environ.get(k) for k in ("WANDB_MODE", "WANDB_SILENT")}
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    try:
+        return _write_wandb_runs(wandb, sweep_dir, out_dir)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _write_wandb_runs(wandb, sweep_dir: str, out_dir: str) -> list[str]:
     paths = []
     for name, entry, records in reference_runs(sweep_dir):
         run_root = os.path.join(out_dir, name)

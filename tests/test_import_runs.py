@@ -296,3 +296,58 @@ def test_an_analysis_without_timing_says_n_star_and_r_n_only(reference):
     assert not re.search(r"\bnan\b", text)
     tables = text.split("## Time to target per configuration")[1]
     assert "not reached" not in tables.split("## Measurement")[0]
+
+
+def test_a_real_transformers_trainer_run_imports(tmp_path):
+    """A few steps of ``transformers.Trainer`` on a tiny random model: its checkpoint's
+    trainer_state.json (the Trainer's own writer) imports with TRL's key map."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 16, (8, 8))
+    data = [{"input_ids": x, "labels": x} for x in ids]
+    out = tmp_path / "grpo_s0"
+    args = transformers.TrainingArguments(
+        output_dir=str(out),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=1,
+        eval_on_start=True,
+        save_steps=3,
+        report_to=[],
+        use_cpu=True,
+        seed=5,
+    )
+    trainer = transformers.Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        eval_dataset=data[:4],
+        compute_metrics=lambda p: {"accuracy": 0.25},
+    )
+    trainer.train()
+    assert os.path.exists(out / "checkpoint-3" / "trainer_state.json")
+    (out / "training_args.json").write_text(json.dumps({**args.to_dict(), "num_generations": 2}))
+
+    report = importers.import_runs([str(out)], str(tmp_path / "sweep"), "trl", 0.2)
+    (run,) = report.runs
+    assert (run.prompts, run.group_size, run.seed) == (2, 2, 5)  # B = 4 x 1 x 1 completions
+    updates = [r for r in run.records if r["kind"] == "update"]
+    evals = sorted((r for r in run.records if r["kind"] == "eval"), key=lambda r: r["step"])
+    assert [r["responses_cum"] for r in updates] == [4.0, 8.0, 12.0]
+    assert [(r["step"], r["responses_cum"], r["eval_accuracy"]) for r in evals] == [
+        (0, 0.0, 0.25),
+        (1, 4.0, 0.25),
+        (2, 8.0, 0.25),
+        (3, 12.0, 0.25),
+    ]
+    assert all(r["grad_norm"] > 0 and r["lr"] > 0 for r in updates)
+    assert not run.timed
+    summary = artifacts.read_json(str(tmp_path / "sweep" / "runs" / "grpo_s0" / "summary.json"))
+    assert summary["n_star"] == 0.0 and summary["q"] is None  # 0.25 >= 0.2 at the start
