@@ -351,3 +351,14 @@ def test_a_real_transformers_trainer_run_imports(tmp_path):
     assert not run.timed
     summary = artifacts.read_json(str(tmp_path / "sweep" / "runs" / "grpo_s0" / "summary.json"))
     assert summary["n_star"] == 0.0 and summary["q"] is None  # 0.25 >= 0.2 at the start
+
+
+def test_the_importer_never_imports_jax():
+    code = (
+        "import sys, experiments.import_runs\n"
+        "from rl_batch.analysis.importers import convert, sources, sweep\n"
+        "bad = [m for m in ('jax', 'flax', 'optax') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
