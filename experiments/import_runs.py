@@ -4,8 +4,10 @@ r"""Runs from another framework -> a sweep directory the analysis reads unchange
       --runs=verl_logs/b256_s0/metrics.jsonl,verl_logs/b512_s0/metrics.jsonl
   python -m experiments.import_runs --keymap=trl --set=world_size=8 --target=0.5 \
       --out=sweeps/trl_grid --runs='outputs/grpo_*'
-  python -m experiments.figures --sweep=sweeps/trl_grid
   python -m experiments.plan_batch --sweep=sweeps/trl_grid
+
+The import then writes the sweep's figures and report.md (as ``experiments.figures``
+does; ``--noreport`` skips them), so one command gives the report.
 
 ``--runs`` takes one path per run (shell-style globs expand): a run directory
 (TensorBoard event files, a W&B offline run, a Trainer output with trainer_state.json)
@@ -35,6 +37,9 @@ _SOURCE = flags.DEFINE_enum(
 )
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing sweep.json.")
 _PRINT = flags.DEFINE_string("print_keymap", None, "Print a shipped key map and exit.")
+_REPORT = flags.DEFINE_bool(
+    "report", True, "Then write figures/ and report.md (experiments.figures); --noreport: not."
+)
 
 
 def parse_sets(items: list[str]) -> dict:
@@ -98,6 +103,11 @@ def main(argv):
     for line in report.lines():
         print(line)
     print(f"wrote {report.sweep_dir}")
+    if _REPORT.value:  # the analysis of the imported sweep, as experiments.figures writes it
+        from rl_batch.analysis import figures
+
+        for path in figures.write_all(report.sweep_dir):
+            print(path)
 
 
 if __name__ == "__main__":

@@ -210,6 +210,7 @@ def test_missing_accuracy_key_is_one_error_line(reference, tmp_path):
         f"--out={tmp_path / 'out'}",
         "--keymap=verl",
         "--target=0.8",
+        "--noreport",
         cwd=os.getcwd(),
     )
     assert res.returncode == 1
@@ -236,6 +237,9 @@ def test_end_to_end_import_then_figures_and_plan(reference, tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert f"wrote {out}" in res.stdout
+    # One command: the import also wrote the report.
+    assert os.path.join(out, "report.md") in res.stdout.splitlines()
+    os.remove(os.path.join(out, "report.md"))
     res = _cli("experiments.figures", f"--sweep={out}", "--n_boot=50", cwd=os.getcwd())
     assert res.returncode == 0, res.stderr
     assert os.path.exists(os.path.join(out, "report.md"))
