@@ -293,6 +293,12 @@ def test_an_analysis_without_timing_says_n_star_and_r_n_only(reference):
     assert (u_shape.verdict, u_shape.note) == (findings.NOT_MEASURED, "no timing in the runs")
     plan = planner.plan_full(a)
     assert plan.recommendation is None and "no timing" in plan.note
+    assert plan.verdict == "none (no timing in the runs: no T to rank by (N* and r_N only))"
+    from experiments import compare_studies
+
+    text = compare_studies.study(out)[3]
+    assert f"- target {TARGET:g}: no timing in the runs (N* and r_N only)" in text
+    assert not re.search(r"\bnan\b", text)
     table = planner.format_plan_table(plan)
     assert "not reached" not in table and "| no timing |" in table
     text = report.build_report(a, None, TOL, resamples=0)

@@ -176,6 +176,8 @@ class Plan:
     @property
     def verdict(self) -> str:
         """One sentence: the recommendation, or the candidates it cannot tell apart."""
+        if self.best is None and self.note.startswith(NO_TIMING):
+            return f"none ({self.note})"
         if self.best is None:
             return "none (no configuration reached the target in every seed)"
         if self.decided:
