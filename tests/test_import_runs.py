@@ -372,3 +372,28 @@ def test_the_importer_never_imports_jax():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_elapsed_seconds_less_validation_give_the_training_time(reference, tmp_path):
+    """Time from a cumulative clock (W&B's ``_runtime``) that also counts start-up and
+    validation: zeroed one mean update before the first, validation taken out, it gives
+    the reference run's training seconds at every update."""
+    from rl_batch.analysis.importers import convert
+
+    d, ref, _ = reference
+    name, entry, records = fx.reference_runs(ref)[0]
+    startup_s, clock, rows = 5.0, 5.0, []
+    for s, data in fx.verl_rows(records):
+        clock += data.get("timing_s/step", 0.0)
+        rows.append({"step": s, "data": {**data, "_runtime": clock}})
+        rows[-1]["data"].pop("timing_s/step", None)  # no per-step key: the clock is used
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.json").write_text(json.dumps(fx.verl_config(entry)))
+    km = importers.load_keymap("verl")
+    km["time"] = {"elapsed": ["_runtime"], "exclude": ["timing_s/testing"]}
+    run = convert.convert_run(name, str(path), sources.read_source(str(path)), km, {})
+    got = [r["time_train_cum_s"] for r in run.records if r["kind"] == "update"]
+    want = [r["time_train_cum_s"] for r in records if r["kind"] == "update"]
+    assert got == pytest.approx(want, rel=1e-9)
+    assert clock - got[-1] > startup_s  # start-up and validation were on the clock
