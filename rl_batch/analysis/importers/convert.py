@@ -258,6 +258,8 @@ def convert_run(
     lr_key = _resolve("lr", km.get("lr"), keys, name, logged.path)
     lr_config = km.get("lr_config")
     lr0 = km_lib.config_get(config, lr_config, {}) if lr_config else None
+    if not isinstance(lr0, (int, float)) or isinstance(lr0, bool):
+        lr0 = None  # absent, or not a number (a schedule's name): unknown
     metric_keys = {
         f: k
         for f, pats in (km.get("metrics") or {}).items()
