@@ -39,7 +39,13 @@ TEST = [
     # for runs, tested here with the packages themselves (W&B offline).
     "tensorboardX",
     "wandb",
+    # transformers.Trainer (a real trainer_state.json for the importer's tests) needs it.
+    "accelerate",
 ]
+
+# Readers of other frameworks' runs (rl_batch.analysis.importers, experiments.import_runs):
+# TensorBoard's own event reader, parquet for exported W&B history (wandb reads .wandb).
+IMPORT = ["tensorboard", "pyarrow", "wandb", "pyyaml"]
 
 setup(
     name="rl_batch",
@@ -51,12 +57,15 @@ setup(
     ),
     package_data={
         "rl_batch": ["data/*", "data/**/*"],
+        # The key maps of rl_batch.analysis.importers (copied and edited by users).
+        "rl_batch.analysis.importers": ["keymaps/*.json"],
         # The default studies' base policies (init.source="params") and their records.
         "experiments.configs": ["base_policies/*"],
     },
     install_requires=CORE,
     extras_require={
-        "test": TEST,
+        "test": TEST + [p for p in IMPORT if p not in TEST],
+        "import": IMPORT,
         "cuda": ["jax[cuda12]"],
         "tpu": ["jax[tpu]"],
     },

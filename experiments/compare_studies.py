@@ -103,6 +103,8 @@ def study(sweep_dir: str, sweep=None, target: float | None = None):
         f"- target {analysis.target:g}: stopping at the first validation at or above it, the "
         f"runs' training + validation would take {to_target:.0f} s of the {spent:.0f} s they "
         f"spent ({to_target / spent if spent else 1.0:.2f})"
+        if analysis.timed
+        else f"- target {analysis.target:g}: no timing in the runs (N* and r_N only)"
     ]
     lines += [f"- planner: {plan.verdict}", ""]
     lines += ["| finding | measured | verdict |", "|---|---|---|"]

@@ -20,12 +20,14 @@ class FakeBackend:
 
     calls: list = []
     infos: list = []
+    responses: list = []
 
     def __init__(self, info):
         FakeBackend.infos.append(info)
 
-    def log_metrics(self, step, metrics):
+    def log_metrics(self, step, metrics, responses=None):
         FakeBackend.calls.append(("metrics", step, dict(metrics)))
+        FakeBackend.responses.append(responses)
 
     def log_generations(self, step, rows):
         FakeBackend.calls.append(("generations", step, list(rows)))
@@ -36,7 +38,7 @@ class FakeBackend:
 
 @pytest.fixture
 def fake_backend(monkeypatch):
-    FakeBackend.calls, FakeBackend.infos = [], []
+    FakeBackend.calls, FakeBackend.infos, FakeBackend.responses = [], [], []
     monkeypatch.setitem(tracking.BACKENDS, "fake", (None, FakeBackend))
     return FakeBackend
 
@@ -71,6 +73,8 @@ def test_every_metrics_line_is_forwarded_once_in_order_and_not_resent_on_resume(
     for (_, metrics), record in zip(sent, records):
         assert metrics == tracking.scalars(record)
         assert metrics[f"{record['kind']}/responses_cum"] == record["responses_cum"]
+    # Each line's cumulative retained responses go with it (the dashboards' responses axis).
+    assert FakeBackend.responses == [int(r["responses_cum"]) for r in records]
 
     # generations.jsonl: every prompt of each validation (log_generations = eval_prompts),
     # each validation once (the resumed run cut nothing it had not redone); the rewards
@@ -94,13 +98,13 @@ def test_every_metrics_line_is_forwarded_once_in_order_and_not_resent_on_resume(
 
 def test_a_backend_that_fails_is_dropped_and_the_others_go_on(caplog):
     class Broken:
-        def log_metrics(self, step, metrics):
+        def log_metrics(self, step, metrics, responses=None):
             raise OSError("disk full")
 
     class Good:
         seen = []
 
-        def log_metrics(self, step, metrics):
+        def log_metrics(self, step, metrics, responses=None):
             self.seen.append(step)
 
     good = Good()
@@ -115,12 +119,14 @@ def test_a_backend_that_fails_is_dropped_and_the_others_go_on(caplog):
 def test_scalars_keep_the_numbers_of_a_line_under_its_kind():
     record = {"kind": "eval", "step": 4, "eval_metric": "mean_at_k", "eval_accuracy": 0.25,
               "eval_k": 2, "flag": True, "none": None, "arr": np.float32(1.5)}  # fmt: skip
-    assert tracking.scalars(record) == {
-        "eval/eval_accuracy": 0.25,
-        "eval/eval_k": 2.0,
+    assert tracking.scalars(record) == {  # eval/accuracy, not eval/eval_accuracy
+        "eval/accuracy": 0.25,
+        "eval/k": 2.0,
         "eval/flag": 1.0,
         "eval/arr": 1.5,
     }
+    update = {"kind": "update", "step": 1, "update_tokens": 8, "loss": 0.5}
+    assert tracking.scalars(update) == {"update/tokens": 8.0, "update/loss": 0.5}
 
 
 def test_unknown_or_missing_backends_are_one_line_errors_at_resolve(monkeypatch, tmp_path):
@@ -150,13 +156,18 @@ def _tfrecords(path):
     return out
 
 
-def _events(logdir):
+def _events_of(path):
     from tensorboardX.proto import event_pb2
 
+    return [event_pb2.Event.FromString(payload) for payload in _tfrecords(path)]
+
+
+def _events(logdir):
+    """The events of a logdir's own event files (subdirectories are runs of their own)."""
     events = []
     for name in sorted(os.listdir(logdir)):
-        for payload in _tfrecords(os.path.join(logdir, name)):
-            events.append(event_pb2.Event.FromString(payload))
+        if os.path.isfile(os.path.join(logdir, name)):
+            events.extend(_events_of(os.path.join(logdir, name)))
     return events
 
 
@@ -166,13 +177,34 @@ def test_tensorboard_writes_scalars_and_text_that_read_back(tmp_path):
     tracker = tracking.make_tracker("jsonl,tensorboard", info)
     tracker.log_record({"kind": "update", "step": 1, "loss": 0.5, "eval_metric": "x"})
     tracker.log_record({"kind": "eval", "step": 1, "eval_accuracy": 0.125})
+    tracker.log_record({"kind": "update", "step": 2, "loss": 0.25, "responses_cum": 32})
+    tracker.log_record({"kind": "eval", "step": 2, "eval_accuracy": 0.5, "responses_cum": 32})
     rows = [{"prompt": "1+1=", "responses": ["2", "3"], "rewards": [1.0, 0.0]}]
     tracker.log_generations(1, rows)
     tracker.close()
-    events = _events(os.path.join(str(tmp_path), tracking.TENSORBOARD_DIR))
-    values = [(e.step, v.tag, v.simple_value) for e in events for v in e.summary.value
-              if v.HasField("simple_value")]  # fmt: skip
-    assert values == [(1, "update/loss", 0.5), (1, "eval/eval_accuracy", 0.125)]
+    logdir = os.path.join(str(tmp_path), tracking.TENSORBOARD_DIR)
+    events = _events(logdir)
+
+    def simple(events):
+        return [(e.step, v.tag, v.simple_value) for e in events for v in e.summary.value
+                if v.HasField("simple_value")]  # fmt: skip
+
+    assert simple(events) == [
+        (1, "update/loss", 0.5),
+        (1, "eval/accuracy", 0.125),
+        (2, "update/loss", 0.25),
+        (2, "update/responses_cum", 32.0),
+        (2, "eval/accuracy", 0.5),
+        (2, "eval/responses_cum", 32.0),
+    ]
+    # The same scalars stepped by cumulative retained responses, in a logdir of their own.
+    by_responses = simple(_events(os.path.join(logdir, tracking.RESPONSES_KEY)))
+    assert by_responses == [
+        (32, "update/loss", 0.25),
+        (32, "update/responses_cum", 32.0),
+        (32, "eval/accuracy", 0.5),
+        (32, "eval/responses_cum", 32.0),
+    ]
     texts = [v.tensor.string_val[0].decode() for e in events for v in e.summary.value
              if v.HasField("tensor") and v.tag.startswith("generations")]  # fmt: skip
     assert texts == [tracking.generations_markdown(rows)]
@@ -182,19 +214,30 @@ def test_tensorboard_writes_scalars_and_text_that_read_back(tmp_path):
 def test_tensorboard_resumed_at_a_checkpoint_purges_the_steps_after_it(tmp_path):
     pytest.importorskip("tensorboardX")
     tb = tracking.TensorBoard(tracking.RunInfo(str(tmp_path), "run", {}, resumed_step=3))
-    tb.log_metrics(4, {"update/loss": 1.0})
+    tb.log_metrics(4, {"update/loss": 1.0}, responses=64)
+    tb.log_metrics(5, {"update/loss": 0.5}, responses=80)
     tb.close()
-    events = _events(os.path.join(str(tmp_path), tracking.TENSORBOARD_DIR))
+    logdir = os.path.join(str(tmp_path), tracking.TENSORBOARD_DIR)
+    events = [e for e in os.listdir(logdir) if e.startswith("events")]
+    events = _events_of(os.path.join(logdir, events[0]))
     purge = [e for e in events if e.HasField("session_log")]
     assert purge[0].step == 4 and purge[0].session_log.status == purge[0].session_log.START
+    # The responses-stepped copies are purged from the first redone line's responses on
+    # (a purge at step 4 there would drop nearly the whole earlier curve).
+    events = _events(os.path.join(logdir, tracking.RESPONSES_KEY))
+    purge = [e for e in events if e.HasField("session_log")]
+    assert [e.step for e in purge] == [64]
 
 
 def test_wandb_runs_offline_and_a_resumed_run_continues_the_same_run(tmp_path, monkeypatch):
-    inits, logs = [], []
+    inits, logs, defines = [], [], []
 
     class Run:
         def log(self, data, step):
             logs.append((step, data))
+
+        def define_metric(self, name, step_metric=None):
+            defines.append((name, step_metric))
 
         def finish(self):
             logs.append("finish")
@@ -211,6 +254,8 @@ def test_wandb_runs_offline_and_a_resumed_run_continues_the_same_run(tmp_path, m
     tracker.log_generations(2, [{"prompt": "q", "responses": ["a"], "rewards": [1.0]}])
     tracker.close()
     tracking.make_tracker("wandb", info).close()
+    # Responses are every chart's x-axis (steps stay selectable), declared each session.
+    assert defines == [("responses", None), ("*", "responses")] * 2
     assert [kw["mode"] for kw in inits] == ["offline", "offline"]
     assert inits[0]["id"] == inits[1]["id"] and inits[0]["resume"] == "allow"
     assert inits[0]["dir"] == os.path.join(str(tmp_path), tracking.WANDB_DIR)
@@ -223,28 +268,11 @@ def test_wandb_runs_offline_and_a_resumed_run_continues_the_same_run(tmp_path, m
 
 
 def _wandb_records(path):
-    """The records of a W&B run file (``run-<id>.wandb``), read with the package's own
-    protobufs: a LevelDB-style log (7-byte header, then 32 KiB blocks of chunks, each
-    crc32 (4 bytes), length (2), type (1: full, 2: first, 3: middle, 4: last), data)."""
-    from wandb.proto import wandb_internal_pb2
+    """The records of a W&B run file, read by the importer's reader (the wandb package's
+    own protobufs)."""
+    from rl_batch.analysis.importers.sources import wandb_records
 
-    with open(path, "rb") as f:
-        data = f.read()
-    assert data[:4] == b":W&B", path
-    block, pos, records, chunk = 32 * 1024, 7, [], b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a chunk header
-            pos += block - pos % block
-            continue
-        _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if n == 0 and kind == 0:
-            break
-        chunk += data[pos + 7 : pos + 7 + n]
-        pos += 7 + n
-        if kind in (1, 4):
-            records.append(wandb_internal_pb2.Record.FromString(chunk))
-            chunk = b""
-    return records
+    return list(wandb_records(path))
 
 
 def _key(item):
@@ -263,8 +291,8 @@ def test_real_wandb_offline_run_directory_holds_the_logged_values(tmp_path, monk
     artifacts.write_json_atomic(str(tmp_path / "sweeps" / "demo" / artifacts.SWEEP_FILE), {})
     info = tracking.RunInfo(run_dir, "p16_s0", {"seed": 3, "lr": 1e-5})
     tracker = tracking.make_tracker("wandb", info)
-    tracker.log_record({"kind": "update", "step": 2, "loss": 0.5})
-    tracker.log_record({"kind": "eval", "step": 2, "eval_accuracy": 0.25})
+    tracker.log_record({"kind": "update", "step": 2, "loss": 0.5, "responses_cum": 32})
+    tracker.log_record({"kind": "eval", "step": 2, "eval_accuracy": 0.25, "responses_cum": 32})
     tracker.close()
     tracking.make_tracker("wandb", info).close()  # resumed
 
@@ -279,7 +307,18 @@ def test_real_wandb_offline_run_directory_holds_the_logged_values(tmp_path, monk
         for r in records
         if r.WhichOneof("record_type") == "history"
     ]
-    assert history == [{"update/loss": "0.5", "eval/eval_accuracy": "0.25"}], history
+    assert history == [
+        {
+            "update/loss": "0.5",
+            "update/responses_cum": "32",
+            "eval/accuracy": "0.25",
+            "eval/responses_cum": "32",
+            "responses": "32",
+        }
+    ], history
+    # The responses axis is declared to W&B (define_metric) as every metric's step.
+    metrics = [r.metric for r in records if r.WhichOneof("record_type") == "metric"]
+    assert any(m.glob_name == "*" and m.step_metric == "responses" for m in metrics), metrics
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (run.run_id, run.display_name, run.run_group) == (run_id, "p16_s0", "demo")
     config = {_key(item): item.value_json for item in run.config.update}
@@ -353,6 +392,9 @@ def test_a_sweeps_runs_share_a_wandb_group_and_a_tensorboard_logdir(tmp_path, mo
 
     class Run:
         def log(self, data, step):
+            pass
+
+        def define_metric(self, name, step_metric=None):
             pass
 
         def finish(self):

@@ -454,11 +454,13 @@ def u_shape_finding(analysis: Analysis, tol: float) -> Finding:
         return Finding(name, paper, "-", NOT_MEASURED, "fewer than 3 sqrt batches")
     r_t = {k: analysis.ratios[k].r_t for k in fam}
     measured = ", ".join(
-        f"B={k.batch}: {fmt_estimate(r_t[k], missing=analysis.stats[k].missing_label)}" for k in fam
+        f"B={k.batch}: {fmt_estimate(r_t[k], missing=analysis.ratios[k].time_missing_label)}"
+        for k in fam
     )
     reached = [k for k in fam if r_t[k] is not None]
     if not reached:
-        return Finding(name, paper, measured, NOT_MEASURED, "no sqrt batch reached")
+        why = "no sqrt batch reached" if analysis.timed else "no timing in the runs"
+        return Finding(name, paper, measured, NOT_MEASURED, why)
     best = min(reached, key=lambda k: r_t[k].mean)
     factor = 1.0 + tol
 

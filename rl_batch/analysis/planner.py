@@ -51,6 +51,7 @@ from rl_batch.analysis.time_to_target import (
     DEFAULT_N_BOOT,
     DEFAULT_SEED,
     INCOMPLETE,
+    NO_TIMING,
     NOT_REACHED,
     Analysis,
     Estimate,
@@ -180,6 +181,8 @@ class Plan:
     @property
     def verdict(self) -> str:
         """One sentence: the recommendation, or the candidates it cannot tell apart."""
+        if self.best is None and self.note.startswith(NO_TIMING):
+            return f"none ({self.note})"
         if self.best is None:
             return "none (no configuration reached the target in every seed)"
         if self.decided:
@@ -295,6 +298,8 @@ def plan_full(analysis: Analysis) -> Plan:
         note = "reference incomplete (seeds still running): ranked by mean T in s"
     else:
         note = "reference did not reach the target: ranked by mean T in s"
+    if not analysis.timed:
+        note = f"{NO_TIMING} in the runs: no T to rank by (N* and r_N only)"
     return _ranked_plan("full", analysis.target, analysis.reference, ranked, note=note)
 
 
@@ -543,7 +548,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                 "lr_rule": r.key.lr_rule,
                 "r_n": _est_json(r.r_n, r.missing_label),
                 "r_q": _est_json(r.r_q),
-                "r_t": _est_json(r.r_t, r.missing_label),
+                "r_t": _est_json(r.r_t, _time_label(r)),
                 "reached": r.reached,
                 "r_n_lower_bound": r.r_n_lower_bound,
                 "time_to_target_s": (
@@ -573,6 +578,11 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     return obj
 
 
+def _time_label(row: PlanRow) -> str:
+    """What a missing T/T_ref reads: "no timing" when r_N is there but r_q is not."""
+    return NO_TIMING if row.r_n is not None and row.r_q is None else row.missing_label
+
+
 def format_plan_table(plan: Plan) -> str:
     """Plain-text (markdown) table of a plan, best first, with the recommendation."""
     pred = "predicted " if plan.mode == "pilot" else ""
@@ -588,7 +598,7 @@ def format_plan_table(plan: Plan) -> str:
         r_q = fmt_estimate(r.r_q, missing="-")
         lines.append(
             f"| {i} | {r.key.name}{star} | {r.key.batch} | {r_n} | {r_q}"
-            f" | {fmt_estimate(r.r_t, missing=r.missing_label)} | {r.note} |"
+            f" | {fmt_estimate(r.r_t, missing=_time_label(r))} | {r.note} |"
         )
     lines.append("")
     lines.append(

@@ -25,6 +25,7 @@ from rl_batch.analysis import (
 )
 from rl_batch.analysis.time_to_target import (
     INCOMPLETE,
+    NO_TIMING,
     NOT_REACHED,
     Analysis,
     ConfigStats,
@@ -70,7 +71,7 @@ def config_table(analysis: Analysis) -> list[str]:
                 _seeds_cell(s),
                 fmt_estimate(s.n_star, ".4g", miss),
                 fmt_estimate(s.q, ".4g", "-"),
-                fmt_estimate(s.time_to_target_s, ".4g", miss),
+                fmt_estimate(s.time_to_target_s, ".4g", s.time_missing_label),
                 fmt_estimate(s.updates_to_target, ".4g", miss),
             ]
         )
@@ -96,6 +97,7 @@ def run_table(analysis: Analysis) -> list[str]:
         for r in runs:
             t = analysis.targets[r.name]
             miss = f"{NOT_REACHED} yet" if t.pending else NOT_REACHED
+            timed = t.q is not None  # a run that logged no time has no q, T, train s
             rows.append(
                 [
                     r.name,
@@ -104,10 +106,10 @@ def run_table(analysis: Analysis) -> list[str]:
                     r.status,
                     _num(t.n_star, missing=miss),
                     _num(t.q, ".4g") if t.q is not None else "-",
-                    _num(t.time_to_target_s, missing=miss),
+                    _num(t.time_to_target_s, missing=miss) if timed else NO_TIMING,
                     _num(t.updates_to_target, missing=miss),
                     f"{t.responses_final:.0f}",
-                    f"{t.time_train_s:.4g}",
+                    f"{t.time_train_s:.4g}" if timed else NO_TIMING,
                 ]
             )
     header = [
@@ -136,7 +138,7 @@ def ratio_table(analysis: Analysis) -> list[str]:
                 k.batch,
                 fmt_estimate(r.r_n, missing=miss),
                 fmt_estimate(r.r_q, missing="-"),
-                fmt_estimate(r.r_t, missing=miss),
+                fmt_estimate(r.r_t, missing=r.time_missing_label),
                 fmt_estimate(r.r_updates, missing=miss),
                 f"{r.ideal_updates:.3g}",
             ]
@@ -460,6 +462,15 @@ def build_report(
         f'("{INCOMPLETE}" while a seed that has not reached is still running); one seed '
         f'gives no interval ("1 seed, no CI").',
         "",
+        *(
+            []
+            if analysis.timed
+            else [
+                f"**{NO_TIMING.capitalize()}:** no run logged training time, so this report "
+                "gives N* and r_N only; q, T, r_q, T/T_ref and the findings that need them "
+                'read "no timing" or "not measured".\n'
+            ]
+        ),
         *[
             f"**Warning:** {w} (See Critical generation batch.)\n"
             for w in (generation.model_warnings if generation is not None else ())

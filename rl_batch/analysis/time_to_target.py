@@ -51,6 +51,9 @@ from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, group_runs
 
 NOT_REACHED = artifacts.NOT_REACHED
 INCOMPLETE = "incomplete"
+# What a missing q, T, r_q or T/T_ref reads when the runs logged no training time (runs
+# imported from a framework that keeps none): the analysis is N* and r_N only.
+NO_TIMING = "no timing"
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +398,12 @@ class ConfigStats:
         """What a withheld N*/T reads: ``incomplete`` or "not reached"."""
         return INCOMPLETE if self.incomplete else NOT_REACHED
 
+    @property
+    def time_missing_label(self) -> str:
+        """What a missing T reads: `NO_TIMING` when the runs logged no time, else
+        `missing_label`."""
+        return NO_TIMING if self.q is None else self.missing_label
+
 
 def config_stats(
     runs: Sequence[RunTarget],
@@ -415,13 +424,15 @@ def config_stats(
     q = boot(qs) if qs else None
     if not all(r.reached for r in runs):
         return ConfigStats(key, tuple(runs), None, q, None, None)
+    ts = [r.time_to_target_s for r in runs]
+    timed = all(t is not None and np.isfinite(t) for t in ts)  # else: no timing logged
 
     return ConfigStats(
         key=key,
         runs=tuple(runs),
         n_star=boot([r.n_star for r in runs]),
         q=q,
-        time_to_target_s=boot([r.time_to_target_s for r in runs]),
+        time_to_target_s=boot(ts) if timed else None,
         updates_to_target=boot([r.updates_to_target for r in runs]),
     )
 
@@ -447,6 +458,11 @@ class Ratios:
     def missing_label(self) -> str:
         """What a missing r_N/T/updates ratio reads: ``incomplete`` or "not reached"."""
         return INCOMPLETE if self.incomplete else NOT_REACHED
+
+    @property
+    def time_missing_label(self) -> str:
+        """What a missing T/T_ref reads: `NO_TIMING` when r_N is there but r_q is not."""
+        return NO_TIMING if self.r_n is not None and self.r_q is None else self.missing_label
 
     @property
     def ideal_updates(self) -> float:
@@ -525,12 +541,13 @@ def config_ratios(
     if stats.key == ref.key:
         one = exact_one(stats.n_seeds)
         reached = stats.reached
+        timed = stats.q is not None  # runs without logged time have no q: no r_q
         return Ratios(
             stats.key,
             ref.key,
             one if reached else None,
-            one,
-            one if reached else None,
+            one if timed else None,
+            one if reached and timed else None,
             one if reached else None,
             incomplete=stats.incomplete,
         )
@@ -602,6 +619,12 @@ class Analysis:
     calibrated: bool = False  # T and q from the sweep's calibration.json
     crossing: str = "update"  # how N* is read off the evaluations (targets.CROSSINGS)
     step_rounds: dict[str, list[float]] | None = None  # calibrated step s per round
+
+    @property
+    def timed(self) -> bool:
+        """Whether any configuration has a q: False when no run logged training time (the
+        analysis is then N* and r_N only)."""
+        return any(s.q is not None for s in self.stats.values())
 
     def ratio(self, key: ConfigKey, reference: ConfigKey) -> Ratios:
         """Ratios of configuration ``key`` against ``reference`` (any configuration), with

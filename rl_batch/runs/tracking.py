@@ -6,14 +6,20 @@ names (a comma list), with the line's ``step``:
 
 - ``jsonl``: nothing more (metrics.jsonl is always written); the default.
 - ``tensorboard``: event files in ``<run_dir>/tensorboard`` (``tensorboardX``, no
-  TensorFlow), one scalar ``<kind>/<key>`` per number of a line, generations as text,
-  the resolved config as text (``config``, once). A sweep's runs are
+  TensorFlow), one scalar ``<kind>/<key>`` per number of a line (`scalars`: an eval
+  line's ``eval_accuracy`` is ``eval/accuracy``) at the line's step, generations as text,
+  the resolved config as text (``config``, once); and the same scalars at the line's
+  cumulative retained responses (``responses_cum``) in ``<run_dir>/tensorboard/responses``
+  (TensorBoard shows it as a run of its own, ``.../tensorboard/responses``): curves of
+  different batch sizes compare on responses, not on steps. A sweep's runs are
   ``<sweep_dir>/runs/<name>``: ``tensorboard --logdir=<sweep_dir>`` shows them side by
   side (as ``runs/<name>/tensorboard``).
 - ``wandb``: a Weights & Biases run in ``<run_dir>/wandb``, offline unless
   ``$WANDB_MODE`` says otherwise, its id kept in ``<run_dir>/wandb_id`` so that a resumed
   run continues the same W&B run; the resolved config as the run's config, the sweep's
-  name as its group (`sweep_name`); generations as a table.
+  name as its group (`sweep_name`); generations as a table. Each row also carries
+  ``responses`` (the line's ``responses_cum``), declared with ``define_metric`` as the
+  x-axis of every chart (the step stays selectable).
 
 A backend named but not installed is a one-line error of ``config.resolve`` (before any
 compute). On resume, the lines up to the checkpoint are not sent again; the lines after
@@ -45,9 +51,12 @@ WANDB_ID_FILE = "wandb_id"
 
 
 class Backend(Protocol):
-    """A dashboard: receives the numbers of each metrics line and the generations."""
+    """A dashboard: receives the numbers of each metrics line (with its cumulative
+    retained responses, None when the line has none) and the generations."""
 
-    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None: ...
+    def log_metrics(
+        self, step: int, metrics: Mapping[str, float], responses: int | None = None
+    ) -> None: ...
 
     def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None: ...
 
@@ -94,9 +103,14 @@ def config_markdown(config: Mapping[str, Any]) -> str:
     return "```json\n" + text + "\n```"
 
 
+RESPONSES_KEY = "responses"  # W&B's responses axis; the TensorBoard responses logdir
+
+
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     """The numbers of a metrics line as ``{"<kind>/<key>": value}`` (``step``, ``kind``
-    and non-numeric values such as ``eval_metric`` left out; booleans as 0/1)."""
+    and non-numeric values such as ``eval_metric`` left out; booleans as 0/1). A key that
+    already starts with ``<kind>_`` loses that prefix: ``eval/accuracy``, not
+    ``eval/eval_accuracy``."""
     kind = record.get("kind", "metrics")
     out = {}
     for key, value in record.items():
@@ -105,8 +119,15 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
         if isinstance(value, (bool, int, float)) or (
             hasattr(value, "item") and getattr(value, "size", 2) == 1
         ):
-            out[f"{kind}/{key}"] = float(value)
+            name = key[len(kind) + 1 :] if key.startswith(f"{kind}_") else key
+            out[f"{kind}/{name}"] = float(value)
     return out
+
+
+def responses_of(record: Mapping[str, Any]) -> int | None:
+    """A metrics line's cumulative retained responses (None when it carries none)."""
+    value = record.get("responses_cum")
+    return None if value is None or isinstance(value, str) else int(value)
 
 
 def generations_key(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -153,14 +174,34 @@ class TensorBoard:
         self.writer = SummaryWriter(
             logdir=os.path.join(info.run_dir, TENSORBOARD_DIR), purge_step=purge
         )
+        self._make_writer = SummaryWriter
+        self._responses_dir = os.path.join(info.run_dir, TENSORBOARD_DIR, RESPONSES_KEY)
+        self._resumed = info.resumed_step is not None
+        self.by_responses = None  # the responses-stepped writer, opened at the first line
         if info.resumed_step is None:  # the resolved config, once (a resumed run keeps it)
             self.writer.add_text("config", config_markdown(info.config), global_step=0)
             self.writer.flush()
 
-    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+    def _responses_writer(self, responses: int) -> Any:
+        """The writer of the responses-stepped scalars. A resumed run's first line is the
+        first one redone, so the earlier copies from its responses on are purged (the
+        step writer's ``purge_step`` would count steps, not responses)."""
+        if self.by_responses is None:
+            purge = responses if self._resumed else None
+            self.by_responses = self._make_writer(logdir=self._responses_dir, purge_step=purge)
+        return self.by_responses
+
+    def log_metrics(
+        self, step: int, metrics: Mapping[str, float], responses: int | None = None
+    ) -> None:
         for tag, value in metrics.items():
             self.writer.add_scalar(tag, value, global_step=step)
         self.writer.flush()  # a crash loses no line (flush_secs would wait 2 minutes)
+        if responses is not None:
+            writer = self._responses_writer(responses)
+            for tag, value in metrics.items():
+                writer.add_scalar(tag, value, global_step=responses)
+            writer.flush()
 
     def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         tag = generations_key(rows)
@@ -169,6 +210,8 @@ class TensorBoard:
 
     def close(self) -> None:
         self.writer.close()
+        if self.by_responses is not None:
+            self.by_responses.close()
 
 
 class WandB:
@@ -197,9 +240,16 @@ class WandB:
             group=sweep_name(info.run_dir),  # a sweep's runs side by side
             mode=os.environ.get("WANDB_MODE", "offline"),
         )
+        # Every chart's default x-axis: cumulative retained responses (curves of
+        # different batch sizes compare on it); the step stays selectable.
+        self.run.define_metric(RESPONSES_KEY)
+        self.run.define_metric("*", step_metric=RESPONSES_KEY)
 
-    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        self.run.log(dict(metrics), step=step)
+    def log_metrics(
+        self, step: int, metrics: Mapping[str, float], responses: int | None = None
+    ) -> None:
+        row = dict(metrics) if responses is None else {**metrics, RESPONSES_KEY: responses}
+        self.run.log(row, step=step)
 
     def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         columns, data = _table(rows)
@@ -272,8 +322,8 @@ class Tracker:
     def log_record(self, record: Mapping[str, Any]) -> None:
         """Sends one metrics line's numbers at its ``step``."""
         if self.backends:
-            step, metrics = int(record["step"]), scalars(record)
-            self._each(lambda b: b.log_metrics(step, metrics))
+            step, metrics, responses = int(record["step"]), scalars(record), responses_of(record)
+            self._each(lambda b: b.log_metrics(step, metrics, responses))
 
     def log_generations(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         """Sends one validation's (or training rollout's) sampled generations."""
