@@ -120,13 +120,14 @@ def test_with_the_sweeps_own_run_loop(tmp_path):
 
     calls = []
 
-    def run_fn(c):
+    def run_fn(spec):
+        c = spec.inputs
         calls.append(c.name)
         tau = fx.TAU0 * _mult(c.prompts * c.group_size) * fx.SEED_TAU_FACTORS[c.seed]
         fx.write_run(c.run_dir, prompts=c.prompts, group_size=c.group_size, tau=tau,
                      seed=c.seed)  # fmt: skip
         # The point's own config, as a run writes it (a re-run compares it with the grid's).
-        artifacts.write_json_atomic(os.path.join(c.run_dir, artifacts.CONFIG_FILE), c.to_dict())
+        artifacts.write_json_atomic(os.path.join(c.run_dir, artifacts.CONFIG_FILE), spec.to_json())
         return {"status": "finished"}
 
     c = base.sweep_config(tiny_run_config(str(tmp_path / "work")))
