@@ -619,15 +619,6 @@ def run_all(settings: Settings) -> dict:
     return results
 
 
-def forced_lengths(rows: int, max_len: int, sigma: float, seed: int) -> np.ndarray:
-    """[rows] response lengths in [1, max_len], log-normal with ``sigma`` and the
-    largest at ``max_len`` (a long tail as math RL responses have): the engine part
-    forces them as per-row token limits."""
-    z = np.random.default_rng(seed).standard_normal(rows)
-    lengths = np.exp(sigma * (z - z.max())) * max_len
-    return np.clip(np.round(lengths), 1, max_len).astype(np.int32)
-
-
 def engine_configs(settings: Settings) -> list[tuple[str, sampler_lib.SamplingConfig]]:
     """(label, sampling config) of each engine the part times: static, then continuous
     at each slot count, each with full and (``attn_block`` > 0) blocked attention."""
@@ -645,7 +636,7 @@ def engine_configs(settings: Settings) -> list[tuple[str, sampler_lib.SamplingCo
 def run_engine(settings: Settings) -> dict:
     """Static against continuous batching at forced long-tail response lengths.
 
-    ``engine_rows`` responses with log-normal lengths (``forced_lengths``; the longest
+    ``engine_rows`` responses with log-normal lengths (``long_tail_lengths``; the longest
     is ``new_tokens``) are sampled by every engine of ``engine_configs``, interleaved in
     one process: each round calls every engine once, and each engine's median wall time
     over the rounds is reported. Every engine must give the static engine's tokens.
@@ -654,10 +645,11 @@ def run_engine(settings: Settings) -> dict:
     decode attention per generated token, and the 1-minute host load (os.getloadavg)
     read before each engine's timed calls.
     """
-    config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
-    params = model_lib.init_params(config, settings.seed)
     rows, p_len, r_len = settings.engine_rows, settings.prompt_len, settings.new_tokens
-    lengths = forced_lengths(rows, r_len, settings.length_sigma, settings.seed)
+    config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
+    config = config.replace(max_seq_len=max(config.max_seq_len, p_len + r_len))
+    params = model_lib.init_params(config, settings.seed)
+    lengths = sampler_lib.long_tail_lengths(rows, r_len, settings.length_sigma, settings.seed)
     rng = np.random.RandomState(settings.seed + 1)
     prompts = rng.randint(1, config.vocab_size, (rows, p_len)).tolist()
     sampler = _make_sampler(config, p_len, r_len)

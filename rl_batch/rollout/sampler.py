@@ -1267,3 +1267,12 @@ def static_slots_read(batch: int, prompt_len: int, response_len: int, steps: int
         return float(batch * s * steps)
     filled = prompt_len + np.arange(1, steps + 1)
     return float(batch * np.minimum(-(-filled // block) * block, s).sum())
+
+
+def long_tail_lengths(rows: int, max_len: int, sigma: float, seed: int) -> np.ndarray:
+    """[rows] response lengths in [1, max_len], log-normal with ``sigma``, the largest at
+    ``max_len``: the long tail of math RL responses, for benchmarks that force them as
+    per-row ``max_new_tokens`` (sigma 1 gives max / mean of about 4-7 for 32-256 rows)."""
+    z = np.random.default_rng(seed).standard_normal(rows)
+    lengths = np.exp(sigma * (z - z.max())) * max_len
+    return np.clip(np.round(lengths), 1, max_len).astype(np.int32)
