@@ -185,3 +185,46 @@ def test_blocked_attention_in_the_model_gives_einsum_logits(params, sampler):
     assert_same_samples(blocked, out)
     assert sampler.last_stats["slots_read"] < sampler_lib.static_slots_read(8, p, 32, 31, 0)
 
+
+# ------------------------------------------------------------------- rollout metrics
+
+
+def test_rollout_metrics_and_slot_stats_from_generate(params, sampler):
+    calls = []
+    cont = SamplingConfig(engine="continuous", slots=2)
+    samples = groups.generate(
+        sampler,
+        params,
+        PROMPTS,
+        rng=jax.random.key(0),
+        sampling=cont,
+        gen_batch=4,
+        max_new_tokens=12,
+        call_stats=calls,
+    )
+    assert len(calls) == 2 and all(st["engine"] == "continuous" for st in calls)
+    decode_tokens = sum(st["decode_tokens"] for st in calls)
+    assert decode_tokens == int(samples.lengths.sum()) - len(PROMPTS)
+    ro = groups.Rollout(
+        examples=[{}] * 3,
+        samples=samples,
+        rewards_pg=np.zeros((3, 2), np.float32),
+        time_generate_s=1.0,
+        time_score_s=0.0,
+        gen_tokens=int(samples.lengths.sum()),
+        decode_tokens=decode_tokens,
+        slot_steps=sum(st["slot_steps"] for st in calls),
+    )
+    metrics = groups.rollout_metrics(ro)
+    assert metrics["gen_len_max"] == 12 and metrics["gen_len_mean"] == 12
+    assert metrics["slot_utilisation"] == 1.0  # no EOS: every slot decodes to the end
+    back = groups.rollout_from_json(groups.rollout_to_json(ro))
+    assert (back.decode_tokens, back.slot_steps) == (ro.decode_tokens, ro.slot_steps)
+    lengths = np.array([1, 2, 3, 4, 10, 30])
+    short = dataclasses.replace(
+        ro, samples=dataclasses.replace(samples, lengths=lengths), slot_steps=0
+    )
+    metrics = groups.rollout_metrics(short)
+    assert "slot_utilisation" not in metrics  # unknown (partial rollout)
+    assert metrics["gen_len_p50"] == 3.5 and metrics["gen_len_max"] == 30
+    assert metrics["gen_len_p90"] == pytest.approx(np.percentile(lengths, 90))
