@@ -14,6 +14,12 @@ checkpoint. Per batch size B (P + R = prompt + response tokens):
   (no stop id). Decode tokens/s = B * R / decode seconds; its roofline is the HBM-bound
   rate B / (bytes per step / ``--bandwidth``), bytes per step = the params as stored plus
   the whole KV cache (B x (P + R) slots: every decode step's attention reads all of them).
+- **Long-tail lengths** (``--length_sigma`` > 0): both engines (``SamplingConfig.engine``
+  static and continuous with ``--slots``, blocked attention ``--attn_block``) through a
+  ``Sampler`` with log-normal per-row lengths forced as per-row limits: generated
+  tokens/s and the useful-token fraction (decode tokens / slot-steps). The filled-KV
+  roofline counts P + R / 2 cache slots per row and step (attention reading only the
+  filled cache) instead of P + R.
 - **Update**: ``rl_batch.algorithms.grpo.make_update_fn`` with ``B / micro_batch_seqs``
   micro-batches on random tokens, every response token real. MFU = the model FLOPs
   ``rl_batch.models.flops.update_flops`` (3x the forward, remat's recomputation not counted)
@@ -65,6 +71,9 @@ class Settings:
     peak_flops: float = 989e12
     repeats: int = 2
     seed: int = 0
+    slots: int = 0  # continuous engine's decode slots (0: B / 4)
+    length_sigma: float = 1.0  # log-normal spread of the long-tail lengths (0: skip them)
+    attn_block: int = 128  # blocked decode attention of the long-tail runs (0: full)
     model_overrides: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields
 
 
@@ -81,6 +90,9 @@ _FLAG_HELP = {
     "peak_flops": "Peak FLOP/s (H200 bf16 dense: 989e12).",
     "repeats": "Timed runs per point after the warm-up.",
     "seed": "Seed for weights and tokens.",
+    "slots": "Continuous engine decode slots (0: B / 4).",
+    "length_sigma": "Log-normal sigma of the long-tail response lengths (0: skip that part).",
+    "attn_block": "Blocked decode attention block of the long-tail runs (0: full).",
 }
 
 
@@ -168,6 +180,8 @@ def sample_point(mc, params, batch: int, settings: Settings) -> dict:
     decode_s = statistics.median(times["decode"][1:])
     step_bytes = memory_plan.tree_bytes(params) + model_lib.kv_cache_bytes(mc, batch, p + r)
     roofline = batch / (step_bytes / settings.bandwidth)
+    # Reading only the filled cache: P + R / 2 slots per row on average over the steps.
+    filled_bytes = memory_plan.tree_bytes(params) + model_lib.kv_cache_bytes(mc, batch, p + r // 2)
     return {
         "batch": batch,
         "prefill_s": prefill_s,
@@ -175,9 +189,42 @@ def sample_point(mc, params, batch: int, settings: Settings) -> dict:
         "decode_tokens_per_s": batch * r / decode_s,
         "roofline_tokens_per_s": roofline,
         "decode_bytes_per_step": step_bytes,
+        "filled_roofline_tokens_per_s": batch / (filled_bytes / settings.bandwidth),
         "sample_estimate_bytes": estimate,
         "sample_peak_bytes": peak_bytes_in_use(),
     }
+
+
+def engine_point(mc, params, batch: int, settings: Settings) -> dict:
+    """Both engines at long-tail lengths (``sampler.long_tail_lengths``, forced as per-row
+    limits): wall seconds of a whole ``Sampler`` call (median), generated tokens/s and
+    the useful-token fraction (decode tokens / slot-steps) of each."""
+    p, r = settings.prompt_len, settings.response_len
+    lengths = sampler_lib.long_tail_lengths(batch, r, settings.length_sigma, settings.seed)
+    sampler = sampler_lib.Sampler(
+        mc, eos_id=mc.vocab_size, pad_id=0, max_prompt_len=p, max_new_tokens=r
+    )
+    prompts = np.random.default_rng(settings.seed + batch).integers(1, mc.vocab_size, (batch, p))
+    slots = settings.slots or max(batch // 4, 1)
+    engines = {
+        "static": sampler_lib.SamplingConfig(attn_block=settings.attn_block),
+        "continuous": sampler_lib.SamplingConfig(
+            engine="continuous", slots=slots, attn_block=settings.attn_block
+        ),
+    }
+    key = jax.random.key(settings.seed)
+    row = {"tail_max_over_mean": float(lengths.max() / lengths.mean()), "slots": slots}
+    for name, cfg in engines.items():
+
+        def call(cfg=cfg):
+            out = sampler(params, prompts.tolist(), rng=key, sampling=cfg, max_new_tokens=lengths)
+            assert (out.lengths == lengths).all()
+
+        time_s = _median_time(call, settings.repeats)
+        st = sampler.last_stats
+        row[f"{name}_tokens_per_s"] = float(lengths.sum()) / time_s
+        row[f"{name}_useful"] = st["decode_tokens"] / max(st["slot_steps"], 1)
+    return row
 
 
 def update_point(mc, state, optimizer, mesh, batch: int, settings: Settings):
@@ -245,6 +292,13 @@ def run(settings: Settings) -> list[dict]:
     for b in batches:
         rows[b] = sample_point(mc, params, b, settings)
         print(f"sampled batch {b}: {rows[b]['decode_tokens_per_s']:.0f} tok/s", flush=True)
+        if settings.length_sigma > 0:
+            rows[b].update(engine_point(mc, params, b, settings))
+            print(
+                f"long-tail batch {b}: static {rows[b]['static_tokens_per_s']:.0f}, "
+                f"continuous {rows[b]['continuous_tokens_per_s']:.0f} tok/s",
+                flush=True,
+            )
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     optimizer = learner.make_optimizer(1e-6, max_grad_norm=1.0)
     state = learner.init_train_state(mc, params, optimizer, mesh=mesh)
@@ -255,6 +309,8 @@ def run(settings: Settings) -> list[dict]:
         print(f"updated batch {b}: {row['update_tokens_per_s']:.0f} tok/s", flush=True)
     out = [rows[b] for b in batches]
     print(format_table(out))
+    if settings.length_sigma > 0:
+        print(format_engine_table(out))
     return out
 
 
@@ -278,6 +334,24 @@ def format_table(rows: list[dict]) -> str:
             f"| {x['micro_batches']} | {x['update_s']:.3f} | {x['update_tokens_per_s']:.0f} "
             f"| {100 * x['mfu']:.1f}% "
             f"| {_gb(x['update_estimate_bytes'])} / {_gb(x['update_peak_bytes'])} |"
+        )
+    return "\n".join(lines)
+
+
+def format_engine_table(rows: list[dict]) -> str:
+    """Markdown: both engines at long-tail lengths per batch."""
+    lines = [
+        "| B | max/mean | static tok/s | static useful | slots | continuous tok/s "
+        "| continuous useful | x static | filled-KV roofline tok/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in rows:
+        lines.append(
+            f"| {x['batch']} | {x['tail_max_over_mean']:.2f} | {x['static_tokens_per_s']:.0f} "
+            f"| {x['static_useful']:.3f} | {x['slots']} | {x['continuous_tokens_per_s']:.0f} "
+            f"| {x['continuous_useful']:.3f} "
+            f"| {x['continuous_tokens_per_s'] / x['static_tokens_per_s']:.2f} "
+            f"| {x['filled_roofline_tokens_per_s']:.0f} |"
         )
     return "\n".join(lines)
 

@@ -1,6 +1,10 @@
 r"""Throughput benchmarks, one part per component.
 
   python -m experiments.throughput --part=sampler [--max_batch=1024] [--out=throughput.json]
+  python -m experiments.throughput --part=engine [--engine_rows=64 --slots=8,16,32]
+
+``--part=engine``: static against continuous batching (and full against blocked decode
+attention) at forced long-tail response lengths; see ``run_engine``.
 
 ``--part=sampler``: tokens/s of ``rl_batch.rollout.sampler.Sampler`` against Hugging Face
 ``generate`` (PyTorch CPU, KV cache, sampling) on the same Qwen3 weights, for a range of
@@ -81,6 +85,14 @@ _CPU_DEVICES = flags.DEFINE_integer(
     "else one per core, so that a CPU host samples data-parallel over its cores. No effect "
     "on accelerators.",
 )
+_ENGINE_ROWS = flags.DEFINE_integer("engine_rows", 64, "--part=engine: rows (responses).")
+_SLOTS = flags.DEFINE_list("slots", ["8", "16", "32"], "--part=engine: continuous slot counts.")
+_LENGTH_SIGMA = flags.DEFINE_float(
+    "length_sigma", 1.0, "--part=engine: sigma of the log-normal response lengths."
+)
+_ATTN_BLOCK = flags.DEFINE_integer(
+    "attn_block", 32, "--part=engine: block of the blocked decode attention (0: none)."
+)
 _DATA_DEVICES = flags.DEFINE_integer(
     "data_devices",
     -1,
@@ -106,6 +118,10 @@ class Settings:
     matmul_size: int = 2048
     seed: int = 0
     data_devices: int = 1  # sampler batch split over a mesh ``data`` axis of this size (-1: all)
+    engine_rows: int = 64  # --part=engine: responses per call
+    slots: tuple[int, ...] = (8, 16, 32)  # --part=engine: continuous slot counts
+    length_sigma: float = 1.0  # --part=engine: log-normal sigma of the forced lengths
+    attn_block: int = 32  # --part=engine: blocked decode attention block (0: none)
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -603,8 +619,119 @@ def run_all(settings: Settings) -> dict:
     return results
 
 
+def engine_configs(settings: Settings) -> list[tuple[str, sampler_lib.SamplingConfig]]:
+    """(label, sampling config) of each engine the part times: static, then continuous
+    at each slot count, each with full and (``attn_block`` > 0) blocked attention."""
+    block = settings.attn_block
+    configs = [("static", sampler_lib.SamplingConfig())]
+    if block:
+        configs.append((f"static blk{block}", sampler_lib.SamplingConfig(attn_block=block)))
+    for slots in settings.slots:
+        for b in dict.fromkeys((0, block)):
+            cfg = sampler_lib.SamplingConfig(engine="continuous", slots=slots, attn_block=b)
+            configs.append((f"continuous {slots}" + (f" blk{b}" if b else ""), cfg))
+    return configs
+
+
+def run_engine(settings: Settings) -> dict:
+    """Static against continuous batching at forced long-tail response lengths.
+
+    ``engine_rows`` responses with log-normal lengths (``long_tail_lengths``; the longest
+    is ``new_tokens``) are sampled by every engine of ``engine_configs``, interleaved in
+    one process: each round calls every engine once, and each engine's median wall time
+    over the rounds is reported. Every engine must give the static engine's tokens.
+    Columns: generated tokens/s (all tokens of the call over its wall time), the
+    useful-token fraction (tokens of decode steps / slot-steps), cache bytes read by
+    decode attention per generated token, and the 1-minute host load (os.getloadavg)
+    read before each engine's timed calls.
+    """
+    rows, p_len, r_len = settings.engine_rows, settings.prompt_len, settings.new_tokens
+    config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
+    config = config.replace(max_seq_len=max(config.max_seq_len, p_len + r_len))
+    params = model_lib.init_params(config, settings.seed)
+    lengths = sampler_lib.long_tail_lengths(rows, r_len, settings.length_sigma, settings.seed)
+    rng = np.random.RandomState(settings.seed + 1)
+    prompts = rng.randint(1, config.vocab_size, (rows, p_len)).tolist()
+    sampler = _make_sampler(config, p_len, r_len)
+    slot_bytes = model_lib.kv_cache_bytes(config, 1, 1)
+    print(
+        f"engine: model {settings.preset} ({config.num_params / 1e6:.2f}M params), {rows} rows, "
+        f"prompt {p_len}, lengths log-normal sigma {settings.length_sigma}: mean "
+        f"{lengths.mean():.1f}, p50 {np.median(lengths):.0f}, max {lengths.max()}, max/mean "
+        f"{lengths.max() / lengths.mean():.2f}; device {device_description()}",
+        flush=True,
+    )
+    configs = engine_configs(settings)
+    key = jax.random.key(settings.seed)
+    reference = None
+    for label, cfg in configs:  # warm-up (compile) and the equality check
+        out = sampler(params, prompts, rng=key, sampling=cfg, max_new_tokens=lengths.tolist())
+        np.testing.assert_array_equal(out.lengths, lengths)
+        if reference is None:
+            reference = out.response_tokens
+        np.testing.assert_array_equal(out.response_tokens, reference, err_msg=label)
+    times: dict[str, list[float]] = {label: [] for label, _ in configs}
+    loads: dict[str, list[float]] = {label: [] for label, _ in configs}
+    stats: dict[str, dict] = {}
+    start = time.perf_counter()
+    while min(map(len, times.values())) < settings.min_repeats or (
+        time.perf_counter() - start < settings.min_time_s
+    ):
+        for label, cfg in configs:
+            loads[label].append(os.getloadavg()[0])
+            t0 = time.perf_counter()
+            sampler(params, prompts, rng=key, sampling=cfg, max_new_tokens=lengths.tolist())
+            times[label].append(time.perf_counter() - t0)
+            stats[label] = dict(sampler.last_stats)
+    generated = int(lengths.sum())
+    table = []
+    for label, cfg in configs:
+        st, time_s = stats[label], statistics.median(times[label])
+        decode_tokens = max(st["decode_tokens"], 1)
+        table.append(
+            {
+                "engine": label,
+                "slots": st["slots"],
+                "attn_block": cfg.attn_block,
+                "time_s": time_s,
+                "tokens_per_s": generated / time_s,
+                "useful_fraction": decode_tokens / max(st["slot_steps"], 1),
+                "cache_bytes_per_token": st["slots_read"]
+                * slot_bytes
+                / max(st["decode_tokens"], 1),
+                "decode_steps": st["decode_steps"],
+                "load_1min": statistics.median(loads[label]),
+                "repeats": len(times[label]),
+            }
+        )
+    print(format_engine_table(table))
+    return {
+        "device": device_description(),
+        "engine": table,
+        "engine_settings": dataclasses.asdict(settings)
+        | {"lengths_mean": float(lengths.mean()), "lengths_max": int(lengths.max())},
+    }
+
+
+def format_engine_table(rows: list[dict]) -> str:
+    """The engine table, with the speedup over the first (static) row."""
+    lines = [
+        f"{'engine':<22} {'slots':>5} {'time s':>8} {'tok/s':>8} {'x static':>8} "
+        f"{'useful':>6} {'KV B/tok':>10} {'steps':>6} {'load1':>5}"
+    ]
+    for row in rows:
+        lines.append(
+            f"{row['engine']:<22} {row['slots']:>5} {row['time_s']:>8.3f} "
+            f"{row['tokens_per_s']:>8.0f} {row['tokens_per_s'] / rows[0]['tokens_per_s']:>8.2f} "
+            f"{row['useful_fraction']:>6.3f} {row['cache_bytes_per_token']:>10.0f} "
+            f"{row['decode_steps']:>6} {row['load_1min']:>5.2f}"
+        )
+    return "\n".join(lines)
+
+
 PARTS: dict[str, Callable[[Settings], dict]] = {
     "sampler": run_sampler,
+    "engine": run_engine,
     "update": run_update,
     "all": run_all,
 }
@@ -636,6 +763,10 @@ def settings_from_flags() -> Settings:
         matmul_size=_MATMUL.value,
         seed=_SEED.value,
         data_devices=_DATA_DEVICES.value,
+        engine_rows=_ENGINE_ROWS.value,
+        slots=tuple(int(x) for x in _SLOTS.value),
+        length_sigma=_LENGTH_SIGMA.value,
+        attn_block=_ATTN_BLOCK.value,
     )
 
 

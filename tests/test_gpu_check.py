@@ -29,6 +29,13 @@ def test_gpu_check_tiny_rows(capsys):
         assert row["sample_estimate_bytes"] >= 4 * mc.num_params
         assert row["update_estimate_bytes"] >= 3 * 4 * mc.num_params
         assert row["sample_peak_bytes"] is None or row["sample_peak_bytes"] > 0
+        # Both engines at long-tail lengths; the filled-cache roofline reads P + R / 2 slots.
+        filled = 4 * mc.num_params + model_lib.kv_cache_bytes(mc, b, 8 + 4)
+        assert abs(row["filled_roofline_tokens_per_s"] - b * 1e12 / filled) < 1e-6 * b * 1e12
+        assert row["slots"] == max(b // 4, 1) and row["tail_max_over_mean"] >= 1
+        assert row["static_tokens_per_s"] > 0 and row["continuous_tokens_per_s"] > 0
+        assert 0 < row["static_useful"] <= row["continuous_useful"] <= 1
     table = capsys.readouterr().out
     assert "| B | prefill s | decode tok/s | roofline tok/s |" in table
-    assert table.count("\n| 2 |") == 1 and table.count("\n| 4 |") == 1
+    assert table.count("\n| 2 |") == 2 and table.count("\n| 4 |") == 2
+    assert "| B | max/mean | static tok/s |" in table

@@ -12,7 +12,7 @@ from tests.run_fixtures import assert_same_records, deterministic, tiny_run_conf
 UPDATE_FIELDS = (
     "step responses_cum responses_generated_cum prompts group_size batch_responses lr "
     "reward_mean time_generate_s time_score_s time_update_s time_train_cum_s gen_tokens "
-    "grad_norm loss clip_frac kl"
+    "grad_norm loss clip_frac kl gen_len_mean gen_len_p50 gen_len_p90 gen_len_max slot_utilisation"
 ).split()
 # Values that depend on the machine's speed, not on the computation.
 # (and on the process's history: a resumed run compiles the validation sampler later).

@@ -559,6 +559,80 @@ def _einsum_attention(
     return out_bkqh.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
+def _blocked_decode_attention(
+    q_btnh: jax.Array,
+    k_bksh: jax.Array,
+    v_bksh: jax.Array,
+    mask_bts: jax.Array,
+    kv_len: jax.Array,
+    block: int,
+) -> jax.Array:
+    """``_einsum_attention`` that reads only the first ``kv_len`` cache slots, in blocks.
+
+    Flash-decoding style: a ``lax.while_loop`` over K/V blocks of ``block`` slots up to
+    ``kv_len`` (traced; the largest filled length of the batch) with an online softmax
+    in fp32, so a step at context L reads about L slots, not all S. Slots past
+    ``kv_len`` must be masked out in ``mask_bts`` (they are never read). The last block
+    is shifted back to end at S when S is not a multiple of ``block``; slots it
+    re-reads are masked so that none counts twice.
+
+    Args:
+      q_btnh: [B, T, N, H] queries.
+      k_bksh, v_bksh: [B, K, S, H] cache (compute dtype).
+      mask_bts: [B, T, S] bool, True where query t may attend slot s.
+      kv_len: [] int32, slots [0, kv_len) are read (clipped to [1, S]).
+      block: slots per block (static, >= 1; clipped to S).
+
+    Returns:
+      [B, T, N, H] attention outputs (compute dtype).
+    """
+    b, t, n, h = q_btnh.shape
+    kv, s = k_bksh.shape[1], k_bksh.shape[2]
+    g = n // kv
+    block = max(1, min(block, s))
+    dt = q_btnh.dtype
+    q_bkqh = q_btnh.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
+    kv_len = jnp.clip(jnp.asarray(kv_len, jnp.int32), 1, s)
+    num_blocks = (kv_len + block - 1) // block
+    zero = jnp.zeros((), jnp.int32)
+
+    def body(carry):
+        i, max_bkgt, sum_bkgt, acc_bkgth = carry
+        first = i * block
+        start = jnp.minimum(first, s - block)
+        k_blk = jax.lax.dynamic_slice(k_bksh, (zero, zero, start, zero), (b, kv, block, h))
+        v_blk = jax.lax.dynamic_slice(v_bksh, (zero, zero, start, zero), (b, kv, block, h))
+        mask_btc = jax.lax.dynamic_slice(mask_bts, (zero, zero, start), (b, t, block))
+        fresh_c = start + jnp.arange(block, dtype=jnp.int32) >= first  # not read before
+        logits_bkqc = jnp.einsum("bkqh,bkch->bkqc", q_bkqh, k_blk)
+        logits_bkgtc = logits_bkqc.reshape(b, kv, g, t, block).astype(jnp.float32) * (h**-0.5)
+        valid_btc = mask_btc & fresh_c[None, None, :]
+        logits_bkgtc = jnp.where(valid_btc[:, None, None], logits_bkgtc, _MASK_VALUE)
+        new_max_bkgt = jnp.maximum(max_bkgt, jnp.max(logits_bkgtc, axis=-1))
+        probs_bkgtc = jnp.exp(logits_bkgtc - new_max_bkgt[..., None])
+        # Slots re-read by a shifted last block (or past kv_len) carry no weight at all.
+        probs_bkgtc = jnp.where(fresh_c, probs_bkgtc, 0.0)
+        scale_bkgt = jnp.exp(max_bkgt - new_max_bkgt)
+        out_bkqh = jnp.einsum(
+            "bkqc,bkch->bkqh", probs_bkgtc.astype(dt).reshape(b, kv, g * t, block), v_blk
+        )
+        acc_bkgth = acc_bkgth * scale_bkgt[..., None] + out_bkqh.reshape(b, kv, g, t, h).astype(
+            jnp.float32
+        )
+        sum_bkgt = sum_bkgt * scale_bkgt + jnp.sum(probs_bkgtc, axis=-1)
+        return i + 1, new_max_bkgt, sum_bkgt, acc_bkgth
+
+    init = (
+        zero,
+        jnp.full((b, kv, g, t), -jnp.inf, jnp.float32),
+        jnp.zeros((b, kv, g, t), jnp.float32),
+        jnp.zeros((b, kv, g, t, h), jnp.float32),
+    )
+    _, _, sum_bkgt, acc_bkgth = jax.lax.while_loop(lambda c: c[0] < num_blocks, body, init)
+    out_bkgth = (acc_bkgth / sum_bkgt[..., None]).astype(dt)
+    return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with an optional KV cache."""
 
@@ -585,6 +659,8 @@ class Attention(nnx.Module):
         mask_bts: jax.Array,
         cache: LayerCache | None = None,
         cache_index: jax.Array | int | None = None,
+        kv_len: jax.Array | None = None,
+        kv_block: int = 0,
     ) -> tuple[jax.Array, LayerCache | None]:
         c = self.config
         dt = _DTYPES[c.dtype]
@@ -605,7 +681,14 @@ class Attention(nnx.Module):
 
         k_bkth = jnp.swapaxes(k_btkh, 1, 2)
         v_bkth = jnp.swapaxes(v_btkh, 1, 2)
-        if cache is not None:
+        if cache is not None and jnp.ndim(cache_index) == 1:
+            # One slot per row ([B] cache_index, T = 1): rows of a continuous batch sit
+            # at different steps. A scatter, in place under a while loop.
+            rows_b, slot_b = jnp.arange(b), jnp.asarray(cache_index, jnp.int32)
+            k_bksh = cache["k"].at[rows_b, :, slot_b].set(k_bkth[:, :, 0].astype(cache["k"].dtype))
+            v_bksh = cache["v"].at[rows_b, :, slot_b].set(v_bkth[:, :, 0].astype(cache["v"].dtype))
+            cache = {"k": k_bksh, "v": v_bksh}
+        elif cache is not None:
             # Write the T new keys/values at slots [cache_index, cache_index + T).
             zero = jnp.zeros((), jnp.int32)
             start = (zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
@@ -631,6 +714,10 @@ class Attention(nnx.Module):
                 mask=mask_bts[:, None, :, :],
                 is_causal=impl == "cudnn",  # lets cuDNN skip the upper triangle
                 implementation=impl,
+            )
+        elif kv_len is not None and kv_block > 0:
+            out_btnh = _blocked_decode_attention(
+                q_btnh, k_bksh.astype(dt), v_bksh.astype(dt), mask_bts, kv_len, kv_block
             )
         else:
             out_btnh = _einsum_attention(q_btnh, k_bksh.astype(dt), v_bksh.astype(dt), mask_bts)
@@ -669,9 +756,11 @@ class Block(nnx.Module):
         else:
             self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x_btd, positions_bt, mask_bts, cache=None, cache_index=None):
+    def __call__(
+        self, x_btd, positions_bt, mask_bts, cache=None, cache_index=None, kv_len=None, kv_block=0
+    ):
         attn_btd, cache = self.attn(
-            self.input_norm(x_btd), positions_bt, mask_bts, cache, cache_index
+            self.input_norm(x_btd), positions_bt, mask_bts, cache, cache_index, kv_len, kv_block
         )
         x_btd = x_btd + attn_btd
         x_btd = x_btd + self.mlp(self.post_attn_norm(x_btd))
@@ -718,8 +807,14 @@ class Transformer(nnx.Module):
         mask_bts: jax.Array,
         cache: Cache | None = None,
         cache_index: jax.Array | int | None = None,
+        kv_len: jax.Array | None = None,
+        kv_block: int = 0,
     ) -> tuple[jax.Array, Cache | None]:
-        """Final-normed hidden states [B, T, D] (compute dtype) and the new cache."""
+        """Final-normed hidden states [B, T, D] (compute dtype) and the new cache.
+
+        ``kv_len`` and ``kv_block`` (> 0) select blocked attention over the first
+        ``kv_len`` cache slots (``_blocked_decode_attention``); else the einsum reference
+        reads all S slots."""
         c = self.config
         dt = _DTYPES[c.dtype]
         x_btd = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(dt)
@@ -739,7 +834,9 @@ class Transformer(nnx.Module):
                 x_btd = run_block(layer, x_btd, positions_bt, mask_bts)
                 continue
             layer_cache = cache[i] if cache is not None else None
-            x_btd, layer_cache = layer(x_btd, positions_bt, mask_bts, layer_cache, cache_index)
+            x_btd, layer_cache = layer(
+                x_btd, positions_bt, mask_bts, layer_cache, cache_index, kv_len, kv_block
+            )
             if new_cache is not None:
                 new_cache.append(layer_cache)
         return self.final_norm(x_btd), new_cache
@@ -779,11 +876,16 @@ class Transformer(nnx.Module):
         cache_index: jax.Array | int | None = None,
         *,
         last_only: bool = False,
+        kv_len: jax.Array | None = None,
+        kv_block: int = 0,
     ) -> tuple[jax.Array, Cache | None]:
         """Logits [B, T, V] float32 (values [B, T]) and the new cache; ``last_only``
-        applies the head at the last position only ([B, 1, V] / [B, 1])."""
+        applies the head at the last position only ([B, 1, V] / [B, 1]); ``kv_len`` and
+        ``kv_block`` as in ``hidden``."""
         c = self.config
-        x_btd, new_cache = self.hidden(tokens_bt, positions_bt, mask_bts, cache, cache_index)
+        x_btd, new_cache = self.hidden(
+            tokens_bt, positions_bt, mask_bts, cache, cache_index, kv_len, kv_block
+        )
         if last_only:
             x_btd = x_btd[:, -1:]
         if c.head == "value":
@@ -887,12 +989,14 @@ def cache_mask(kv_mask_bs: jax.Array, cache_index: jax.Array | int, t: int) -> j
     """[B, T, S] mask for T queries written at slots [cache_index, cache_index + T).
 
     Query t (at slot cache_index + t) sees slot s iff s <= cache_index + t and slot s
-    holds a real token (``kv_mask_bs``).
+    holds a real token (``kv_mask_bs``). ``cache_index`` is one slot for all rows, or
+    [B] slots, one per row.
     """
     s = kv_mask_bs.shape[1]
-    query_slot_t = jnp.asarray(cache_index, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
-    causal_ts = jnp.arange(s, dtype=jnp.int32)[None, :] <= query_slot_t[:, None]
-    return causal_ts[None] & kv_mask_bs[:, None, :].astype(bool)
+    index_b1 = jnp.reshape(jnp.asarray(cache_index, jnp.int32), (-1, 1))  # [1 or B, 1]
+    query_slot_bt = index_b1 + jnp.arange(t, dtype=jnp.int32)[None, :]
+    causal_bts = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= query_slot_bt[:, :, None]
+    return causal_bts & kv_mask_bs[:, None, :].astype(bool)
 
 
 def positions_from_mask(input_mask_bt: jax.Array) -> jax.Array:
@@ -965,6 +1069,8 @@ def forward_with_cache(
     cache_index: jax.Array | int,
     *,
     last_only: bool = False,
+    kv_len: jax.Array | None = None,
+    kv_block: int = 0,
 ) -> tuple[jax.Array, Cache]:
     """Forward pass that appends T tokens to a KV cache at ``cache_index``.
 
@@ -976,16 +1082,29 @@ def forward_with_cache(
       kv_mask_bs: [B, S] True where a cache slot holds a real token (including the
         slots being written now).
       cache: per-layer caches from ``init_cache``.
-      cache_index: first slot to write.
+      cache_index: first slot to write; or [B] slots, one per row (T = 1 only).
       last_only: compute the head at the last of the T positions only (a prefill needs
         no other logits: [B, 1, V] instead of [B, T, V]).
+      kv_len: with ``kv_block`` > 0, attention reads only cache slots [0, kv_len) in
+        blocks of ``kv_block`` (every unmasked slot must lie below it); None or
+        ``kv_block`` = 0: the einsum reference over all S slots.
+      kv_block: slots per attention block (static).
 
     Returns:
       (logits [B, T, V] float32 or values [B, T], updated cache).
     """
+    if jnp.ndim(cache_index) == 1 and tokens_bt.shape[1] != 1:
+        raise ValueError(f"per-row cache_index needs T = 1 token per row, got {tokens_bt.shape}")
     mask_bts = cache_mask(kv_mask_bs, cache_index, tokens_bt.shape[1])
     return bind(config, params)(
-        tokens_bt, positions_bt, mask_bts, cache, cache_index, last_only=last_only
+        tokens_bt,
+        positions_bt,
+        mask_bts,
+        cache,
+        cache_index,
+        last_only=last_only,
+        kv_len=kv_len,
+        kv_block=kv_block,
     )
 
 
@@ -1120,9 +1239,11 @@ def forward_with_cache_and_router(
     cache_index: jax.Array | int,
     *,
     last_only: bool = False,
+    kv_len: jax.Array | None = None,
+    kv_block: int = 0,
 ) -> tuple[jax.Array, Any, jax.Array]:
-    """``model.forward_with_cache`` (``last_only`` as there) that also returns the router
-    logits [L, B * T, E] of all T fed tokens."""
+    """``model.forward_with_cache`` (``last_only``, ``kv_len``, ``kv_block`` as there)
+    that also returns the router logits [L, B * T, E] of all T fed tokens."""
     mask_bts = cache_mask(kv_mask_bs, cache_index, tokens_bt.shape[1])
     (out, cache), logits_lte = _call_capturing(
         config,
@@ -1134,5 +1255,7 @@ def forward_with_cache_and_router(
         cache,
         cache_index,
         last_only=last_only,
+        kv_len=kv_len,
+        kv_block=kv_block,
     )
     return out, cache, logits_lte

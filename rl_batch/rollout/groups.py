@@ -45,6 +45,10 @@ class Rollout:
     # ``rewards.unverified_counts`` of the scores: metrics-line name -> responses scored 0
     # without the verifier's verdict ({} for tasks whose verifier never skips).
     score_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Decode-slot use of the sampler calls (``Sampler.last_stats``, summed): tokens of
+    # decode steps and slot-steps run; 0 and 0 when unknown (partial rollout).
+    decode_tokens: int = 0
+    slot_steps: int = 0
 
 
 def _array_to_json(x: np.ndarray) -> dict[str, Any]:
@@ -82,6 +86,8 @@ def rollout_to_json(ro: Rollout) -> dict[str, Any]:
         "time_compile_s": ro.time_compile_s,
         "gen_flops": ro.gen_flops,
         "score_counts": dict(ro.score_counts),
+        "decode_tokens": int(ro.decode_tokens),
+        "slot_steps": int(ro.slot_steps),
     }
 
 
@@ -100,6 +106,8 @@ def rollout_from_json(data: dict[str, Any]) -> Rollout:
         time_compile_s=float(data.get("time_compile_s", 0.0)),
         gen_flops=data.get("gen_flops"),
         score_counts=dict(data.get("score_counts") or {}),
+        decode_tokens=int(data.get("decode_tokens", 0)),
+        slot_steps=int(data.get("slot_steps", 0)),
     )
 
 
@@ -215,12 +223,14 @@ def generate(
     sampling: SamplingConfig,
     gen_batch: int = 0,
     max_new_tokens: int | None = None,
+    call_stats: list[dict] | None = None,
 ) -> SampleOutput:
     """Samples one response per prompt, ``gen_batch`` sequences at a time (0 = all).
 
     ``rng``: one key (chunk i samples with ``fold_in(rng, i)``) or one typed key per
     prompt (`sampler.is_row_keys`; each chunk gets its rows' keys, so a row's draws do
-    not depend on ``gen_batch``)."""
+    not depend on ``gen_batch``). ``call_stats``, when given, receives each sampler
+    call's ``last_stats``."""
     chunk = gen_batch if gen_batch > 0 else len(prompts)
     per_row = is_row_keys(rng)
     if per_row and rng.shape[0] != len(prompts):
@@ -236,7 +246,26 @@ def generate(
                 max_new_tokens=max_new_tokens,
             )
         )
+        if call_stats is not None:
+            call_stats.append(dict(sampler.last_stats))
     return outs[0] if len(outs) == 1 else _concat_outputs(outs)
+
+
+def rollout_metrics(ro: Rollout) -> dict[str, float]:
+    """Generated-length distribution of a rollout's responses (``gen_len_mean``, ``_p50``,
+    ``_p90``, ``_max``; EOS included) and, when known, ``slot_utilisation``: tokens of
+    decode steps over slot-steps of the sampler calls (static engine: finished rows hold
+    their slots until the batch ends; continuous: slots refill)."""
+    lengths = np.asarray(ro.samples.lengths, np.float64)
+    metrics = {
+        "gen_len_mean": float(lengths.mean()),
+        "gen_len_p50": float(np.percentile(lengths, 50)),
+        "gen_len_p90": float(np.percentile(lengths, 90)),
+        "gen_len_max": float(lengths.max()),
+    }
+    if ro.slot_steps > 0:
+        metrics["slot_utilisation"] = ro.decode_tokens / ro.slot_steps
+    return metrics
 
 
 def decode_responses(tokenizer, samples: SampleOutput) -> list[str]:
@@ -316,7 +345,10 @@ def rollout(
     t0 = time.perf_counter()
     prompt_ids = [encode_prompt(tokenizer, ex["prompt"]) for ex in examples]
     repeated = [ids for ids in prompt_ids for _ in range(group_size)]
-    samples = generate(sampler, params, repeated, rng=rng, sampling=sampling, gen_batch=gen_batch)
+    calls: list[dict] = []
+    samples = generate(
+        sampler, params, repeated, rng=rng, sampling=sampling, gen_batch=gen_batch, call_stats=calls
+    )
     samples = truncate_at_stop_strings(tokenizer, samples, stop_strings)
     t1 = time.perf_counter()
     texts = decode_responses(tokenizer, samples)
@@ -330,6 +362,8 @@ def rollout(
         time_score_s=t2 - t1,
         gen_tokens=int(samples.lengths.sum()),
         score_counts=unverified_counts(task, scores),
+        decode_tokens=sum(int(st.get("decode_tokens", 0)) for st in calls),
+        slot_steps=sum(int(st.get("slot_steps", 0)) for st in calls),
     )
 
 

@@ -195,6 +195,9 @@ class TopP:
         return categorical(top_p_filter(logits_bv, self.p), rng_b)
 
 
+ENGINES = ("static", "continuous")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
     """How next tokens are drawn. Filters apply in order: temperature, top-k, top-p.
@@ -205,12 +208,24 @@ class SamplingConfig:
       top_p: nucleus mass in (0, 1]; 1.0 turns the filter off.
       greedy: argmax decoding; the other fields are then ignored and log-probs are
         reported at temperature 1.
+      engine: ``"static"``: one batch of all rows decodes until every row is done;
+        ``"continuous"``: ``slots`` rows decode at a time and a finished row's slot is
+        refilled with the next waiting row (``sample_continuous``). Both give the same
+        tokens and log-probs per row key.
+      slots: decode slots of the continuous engine (>= 1; more than the call's batch
+        bucket is clipped to it); 0 with the static engine.
+      attn_block: decode attention reads only the filled cache slots, in blocks of this
+        many slots (flash-decoding; ``model.forward_with_cache``'s ``kv_block``); 0 reads
+        all P + R slots with the einsum reference.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     greedy: bool = False
+    engine: str = "static"
+    slots: int = 0
+    attn_block: int = 0
 
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
@@ -219,6 +234,16 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.top_k must be an int >= 0, got {self.top_k!r}")
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"SamplingConfig.engine must be one of {ENGINES}, got {self.engine!r}")
+        if not (isinstance(self.slots, int) and self.slots >= 0):
+            raise ValueError(f"SamplingConfig.slots must be an int >= 0, got {self.slots!r}")
+        if self.engine == "continuous" and self.slots < 1:
+            raise ValueError("SamplingConfig.slots must be >= 1 with engine='continuous'")
+        if not (isinstance(self.attn_block, int) and self.attn_block >= 0):
+            raise ValueError(
+                f"SamplingConfig.attn_block must be an int >= 0, got {self.attn_block!r}"
+            )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> SamplingConfig:
@@ -254,7 +279,8 @@ class SamplingState:
     """Decode-loop carry. B rows, P prompt slots, R response slots, S = P + R."""
 
     step: jax.Array  # [] int32: response tokens sampled so far (next response slot)
-    max_new_tokens: jax.Array  # [] int32: stop after this many tokens (<= R); traced
+    # [] int32, or [B] one per row: a row stops after this many tokens (<= R); traced
+    max_new_tokens: jax.Array
     prompt_tokens_bp: jax.Array  # [B, P] int32, left-padded
     prompt_len_b: jax.Array  # [B] int32 real prompt tokens (first response position)
     tokens_br: jax.Array  # [B, R] int32 response buffer, pad where not generated
@@ -370,7 +396,8 @@ def prefill(
         is a padding row: it is done from the start and generates nothing.
       rng: PRNG key, row b drawing its tokens from ``fold_in(rng, b)``; or [B] typed
         keys, one per row.
-      max_new_tokens: per-call token limit, traced; clipped to ``response_len``.
+      max_new_tokens: per-call token limit, traced, or [B] limits, one per row;
+        clipped to ``response_len``.
       response_len: R, the static size of the response buffer.
       eos_id: end-of-sequence id, or a tuple of ids any of which ends a row (an id
         outside [0, V) never stops a row early).
@@ -383,6 +410,41 @@ def prefill(
     Returns:
       The decode state after one sampled token (``step == 1``).
     """
+    return _prefill_state(
+        config,
+        params,
+        prompt_tokens_bp,
+        prompt_mask_bp,
+        rng,
+        max_new_tokens,
+        response_len=response_len,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        sampling=sampling,
+        cache_dtype=cache_dtype,
+        record_routing=record_routing,
+        pad_cache=True,
+    )
+
+
+def _prefill_state(
+    config: ModelConfig,
+    params: Params,
+    prompt_tokens_bp: jax.Array,
+    prompt_mask_bp: jax.Array,
+    rng: jax.Array,
+    max_new_tokens: jax.Array | int,
+    *,
+    response_len: int,
+    eos_id: int | tuple[int, ...],
+    pad_id: int,
+    sampling: SamplingConfig,
+    cache_dtype: str | None,
+    record_routing: bool,
+    pad_cache: bool,
+) -> SamplingState:
+    """``prefill``; ``pad_cache=False`` keeps the P-slot prompt cache as it is (the
+    continuous engine copies each row's prompt slots into a decode slot later)."""
     if record_routing and not config.num_experts:
         raise ValueError("record_routing=True needs a MoE model (num_experts > 0)")
     if config.head != "lm":
@@ -390,31 +452,12 @@ def prefill(
     b, p = prompt_tokens_bp.shape
     r = response_len
     prompt_mask_bp = prompt_mask_bp.astype(bool)
-    positions_bp = model_lib.positions_from_mask(prompt_mask_bp)
-    # Prefill attends over the P prompt slots only (a P-slot cache), then the cache is
-    # padded to S = P + R: the prompt's attention over empty response slots would be
-    # wasted work (about 3x the prefill attention cost for P=16, R=32).
-    prompt_cache = model_lib.init_cache(config, b, p, cache_dtype)
-    experts_bslk = None
-    if record_routing:
-        shape = (b, p + r, config.num_moe_layers, config.num_experts_per_tok)
-        experts_bslk = jnp.full(shape, -1, _EXPERT_DTYPE)
-    # Only the last prompt position's logits are used (prompts are left-padded, so it
-    # is every row's last real token): [B, 1, V], not [B, P, V]. The routing record
-    # still covers every prompt token (the router runs before the head).
-    logits_b1v, prompt_cache, experts_bslk = _forward(
-        config,
-        params,
-        experts_bslk,
-        prompt_tokens_bp.astype(jnp.int32),
-        prompt_mask_bp,
-        positions_bp,
-        prompt_mask_bp,
-        prompt_cache,
-        0,
-        last_only=True,
+    logits_b1v, prompt_cache, experts_bslk = _prefill_prompts(
+        config, params, prompt_tokens_bp, prompt_mask_bp, r, cache_dtype, record_routing
     )
-    cache = [_pad_slots(layer, p + r) for layer in prompt_cache]
+    cache = prompt_cache
+    if pad_cache:
+        cache = [_pad_slots(layer, p + r) for layer in prompt_cache]
     kv_mask_bs = jnp.concatenate([prompt_mask_bp, jnp.zeros((b, r), bool)], axis=1)
     prompt_len_b = jnp.sum(prompt_mask_bp, axis=1, dtype=jnp.int32)
     state = SamplingState(
@@ -437,6 +480,41 @@ def prefill(
     return _record(state, logits_b1v[:, -1])
 
 
+def _prefill_prompts(config, params, prompt_tokens_bp, prompt_mask_bp, r, cache_dtype, record):
+    """Runs [B, P] left-padded prompts through the model into a P-slot cache.
+
+    Returns:
+      (logits [B, 1, V] at slot P-1, the P-slot cache, the [B, P + R, L, k] routing
+      record with the prompt part filled when ``record``, else None).
+    """
+    b, p = prompt_tokens_bp.shape
+    positions_bp = model_lib.positions_from_mask(prompt_mask_bp)
+    # Prefill attends over the P prompt slots only (a P-slot cache), then the cache is
+    # padded to S = P + R: the prompt's attention over empty response slots would be
+    # wasted work (about 3x the prefill attention cost for P=16, R=32).
+    prompt_cache = model_lib.init_cache(config, b, p, cache_dtype)
+    experts_bslk = None
+    if record:
+        shape = (b, p + r, config.num_moe_layers, config.num_experts_per_tok)
+        experts_bslk = jnp.full(shape, -1, _EXPERT_DTYPE)
+    # Only the last prompt position's logits are used (prompts are left-padded, so it
+    # is every row's last real token): [B, 1, V], not [B, P, V]. The routing record
+    # still covers every prompt token (the router runs before the head).
+    logits_b1v, prompt_cache, experts_bslk = _forward(
+        config,
+        params,
+        experts_bslk,
+        prompt_tokens_bp.astype(jnp.int32),
+        prompt_mask_bp,
+        positions_bp,
+        prompt_mask_bp,
+        prompt_cache,
+        0,
+        last_only=True,
+    )
+    return logits_b1v, prompt_cache, experts_bslk
+
+
 # Expert ids fit int16 (E < 32768), half the memory of int32 ([B, S, L, k] per rollout).
 _EXPERT_DTYPE = jnp.int16
 
@@ -453,18 +531,18 @@ def _forward(
     slot,
     *,
     last_only=False,
+    kv_len=None,
+    kv_block=0,
 ):
-    """``forward_with_cache`` (``last_only`` as there); with ``experts_bslk`` (recording
-    routing) also writes the router's choices for the T fed tokens at slots
-    [slot, slot + T) (-1 where not ``real_bt``)."""
+    """``forward_with_cache`` (``last_only``, ``kv_len``, ``kv_block`` as there); with
+    ``experts_bslk`` (recording routing) also writes the router's choices for the T fed
+    tokens at slots [slot, slot + T) (-1 where not ``real_bt``)."""
+    kwargs = dict(last_only=last_only, kv_len=kv_len, kv_block=kv_block)
+    args = (config, params, tokens_bt, positions_bt, kv_mask_bs, cache, slot)
     if experts_bslk is None:
-        logits, cache = model_lib.forward_with_cache(
-            config, params, tokens_bt, positions_bt, kv_mask_bs, cache, slot, last_only=last_only
-        )
+        logits, cache = model_lib.forward_with_cache(*args, **kwargs)
         return logits, cache, None
-    logits, cache, router_lte = model_lib.forward_with_cache_and_router(
-        config, params, tokens_bt, positions_bt, kv_mask_bs, cache, slot, last_only=last_only
-    )
+    logits, cache, router_lte = model_lib.forward_with_cache_and_router(*args, **kwargs)
     experts_btlk = moe_lib.top_experts(router_lte, config.num_experts_per_tok, tokens_bt.shape[0])
     experts_btlk = jnp.where(real_bt[:, :, None, None], experts_btlk, -1).astype(_EXPERT_DTYPE)
     zero = jnp.zeros((), jnp.int32)
@@ -492,6 +570,8 @@ def _decode_step(config: ModelConfig, params: Params, state: SamplingState) -> S
         kv_mask_bs,
         state.cache,
         slot,
+        kv_len=slot + 1,
+        kv_block=state.sampling.attn_block,
     )
     state = state.replace(kv_mask_bs=kv_mask_bs, cache=cache, experts_bslk=experts_bslk)
     return _record(state, logits_b1v[:, 0])
@@ -510,7 +590,7 @@ def decode(config: ModelConfig, params: Params, state: SamplingState) -> Samplin
     """
 
     def cond(s: SamplingState) -> jax.Array:
-        return (s.step < s.max_new_tokens) & ~jnp.all(s.done_b)
+        return (s.step < jnp.max(s.max_new_tokens)) & ~jnp.all(s.done_b)
 
     return jax.lax.while_loop(cond, lambda s: _decode_step(config, params, s), state)
 
@@ -618,6 +698,221 @@ def sample_batch(
         record_routing=record_routing,
     )
     return outputs(decode(config, params, state))
+
+
+# ------------------------------------------------------------------- continuous batching
+
+
+@flax.struct.dataclass
+class ContinuousState:
+    """Carry of the continuous engine. N queued rows (the call's batch bucket), C decode
+    slots, P prompt slots, R response slots, S = P + R.
+
+    Row n's prompt K/V stay in ``prompt_cache`` ([N, K, P, H]) until a slot frees; its
+    outputs are written by row ([N, R]), so they come out in the caller's row order.
+    """
+
+    iterations: jax.Array  # [] int32 decode steps run (each feeds every slot once)
+    next_q: jax.Array  # [] int32 position in ``queue_n`` of the next row to start
+    num_queued: jax.Array  # [] int32 rows still to decode after prefill
+    queue_n: jax.Array  # [N] int32 rows in start order (rows to decode first)
+    max_new_n: jax.Array  # [N] int32 token limit of each row
+    prompt_mask_np: jax.Array  # [N, P] bool
+    prompt_len_n: jax.Array  # [N] int32
+    prompt_cache: model_lib.Cache  # per layer {"k", "v"}: [N, K, P, H]
+    rng_n: jax.Array  # [N] row keys: row n draws its token i with fold_in(rng_n[n], i)
+    tokens_nr: jax.Array  # [N, R] int32
+    logprobs_nr: jax.Array  # [N, R] float32
+    mask_nr: jax.Array  # [N, R] bool
+    row_c: jax.Array  # [C] int32 the row a slot decodes
+    step_c: jax.Array  # [C] int32 response tokens that row has sampled so far
+    done_c: jax.Array  # [C] bool: the slot is free
+    kv_mask_cs: jax.Array  # [C, S] bool
+    cache: model_lib.Cache  # per layer {"k", "v"}: [C, K, S, H]
+    slots_read: jax.Array  # [] float32 cache slots attention read, summed over steps
+    eos_ids: tuple[int, ...] = flax.struct.field(pytree_node=False)
+    sampling: SamplingConfig = flax.struct.field(pytree_node=False)
+
+
+def _refill(state: ContinuousState) -> ContinuousState:
+    """Starts the next queued rows in the free slots: copies each one's prompt K/V and
+    mask into the slot (response slots masked) at step 1 (token 0 came from prefill)."""
+    n, p = state.prompt_mask_np.shape
+    free_c = state.done_c
+    queue_pos_c = state.next_q + jnp.cumsum(free_c, dtype=jnp.int32) - 1
+    start_c = free_c & (queue_pos_c < state.num_queued)
+    new_row_c = state.queue_n[jnp.clip(queue_pos_c, 0, n - 1)]
+    s = state.kv_mask_cs.shape[1]
+    mask_cs = jnp.pad(state.prompt_mask_np[new_row_c], ((0, 0), (0, s - p)))
+    cache = []
+    for layer, prompt_layer in zip(state.cache, state.prompt_cache):
+        new_layer = {}
+        for name, x_cksh in layer.items():
+            prompt_ckph = prompt_layer[name][new_row_c]
+            old_ckph = x_cksh[:, :, :p]
+            keep = jnp.where(start_c[:, None, None, None], prompt_ckph, old_ckph)
+            new_layer[name] = jax.lax.dynamic_update_slice(x_cksh, keep, (0, 0, 0, 0))
+        cache.append(new_layer)
+    return state.replace(
+        next_q=state.next_q + jnp.sum(start_c, dtype=jnp.int32),
+        row_c=jnp.where(start_c, new_row_c, state.row_c),
+        step_c=jnp.where(start_c, 1, state.step_c),
+        done_c=free_c & ~start_c,
+        kv_mask_cs=jnp.where(start_c[:, None], mask_cs, state.kv_mask_cs),
+        cache=cache,
+    )
+
+
+def _continuous_step(config: ModelConfig, params: Params, state: ContinuousState):
+    """Feeds each live slot's last token at its own slot P + step - 1, samples the next
+    with its row's key at its row's step and writes it to the row's outputs."""
+    n, p = state.prompt_mask_np.shape
+    c = state.row_c.shape[0]
+    live_c = ~state.done_c
+    row_c = jnp.where(live_c, state.row_c, 0)
+    prev_c = jnp.maximum(state.step_c - 1, 0)
+    token_c = state.tokens_nr[row_c, prev_c]
+    slot_c = p + prev_c
+    slots_c = jnp.arange(c)
+    kv_mask_cs = state.kv_mask_cs.at[slots_c, slot_c].set(live_c)
+    kv_len = jnp.max(jnp.where(live_c, slot_c + 1, 1))
+    block = state.sampling.attn_block
+    logits_c1v, cache = model_lib.forward_with_cache(
+        config,
+        params,
+        token_c[:, None],
+        (state.prompt_len_n[row_c] + prev_c)[:, None],
+        kv_mask_cs,
+        state.cache,
+        slot_c,
+        kv_len=kv_len,
+        kv_block=block,
+    )
+    s = kv_mask_cs.shape[1]
+    read = c * (s if block <= 0 else jnp.minimum(-(-kv_len // block) * block, s))
+    rng_c = jax.vmap(jax.random.fold_in)(state.rng_n[row_c], state.step_c)
+    tokens_c, logprobs_c = _sample_and_score(logits_c1v[:, 0], rng_c, state.sampling)
+    out_row_c = jnp.where(live_c, row_c, n)  # n: out of bounds, dropped
+    at = (out_row_c, state.step_c)
+    eos_c = functools.reduce(jnp.logical_or, [tokens_c == e for e in state.eos_ids])
+    return state.replace(
+        iterations=state.iterations + 1,
+        tokens_nr=state.tokens_nr.at[at].set(tokens_c, mode="drop"),
+        logprobs_nr=state.logprobs_nr.at[at].set(logprobs_c, mode="drop"),
+        mask_nr=state.mask_nr.at[at].set(True, mode="drop"),
+        step_c=state.step_c + live_c,
+        done_c=state.done_c | eos_c | (state.step_c + 1 >= state.max_new_n[row_c]),
+        kv_mask_cs=kv_mask_cs,
+        cache=cache,
+        slots_read=state.slots_read + jnp.asarray(read, jnp.float32),
+    )
+
+
+def sample_continuous(
+    config: ModelConfig,
+    params: Params,
+    prompt_tokens_np: jax.Array,
+    prompt_mask_np: jax.Array,
+    rng: jax.Array,
+    max_new_tokens: jax.Array | int,
+    *,
+    slots: int,
+    response_len: int,
+    eos_id: int | tuple[int, ...],
+    pad_id: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    cache_dtype: str | None = None,
+) -> tuple[SampleOutput, dict[str, jax.Array]]:
+    """Continuous batching: N rows through ``slots`` decode slots; pure and jittable.
+
+    All N prompts are prefilled at once into a P-slot cache, which samples every row's
+    token 0 (as ``prefill``). Rows not done then wait in a queue. Each iteration of one
+    ``lax.while_loop`` first starts queued rows in the free slots (``_refill``), then
+    runs one decode step for all slots, each at its own position. The loop ends when the
+    queue is empty and every slot is free. Row n draws its token i with
+    ``fold_in(row_keys(rng, N)[n], i)`` and its cache slots are laid out as in
+    ``decode``, so its tokens and log-probs are the static engine's.
+
+    Args:
+      config, params: the model.
+      prompt_tokens_np, prompt_mask_np: [N, P] left-padded prompts (as ``prefill``); an
+        all-False row is padding, done from the start.
+      rng: PRNG key or [N] row keys.
+      max_new_tokens: token limit (traced), [] or [N] one per row; clipped to
+        ``response_len``.
+      slots: decode slots C (static, clipped to N).
+      response_len, eos_id, pad_id, sampling, cache_dtype: as ``prefill``.
+
+    Returns:
+      (``SampleOutput`` with N rows, stats: ``decode_steps`` (loop iterations),
+      ``slot_steps`` (C x iterations), ``slots_read`` (cache slots read by attention,
+      summed over steps and slots)).
+    """
+    n, p = prompt_tokens_np.shape
+    r = response_len
+    c = max(1, min(int(slots), n))
+    first = _prefill_state(
+        config,
+        params,
+        prompt_tokens_np,
+        prompt_mask_np,
+        rng,
+        max_new_tokens,
+        response_len=r,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        sampling=sampling,
+        cache_dtype=cache_dtype,
+        record_routing=False,
+        pad_cache=False,
+    )
+    waiting_n = ~first.done_b
+    state = ContinuousState(
+        iterations=jnp.zeros((), jnp.int32),
+        next_q=jnp.zeros((), jnp.int32),
+        num_queued=jnp.sum(waiting_n, dtype=jnp.int32),
+        queue_n=jnp.argsort(~waiting_n, stable=True).astype(jnp.int32),
+        max_new_n=jnp.broadcast_to(first.max_new_tokens, (n,)),
+        prompt_mask_np=first.kv_mask_bs[:, :p],
+        prompt_len_n=first.prompt_len_b,
+        prompt_cache=first.cache,
+        rng_n=first.rng_b,
+        tokens_nr=first.tokens_br,
+        logprobs_nr=first.logprobs_br,
+        mask_nr=first.mask_br,
+        row_c=jnp.zeros((c,), jnp.int32),
+        step_c=jnp.zeros((c,), jnp.int32),
+        done_c=jnp.ones((c,), bool),
+        kv_mask_cs=jnp.zeros((c, p + r), bool),
+        cache=model_lib.init_cache(config, c, p + r, cache_dtype),
+        slots_read=jnp.zeros((), jnp.float32),
+        eos_ids=first.eos_ids,
+        sampling=sampling,
+    )
+
+    def cond(s: ContinuousState) -> jax.Array:
+        return (s.next_q < s.num_queued) | ~jnp.all(s.done_c)
+
+    def body(s: ContinuousState) -> ContinuousState:
+        refill = jnp.any(s.done_c) & (s.next_q < s.num_queued)
+        s = jax.lax.cond(refill, _refill, lambda x: x, s)
+        return _continuous_step(config, params, s)
+
+    state = jax.lax.while_loop(cond, body, state)
+    out = SampleOutput(
+        prompt_tokens=first.prompt_tokens_bp,
+        prompt_mask=state.prompt_mask_np,
+        response_tokens=state.tokens_nr,
+        response_mask=state.mask_nr,
+        response_logprobs=state.logprobs_nr,
+        lengths=jnp.sum(state.mask_nr, axis=1, dtype=jnp.int32),
+    )
+    stats = {
+        "decode_steps": state.iterations,
+        "slot_steps": state.iterations * c,
+        "slots_read": state.slots_read,
+    }
+    return out, stats
 
 
 # ---------------------------------------------------------------------------------- buckets
@@ -746,6 +1041,23 @@ class Sampler:
         # The state (cache included) is donated so the loop updates it in place.
         self._decode = jax.jit(counted_decode, static_argnums=0, donate_argnums=2)
 
+        def counted_continuous(*args, **kwargs):
+            self._num_traces += 1
+            return sample_continuous(*args, **kwargs)
+
+        self._continuous = jax.jit(
+            counted_continuous,
+            static_argnums=0,
+            static_argnames=(
+                "slots",
+                "response_len",
+                "eos_id",
+                "pad_id",
+                "sampling",
+                "cache_dtype",
+            ),
+        )
+
     @property
     def num_compilations(self) -> int:
         """Jit traces so far: two (prefill + decode) per new (B, P, R, sampling) bucket."""
@@ -795,7 +1107,7 @@ class Sampler:
         *,
         rng: jax.Array,
         sampling: SamplingConfig = SamplingConfig(),
-        max_new_tokens: int | None = None,
+        max_new_tokens: int | Sequence[int] | None = None,
     ) -> SampleOutput:
         """Samples one response per prompt.
 
@@ -804,20 +1116,35 @@ class Sampler:
           prompts: token id lists, 1..max_prompt_len tokens each.
           rng: PRNG key, or one typed key per prompt ([len(prompts)]).
           sampling: how tokens are drawn.
-          max_new_tokens: token limit for this call (default: the Sampler's).
+          max_new_tokens: token limit for this call (default: the Sampler's), or one
+            limit per prompt (a row ends after its own limit; e.g. forced lengths).
 
         Returns:
           ``SampleOutput`` of numpy arrays, one row per prompt.
         """
-        max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if max_new_tokens is None:
+            max_new_tokens = self.max_new_tokens
+        per_row = np.ndim(max_new_tokens) == 1
+        if per_row and len(max_new_tokens) != len(prompts):
+            raise ValueError(f"{len(max_new_tokens)} max_new_tokens for {len(prompts)} prompts")
+        if per_row and min(max_new_tokens) < 1:
+            raise ValueError(f"max_new_tokens={list(max_new_tokens)} has a limit < 1")
+        max_new = int(np.max(max_new_tokens))
         self._validate(prompts, max_new)
+        self._check_engine(sampling)
         n = len(prompts)
         b, p, r = self.buckets(n, max(len(x) for x in prompts), max_new)
         tokens_bp, mask_bp = self.pad_prompts(prompts, b, p)
+        limit = np.int32(max_new)  # [] or [B] (padding rows: 1)
+        if per_row:
+            limit = np.ones(b, np.int32)
+            limit[:n] = max_new_tokens
         if is_row_keys(rng):  # padding rows take the first row's key (they draw nothing)
             if rng.shape[0] != n:
                 raise ValueError(f"{rng.shape[0]} row keys for {n} prompts")
             rng = jnp.concatenate([rng, jnp.broadcast_to(rng[:1], (b - n,))])
+        if sampling.engine == "continuous":
+            return self._call_continuous(params, tokens_bp, mask_bp, rng, n, limit, r, sampling)
         if self.mesh is not None:
             batch_sharding = sharding_lib.sampler_batch_sharding(self.mesh)
             tokens_bp, mask_bp = jax.device_put((tokens_bp, mask_bp), batch_sharding)
@@ -828,7 +1155,7 @@ class Sampler:
             tokens_bp,
             mask_bp,
             rng,
-            np.int32(max_new),
+            limit,
             response_len=r,
             eos_id=self.eos_ids,
             pad_id=self.pad_id,
@@ -846,14 +1173,20 @@ class Sampler:
         )
         end = time.perf_counter()
         prompt_tokens_bp, kv_mask_bs, tokens_br, mask_br, logprobs_br, steps, experts = host
+        decode_steps = int(steps) - 1
         self.last_stats = {
             "prefill_s": prefilled - start,
             "decode_s": end - prefilled,
             "time_s": end - start,
-            "decode_steps": int(steps) - 1,
+            "decode_steps": decode_steps,
             "batch_bucket": b,
             "prompt_bucket": p,
             "response_bucket": r,
+            "engine": "static",
+            "slots": b,
+            "slot_steps": b * decode_steps,
+            "decode_tokens": int(mask_br[:n].sum()) - sum(1 for x in prompts if len(x)),
+            "slots_read": static_slots_read(b, p, r, decode_steps, sampling.attn_block),
         }
         return SampleOutput(
             prompt_tokens=prompt_tokens_bp[:n],
@@ -864,3 +1197,82 @@ class Sampler:
             lengths=mask_br[:n].sum(axis=1, dtype=np.int32),
             routed_experts=None if experts is None else experts[:n],
         )
+
+    def _check_engine(self, sampling: SamplingConfig) -> None:
+        """Raises ValueError for what the continuous engine does not do (yet)."""
+        if sampling.engine != "continuous":
+            return
+        if self.mesh is not None:
+            raise ValueError(
+                "SamplingConfig.engine='continuous' does not shard over a mesh yet; "
+                "use engine='static' with a multi-device mesh"
+            )
+        if self.record_routing:
+            raise ValueError(
+                "SamplingConfig.engine='continuous' does not record MoE routing yet; "
+                "use engine='static' with record_routing / routing_replay"
+            )
+
+    def _call_continuous(self, params, tokens_bp, mask_bp, rng, n, limit, r, sampling):
+        """``__call__`` with the continuous engine (``sample_continuous``), one program."""
+        start = time.perf_counter()
+        out, stats = self._continuous(
+            self.config,
+            params,
+            tokens_bp,
+            mask_bp,
+            rng,
+            limit,
+            slots=min(sampling.slots, tokens_bp.shape[0]),
+            response_len=r,
+            eos_id=self.eos_ids,
+            pad_id=self.pad_id,
+            sampling=sampling,
+            cache_dtype=self.cache_dtype,
+        )
+        out, stats = jax.device_get((out, stats))
+        end = time.perf_counter()
+        b, p = tokens_bp.shape
+        real = int(mask_bp[:n].any(axis=1).sum())
+        self.last_stats = {
+            "prefill_s": 0.0,  # one program: prefill and decode are not timed apart
+            "decode_s": end - start,
+            "time_s": end - start,
+            "decode_steps": int(stats["decode_steps"]),
+            "batch_bucket": b,
+            "prompt_bucket": p,
+            "response_bucket": r,
+            "engine": "continuous",
+            "slots": min(sampling.slots, b),
+            "slot_steps": int(stats["slot_steps"]),
+            "decode_tokens": int(out.response_mask[:n].sum()) - real,
+            "slots_read": float(stats["slots_read"]),
+        }
+        return SampleOutput(
+            prompt_tokens=out.prompt_tokens[:n],
+            prompt_mask=out.prompt_mask[:n],
+            response_tokens=out.response_tokens[:n],
+            response_mask=out.response_mask[:n],
+            response_logprobs=out.response_logprobs[:n],
+            lengths=out.lengths[:n],
+        )
+
+
+def static_slots_read(batch: int, prompt_len: int, response_len: int, steps: int, block: int):
+    """Cache slots the static engine's decode attention reads over ``steps`` decode steps
+    of ``batch`` rows: all P + R per row and step, or (``block`` > 0) the filled P + i
+    slots rounded up to whole blocks at step i = 1..steps."""
+    s = prompt_len + response_len
+    if block <= 0:
+        return float(batch * s * steps)
+    filled = prompt_len + np.arange(1, steps + 1)
+    return float(batch * np.minimum(-(-filled // block) * block, s).sum())
+
+
+def long_tail_lengths(rows: int, max_len: int, sigma: float, seed: int) -> np.ndarray:
+    """[rows] response lengths in [1, max_len], log-normal with ``sigma``, the largest at
+    ``max_len``: the long tail of math RL responses, for benchmarks that force them as
+    per-row ``max_new_tokens`` (sigma 1 gives max / mean of about 4-7 for 32-256 rows)."""
+    z = np.random.default_rng(seed).standard_normal(rows)
+    lengths = np.exp(sigma * (z - z.max())) * max_len
+    return np.clip(np.round(lengths), 1, max_len).astype(np.int32)

@@ -173,6 +173,7 @@ class StepAccounting:
             "time_idle_s": idle,
             "time_train_cum_s": counters.time_train_cum_s,
             "gen_tokens": costs["gen_tokens"],
+            **rollout_lib.rollout_metrics(ro),
             **flops.step_throughput(
                 gen_tokens=costs["gen_tokens"],
                 gen_flops=costs["gen_flops"],

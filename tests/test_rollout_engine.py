@@ -1,0 +1,230 @@
+"""Continuous batching and blocked decode attention against the static engine / einsum.
+
+The static engine (one batch until every row is done, attention over all S slots) is the
+reference: the continuous engine must give each row the same tokens and log-probs for the
+same key, whatever slot and step the row lands in, and blocked attention must give the
+einsum path's logits.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl_batch.models import sharding
+from rl_batch.models import transformer as model
+from rl_batch.rollout import groups
+from rl_batch.rollout import sampler as sampler_lib
+from rl_batch.rollout.sampler import SamplingConfig
+
+CONFIG = model.get_preset("tiny-1m")
+PAD, NO_EOS = 0, CONFIG.vocab_size
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [3], [20, 21, 22, 23, 24], [1, 2], [7] * 6]
+# Forced per-row lengths with a long tail (max / mean = 30 / 9.8 ~ 3): row 0 ends after
+# one token (never takes a slot), row 2 after 30.
+LIMITS = [1, 4, 30, 7, 2, 15]
+
+
+@pytest.fixture(scope="module")
+def params():
+    return model.init_params(CONFIG, 0)
+
+
+@pytest.fixture(scope="module")
+def sampler():
+    return sampler_lib.Sampler(
+        CONFIG, eos_id=NO_EOS, pad_id=PAD, max_prompt_len=8, max_new_tokens=32
+    )
+
+
+def assert_same_samples(out, ref):
+    np.testing.assert_array_equal(out.response_tokens, ref.response_tokens)
+    np.testing.assert_array_equal(out.response_mask, ref.response_mask)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    np.testing.assert_array_equal(out.prompt_tokens, ref.prompt_tokens)
+    np.testing.assert_array_equal(out.prompt_mask, ref.prompt_mask)
+    np.testing.assert_allclose(out.response_logprobs, ref.response_logprobs, atol=1e-5, rtol=0)
+
+
+def test_per_row_limits_end_each_row_at_its_own_length(params, sampler):
+    out = sampler(params, PROMPTS, rng=jax.random.key(0), max_new_tokens=LIMITS)
+    np.testing.assert_array_equal(out.lengths, LIMITS)
+    full = sampler(params, PROMPTS, rng=jax.random.key(0), max_new_tokens=30)
+    for i, n in enumerate(LIMITS):  # a shorter limit cuts the same response
+        np.testing.assert_array_equal(out.response_tokens[i, :n], full.response_tokens[i, :n])
+        assert (out.response_tokens[i, n:] == PAD).all() and not out.response_mask[i, n:].any()
+    assert sampler.last_stats["decode_steps"] == 29  # the longest row: 30 tokens
+    with pytest.raises(ValueError, match="2 max_new_tokens for 6 prompts"):
+        sampler(params, PROMPTS, rng=jax.random.key(0), max_new_tokens=[3, 4])
+    with pytest.raises(ValueError, match="limit < 1"):
+        sampler(params, PROMPTS, rng=jax.random.key(0), max_new_tokens=[0] * 6)
+
+
+GREEDY, TEMPERATURE = SamplingConfig(greedy=True), SamplingConfig(temperature=1.3, top_k=20)
+
+
+@pytest.mark.parametrize(
+    "base,slots,block",
+    [(GREEDY, 1, 0), (GREEDY, 3, 8), (TEMPERATURE, 2, 0), (TEMPERATURE, 64, 16)],
+)
+def test_continuous_gives_each_row_the_static_tokens(params, sampler, base, slots, block):
+    # EOS inside the vocabulary and forced limits: rows stop at very different lengths.
+    stopping = sampler_lib.Sampler(
+        CONFIG, eos_id=(9, 30), pad_id=PAD, max_prompt_len=8, max_new_tokens=32
+    )
+    limits = [1, 4, 32, 7, 2, 32]
+    ref = stopping(params, PROMPTS, rng=jax.random.key(3), sampling=base, max_new_tokens=limits)
+    static_steps = stopping.last_stats["slot_steps"]
+    cont = dataclasses.replace(base, engine="continuous", slots=slots, attn_block=block)
+    out = stopping(params, PROMPTS, rng=jax.random.key(3), sampling=cont, max_new_tokens=limits)
+    assert_same_samples(out, ref)
+    stats = stopping.last_stats
+    assert stats["engine"] == "continuous" and stats["slots"] == min(slots, 8)
+    assert stats["decode_tokens"] == int(ref.lengths.sum()) - len(PROMPTS)
+    assert stats["slot_steps"] == stats["slots"] * stats["decode_steps"]
+    if slots == 1:  # one slot never idles while rows wait: every slot-step is useful
+        assert stats["slot_steps"] == stats["decode_tokens"]
+    if slots <= 3:
+        assert stats["slot_steps"] < static_steps
+
+
+def test_continuous_row_keys_follow_the_row_not_the_slot(params, sampler):
+    rows = jax.random.split(jax.random.key(5), len(PROMPTS))
+    cont = SamplingConfig(temperature=1.0, engine="continuous", slots=2)
+    ref = sampler(params, PROMPTS, rng=rows, max_new_tokens=LIMITS)
+    out = sampler(params, PROMPTS, rng=rows, sampling=cont, max_new_tokens=LIMITS)
+    assert_same_samples(out, ref)
+    # Reordered rows start in other slots at other steps and keep their draws.
+    order = [2, 5, 0, 3, 1, 4]
+    moved = sampler(
+        params,
+        [PROMPTS[i] for i in order],
+        rng=rows[jnp.array(order)],
+        sampling=cont,
+        max_new_tokens=[LIMITS[i] for i in order],
+    )
+    np.testing.assert_array_equal(moved.response_tokens, ref.response_tokens[order])
+    np.testing.assert_allclose(moved.response_logprobs, ref.response_logprobs[order], atol=1e-5)
+
+
+def test_continuous_matches_static_through_gen_batch(params, sampler):
+    cont = SamplingConfig(temperature=1.0, engine="continuous", slots=2)
+    prompts = [p for p in PROMPTS for _ in range(2)]  # groups of two members
+    for gen_batch in (0, 4):
+        kwargs = dict(rng=jax.random.key(9), gen_batch=gen_batch, max_new_tokens=12)
+        ref = groups.generate(sampler, params, prompts, sampling=SamplingConfig(), **kwargs)
+        out = groups.generate(sampler, params, prompts, sampling=cont, **kwargs)
+        assert_same_samples(out, ref)
+
+
+def test_continuous_config_errors(params):
+    with pytest.raises(ValueError, match="engine must be one of"):
+        SamplingConfig(engine="paged")
+    with pytest.raises(ValueError, match="slots must be >= 1 with engine='continuous'"):
+        SamplingConfig(engine="continuous")
+    with pytest.raises(ValueError, match="attn_block"):
+        SamplingConfig(attn_block=-1)
+    cfg = SamplingConfig.from_dict({"engine": "continuous", "slots": 4, "attn_block": 16})
+    assert (cfg.engine, cfg.slots, cfg.attn_block) == ("continuous", 4, 16)
+    cont = SamplingConfig(engine="continuous", slots=2)
+    kwargs = dict(eos_id=5, pad_id=PAD, max_prompt_len=8, max_new_tokens=8)
+    meshed = sampler_lib.Sampler(CONFIG, mesh=sharding.make_mesh(2, 2, 2), **kwargs)
+    with pytest.raises(ValueError, match="does not shard over a mesh"):
+        meshed(params, PROMPTS, rng=jax.random.key(0), sampling=cont)
+    moe = model.get_preset("tiny-moe")
+    routed = sampler_lib.Sampler(moe, record_routing=True, **kwargs)
+    with pytest.raises(ValueError, match="does not record MoE routing"):
+        routed(model.init_params(moe, 0), PROMPTS, rng=jax.random.key(0), sampling=cont)
+
+
+# ------------------------------------------------------------------- blocked attention
+
+
+@pytest.mark.parametrize("block", [1, 4, 5, 16, 64])
+def test_blocked_attention_matches_einsum_reference(block):
+    b, t, n, kv, h, s = 3, 1, 4, 2, 8, 24
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (b, t, n, h))
+    k = jax.random.normal(keys[1], (b, kv, s, h))
+    v = jax.random.normal(keys[2], (b, kv, s, h))
+    # Left padding, filled up to a different slot per row; kv_len = the largest fill.
+    filled_b = np.array([17, 9, 21])
+    mask = np.zeros((b, t, s), bool)
+    for i, (start, end) in enumerate([(3, 17), (0, 9), (6, 21)]):
+        mask[i, :, start:end] = True
+    ref = model._einsum_attention(q, k, v, jnp.asarray(mask))
+    out = model._blocked_decode_attention(q, k, v, jnp.asarray(mask), filled_b.max(), block)
+    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_blocked_attention_in_the_model_gives_einsum_logits(params, sampler):
+    out = sampler(params, PROMPTS, rng=jax.random.key(0), sampling=SamplingConfig(greedy=True))
+    p = out.prompt_tokens.shape[1]
+    tokens_bt = np.concatenate([out.prompt_tokens, out.response_tokens], axis=1)
+    mask_bt = np.concatenate([out.prompt_mask, out.response_mask], axis=1)
+    s = tokens_bt.shape[1]
+    positions_bt = model.positions_from_mask(jnp.asarray(mask_bt))
+    cache = model.init_cache(CONFIG, len(PROMPTS), s)
+    step = jax.jit(model.forward_with_cache, static_argnums=0, static_argnames="kv_block")
+    _, cache = step(CONFIG, params, tokens_bt[:, :p], positions_bt[:, :p], mask_bt, cache, 0)
+    for i in (0, 5, 20):  # decode one token at slot p + i against the filled cache
+        at = p + i
+        args = (tokens_bt[:, at : at + 1], positions_bt[:, at : at + 1], mask_bt, cache, at)
+        kv_mask = np.where(np.arange(s) <= at, mask_bt, False)
+        args = (args[0], args[1], kv_mask, cache, at)
+        ref, _ = step(CONFIG, params, *args)
+        for block in (8, 16):
+            got, _ = step(CONFIG, params, *args, kv_len=at + 1, kv_block=block)
+            np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-5)
+            np.testing.assert_array_equal(got.argmax(-1), ref.argmax(-1))
+    blocked = sampler(
+        params, PROMPTS, rng=jax.random.key(0), sampling=SamplingConfig(greedy=True, attn_block=8)
+    )
+    assert_same_samples(blocked, out)
+    assert sampler.last_stats["slots_read"] < sampler_lib.static_slots_read(8, p, 32, 31, 0)
+
+
+# ------------------------------------------------------------------- rollout metrics
+
+
+def test_rollout_metrics_and_slot_stats_from_generate(params, sampler):
+    calls = []
+    cont = SamplingConfig(engine="continuous", slots=2)
+    samples = groups.generate(
+        sampler,
+        params,
+        PROMPTS,
+        rng=jax.random.key(0),
+        sampling=cont,
+        gen_batch=4,
+        max_new_tokens=12,
+        call_stats=calls,
+    )
+    assert len(calls) == 2 and all(st["engine"] == "continuous" for st in calls)
+    decode_tokens = sum(st["decode_tokens"] for st in calls)
+    assert decode_tokens == int(samples.lengths.sum()) - len(PROMPTS)
+    ro = groups.Rollout(
+        examples=[{}] * 3,
+        samples=samples,
+        rewards_pg=np.zeros((3, 2), np.float32),
+        time_generate_s=1.0,
+        time_score_s=0.0,
+        gen_tokens=int(samples.lengths.sum()),
+        decode_tokens=decode_tokens,
+        slot_steps=sum(st["slot_steps"] for st in calls),
+    )
+    metrics = groups.rollout_metrics(ro)
+    assert metrics["gen_len_max"] == 12 and metrics["gen_len_mean"] == 12
+    assert metrics["slot_utilisation"] == 1.0  # no EOS: every slot decodes to the end
+    back = groups.rollout_from_json(groups.rollout_to_json(ro))
+    assert (back.decode_tokens, back.slot_steps) == (ro.decode_tokens, ro.slot_steps)
+    lengths = np.array([1, 2, 3, 4, 10, 30])
+    short = dataclasses.replace(
+        ro, samples=dataclasses.replace(samples, lengths=lengths), slot_steps=0
+    )
+    metrics = groups.rollout_metrics(short)
+    assert "slot_utilisation" not in metrics  # unknown (partial rollout)
+    assert metrics["gen_len_p50"] == 3.5 and metrics["gen_len_max"] == 30
+    assert metrics["gen_len_p90"] == pytest.approx(np.percentile(lengths, 90))
