@@ -47,8 +47,9 @@ A sweep directory::
     <sweep>/figures/*.png     figures (and PDF)
     <sweep>/report.md         tables
 
-``sweep.json`` holds ``name``, ``algo``, ``target``, ``reference`` (run name of the
-reference configuration), ``budget_responses``, ``eval_every_responses`` and ``runs``: a
+``sweep.json`` holds ``name``, the sweep settings of ``sweep_settings`` (``algo``,
+``target``, ``target_band_lo``, ``target_crossing``, ``budget_responses``,
+``eval_every_responses``), ``reference`` (run name of the reference configuration) and ``runs``: a
 list of ``{"name", "prompts", "group_size", "lr_rule", "lr", "seed", "batch", "status",
 "error"}`` (``sweep_entry``): ``lr`` is the run's effective LR (its config.json's
 ``derived.lr``, ``config_lr``) and ``batch`` the configured batch B = P x G (the
@@ -119,6 +120,37 @@ def is_disk_full(error: BaseException) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+# sweep.json's settings, shared by every run of a sweep (``sweep_settings``): the
+# algorithm, the estimator (target, band, crossing: runs that differ in one are not one
+# sweep) and the runway (budget and eval interval: a longer runway may extend some runs).
+SWEEP_ESTIMATOR_KEYS = ("algo", "target", "target_band_lo", "target_crossing")
+SWEEP_RUNWAY_KEYS = ("budget_responses", "eval_every_responses")
+SWEEP_SETTING_KEYS = SWEEP_ESTIMATOR_KEYS + SWEEP_RUNWAY_KEYS
+# A run config without ``target_crossing`` reads N* as the run loop does by default.
+DEFAULT_TARGET_CROSSING = "update"
+
+
+def sweep_settings(config: Any) -> dict[str, Any]:
+    """The sweep-level settings of sweep.json, read off a run config (the one builder:
+    ``rl_batch.sweeps.sweep`` from the sweep's base config, ``launch/collect`` from each
+    collected run's ``config.json``).
+
+    Args:
+      config: a run or sweep config (a mapping or ConfigDict with top-level ``algo``,
+        ``target``, ``target_band_lo``, ``target_crossing``, ``budget_responses``,
+        ``eval_every_responses``).
+
+    Returns:
+      ``{key: value}`` for each of ``SWEEP_SETTING_KEYS`` (None where the config has no
+      value; ``target_crossing`` defaults to ``DEFAULT_TARGET_CROSSING``, as the run
+      loop reads it).
+    """
+    out = {k: config.get(k) for k in SWEEP_SETTING_KEYS}
+    if out["target_crossing"] is None:
+        out["target_crossing"] = DEFAULT_TARGET_CROSSING
+    return out
 
 
 # The fields of a run's entry in sweep.json (``sweep_entry``); writers may add more.

@@ -280,14 +280,9 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
     ref_name = next(p.name for p in points if p.key == ref_key)
     return {
         "name": os.path.basename(os.path.normpath(base.get("sweep_dir", "") or "sweep")),
-        "algo": base.algo,
-        "target": base.target,
-        "target_band_lo": base.get("target_band_lo"),
-        "target_crossing": base.get("target_crossing", "update"),
+        **artifacts.sweep_settings(base),
         "reference": ref_name,
         "reference_key": ref_key,
-        "budget_responses": base.budget_responses,
-        "eval_every_responses": base.eval_every_responses,
         "grid": base.sweep.to_dict(),
         "runs": runs,
     }
