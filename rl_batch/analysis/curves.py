@@ -145,6 +145,7 @@ class Sweep:
     target_crossing: str = "linear"
     calibration: dict[str, float] | None = None  # "PxG:rule" -> calibrated step seconds
     calibration_rounds: dict[str, list[float]] | None = None  # ... per calibration round
+    calibration_note: str | None = None  # which calibration.json (artifacts.calibration_note)
     # (run name, reason) of the run directories left out on loading: unreadable files or
     # metrics that do not add up (``check_run``); not in ``runs``.
     excluded: tuple[tuple[str, str], ...] = ()
@@ -290,8 +291,8 @@ def check_run(
       step twice); evaluations come at increasing steps (none twice).
     - Evaluation cadence: the run loop evaluates at the first update at least
       ``eval_every`` responses past the previous evaluation, and once before the first
-      (actor) update; an update past that point before the next evaluation means one is missing
-      (and, for a finished run, after the last one).
+      (actor) update; an update past that point before the next evaluation means one is
+      missing (and, for a finished run, after the last one).
     - A finished run against its own ``summary.json`` (when it has one): the status, the
       last step, the responses, the final accuracy, whether and where the target was
       reached (N*, recomputed with ``rl_batch.targets`` as the run did, and the band's N*).
@@ -445,7 +446,7 @@ def _summary_problems(
 def _same(a: Any, b: Any) -> bool:
     """Equal, numbers to rounding (a JSON round trip of one computation)."""
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return bool(np.isclose(float(a), float(b), rtol=1e-9, atol=1e-12))
+        return bool(np.isclose(float(a), float(b), rtol=1e-9, atol=1e-12, equal_nan=True))
     return a == b
 
 
@@ -507,6 +508,7 @@ def load_sweep(sweep_dir: str) -> Sweep:
         target_crossing=str(raw.get("target_crossing", "linear")),
         calibration=artifacts.read_calibration(sweep_dir),
         calibration_rounds=artifacts.read_calibration_rounds(sweep_dir),
+        calibration_note=artifacts.calibration_note(sweep_dir),
         excluded=tuple(excluded),
     )
 

@@ -698,8 +698,13 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     log(f"sweep finished in {(time.time() - progress.t_start) / 60:.1f} min: {sweep_path}")
     rounds = int(base.sweep.get("calibrate_rounds", 0))
     if only is None and writer and rounds > 0:
-        steps = int(base.sweep.get("calibrate_steps", 2))
-        _calibrate(sweep_dir, rounds, steps, gen_probe(base, expand_grid(base)), log)
+        steps, probe = int(base.sweep.get("calibrate_steps", 2)), gen_probe(base, points)
+        stale = artifacts.calibration_stale(sweep_dir, rounds, steps, probe)
+        if stale:  # (else kept: T and q do not change without a new configuration)
+            log(f"[sweep] calibration: {'; '.join(stale)}")
+            _calibrate(sweep_dir, rounds, steps, probe, log)
+        else:
+            log(f"[sweep] {artifacts.CALIBRATION_FILE} kept: it times every configuration")
     return record
 
 
