@@ -7,7 +7,9 @@ Each configuration's training step (its first run's config, from the warm-start 
 is timed in one process, interleaved over ``--rounds`` rounds (``rl_batch.sweeps.calibrate``);
 the report and the planner then take T and q from these step times, not from the
 host load each run happened to see. ``experiments.grpo_sweep`` runs this after its
-points when ``--config.sweep.calibrate_rounds`` > 0.
+points when ``--config.sweep.calibrate_rounds`` > 0. A calibration.json that already times
+every configuration with these settings is kept (T and q stay as they were) unless
+``--recalibrate``; one that is replaced moves to ``<sweep>/calibrations/``.
 """
 
 from absl import app, flags
@@ -20,13 +22,23 @@ _STEPS = flags.DEFINE_integer("steps", 2, "Timed training steps per visit.")
 _GEN_PROBE = flags.DEFINE_list(
     "gen_probe", [], "Concurrencies whose generation alone is timed beside the steps."
 )
+_RECALIBRATE = flags.DEFINE_bool(
+    "recalibrate",
+    False,
+    "Calibrate again even when calibration.json times every configuration with these "
+    "settings (the old one is kept in calibrations/).",
+)
 
 
 def main(argv):
     del argv
     probe = tuple(int(x) for x in _GEN_PROBE.value)
     record = calibrate.calibrate_sweep(
-        _SWEEP_DIR.value, rounds=_ROUNDS.value, steps=_STEPS.value, gen_probe=probe
+        _SWEEP_DIR.value,
+        rounds=_ROUNDS.value,
+        steps=_STEPS.value,
+        gen_probe=probe,
+        force=_RECALIBRATE.value,
     )
     print(calibrate.describe(record))
 

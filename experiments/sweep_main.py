@@ -245,17 +245,25 @@ def main(argv, algo: str = "grpo"):
             sweep_dir, sys.argv, started_at, time.perf_counter() - t0, load_start,
             "failed" if failed else "finished", module=f"experiments.{algo}_sweep",
         )  # fmt: skip
+    refused = None
     if f.analyze and f.only is None:
         from rl_batch.analysis import write_all
 
-        written = write_all(sweep_dir)
-        print(f"analysis: {len(written)} files under {sweep_dir}")
-        report = os.path.join(sweep_dir, "report.md")
-        if os.path.exists(report) and not f.quiet:
-            print(open(report).read())
+        try:
+            written = write_all(sweep_dir)
+        except ValueError as e:  # e.g. no usable runs: one line (the points' errors follow)
+            refused = f"error: analysis not written: {e}"
+        else:
+            print(f"analysis: {len(written)} files under {sweep_dir}")
+            report = os.path.join(sweep_dir, "report.md")
+            if os.path.exists(report) and not f.quiet:
+                print(open(report).read())
+    if refused:
+        print(refused, file=sys.stderr)
     if failed:
         print(
             f"{len(failed)} run(s) failed: {failed}; see {sweep_dir}/errors.log",
             file=sys.stderr,
         )
+    if failed or refused:
         sys.exit(1)

@@ -45,10 +45,11 @@ MISSING = "missing"
 PREFER_CHOICES = ("error", "newest")
 NAME_FROM_CHOICES = ("config", "dir")
 
-# Sweep-level fields read from every run's config.json. Runs that disagree on the first two
-# cannot belong to one sweep; the runway fields may differ (largest is recorded).
-MUST_AGREE_KEYS = ("algo", "target")
-RUNWAY_KEYS = ("budget_responses", "eval_every_responses")
+# Sweep-level fields read from every run's config.json (``artifacts.sweep_settings``). Runs
+# that disagree on the algorithm or the estimator (target, band, crossing) cannot belong to
+# one sweep; the runway fields may differ (largest is recorded).
+MUST_AGREE_KEYS = artifacts.SWEEP_ESTIMATOR_KEYS
+RUNWAY_KEYS = artifacts.SWEEP_RUNWAY_KEYS
 ENTRY_CONFIG_KEYS = artifacts.SWEEP_ENTRY_CONFIG_KEYS
 ENTRY_FIELDS = artifacts.SWEEP_ENTRY_FIELDS + artifacts.OLD_SWEEP_ENTRY_FIELDS
 _FINGERPRINT_FILES = (artifacts.CONFIG_FILE, artifacts.SUMMARY_FILE, artifacts.METRICS_FILE)
@@ -331,27 +332,34 @@ def missing_entry(point: dict[str, Any], status: str = MISSING) -> dict[str, Any
 
 
 def sweep_fields(configs: dict[str, dict[str, Any]], log: Log = _stderr_log) -> dict[str, Any]:
-    """The sweep-level fields (algo, target, budget, eval interval) from the runs' configs.
+    """The sweep-level settings (``artifacts.sweep_settings``) that the runs' configs share.
 
     Args:
       configs: run name -> its config.json.
       log: where warnings go.
 
     Returns:
-      ``{"algo", "target", "budget_responses", "eval_every_responses"}``.
+      ``{key: value}`` for each of ``artifacts.SWEEP_SETTING_KEYS``; a runway field the
+      runs disagree on gets the largest value (with a warning).
+
+    Raises:
+      ValueError: the runs disagree on the algorithm, the target, the band's lower edge
+        (no band, None, is a value here) or the crossing: they are not one sweep.
     """
+    settings = {name: artifacts.sweep_settings(config) for name, config in configs.items()}
     fields: dict[str, Any] = {}
-    for key in MUST_AGREE_KEYS + RUNWAY_KEYS:
+    for key in artifacts.SWEEP_SETTING_KEYS:
         values: dict[str, list[str]] = {}
-        for name, config in configs.items():
-            values.setdefault(repr(config.get(key)), []).append(name)
-        present = {v: names for v, names in values.items() if v != "None"}
+        for name, s in settings.items():
+            values.setdefault(repr(s[key]), []).append(name)
+        # An absent algo, target or runway field is unknown; an absent band is no band.
+        present = {v: n for v, n in values.items() if v != "None" or key == "target_band_lo"}
         if len(present) > 1:
             detail = "; ".join(f"{v} in {', '.join(sorted(n)[:3])}" for v, n in present.items())
             if key in MUST_AGREE_KEYS:
                 raise ValueError(f"runs disagree on {key!r}, so they are not one sweep: {detail}")
             log(f"warning: runs disagree on {key!r} ({detail}); recording the largest")
-        nums = [c[key] for c in configs.values() if c.get(key) is not None]
+        nums = [s[key] for s in settings.values() if s[key] is not None]
         if key in RUNWAY_KEYS and len(present) > 1:
             fields[key] = max(nums)
         else:

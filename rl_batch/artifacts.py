@@ -47,8 +47,9 @@ A sweep directory::
     <sweep>/figures/*.png     figures (and PDF)
     <sweep>/report.md         tables
 
-``sweep.json`` holds ``name``, ``algo``, ``target``, ``reference`` (run name of the
-reference configuration), ``budget_responses``, ``eval_every_responses`` and ``runs``: a
+``sweep.json`` holds ``name``, the sweep settings of ``sweep_settings`` (``algo``,
+``target``, ``target_band_lo``, ``target_crossing``, ``budget_responses``,
+``eval_every_responses``), ``reference`` (run name of the reference configuration) and ``runs``: a
 list of ``{"name", "prompts", "group_size", "lr_rule", "lr", "seed", "batch", "status",
 "error"}`` (``sweep_entry``): ``lr`` is the run's effective LR (its config.json's
 ``derived.lr``, ``config_lr``) and ``batch`` the configured batch B = P x G (the
@@ -76,6 +77,7 @@ RUNS_DIR = "runs"
 FIGURES_DIR = "figures"
 REPORT_FILE = "report.md"
 CALIBRATION_FILE = "calibration.json"  # rl_batch.sweeps.calibrate
+CALIBRATIONS_DIR = "calibrations"  # earlier calibration.json files, kept when one is redone
 CALIBRATION_VERSION = 1
 
 NOT_REACHED = "not reached"
@@ -119,6 +121,37 @@ def is_disk_full(error: BaseException) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+# sweep.json's settings, shared by every run of a sweep (``sweep_settings``): the
+# algorithm, the estimator (target, band, crossing: runs that differ in one are not one
+# sweep) and the runway (budget and eval interval: a longer runway may extend some runs).
+SWEEP_ESTIMATOR_KEYS = ("algo", "target", "target_band_lo", "target_crossing")
+SWEEP_RUNWAY_KEYS = ("budget_responses", "eval_every_responses")
+SWEEP_SETTING_KEYS = SWEEP_ESTIMATOR_KEYS + SWEEP_RUNWAY_KEYS
+# A run config without ``target_crossing`` reads N* as the run loop does by default.
+DEFAULT_TARGET_CROSSING = "update"
+
+
+def sweep_settings(config: Any) -> dict[str, Any]:
+    """The sweep-level settings of sweep.json, read off a run config (the one builder:
+    ``rl_batch.sweeps.sweep`` from the sweep's base config, ``launch/collect`` from each
+    collected run's ``config.json``).
+
+    Args:
+      config: a run or sweep config (a mapping or ConfigDict with top-level ``algo``,
+        ``target``, ``target_band_lo``, ``target_crossing``, ``budget_responses``,
+        ``eval_every_responses``).
+
+    Returns:
+      ``{key: value}`` for each of ``SWEEP_SETTING_KEYS`` (None where the config has no
+      value; ``target_crossing`` defaults to ``DEFAULT_TARGET_CROSSING``, as the run
+      loop reads it).
+    """
+    out = {k: config.get(k) for k in SWEEP_SETTING_KEYS}
+    if out["target_crossing"] is None:
+        out["target_crossing"] = DEFAULT_TARGET_CROSSING
+    return out
 
 
 # The fields of a run's entry in sweep.json (``sweep_entry``); writers may add more.
@@ -390,3 +423,93 @@ def read_calibration(sweep_dir: str) -> dict[str, float] | None:
         return {str(k): float(v["step_s_median"]) for k, v in raw["configs"].items()}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"{path}: malformed calibration record ({e!r})") from e
+
+
+# ------------------------------------------------------------------ calibration state
+
+
+def sweep_run_configs(sweep_dir: str) -> dict[str, dict[str, Any]]:
+    """``"PxG:rule"`` -> the ``config.json`` of its first run listed in sweep.json that has
+    one: the configurations a calibration times (``rl_batch.sweeps.calibrate``)."""
+    record = read_json(os.path.join(sweep_dir, SWEEP_FILE))
+    configs: dict[str, dict[str, Any]] = {}
+    for entry in record.get("runs", []):
+        path = os.path.join(sweep_dir, RUNS_DIR, entry["name"], CONFIG_FILE)
+        if not os.path.exists(path):
+            continue
+        c = read_json(path)
+        key = point_key(c["prompts"], c["group_size"], c["lr_rule"], critic_variant_of(c))
+        configs.setdefault(key, c)
+    return configs
+
+
+def calibration_stale(
+    sweep_dir: str, rounds: int, steps: int, gen_probe: tuple[int, ...] = ()
+) -> list[str]:
+    """Why ``<sweep>/calibration.json`` does not serve the sweep as it is now (empty: it
+    does, and is kept): none yet, unreadable, a configuration it did not time, or other
+    calibration settings (rounds, steps, generation probes) than asked for.
+
+    A calibration is redone only for one of these, so rerunning a finished sweep keeps
+    its T and q; the one it replaces is kept (``archive_calibration``).
+    """
+    path = os.path.join(sweep_dir, CALIBRATION_FILE)
+    if not os.path.exists(path):
+        return ["no calibration.json yet"]
+    try:
+        record = read_json(path)
+        timed = set(record["configs"])
+    except (ValueError, KeyError, TypeError) as e:
+        return [f"{path} unreadable ({e})"]
+    reasons = []
+    new = sorted(set(sweep_run_configs(sweep_dir)) - timed)
+    if new:
+        reasons.append(f"configurations not calibrated yet: {', '.join(new)}")
+    for name, asked in (("rounds", rounds), ("steps", steps)):
+        if record.get(name) is not None and record[name] != asked:
+            reasons.append(f"{name} {record[name]} -> {asked}")
+    probes = sorted(int(c) for c in record.get("gen_probe", {}))
+    if probes != sorted(int(c) for c in gen_probe):
+        reasons.append(f"generation probes {probes} -> {sorted(gen_probe)}")
+    return reasons
+
+
+def archive_calibration(sweep_dir: str) -> str | None:
+    """Moves ``<sweep>/calibration.json`` to ``<sweep>/calibrations/calibration-<n>.json``
+    (n = 1, 2, ... in the order they were replaced); returns the new path (None: none)."""
+    path = os.path.join(sweep_dir, CALIBRATION_FILE)
+    if not os.path.exists(path):
+        return None
+    folder = os.path.join(sweep_dir, CALIBRATIONS_DIR)
+    os.makedirs(folder, exist_ok=True)
+    n = len(os.listdir(folder)) + 1
+    while os.path.exists(os.path.join(folder, f"calibration-{n}.json")):
+        n += 1
+    dest = os.path.join(folder, f"calibration-{n}.json")
+    os.replace(path, dest)
+    return dest
+
+
+def calibration_note(sweep_dir: str) -> str | None:
+    """Which calibration the analysis uses, for report.md: ``calibration.json`` with when
+    it was written, its rounds and configurations, and the earlier ones kept (None when
+    the sweep has no calibration.json)."""
+    path = os.path.join(sweep_dir, CALIBRATION_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        record = read_json(path)
+    except ValueError:
+        return f"`{CALIBRATION_FILE}` (unreadable)"
+    if not isinstance(record, dict):
+        return f"`{CALIBRATION_FILE}` (unreadable)"
+    written = record.get("written_at") or "time not recorded"
+    parts = [f"written {written}"]
+    if record.get("rounds") is not None:
+        parts.append(f"{record['rounds']} rounds of {record.get('steps', '?')} steps")
+    parts.append(f"{len(record.get('configs') or {})} configurations")
+    folder = os.path.join(sweep_dir, CALIBRATIONS_DIR)
+    earlier = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    if earlier:
+        parts.append(f"{len(earlier)} earlier calibration(s) kept in `{CALIBRATIONS_DIR}/`")
+    return f"`{CALIBRATION_FILE}` ({'; '.join(parts)})"

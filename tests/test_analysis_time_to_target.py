@@ -341,6 +341,9 @@ def test_finished_seed_that_never_reached_is_not_reached(tmp_path):
     for r in raw["runs"]:
         r["status"] = "finished"
     artifacts.write_json_atomic(os.path.join(d, "sweep.json"), raw)
+    # (its summary.json too: a finished run whose summary says "running" is excluded)
+    path = os.path.join(d, "runs", fx.run_name(16, 8, "sqrt", 1), artifacts.SUMMARY_FILE)
+    artifacts.write_json_atomic(path, {**artifacts.read_json(path), "status": "finished"})
     a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=50)
     s = a.stats[curves.ConfigKey("grpo", 16, 8, "sqrt")]
     assert (s.n_seeds, s.n_reached, s.n_pending) == (2, 1, 0)

@@ -160,3 +160,85 @@ def test_concurrent_sweep_runs_every_point_and_calibrates(tmp_path):
     for entry in raw.values():  # generation is a timed part of the step
         assert 0 < entry["generate_s"][0] < entry["step_s"][0]
         assert entry["gen_tokens_per_s"][0] > 0
+
+
+def _fake_calibrate(calls):
+    """Stands in for `calibrate.calibrate`: the n-th calibration times every step at n/2 s."""
+
+    def fake(configs, *, rounds, steps, gen_probe=(), log_fn=print):
+        calls.append(sorted(configs))
+        step = 0.5 * len(calls)
+        return {
+            "version": artifacts.CALIBRATION_VERSION,
+            "rounds": rounds,
+            "steps": steps,
+            "written_at": f"time {len(calls)}",
+            "configs": {k: {"step_s": [step] * rounds, "step_s_median": step} for k in configs},
+        }
+
+    return fake
+
+
+def _add_top_level_keys(sweep_dir):
+    """The synthetic runs' config.json with the top-level fields a resolved config has."""
+    for name in os.listdir(os.path.join(sweep_dir, artifacts.RUNS_DIR)):
+        path = os.path.join(sweep_dir, artifacts.RUNS_DIR, name, artifacts.CONFIG_FILE)
+        c = artifacts.read_json(path)
+        c.update(prompts=c["batch"]["prompts"], group_size=c["batch"]["group_size"])
+        artifacts.write_json_atomic(path, {**c, "lr_rule": c["optim"]["lr_rule"]})
+
+
+def test_a_calibration_is_kept_until_a_configuration_is_new(tmp_path, monkeypatch):
+    from rl_batch.analysis import measurement
+
+    calls = []
+    monkeypatch.setattr(calibrate, "calibrate", _fake_calibrate(calls))
+    d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:2])
+    _add_top_level_keys(d)
+    first = calibrate.calibrate_sweep(d, rounds=2, steps=1, log_fn=lambda s: None)
+    t_first = ttt.analyze_sweep(curves.load_sweep(d), n_boot=20).targets
+
+    # A rerun with the same configurations keeps it: T does not change.
+    assert artifacts.calibration_stale(d, 2, 1) == []
+    again = calibrate.calibrate_sweep(d, rounds=2, steps=1, log_fn=lambda s: None)
+    assert len(calls) == 1 and again == first
+    assert ttt.analyze_sweep(curves.load_sweep(d), n_boot=20).targets == t_first
+    assert not os.path.exists(os.path.join(d, artifacts.CALIBRATIONS_DIR))
+
+    # Other settings, or a new configuration, calibrate again; the old one is kept.
+    assert artifacts.calibration_stale(d, 3, 1) == ["rounds 2 -> 3"]
+    fx.add_seed(d, prompts=32, group_size=8, seed=0, tau=fx.TAU0, budget=fx.BUDGET)
+    _add_top_level_keys(d)
+    assert artifacts.calibration_stale(d, 2, 1) == ["configurations not calibrated yet: 32x8:sqrt"]
+    calibrate.calibrate_sweep(d, rounds=2, steps=1, log_fn=lambda s: None)
+    assert calls[-1] == ["16x8:sqrt", "32x8:sqrt", "8x8:sqrt"]
+    kept = os.path.join(d, artifacts.CALIBRATIONS_DIR, "calibration-1.json")
+    assert artifacts.read_json(kept) == first
+    # The report says which calibration its T and q come from.
+    text = "\n".join(measurement.measurement_section(ttt.analyze_sweep(curves.load_sweep(d))))
+    assert (
+        "Calibration used: `calibration.json` (written time 2; 2 rounds of 1 steps; "
+        "3 configurations; 1 earlier calibration(s) kept in `calibrations/`)."
+    ) in text
+
+
+def test_a_rerun_sweep_keeps_its_calibration(tmp_path, monkeypatch):
+    from tests.test_collect_reference import _sweep_config, _synthetic_run
+
+    calls = []
+    monkeypatch.setattr(calibrate, "calibrate", _fake_calibrate(calls))
+
+    def calibrate_here(sweep_dir, rounds, steps, probe, log):  # (the sweep runs a child)
+        calibrate.calibrate_sweep(sweep_dir, rounds=rounds, steps=steps, gen_probe=probe)
+
+    monkeypatch.setattr(sweep, "_calibrate", calibrate_here)
+    c = _sweep_config(str(tmp_path / "work"))
+    c.sweep.calibrate_rounds, c.sweep.calibrate_steps = 2, 1
+    d, lines = str(tmp_path / "sweep"), []
+    for _ in range(2):
+        sweep.run_sweep(c, d, run_fn=_synthetic_run, log=lines.append)
+    assert len(calls) == 1, lines
+    assert "[sweep] calibration.json kept: it times every configuration" in lines
+    assert artifacts.read_json(os.path.join(d, artifacts.CALIBRATION_FILE))["written_at"] == (
+        "time 1"
+    )

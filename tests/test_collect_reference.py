@@ -181,6 +181,36 @@ def test_reference_run_that_never_ran_is_recorded_by_its_configuration(tmp_path)
     assert _analysis_reference(sweep_dir).point_key == CONFIGURED
 
 
+def test_runs_collected_without_a_sweep_json_keep_the_sweeps_estimator(tmp_path):
+    """A folder of runs (no sweep.json, no sweep_point.json) merges into a sweep.json with
+    the band and crossing the runs were configured with, so the analysis reads the same
+    N* as the local sweep's (the old collect dropped them: single target, "linear")."""
+    local, merged = str(tmp_path / "S"), str(tmp_path / "M")
+    c = _sweep_config(str(tmp_path / "work"))
+    c.target_band_lo, c.target_crossing = 0.6, "update"
+    sweep.run_sweep(c, local, run_fn=_synthetic_run, log=lambda s: None)
+    collect_lib.collect(merged, [os.path.join(local, "runs")], log=lambda s: None)
+    ours, theirs = (artifacts.read_json(os.path.join(d, "sweep.json")) for d in (local, merged))
+    keys = ("algo", "target", "target_band_lo", "target_crossing", "budget_responses")
+    assert {k: theirs.get(k) for k in keys} == {k: ours[k] for k in keys}
+    assert (theirs["target_band_lo"], theirs["target_crossing"]) == (0.6, "update")
+    a, b = (time_to_target.analyze_sweep(curves.load_sweep(d), n_boot=20) for d in (local, merged))
+    assert (b.band_lo, b.crossing) == (0.6, "update")
+    assert {n: t.n_star for n, t in b.targets.items()} == {
+        n: t.n_star for n, t in a.targets.items()
+    }
+    assert {k: s.n_star.mean for k, s in b.stats.items()} == {
+        k: s.n_star.mean for k, s in a.stats.items()
+    }
+
+
+def test_runs_with_another_band_or_crossing_are_not_one_sweep():
+    config = {"algo": "grpo", "target": 0.5, "target_band_lo": 0.4, "target_crossing": "update"}
+    for key, value in (("target_band_lo", None), ("target_crossing", "linear")):
+        with pytest.raises(ValueError, match=f"runs disagree on '{key}'"):
+            collect_lib.sweep_fields({"a": config, "b": {**config, key: value}})
+
+
 # ----------------------------------------------------------------------- make_jobs hint
 
 # gcloud: `compute tpus tpu-vm scp --recurse TPU:PATH DEST` copies from the fake worker home.

@@ -351,6 +351,7 @@ def test_tiny_ppo_run_starts_the_sample_axis_after_warmup(tmp_path):
     # The analysis sets the warm-up aside.
     data = curves.load_run(run_dir)
     assert data.warmup_updates == 2 and list(data.responses) == [8, 16]
+    assert data.problems == ()  # its steps, cadence and summary.json add up
 
 
 def test_checkpoint_round_trip_keeps_the_phase_clock(tmp_path):

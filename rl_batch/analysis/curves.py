@@ -83,6 +83,9 @@ class RunData:
       eval_responses: [E] retained responses at each evaluation (shifted axis).
       eval_accuracy: [E] mean@k validation accuracy at each evaluation.
       warmup_updates: number of critic warm-up update lines set aside.
+      warmup_records: the critic warm-up update lines.
+      problems: why the run's files do not add up (`check_run`); a run with problems is
+        left out of the analysis with them as its reason.
     """
 
     name: str
@@ -101,6 +104,8 @@ class RunData:
     eval_accuracy: np.ndarray
     warmup_updates: int = 0
     warmup_records: tuple[dict[str, Any], ...] = ()  # PPO critic warm-up update lines
+    # Why the run does not add up (``check_run``): damaged metrics; empty when whole.
+    problems: tuple[str, ...] = ()
 
     @property
     def final_responses(self) -> float:
@@ -140,6 +145,10 @@ class Sweep:
     target_crossing: str = "linear"
     calibration: dict[str, float] | None = None  # "PxG:rule" -> calibrated step seconds
     calibration_rounds: dict[str, list[float]] | None = None  # ... per calibration round
+    calibration_note: str | None = None  # which calibration.json (artifacts.calibration_note)
+    # (run name, reason) of the run directories left out on loading: unreadable files or
+    # metrics that do not add up (``check_run``); not in ``runs``.
+    excluded: tuple[tuple[str, str], ...] = ()
 
     def run(self, name: str) -> RunData:
         """Returns the run called ``name``."""
@@ -174,24 +183,40 @@ def _first(*values: Any) -> Any:
     return None
 
 
-def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None = None) -> RunData:
-    """Loads one run directory.
+def load_run(
+    run_dir: str,
+    entry: dict[str, Any] | None = None,
+    algo: str | None = None,
+    eval_every: float | None = None,
+) -> RunData:
+    """Loads one run directory and cross-checks its files (``check_run``).
 
     Args:
       run_dir: path of the run directory.
       entry: the run's entry in ``sweep.json`` (its prompts, group size, LR rule, seed
         and status take precedence over ``config.json``).
       algo: the sweep's algorithm, used when neither the entry nor the config names one.
+      eval_every: the sweep's evaluation interval, used when ``config.json`` has none.
 
     Returns:
-      The run as a ``RunData``.
+      The run as a ``RunData``; ``problems`` lists what does not add up.
+
+    Raises:
+      ValueError: a file that cannot be read as the format says (naming the file).
     """
     entry = entry or {}
     cfg_path = os.path.join(run_dir, artifacts.CONFIG_FILE)
     sum_path = os.path.join(run_dir, artifacts.SUMMARY_FILE)
-    config = artifacts.read_json(cfg_path) if os.path.exists(cfg_path) else {}
-    summary = artifacts.read_json(sum_path) if os.path.exists(sum_path) else {}
-    axes = targets.actor_axes(artifacts.read_metrics(run_dir))
+    config = _read_object(cfg_path) if os.path.exists(cfg_path) else {}
+    summary = _read_object(sum_path) if os.path.exists(sum_path) else {}
+    records = artifacts.read_metrics(run_dir)
+    for i, r in enumerate(records, start=1):
+        if not isinstance(r, dict):
+            raise ValueError(
+                f"{os.path.join(run_dir, artifacts.METRICS_FILE)}: record {i} is not a JSON "
+                f"object: {str(r)[:80]}"
+            )
+    axes = targets.actor_axes(records)
     actor, warm = axes.updates, axes.warmup
 
     first_update = actor[0] if actor else (warm[0] if warm else {})
@@ -218,6 +243,8 @@ def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None
     seed = _first(entry.get("seed"), find_config_value(config, "seed"))
 
     status = str(_first(entry.get("status"), summary.get("status"), "unknown"))
+    every = _first(config.get("eval_every_responses"), eval_every)
+    problems = check_run(records, status, summary, config, every, sum_path)
     return RunData(
         name=str(entry.get("name", os.path.basename(os.path.normpath(run_dir)))),
         run_dir=run_dir,
@@ -235,14 +262,201 @@ def load_run(run_dir: str, entry: dict[str, Any] | None = None, algo: str | None
         eval_accuracy=axes.eval_accuracy,
         warmup_updates=len(warm),
         warmup_records=tuple(warm),
+        problems=tuple(problems),
     )
+
+
+def _read_object(path: str) -> dict[str, Any]:
+    """A JSON file that must hold an object (ValueError naming the file otherwise)."""
+    obj = artifacts.read_json(path)
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+# ------------------------------------------------------------------ cross-checks
+
+
+def check_run(
+    records: list[dict[str, Any]],
+    status: str,
+    summary: dict[str, Any],
+    config: dict[str, Any],
+    eval_every: float | None,
+    summary_path: str = artifacts.SUMMARY_FILE,
+) -> list[str]:
+    """What does not add up in a run's metrics (empty when nothing): the cross-checks.
+
+    - Step continuity: update lines number their steps one after another (no gap, no
+      step twice); evaluations come at increasing steps (none twice).
+    - Evaluation cadence: the run loop evaluates at the first update at least
+      ``eval_every`` responses past the previous evaluation, and once before the first
+      (actor) update; an update past that point before the next evaluation means one is
+      missing (and, for a finished run, after the last one).
+    - A finished run against its own ``summary.json`` (when it has one): the status, the
+      last step, the responses, the final accuracy, whether and where the target was
+      reached (N*, recomputed with ``rl_batch.targets`` as the run did, and the band's N*).
+
+    Args:
+      records: the run's metrics lines, in file order.
+      status: the run's status as the sweep records it.
+      summary: its ``summary.json`` (empty when absent).
+      config: its ``config.json`` (empty when absent).
+      eval_every: its evaluation interval in responses (None: cadence not checked).
+      summary_path: ``summary.json``'s path, for messages.
+
+    Returns:
+      One message per problem found.
+    """
+    warm, actor, evals = targets.split_records(records)
+    ids = {id(r) for r in warm + actor}
+    updates = [r for r in records if id(r) in ids]  # file order
+    problems = _step_problems(updates, evals)
+    if not problems and eval_every and actor:
+        actor_ids, eval_ids = {id(r) for r in actor}, {id(r) for r in evals}
+        first = next(i for i, r in enumerate(records) if id(r) in actor_ids)
+        if not any(id(r) in eval_ids for r in records[:first]):
+            problems.append("evaluation missing: none before the first (actor) update")
+        else:
+            finished = status == "finished"
+            problems += _cadence_problems(warm, actor, evals, float(eval_every), finished)
+    if status == "finished":
+        problems += _summary_problems(records, updates, evals, summary, config, summary_path)
+    return problems
+
+
+def _steps(lines: list[dict[str, Any]]) -> list[float] | None:
+    steps = [r.get("step") for r in lines]
+    if any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in steps):
+        return None  # (files written before steps were numbered: not checked)
+    return [float(v) for v in steps]
+
+
+def _step_problems(updates: list[dict[str, Any]], evals: list[dict[str, Any]]) -> list[str]:
+    """Update steps one after another; evaluation steps increasing (metrics.jsonl order)."""
+    problems = []
+    steps = _steps(updates)
+    for prev, step in zip(steps or [], (steps or [])[1:]):
+        if step != prev + 1:
+            what = "twice" if step <= prev else f"after step {prev:g} (a gap)"
+            problems.append(f"update steps not consecutive: step {step:g} comes {what}")
+            break
+    steps = _steps(evals)
+    for prev, step in zip(steps or [], (steps or [])[1:]):
+        if step <= prev:
+            what = "twice" if step == prev else f"after step {prev:g}"
+            problems.append(f"evaluation steps not increasing: step {step:g} comes {what}")
+            break
+    return problems
+
+
+def _cadence_problems(
+    warm: list[dict[str, Any]],
+    actor: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    every: float,
+    finished: bool,
+) -> list[str]:
+    """Evaluations where the run loop makes them (``rl_batch.runs.run``: before the first
+    actor update, then at the first update ``every`` responses past the last evaluation), on
+    the actor's responses (a critic warm-up that counted responses is set aside, as in
+    ``targets.actor_axes``: the last evaluation before the actor starts is its start).
+    The evaluation before the first update is checked by the caller."""
+    if _steps(warm + actor) is None or _steps(evals) is None:
+        return []
+    off = 0.0
+    if warm and actor:
+        last_warm = _as_float(warm[-1].get("responses_cum"))
+        if _as_float(actor[0].get("responses_cum")) >= last_warm:
+            off = last_warm
+    u = [(float(r["step"]), _as_float(r.get("responses_cum")) - off) for r in actor]
+    e = [(float(r["step"]), _as_float(r.get("responses_cum")) - off) for r in evals]
+    start = max((i for i, (_, n) in enumerate(e) if n < 0), default=-1)
+    e = [(step, max(n, 0.0)) for step, n in e[max(start, 0) :]]
+    for i, (step, n) in enumerate(e):
+        nxt = e[i + 1][0] if i + 1 < len(e) else None
+        if nxt is None and not finished:
+            break  # (a run still going, or stopped, may have died before its next one)
+        due = next((us for us, un in u if us > step and un >= n + every), None)
+        if due is not None and (nxt is None or due < nxt):
+            after = f"; the next is at step {nxt:g}" if nxt is not None else ", none after it"
+            return [
+                f"evaluation missing: one was due at step {due:g} ({every:g} responses after "
+                f"the one at step {step:g}){after}"
+            ]
+    return []
+
+
+def _summary_problems(
+    records: list[dict[str, Any]],
+    updates: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    summary: dict[str, Any],
+    config: dict[str, Any],
+    path: str,
+) -> list[str]:
+    """A finished run's metrics against its ``summary.json`` (none: nothing to check, as
+    for runs written by hand; a field the summary lacks is not checked)."""
+    if not summary:
+        return []
+    if summary.get("status") != "finished":
+        return [f"finished in sweep.json, but {path} says {summary.get('status')!r}"]
+    problems = []
+
+    def differs(field: str, ours: Any, text: str | None = None) -> None:
+        theirs = summary.get(field)
+        if field in summary and not _same(theirs, ours):
+            problems.append(
+                f"metrics disagree with summary.json ({text or field} {theirs}, "
+                f"{artifacts.METRICS_FILE}'s is {ours})"
+            )
+
+    last = max((r.get("step", 0) for r in updates), default=0)
+    differs("steps", last, "its last update is step")
+    responses = max((_as_float(r.get("responses_cum")) for r in updates), default=0.0)
+    differs("responses_cum", responses)
+    differs("final_eval_accuracy", evals[-1].get("eval_accuracy") if evals else None)
+    target = summary.get("target")
+    if isinstance(target, (int, float)) and ("n_star" in summary or "reached" in summary):
+        crossing = config.get("target_crossing")
+        # (a config.json without the field predates it: its summary may read either way)
+        options = [crossing] if crossing else [artifacts.DEFAULT_TARGET_CROSSING, "linear"]
+        reaches = [targets.reach_of_records(records, target, crossing=c) for c in options]
+        if not any(
+            _same(summary.get("reached"), r.reached) and _same(summary.get("n_star"), r.n_star)
+            for r in reaches
+        ):
+            r = reaches[0]
+            problems.append(
+                f"metrics disagree with summary.json (reached {summary.get('reached')}, "
+                f"N* = {summary.get('n_star')}; {artifacts.METRICS_FILE} gives reached "
+                f"{r.reached}, N* = {r.n_star})"
+            )
+        band_lo = summary.get("target_band_lo")
+        if band_lo is not None and "n_star_band" in summary:
+            bands = [targets.reach_of_records(records, target, band_lo, c) for c in options]
+            if not any(_same(summary["n_star_band"], b.n_star) for b in bands):
+                problems.append(
+                    f"metrics disagree with summary.json (band N* = {summary['n_star_band']}, "
+                    f"{artifacts.METRICS_FILE} gives {bands[0].n_star})"
+                )
+    return problems
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, numbers to rounding (a JSON round trip of one computation)."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return bool(np.isclose(float(a), float(b), rtol=1e-9, atol=1e-12, equal_nan=True))
+    return a == b
 
 
 def load_sweep(sweep_dir: str) -> Sweep:
     """Loads ``<sweep>/sweep.json`` and every run it lists that has a directory.
 
     Runs listed in ``sweep.json`` without a directory yet (pending) are skipped; when
-    ``sweep.json`` lists no runs, every directory under ``<sweep>/runs`` is loaded.
+    ``sweep.json`` lists no runs, every directory under ``<sweep>/runs`` is loaded. A run
+    whose files cannot be read, or do not add up (``check_run``), is left out of ``runs``
+    and listed in ``excluded`` with the reason.
 
     Args:
       sweep_dir: the sweep directory.
@@ -261,16 +475,25 @@ def load_sweep(sweep_dir: str) -> Sweep:
     entries = raw.get("runs") or []
     if not entries and os.path.isdir(runs_root):
         entries = [{"name": n} for n in sorted(os.listdir(runs_root))]
-    runs = []
+    every = raw.get("eval_every_responses")
+    runs, excluded = [], []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or "name" not in entry:
             raise ValueError(f"{path}: runs[{i}] has no 'name': {entry!r}")
         run_dir = os.path.join(runs_root, str(entry["name"]))
-        if os.path.isdir(run_dir):
-            runs.append(load_run(run_dir, entry=entry, algo=algo))
+        if not os.path.isdir(run_dir):
+            continue
+        try:
+            run = load_run(run_dir, entry=entry, algo=algo, eval_every=every)
+        except (OSError, ValueError, TypeError) as e:  # one damaged run, not the sweep
+            excluded.append((str(entry["name"]), f"unreadable: {e}"))
+            continue
+        if run.problems:
+            excluded.append((run.name, "; ".join(run.problems)))
+        else:
+            runs.append(run)
     target = raw.get("target")
     budget = raw.get("budget_responses")
-    every = raw.get("eval_every_responses")
     return Sweep(
         sweep_dir=sweep_dir,
         name=str(raw.get("name", os.path.basename(os.path.normpath(sweep_dir)))),
@@ -285,6 +508,8 @@ def load_sweep(sweep_dir: str) -> Sweep:
         target_crossing=str(raw.get("target_crossing", "linear")),
         calibration=artifacts.read_calibration(sweep_dir),
         calibration_rounds=artifacts.read_calibration_rounds(sweep_dir),
+        calibration_note=artifacts.calibration_note(sweep_dir),
+        excluded=tuple(excluded),
     )
 
 
@@ -313,7 +538,10 @@ def pool_sweeps(sweeps: list[Sweep] | tuple[Sweep, ...]) -> Sweep:
                 seen.add((run.key, run.seed))
                 runs.append(run)
     return dataclasses.replace(
-        first, sweep_dir=" + ".join(sw.sweep_dir for sw in sweeps), runs=tuple(runs)
+        first,
+        sweep_dir=" + ".join(sw.sweep_dir for sw in sweeps),
+        runs=tuple(runs),
+        excluded=tuple(e for sw in sweeps for e in sw.excluded),
     )
 
 

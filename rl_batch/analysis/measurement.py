@@ -290,6 +290,11 @@ def measurement_section(analysis: Analysis) -> list[str]:
                 else "The intervals of r_q and T/T_ref carry the seeds' spread only (one "
                 "calibration round)."
             )
+            + (
+                f" Calibration used: {analysis.sweep.calibration_note}."
+                if analysis.sweep.calibration_note
+                else ""
+            )
         )
     else:
         out.append("- Throughput: measured q of each run (no calibration.json).")

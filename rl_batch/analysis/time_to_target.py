@@ -595,7 +595,8 @@ class Analysis:
       target: validation accuracy target used.
       reference: the reference configuration.
       runs_by_key: runs used (every run that did not fail), grouped by configuration.
-      excluded: (run name, reason) of runs left out (failed runs).
+      excluded: (run name, reason) of runs left out: failed runs, and runs whose files
+        cannot be read or do not add up (``curves.check_run``).
       targets: per-run time-to-target by run name.
       stats: per-configuration seed statistics.
       ratios: per-configuration ratios against ``reference``.
@@ -652,7 +653,7 @@ def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[Config
       The reference configuration key.
     """
     if not keys:
-        raise ValueError(f"sweep {sweep.sweep_dir}: no usable runs")
+        raise ValueError(f"sweep {sweep.sweep_dir}: no usable runs{_excluded_text(sweep)}")
     for candidate in (reference, None if reference else sweep.reference):
         if not candidate:
             continue
@@ -680,11 +681,22 @@ def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[Config
     return fallback
 
 
+def _excluded_text(sweep: Sweep) -> str:
+    """`` (N excluded: name (reason), ...)`` for the no-usable-runs message ("" for none)."""
+    out = list(sweep.excluded) + [(r.name, run_is_usable(r)[1]) for r in sweep.runs]
+    out = [(n, why) for n, why in out if why]
+    if not out:
+        return ""
+    shown = "; ".join(f"{n} ({why})" for n, why in out[:3])
+    return f" ({len(out)} excluded: {shown}{'; ...' if len(out) > 3 else ''})"
+
+
 def run_is_usable(run: RunData) -> tuple[bool, str]:
     """Whether a run enters the statistics, and why not.
 
-    Failed runs are left out (a crash says nothing about learning), and so are finished
-    runs whose metrics end at another step than their ``summary.json`` says. Every other run is
+    Failed runs are left out (a crash says nothing about learning), and so are runs whose
+    files do not add up (``run.problems``, ``curves.check_run``: e.g. a finished run whose
+    metrics end at another step than its ``summary.json`` says). Every other run is
     one of its configuration's seeds, finished or not: dropping the seeds that have not
     reached the target yet would average the lucky seeds only. A run still going (or
     of unknown status, or without evaluations yet) that has not reached the target
@@ -692,14 +704,8 @@ def run_is_usable(run: RunData) -> tuple[bool, str]:
     """
     if run.status == "failed":
         return False, "failed"
-    if run.status == "finished":
-        ours = run.summary.get("steps")
-        last = max((r.get("step", 0) for r in run.update_records), default=0)
-        if ours is not None and ours != last:
-            return False, (
-                f"metrics disagree with summary.json (its last update is step {ours}, "
-                f"metrics.jsonl's is {last}): a damaged or mixed-up run directory"
-            )
+    if run.problems:
+        return False, "; ".join(run.problems)
     return True, ""
 
 
@@ -746,7 +752,7 @@ def analyze_sweep(
     if step_s and not all(run.key.point_key in step_s for run in sweep.runs):
         log.warning("sweep %s: calibration.json misses configurations; not used", sweep.sweep_dir)
         step_s = None
-    targets, used, excluded = {}, [], []
+    targets, used, excluded = {}, [], list(sweep.excluded)
     for run in sweep.runs:
         ok, why = run_is_usable(run)
         if ok:

@@ -11,10 +11,14 @@ each round (A B C, B C A, C A B, ...), ``steps`` steps per visit. Every configur
 then sees the same host load, and the ratio of two step times is a side-by-side
 measurement. The spread over rounds is kept.
 
+A sweep's calibration is kept once made: it is redone only when the sweep has a
+configuration it did not time or other calibration settings (``calibrate_sweep``), and the
+one it replaces moves to ``<sweep>/calibrations/``; report.md names the one it uses.
+
 ``<sweep>/calibration.json`` (written here; its reader is ``artifacts.read_calibration``)::
 
     {"version": 1, "rounds": R, "steps": S, "host": ..., "load_start": [1, 5, 15 min],
-     "load_end": [...], "wall_s": float,
+     "load_end": [...], "wall_s": float, "written_at": ISO 8601 UTC,
      "configs": {"PxG:rule": {"batch": B, "step_s": [R per-visit mean seconds],
                              "step_s_median": float, "run": run name used,
                              "generate_s": [R per-visit mean seconds generating],
@@ -180,6 +184,7 @@ def calibrate(
         "load_start": load_start,
         "load_end": provenance.load_average(),
         "wall_s": time.time() - t_start,
+        "written_at": provenance.now(),
         "configs": {k: _config_record(configs[k], visits[k]) for k in configs},
         **(
             {"gen_probe": {str(c): _probe_record(visits[f"gen@{c}"], int(c)) for c in gen_probe}}
@@ -219,33 +224,46 @@ def _probe_record(visits: list[list[StepTime]], concurrency: int) -> dict[str, A
 
 
 def sweep_configs(sweep_dir: str) -> dict[str, RunSpec]:
-    """``"PxG:rule"`` -> the spec (``config.json``) of its first listed run."""
-    record = artifacts.read_json(os.path.join(sweep_dir, artifacts.SWEEP_FILE))
-    configs: dict[str, RunSpec] = {}
-    for entry in record.get("runs", []):
-        path = os.path.join(sweep_dir, artifacts.RUNS_DIR, entry["name"], artifacts.CONFIG_FILE)
-        if not os.path.exists(path):
-            continue
-        spec = config_lib.load_spec(artifacts.read_json(path))
-        c = spec.inputs
-        key = artifacts.point_key(
-            c.prompts, c.group_size, c.lr_rule, artifacts.critic_variant_of(c)
-        )
-        configs.setdefault(key, spec)
+    """``"PxG:rule"`` -> the spec (``config.json``) of its first listed run
+    (``artifacts.sweep_run_configs``)."""
+    configs = {
+        k: config_lib.load_spec(c) for k, c in artifacts.sweep_run_configs(sweep_dir).items()
+    }
     if not configs:
         raise ValueError(f"{sweep_dir}: no run has a config.json to calibrate")
     return configs
 
 
 def calibrate_sweep(
-    sweep_dir: str, *, rounds: int, steps: int, gen_probe: tuple[int, ...] = (), log_fn=print
+    sweep_dir: str,
+    *,
+    rounds: int,
+    steps: int,
+    gen_probe: tuple[int, ...] = (),
+    log_fn=print,
+    force: bool = False,
 ) -> dict[str, Any]:
     """``calibrate`` each configuration of a sweep (its first run's config) and the
-    generation probes; writes ``<sweep>/calibration.json`` and returns the record."""
+    generation probes; writes ``<sweep>/calibration.json`` and returns the record.
+
+    An existing calibration.json that times every configuration with these settings is
+    kept and returned (``artifacts.calibration_stale``): T and q do not change when no
+    configuration is new. One that is redone (or ``force``) is kept in
+    ``<sweep>/calibrations/`` (``artifacts.archive_calibration``).
+    """
+    stale = artifacts.calibration_stale(sweep_dir, rounds, steps, gen_probe)
+    path = os.path.join(sweep_dir, artifacts.CALIBRATION_FILE)
+    if not stale and not force:
+        log_fn(f"[calibrate] {path} kept: it times every configuration with these settings")
+        return artifacts.read_json(path)
+    log_fn(f"[calibrate] calibrating: {'; '.join(stale) if stale else 'asked to'}")
     record = calibrate(
         sweep_configs(sweep_dir), rounds=rounds, steps=steps, gen_probe=gen_probe, log_fn=log_fn
     )
-    artifacts.write_json_atomic(os.path.join(sweep_dir, artifacts.CALIBRATION_FILE), record)
+    kept = artifacts.archive_calibration(sweep_dir)
+    if kept:
+        log_fn(f"[calibrate] the calibration it replaces is kept as {kept}")
+    artifacts.write_json_atomic(path, record)
     return record
 
 

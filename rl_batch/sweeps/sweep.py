@@ -280,14 +280,9 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
     ref_name = next(p.name for p in points if p.key == ref_key)
     return {
         "name": os.path.basename(os.path.normpath(base.get("sweep_dir", "") or "sweep")),
-        "algo": base.algo,
-        "target": base.target,
-        "target_band_lo": base.get("target_band_lo"),
-        "target_crossing": base.get("target_crossing", "update"),
+        **artifacts.sweep_settings(base),
         "reference": ref_name,
         "reference_key": ref_key,
-        "budget_responses": base.budget_responses,
-        "eval_every_responses": base.eval_every_responses,
         "grid": base.sweep.to_dict(),
         "runs": runs,
     }
@@ -705,8 +700,13 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     log(f"sweep finished in {(time.time() - progress.t_start) / 60:.1f} min: {sweep_path}")
     rounds = int(base.sweep.get("calibrate_rounds", 0))
     if only is None and writer and rounds > 0:
-        steps = int(base.sweep.get("calibrate_steps", 2))
-        _calibrate(sweep_dir, rounds, steps, gen_probe(base, expand_grid(base)), log)
+        steps, probe = int(base.sweep.get("calibrate_steps", 2)), gen_probe(base, points)
+        stale = artifacts.calibration_stale(sweep_dir, rounds, steps, probe)
+        if stale:  # (else kept: T and q do not change without a new configuration)
+            log(f"[sweep] calibration: {'; '.join(stale)}")
+            _calibrate(sweep_dir, rounds, steps, probe, log)
+        else:
+            log(f"[sweep] {artifacts.CALIBRATION_FILE} kept: it times every configuration")
     return record
 
 
