@@ -59,11 +59,53 @@ class Counters:
     update_flops_cum: float = 0.0
     time_learner_wait_s: float = 0.0  # learner waiting for a rollout (all of it when sync)
     time_generator_idle_s: float = 0.0  # generator not generating or scoring
+    # Why the run stopped training (`stop_reason`): "" while it trains, STOP_TARGET (a
+    # confirmed target with stop_at_target) or STOP_BUDGET. Saved with each checkpoint,
+    # so a resumed run knows it had finished (summary.json need not be there).
+    stopped: str = ""
 
     def add_learner_wait(self, seconds: float) -> None:
         """The learner waited for rollouts in flight (before validation or a save)."""
         self.time_train_cum_s += seconds
         self.time_learner_wait_s += seconds
+
+
+STOP_TARGET = "target"
+STOP_BUDGET = "budget"
+
+
+def stop_reason(c, counters: Counters) -> str:
+    """Why a run at ``counters`` trains no further under config ``c``, else ``""``.
+
+    A run that stopped at its confirmed target (``counters.stopped``) stays stopped while
+    ``c`` still stops there (``stop_at_target``, ``confirm_evals``); a run whose retained
+    responses reach ``c.budget_responses`` stops there. So resuming a finished run with
+    an unchanged config trains nothing, and only a setting of ``RESUME_ALLOWED`` (a larger
+    budget, ``stop_at_target=False``, more ``confirm_evals``) extends it.
+    """
+    if (
+        counters.stopped == STOP_TARGET
+        and c.stop_at_target
+        and counters.evals_at_target >= c.confirm_evals
+    ):
+        return STOP_TARGET
+    if counters.responses_cum >= c.budget_responses:
+        return STOP_BUDGET
+    return ""
+
+
+def restored_counters(c, saved: dict[str, Any]) -> Counters:
+    """The counters of a checkpoint's metadata (``meta["counters"]``).
+
+    Checkpoints written before ``Counters.stopped`` existed say nothing of a stop: a run
+    saved past its first update with its target confirmed under ``c`` had stopped there
+    (that run loop stopped at the first validation that confirmed it).
+    """
+    counters = Counters(**saved)
+    if "stopped" not in saved and counters.step > 0:
+        if c.stop_at_target and counters.evals_at_target >= c.confirm_evals:
+            counters.stopped = STOP_TARGET
+    return counters
 
 
 def keep_mask(ro: rollout_lib.Rollout, filter_groups: bool) -> np.ndarray:
