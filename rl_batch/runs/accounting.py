@@ -260,13 +260,32 @@ class StepAccounting:
             counters.responses_cum += retained
 
 
+class RunStuckError(RuntimeError):
+    """A run stopped because its rollouts give the policy nothing to learn from."""
+
+
+def no_signal_advice(reward_mean: float) -> str:
+    """What to do when no group of a rollout has differing rewards, by its mean reward:
+    a policy that never succeeds needs a start that sometimes does; one that always
+    succeeds, a harder task."""
+    if reward_mean <= 0.5:
+        return (
+            "the policy never solves this task: start from a warm start on it "
+            "(--config.init.source=pretrain, a supervised warm start on the task's own "
+            "examples) or make the task easier"
+        )
+    return (
+        "the policy solves every prompt: make the task harder, or sample at a higher "
+        "--config.sampling.temperature"
+    )
+
+
 def stuck_error(c, counters: Counters, reward_mean: float, ckpt_dir: str) -> Exception | None:
     """The error that stops a run making no progress (checkpoint it first), else None."""
     if counters.consecutive_empty >= c.max_empty_rollouts:
-        return RuntimeError(
+        return RunStuckError(
             f"{counters.consecutive_empty} rollout batches in a row had no group with "
-            f"differing rewards (mean reward {reward_mean:.3f}): the policy is "
-            "too weak or too strong for this task; warm-start it or change the task"
+            f"differing rewards (mean reward {reward_mean:.3f}): " + no_signal_advice(reward_mean)
         )
     if counters.consecutive_skips >= c.max_consecutive_skips:
         return FloatingPointError(

@@ -167,11 +167,14 @@ def load_task_data(c: ConfigDict, tokenizer) -> tuple[Any, Any]:
         return [ex.to_dict() for ex in examples]
 
     seed, fraction = c.task.get("split_seed", 0), c.task.get("eval_fraction", 0.0)
-    train, train_name, val_name = load(c.task.train_file), "task.train_file", "task.validation_file"
+    # (Named by path and field: "<path> (task.train_file) has 0 examples, ...".)
+    train_name = f"{c.task.train_file} (task.train_file)"
+    val_name = f"{c.task.validation_file} (task.validation_file)"
+    train = load(c.task.train_file)
     if fraction:
         train, val = hold_out(train, fraction, seed)
-        train_name = f"task.train_file less task.eval_fraction={fraction}"
-        val_name = f"task.eval_fraction={fraction} of task.train_file"
+        val_name = f"task.eval_fraction={fraction} of {train_name}"
+        train_name = f"{train_name} less task.eval_fraction={fraction}"
     else:
         val = load(c.task.validation_file)
     config_lib.check_data_sizes(c, len(train), len(val), train_name, val_name)
