@@ -10,8 +10,9 @@ host load each run happened to see. ``experiments.grpo_sweep`` runs this after i
 points when ``--config.sweep.calibrate_rounds`` > 0.
 """
 
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
 from rl_batch.sweeps import calibrate
 
 _SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
@@ -38,4 +39,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

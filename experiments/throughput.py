@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from experiments import cli
 from rl_batch.models import flops
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import sampler as sampler_lib
@@ -670,4 +671,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)
