@@ -12,8 +12,9 @@ every configuration with these settings is kept (T and q stay as they were) unle
 ``--recalibrate``; one that is replaced moves to ``<sweep>/calibrations/``.
 """
 
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
 from rl_batch.sweeps import calibrate
 
 _SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
@@ -44,4 +45,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

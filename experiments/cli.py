@@ -5,19 +5,108 @@ applies the overrides while the flag is defined, at import, and an unknown field
 ends in a chained traceback; here it ends in one line naming the flag and the closest
 field. ``print_config_and_exit`` backs ``--print_config``, ``print_fields_and_exit``
 ``--help_config`` (every field with its value and the comment that explains it).
+
+``run`` is the one error path of every command (``experiments/*.py``, ``launch/*.py``):
+``app.run`` whose user mistakes (a bad flag or value, a missing or malformed file, a
+locked or damaged run directory, a full disk; `user_error_types`) end in one line
+``error: ...`` on stderr, the last line the process writes, and exit status 1. Anything
+else is a bug and keeps its traceback. See docs/errors.md.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
 import sys
 import textwrap
 import tokenize
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
 
+from absl import app, flags
 from ml_collections import ConfigDict, config_flags
+
+# ------------------------------------------------------------------ one line for every mistake
+
+# Mistakes defined in modules that import JAX (not imported here before flag parsing: an
+# exception of one can only exist once its module is loaded): (module, class name).
+_LOADED_USER_ERRORS = (("rl_batch.runs.accounting", "RunStuckError"),)
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """The exceptions that are a user's mistake (or the machine's), not a bug.
+
+    ValueError (bad values, malformed or damaged files and checkpoints; every config
+    check raises one), OSError (missing files and directories, permissions, a full disk:
+    ``artifacts.DiskFullError``), a locked run directory (``locks.DirectoryLocked``),
+    ``app.UsageError``, absl flag errors, and a run stopped for making no progress.
+    """
+    from rl_batch import locks
+
+    types: list[type[BaseException]] = [
+        ValueError, OSError, locks.DirectoryLocked, app.UsageError, flags.Error,
+    ]  # fmt: skip
+    for module, name in _LOADED_USER_ERRORS:
+        if module in sys.modules:
+            types.append(getattr(sys.modules[module], name))
+    return tuple(types)
+
+
+def error_line(problem: BaseException | str) -> str:
+    """``error: <message>`` on one line (a message's further lines joined with "; ")."""
+    text = problem if isinstance(problem, str) else str(problem)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines and isinstance(problem, BaseException):
+        lines = [type(problem).__name__]
+    return "error: " + "; ".join(lines).removeprefix("error: ")
+
+
+def fail(problem: BaseException | str) -> NoReturn:
+    """Stops the command with `error_line` (as ``SystemExit``: exit status 1)."""
+    raise SystemExit(error_line(problem)) from None
+
+
+def one_line_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+    """``main`` whose user mistakes (`user_error_types`) become `fail`."""
+
+    @functools.wraps(main)
+    def wrapped(argv):
+        try:
+            return main(argv)
+        except user_error_types() as e:
+            fail(e)
+
+    return wrapped
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing with a bad flag (or value) as `fail`, not usage text."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        fail(e)
+
+
+def run(main: Callable[[list[str]], Any]) -> NoReturn:
+    """``app.run(main)``, the shared error path of every command.
+
+    A user's mistake, in the flags or in ``main``, prints one line ``error: ...`` and
+    exits 1. That line is the last the process writes: it exits at once (``os._exit``,
+    after flushing stdout and stderr), so no library's exit-time logging (e.g. orbax's
+    after a failed save) follows it. Everything ``main`` wrote was flushed or closed when
+    its exception left it.
+    """
+    try:
+        app.run(one_line_errors(main), flags_parser=_parse_flags)
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        sys.stdout.flush()
+        print(e.code, file=sys.stderr, flush=True)
+        os._exit(1)
+    raise AssertionError("unreachable: app.run exits")
 
 
 def _innermost_message(e: BaseException) -> str:
@@ -47,12 +136,48 @@ def define_config(name: str, default: str | None, help_text: str, **kwargs):
     try:
         return config_flags.DEFINE_config_file(name, default, help_text, **kwargs)
     except (AttributeError, KeyError) as e:
-        sys.exit(f"error: {unknown_field_message(e, sys.argv)}")
+        fail(unknown_field_message(e, sys.argv))
 
 
-def print_config_and_exit(config: ConfigDict) -> None:
-    """Prints ``config`` (after every override) as YAML and exits 0."""
-    print(config)
+def apply_overrides(config: ConfigDict, overrides: dict[str, Any], source: str) -> ConfigDict:
+    """``config`` (read from ``source``, e.g. a ``--config_json`` file) with the
+    ``--config.<path>=value`` overrides (``FLAGS["config"].override_values``) set.
+
+    Raises:
+      ValueError: an override names a field ``config`` lacks, or a value of another type.
+    """
+    for path, value in overrides.items():
+        keys = path.split(".")
+        node = config
+        for i, key in enumerate(keys):
+            if not isinstance(node, ConfigDict) or key not in node:
+                where = ".".join(keys[: i + 1])
+                raise ValueError(f"--config.{path}: the config of {source} has no field {where!r}")
+            if i + 1 < len(keys):
+                node = node[key]
+        try:
+            node[keys[-1]] = value
+        except TypeError as e:
+            raise ValueError(f"--config.{path}={value!r}: {e}") from e
+    return config
+
+
+def print_config_and_exit(config: ConfigDict, resolve: Callable | None = None) -> NoReturn:
+    """Prints ``config`` (after every override) as YAML and exits 0.
+
+    Args:
+      config: the config as given.
+      resolve: validates it into a ``RunSpec`` (``rl_batch.runs.config.resolve``): a bad value
+        is then an error, and what is printed is the config a run gets, with its
+        ``derived`` section, the effective LR last.
+    """
+    if resolve is not None:
+        spec = resolve(config)  # a RunSpec: its config view holds the derived section
+        print(spec.config)
+        how = spec.lr_arithmetic
+        print(f"# effective LR: {spec.optimizer.lr:.6g}" + (f" ({how})" if how else ""))
+    else:
+        print(config)
     sys.exit(0)
 
 

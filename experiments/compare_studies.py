@@ -24,8 +24,9 @@ import itertools
 import math
 import sys
 
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
 from rl_batch import provenance
 from rl_batch.analysis import analyze_sweep, critical_batch, findings, load_sweep, planner
 from rl_batch.analysis.curves import pool_sweeps
@@ -153,4 +154,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -32,6 +32,8 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
+from experiments import cli  # noqa: E402
+
 _PRESET = flags.DEFINE_string("preset", "qwen3-0.6b", "Model preset (shape only).")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 512, "Prompt tokens P.")
 _RESPONSE_LEN = flags.DEFINE_integer("response_len", 2048, "Response tokens R.")
@@ -174,4 +176,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

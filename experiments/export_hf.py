@@ -17,6 +17,8 @@ See `rl_batch.runs.export.export_run`.
 
 from absl import app, flags, logging
 
+from experiments import cli
+
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "The run directory (config.json, checkpoints/).")
 _OUT = flags.DEFINE_string("out", None, "The output directory (must be new or empty).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).")
@@ -34,18 +36,12 @@ def main(argv):
     from rl_batch.runs import export  # After flag parsing: jax reads XLA_FLAGS at import.
 
     logging.set_verbosity(logging.WARNING)  # Orbax logs every restore at INFO.
-    try:
-        result = export.export_run(
-            _RUN_DIR.value,
-            _OUT.value,
-            step=_STEP.value,
-            dtype=_DTYPE.value,
-            overwrite=_OVERWRITE.value,
-        )
-    except export.ExportError as e:
-        raise SystemExit(f"error: {e}") from None
+    # (An export.ExportError is a ValueError: one line, cli.run.)
+    result = export.export_run(
+        _RUN_DIR.value, _OUT.value, step=_STEP.value, dtype=_DTYPE.value, overwrite=_OVERWRITE.value
+    )
     print(result.describe())
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

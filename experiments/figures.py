@@ -4,7 +4,9 @@ python -m experiments.figures --sweep=sweeps/grpo_cpu
 python -m experiments.figures --sweep=sweeps/grpo_cpu --target=0.3 --reference=grpo-P16-G8-sqrt
 """
 
-from absl import app, flags
+from absl import flags
+
+from experiments import cli
 
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep directory (holds sweep.json).", required=True)
 _TARGET = flags.DEFINE_float("target", None, "Validation target (default: sweep.json's).")
@@ -35,4 +37,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

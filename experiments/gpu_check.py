@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from experiments import cli
 from rl_batch.algorithms import grpo as grpo_lib
 from rl_batch.algorithms import learner
 from rl_batch.models import flops
@@ -377,4 +378,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    cli.run(main)

@@ -19,9 +19,7 @@ SLURM, TPU VM pods), process 0 writes the files and reports the status; the othe
 cut process 0 off mid-write.
 """
 
-from absl import app
-
-from experiments import configs, sweep_main
+from experiments import cli, configs, sweep_main
 
 sweep_main.define_flags(configs.path("grpo_cpu.py"))
 
@@ -32,4 +30,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -17,8 +17,9 @@ Writes ``<sweep>/plan.json`` (``plan_pilot.json`` in pilot mode) unless ``--out`
 
 import os
 
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
 from rl_batch import artifacts
 
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep directory (holds sweep.json).", required=True)
@@ -69,4 +70,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

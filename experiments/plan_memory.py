@@ -197,4 +197,4 @@ def _sweep_table(c, micro_fit: int, gen_fit: int | None) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -10,9 +10,7 @@ status (1 if a requested point failed); the default config is the CPU PPO study
   python -m experiments.ppo_sweep --list_runs
 """
 
-from absl import app
-
-from experiments import configs, sweep_main
+from experiments import cli, configs, sweep_main
 
 sweep_main.define_flags(configs.path("ppo_cpu.py"))
 
@@ -23,4 +21,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

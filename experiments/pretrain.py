@@ -20,7 +20,7 @@ import os
 import shutil
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import cli, configs
 
@@ -36,15 +36,14 @@ _EXPORT = flags.DEFINE_string(
 def main(argv):
     del argv
     from rl_batch import artifacts, provenance
+    from rl_batch.runs import config as config_lib
     from rl_batch.runs import pretrain
 
     logging.set_verbosity(logging.WARNING)
 
-    from rl_batch.runs import config as config_lib
-
     config = _CONFIG.value
     config.init.source = "pretrain"  # (this job trains one, whatever the runs start from)
-    spec = config_lib.resolve(config)
+    spec = config_lib.resolve(config)  # a bad value is one line (cli.run) before training
     directory = pretrain.cache_dir(spec)
     if _FORCE.value and os.path.isdir(directory):
         shutil.rmtree(directory)
@@ -71,4 +70,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

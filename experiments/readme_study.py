@@ -15,8 +15,9 @@ is computed from the sweep's files, so a rerun of the same command replaces it w
 that run measured.
 """
 
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
 from rl_batch import provenance
 from rl_batch.analysis import (
     analyze_sweep,
@@ -106,4 +107,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -75,7 +75,7 @@ def _or_exit(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except (ValueError, artifacts.DiskFullError) as e:
-        sys.exit(f"error: {e}")
+        cli.fail(e)
 
 
 def extended_config(config, points: list[str]):

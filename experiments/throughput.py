@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from experiments import cli
 from rl_batch.models import flops
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import sampler as sampler_lib
@@ -801,4 +802,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -28,7 +28,9 @@ _CONFIG = cli.define_config(
     "config", configs.path("grpo_cpu.py"), "Run config file.", lock_config=False
 )
 _CONFIG_JSON = flags.DEFINE_string(
-    "config_json", None, "A run config or a run's config.json (a resolved spec) as JSON."
+    "config_json",
+    None,
+    "A run config (or a run's config.json) as JSON; --config.* flags are applied on top of it.",
 )
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the run's latest checkpoint.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", "", "host:port of process 0.")
@@ -36,7 +38,7 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes of a multi-
 _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index.")
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress bar.")
 _PRINT_CONFIG = flags.DEFINE_bool(
-    "print_config", False, "Print the config (after overrides) and exit."
+    "print_config", False, "Check the config (after overrides), print it resolved and exit."
 )
 _HELP_CONFIG = flags.DEFINE_bool(
     "help_config", False, "List every config field with its value and meaning, and exit."
@@ -51,12 +53,16 @@ def main(argv):
     del argv
     if _CONFIG_JSON.value:
         config = ConfigDict(artifacts.read_json(_CONFIG_JSON.value))
+        overrides = flags.FLAGS["config"].override_values
+        config = cli.apply_overrides(config, overrides, _CONFIG_JSON.value)
     else:
         config = _CONFIG.value
         if "sweep" in config:
             del config["sweep"]
     if _PRINT_CONFIG.value:
-        cli.print_config_and_exit(config)
+        from rl_batch.runs import config as config_lib  # (after flag parsing: imports jax)
+
+        cli.print_config_and_exit(config, resolve=config_lib.resolve)
     if _HELP_CONFIG.value:
         cli.print_fields_and_exit(config, flags.FLAGS["config"].config_filename)
     if _COORDINATOR.value or _NUM_PROCESSES.value:
@@ -82,12 +88,11 @@ def main(argv):
     signal.signal(signal.SIGTERM, _interrupt)
     locks.die_with_parent()  # a sweep's --isolate child stops with its parent
 
-    try:
-        spec = config_lib.load_spec(config.to_dict())  # (the run's one resolution)
-        summary = run.run(spec, resume=_RESUME.value, progress=not _QUIET.value)
-    except artifacts.DiskFullError as e:
-        # One line, not a traceback: the directory, and that --resume continues the run.
-        raise SystemExit(f"error: {e}") from None
+    # The run's one resolution (a derived section in a JSON file is recomputed: the
+    # --config.* flags may have changed its inputs). A mistake (a bad value, a locked or
+    # damaged run directory, a full disk) is one line: cli.run.
+    spec = config_lib.resolve(config)
+    summary = run.run(spec, resume=_RESUME.value, progress=not _QUIET.value)
     reached = summary["n_star"] if summary["reached"] else artifacts.NOT_REACHED
     print(
         f"{summary['status']}: N*={reached} q={summary['q']} "
@@ -96,4 +101,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -848,8 +848,9 @@ def main(argv: Sequence[str]) -> int:
             exclude_checkpoints=f.exclude_checkpoints,
         )
     except (ValueError, OSError) as e:
-        _stderr_log(f"launch.collect: {e}")
-        return 1
+        from experiments import cli
+
+        cli.fail(e)  # the shared error path: one line
     counts: dict[str, int] = {}
     for _, action in result.actions:
         counts[action] = counts.get(action, 0) + 1
@@ -915,7 +916,7 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
+    from experiments import cli  # the shared error path: one line for every mistake
 
     _define_flags()
-    app.run(main)  # app.run exits with main's return value.
+    cli.run(main)  # app.run exits with main's return value.

@@ -126,8 +126,17 @@ def _parse_json_list_or_index(text: str, source: str) -> Any:
     raise ValueError(f"{source}: no JSON list of runs found in:\n{text[-2000:]}")
 
 
+def config_overrides(extra_flags: Sequence[str]) -> list[str]:
+    """The ``--config.*`` overrides among a point's extra flags (they may change the grid:
+    ``--config.sweep.prompts=2,4``), in order."""
+    return [f for f in extra_flags if f.startswith("--config.")]
+
+
 def list_runs(
-    sweep_module: str, sweep_config: str, python: str = sys.executable
+    sweep_module: str,
+    sweep_config: str,
+    python: str = sys.executable,
+    overrides: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Asks the sweep program for its grid (``--list_runs``), without running anything.
 
@@ -135,19 +144,28 @@ def list_runs(
       sweep_module: e.g. ``"experiments.grpo_sweep"``.
       sweep_config: the sweep config file.
       python: the interpreter to run it with.
+      overrides: ``--config.*`` flags every point runs with (`config_overrides`): the
+        grid listed is the one the points see.
 
     Returns:
       The grid points (see `parse_runs`).
+
+    Raises:
+      ValueError: the sweep program refused the config (its one-line error, or the last
+        line of what it wrote).
     """
-    cmd = [python, "-m", sweep_module, f"--config={sweep_config}", "--list_runs"]
+    cmd = [python, "-m", sweep_module, f"--config={sweep_config}", *overrides, "--list_runs"]
     env = dict(os.environ)
     # Listing needs no accelerator; keep it from grabbing one a running job may hold.
     env.setdefault("JAX_PLATFORMS", "cpu")
     env["PYTHONPATH"] = REPO_DIR + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"{shlex.join(cmd)} exited with status {proc.returncode}:\n{proc.stderr[-4000:]}"
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        last = lines[-1].removeprefix("error: ") if lines else "no output"
+        raise ValueError(
+            f"listing the grid failed ({shlex.join(cmd)} exited with status "
+            f"{proc.returncode}): {last}"
         )
     return parse_runs(proc.stdout, shlex.join(cmd))
 
@@ -551,11 +569,19 @@ def main(argv: Sequence[str]) -> None:
     del argv
     f = flags.FLAGS
     sweep_module = f.sweep_module or sweep_module_for(f.sweep_config, f.algo)
+    overrides = config_overrides(f.extra_flag or ())
     if f.runs_json:
+        grid_flags = [x for x in overrides if x.startswith("--config.sweep.")]
+        if grid_flags:
+            raise app.UsageError(
+                f"--extra_flag={grid_flags[0]} changes the grid, which --runs_json fixes: drop "
+                "--runs_json (the grid is then listed with the flag) or the flag"
+            )
         with open(f.runs_json) as fh:
             runs = parse_runs(fh.read(), f.runs_json)
     else:
-        runs = list_runs(sweep_module, f.sweep_config, python=f.list_python or sys.executable)
+        python = f.list_python or sys.executable
+        runs = list_runs(sweep_module, f.sweep_config, python=python, overrides=overrides)
 
     scheduler = f.scheduler
     # SLURM and local jobs see this filesystem: an absolute sweep directory lets the scripts
@@ -723,7 +749,7 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
+    from experiments import cli  # the shared error path: one line for every mistake
 
     _define_flags()
-    app.run(main)
+    cli.run(main)

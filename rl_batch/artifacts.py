@@ -280,12 +280,32 @@ def critic_variant_of(config: Any) -> str:
     )
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where the kernel says it
+    (``/proc/self/status``); else set and put back at once."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
-    """Writes JSON so that a reader (or a crash) never sees a half-written file."""
+    """Writes JSON so that a reader (or a crash) never sees a half-written file.
+
+    The file gets the mode a plain ``open(path, "w")`` would give it (0644 under umask
+    022), not ``mkstemp``'s private 0600: teammates on a shared cluster read run files.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, sort_keys=True, default=json_default)
             f.flush()

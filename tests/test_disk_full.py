@@ -136,13 +136,13 @@ def test_train_prints_one_line_on_a_full_disk(tmp_path):
     script = (
         "import sys\n"
         f"sys.argv = ['train', '--config.run_dir={run_dir}', '--quiet']\n"  # before the flags
-        "from absl import app\n"
-        "from rl_batch import artifacts, run\n"
+        "from rl_batch import artifacts\n"
+        "from rl_batch.runs import run\n"
         "def full(*a, **k):\n"
         f"    raise artifacts.DiskFullError({run_dir + '/checkpoints'!r})\n"
         "run.run = full\n"
-        "from experiments import train\n"
-        "app.run(train.main)\n"
+        "from experiments import cli, train\n"
+        "cli.run(train.main)\n"
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run(
@@ -162,13 +162,13 @@ def test_a_sweep_prints_one_line_on_a_full_disk(tmp_path):
     script = (
         "import sys\n"
         f"sys.argv = ['grpo_sweep', '--sweep_dir={sweep_dir}', '--quiet']\n"
-        "from absl import app\n"
-        "from rl_batch import artifacts, sweep\n"
+        "from rl_batch import artifacts\n"
+        "from rl_batch.sweeps import sweep\n"
         "def full(*a, **k):\n"
         f"    raise artifacts.DiskFullError({sweep_dir!r})\n"
         "sweep.run_sweep = full\n"
-        "from experiments import grpo_sweep\n"
-        "app.run(grpo_sweep.main)\n"
+        "from experiments import cli, grpo_sweep\n"
+        "cli.run(grpo_sweep.main)\n"
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run(
@@ -180,3 +180,32 @@ def test_a_sweep_prints_one_line_on_a_full_disk(tmp_path):
         .splitlines()[-1]
         .startswith(f"error: disk full: no space left to write in {sweep_dir}; free space there")
     )
+
+
+def test_a_full_disk_in_a_checkpoint_save_is_the_last_line_train_prints(tmp_path):
+    # A real run whose first checkpoint save finds the disk full (orbax's own thread):
+    # orbax and asyncio complain as the process exits; the one line must come last (and,
+    # through the shared error path, alone).
+    run_dir, config_json = str(tmp_path / "run"), str(tmp_path / "config.json")
+    config = tiny_run_config(str(tmp_path / "work"), run_dir, stop_at_target=False)
+    artifacts.write_json_atomic(config_json, config.to_dict())
+    script = (
+        "import errno, sys\n"
+        f"sys.argv = ['train', '--config_json={config_json}', '--quiet']\n"
+        "import orbax.checkpoint as ocp\n"
+        "def full(*a, **k):\n"
+        "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
+        "ocp.JsonCheckpointHandler._save_fn = full\n"
+        "from experiments import cli, train\n"
+        "cli.run(train.main)\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 1, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines == [
+        f"error: disk full: no space left to write in {run_dir}/checkpoints; free space "
+        "there, then continue the run with --resume (everything written before is intact)"
+    ], lines[-20:]

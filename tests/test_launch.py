@@ -356,9 +356,43 @@ def test_list_runs_calls_the_sweep_program(tmp_path):
     )
     runs = make_jobs.list_runs("experiments.ppo_sweep", "configs/ppo.py", python=fake)
     assert runs == GRID
-    failing = _write_exe(tmp_path / "failing", "#!/usr/bin/env bash\necho boom >&2\nexit 3\n")
-    with pytest.raises(RuntimeError, match="status 3:\nboom"):
+    failing = _write_exe(
+        tmp_path / "failing", "#!/usr/bin/env bash\necho log >&2\necho 'error: boom' >&2\nexit 3\n"
+    )
+    with pytest.raises(ValueError, match=r"exited with status 3\): boom$"):
         make_jobs.list_runs("experiments.grpo_sweep", "c.py", python=failing)
+
+
+def test_a_points_config_overrides_list_the_grid_it_runs(tmp_path):
+    # --extra_flag=--config.sweep.prompts=2,4 changes the grid: the listing gets it too.
+    seen = tmp_path / "argv.txt"
+    fake = _write_exe(
+        tmp_path / "fake_sweep_python",
+        f"#!/usr/bin/env bash\necho \"$*\" > {seen}\necho '{json.dumps(GRID)}'\n",
+    )
+    extra = ["--config.sweep.prompts=2,4", "--quiet", "--config.eval_k=4"]
+    overrides = make_jobs.config_overrides(extra)
+    assert overrides == ["--config.sweep.prompts=2,4", "--config.eval_k=4"]
+    make_jobs.list_runs("experiments.grpo_sweep", "c.py", python=fake, overrides=overrides)
+    assert seen.read_text().split() == [
+        "-m", "experiments.grpo_sweep", "--config=c.py", *overrides, "--list_runs",
+    ]  # fmt: skip
+
+
+def test_make_jobs_lists_the_grid_with_the_sweep_overrides_it_is_given(tmp_path):
+    # The real sweep program: 2 prompts values x the config's other axes, not its default grid.
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.make_jobs", "--sweep_config=experiments/configs/grpo_cpu.py",
+         f"--sweep_dir={tmp_path / 's'}", "--scheduler=local",
+         "--extra_flag=--config.sweep.prompts=2,4", "--extra_flag=--config.sweep.group_sizes=4",
+         "--extra_flag=--config.sweep.lr_rules=sqrt", "--extra_flag=--config.sweep.seeds=0",
+         "--extra_flag=--config.sweep.reference=4x4:sqrt",
+         "--extra_flag=--config.sweep.extra_points="],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    index = json.load(open(tmp_path / "s" / "jobs" / "runs.json"))
+    assert [r["overrides"]["prompts"] for r in index["runs"]] == [2, 4]
 
 
 def test_make_jobs_cli_writes_script_and_index(tmp_path):

@@ -313,7 +313,12 @@ def test_gsm8k_prompt_through_chat_template(tmp_path):
             ":1:",
             "'ground_truth'",
         ),
-        ("auto", ['{"foo": 1}'], ":1:", "cannot tell the layout"),
+        (
+            "auto",
+            ['{"foo": 1}'],
+            ":1:",
+            "cannot tell the layout from fields ['foo']; set task.format",
+        ),
         ("auto", ["[1, 2]"], ":1:", "expected a JSON object"),
     ],
 )

@@ -106,6 +106,22 @@ def test_a_run_whose_groups_are_all_filtered_stops_with_a_clear_error(work_dir, 
         run_lib.run(config, progress=False)
     summary = json.load(open(tmp_path / "run" / artifacts.SUMMARY_FILE))
     assert summary["status"] == "failed" and "no group" in summary["error"]
+    # What to do, in the same line: a policy that never solves the task needs a warm start.
+    assert "mean reward 0.000): the policy never solves this task: start from a warm start on " \
+        "it (--config.init.source=pretrain" in summary["error"]  # fmt: skip
+
+
+def test_a_policy_that_solves_every_prompt_is_told_to_make_the_task_harder():
+    from rl_batch.runs.accounting import Counters, stuck_error
+
+    c = tiny_run_config("/tmp/unused", max_empty_rollouts=3)
+    assert stuck_error(c, Counters(consecutive_empty=2), 1.0, "ckpt") is None
+    error = stuck_error(c, Counters(consecutive_empty=3), 1.0, "ckpt")
+    assert str(error) == (
+        "3 rollout batches in a row had no group with differing rewards (mean reward 1.000): "
+        "the policy solves every prompt: make the task harder, or sample at a higher "
+        "--config.sampling.temperature"
+    )
 
 
 def test_grpo_kl_to_the_initial_policy(work_dir, tmp_path):

@@ -77,13 +77,18 @@ def test_too_few_examples_for_the_batch_or_the_evaluation_are_named(hf_dir, tmp_
     c.task.kwargs = {"max_prompt_len": 96, "max_response_len": 12}
     c.task.validation_file = _write_gsm8k(tmp_path / "val.jsonl", 1)
     c.eval_prompts = 256
-    with pytest.raises(ValueError, match=r"task.validation_file has 1 examples, fewer than "
-                       r"eval_prompts=256"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"val.jsonl \(task.validation_file\) has 1 examples, "
+                       r"fewer than eval_prompts=256"):  # fmt: skip
         run_lib.run(c, progress=False)
     assert not os.path.exists(os.path.join(c.run_dir, artifacts.METRICS_FILE))
     c.eval_prompts, c.prompts = 1, 32
-    with pytest.raises(ValueError, match=r"task.train_file has 16 examples, fewer than prompts=32"):
+    with pytest.raises(ValueError, match=r"train.jsonl \(task.train_file\) has 16 examples, fewer"):
         run_lib.run(c, progress=False)
+    # An empty file is named by its path.
+    open(c.task.train_file, "w").close()
+    with pytest.raises(ValueError) as e:
+        run_lib.run(c, progress=False)
+    assert str(e.value).startswith(f"{c.task.train_file} (task.train_file) has 0 examples")
 
 
 def test_synthetic_split_sizes_are_checked_at_resolve(tmp_path):
@@ -210,7 +215,9 @@ def test_eval_fraction_holds_out_part_of_the_train_file(hf_dir, tmp_path):
     assert set(_questions(other)) != set(_questions(val))
     # Too small a hold-out for the evaluation is named as such.
     c.eval_prompts = 6
-    with pytest.raises(ValueError, match=r"task.eval_fraction=0.25 of task.train_file has 5 "):
+    with pytest.raises(
+        ValueError, match=r"eval_fraction=0.25 of .*train.jsonl \(task.train_file\) has 5 "
+    ):
         run_lib.load_task_data(config_lib.resolve(c), HFTokenizer(hf_dir))
 
 

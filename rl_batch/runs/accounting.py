@@ -59,11 +59,53 @@ class Counters:
     update_flops_cum: float = 0.0
     time_learner_wait_s: float = 0.0  # learner waiting for a rollout (all of it when sync)
     time_generator_idle_s: float = 0.0  # generator not generating or scoring
+    # Why the run stopped training (`stop_reason`): "" while it trains, STOP_TARGET (a
+    # confirmed target with stop_at_target) or STOP_BUDGET. Saved with each checkpoint,
+    # so a resumed run knows it had finished (summary.json need not be there).
+    stopped: str = ""
 
     def add_learner_wait(self, seconds: float) -> None:
         """The learner waited for rollouts in flight (before validation or a save)."""
         self.time_train_cum_s += seconds
         self.time_learner_wait_s += seconds
+
+
+STOP_TARGET = "target"
+STOP_BUDGET = "budget"
+
+
+def stop_reason(c, counters: Counters) -> str:
+    """Why a run at ``counters`` trains no further under config ``c``, else ``""``.
+
+    A run that stopped at its confirmed target (``counters.stopped``) stays stopped while
+    ``c`` still stops there (``stop_at_target``, ``confirm_evals``); a run whose retained
+    responses reach ``c.budget_responses`` stops there. So resuming a finished run with
+    an unchanged config trains nothing, and only a setting of ``RESUME_ALLOWED`` (a larger
+    budget, ``stop_at_target=False``, more ``confirm_evals``) extends it.
+    """
+    if (
+        counters.stopped == STOP_TARGET
+        and c.stop_at_target
+        and counters.evals_at_target >= c.confirm_evals
+    ):
+        return STOP_TARGET
+    if counters.responses_cum >= c.budget_responses:
+        return STOP_BUDGET
+    return ""
+
+
+def restored_counters(c, saved: dict[str, Any]) -> Counters:
+    """The counters of a checkpoint's metadata (``meta["counters"]``).
+
+    Checkpoints written before ``Counters.stopped`` existed say nothing of a stop: a run
+    saved past its first update with its target confirmed under ``c`` had stopped there
+    (that run loop stopped at the first validation that confirmed it).
+    """
+    counters = Counters(**saved)
+    if "stopped" not in saved and counters.step > 0:
+        if c.stop_at_target and counters.evals_at_target >= c.confirm_evals:
+            counters.stopped = STOP_TARGET
+    return counters
 
 
 def keep_mask(ro: rollout_lib.Rollout, filter_groups: bool) -> np.ndarray:
@@ -219,13 +261,32 @@ class StepAccounting:
             counters.responses_cum += retained
 
 
+class RunStuckError(RuntimeError):
+    """A run stopped because its rollouts give the policy nothing to learn from."""
+
+
+def no_signal_advice(reward_mean: float) -> str:
+    """What to do when no group of a rollout has differing rewards, by its mean reward:
+    a policy that never succeeds needs a start that sometimes does; one that always
+    succeeds, a harder task."""
+    if reward_mean <= 0.5:
+        return (
+            "the policy never solves this task: start from a warm start on it "
+            "(--config.init.source=pretrain, a supervised warm start on the task's own "
+            "examples) or make the task easier"
+        )
+    return (
+        "the policy solves every prompt: make the task harder, or sample at a higher "
+        "--config.sampling.temperature"
+    )
+
+
 def stuck_error(c, counters: Counters, reward_mean: float, ckpt_dir: str) -> Exception | None:
     """The error that stops a run making no progress (checkpoint it first), else None."""
     if counters.consecutive_empty >= c.max_empty_rollouts:
-        return RuntimeError(
+        return RunStuckError(
             f"{counters.consecutive_empty} rollout batches in a row had no group with "
-            f"differing rewards (mean reward {reward_mean:.3f}): the policy is "
-            "too weak or too strong for this task; warm-start it or change the task"
+            f"differing rewards (mean reward {reward_mean:.3f}): " + no_signal_advice(reward_mean)
         )
     if counters.consecutive_skips >= c.max_consecutive_skips:
         return FloatingPointError(

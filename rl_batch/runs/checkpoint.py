@@ -13,7 +13,10 @@ Each step's metadata carries a CRC-32 of every array of the tree (``meta["checks
 arrays this process holds whole). ``restore`` of the latest step checks them, and when a
 step cannot be read or its arrays do not match their checksums (damaged on disk), it
 warns, naming the step and the problem, and falls back to the previous step; only a
-checkpoint of another model or optimizer (``CheckpointMismatchError``) stops it.
+checkpoint of another model or optimizer (``CheckpointMismatchError``) stops it. The
+steps it fell back from are remembered: ``has_step`` says they are not held, and
+``save`` of such a step replaces the damaged copy (so a resumed run rewrites it when it
+gets there, and the next resume neither warns nor redoes those steps).
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=handlers
         )
+        self._damaged: set[int] = set()  # steps `restore` fell back from
 
     def latest_step(self) -> int | None:
         """The newest complete step, or None when there is none."""
@@ -107,10 +111,21 @@ class Checkpointer:
         """All complete steps on disk, oldest first."""
         return sorted(self._manager.all_steps())
 
+    def has_step(self, step: int) -> bool:
+        """Whether ``step`` is on disk and not known to be damaged (`restore` fell back
+        from it)."""
+        return step not in self._damaged and step in self._manager.all_steps()
+
     def save(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
         """Writes ``tree`` (arrays) and ``meta`` (JSON, with the arrays' checksums added)
-        as ``step`` and waits for it."""
+        as ``step`` and waits for it; a damaged copy of ``step`` that `restore` fell
+        back from is deleted first."""
         meta = {**meta, CHECKSUMS: checksums(tree)}
+        if step in self._damaged:
+            if step in self._manager.all_steps():
+                log.warning("replacing damaged checkpoint %s/%d", self.directory, step)
+                self._manager.delete(step)
+            self._damaged.discard(step)
         args = ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta))
         try:
             self._manager.save(step, args=args, force=True)
@@ -151,6 +166,7 @@ class Checkpointer:
             except CheckpointDamagedError as e:
                 if i + 1 == len(steps):
                     raise
+                self._damaged.add(candidate)
                 log.warning("%s; falling back to step %d", e, steps[i + 1])
         raise AssertionError("unreachable")
 

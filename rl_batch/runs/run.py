@@ -46,7 +46,16 @@ from rl_batch.rollout.sampler import Sampler
 from rl_batch.runs import config as config_lib
 from rl_batch.runs import programs as programs_lib
 from rl_batch.runs import tracking
-from rl_batch.runs.accounting import Counters, Step, StepAccounting, keep_mask, stuck_error
+from rl_batch.runs.accounting import (
+    STOP_TARGET,
+    Counters,
+    Step,
+    StepAccounting,
+    keep_mask,
+    restored_counters,
+    stop_reason,
+    stuck_error,
+)
 from rl_batch.runs.checkpoint import Checkpointer, CheckpointMismatchError
 from rl_batch.runs.spec import RunSpec
 from rl_batch.tasks.plugin import is_plugin, plugin_splits
@@ -157,11 +166,14 @@ def load_task_data(spec: RunSpec, tokenizer) -> tuple[Any, Any]:
         return [ex.to_dict() for ex in examples]
 
     seed, fraction = c.task.get("split_seed", 0), c.task.get("eval_fraction", 0.0)
-    train, train_name, val_name = load(c.task.train_file), "task.train_file", "task.validation_file"
+    # (Named by path and field: "<path> (task.train_file) has 0 examples, ...".)
+    train_name = f"{c.task.train_file} (task.train_file)"
+    val_name = f"{c.task.validation_file} (task.validation_file)"
+    train = load(c.task.train_file)
     if fraction:
         train, val = hold_out(train, fraction, seed)
-        train_name = f"task.train_file less task.eval_fraction={fraction}"
-        val_name = f"task.eval_fraction={fraction} of task.train_file"
+        val_name = f"task.eval_fraction={fraction} of {train_name}"
+        train_name = f"{train_name} less task.eval_fraction={fraction}"
     else:
         val = load(c.task.validation_file)
     config_lib.check_data_sizes(c, len(train), len(val), train_name, val_name)
@@ -275,6 +287,7 @@ def _summary(c: ConfigDict, counters: Counters, records: list[dict], status: str
         "best_eval_accuracy": max(ys) if ys else None,
         "initial_eval_accuracy": ys[0] if ys else None,
         "skipped_updates": counters.skipped_updates,
+        "stopped": counters.stopped or None,  # "target", "budget"; None while it trains
     }
     for key in (
         "time_train_cum_s",
@@ -497,8 +510,8 @@ def save_checkpoint(s: _Setup, state, counters: Counters) -> None:
     (training time unless the budget is spent and this run will not train on them).
     """
     ckpt, source, budget = s.ckpt, s.source, s.c.budget_responses
-    if ckpt.latest_step() == counters.step:
-        return  # This step is already on disk.
+    if ckpt.has_step(counters.step):
+        return  # This step is already on disk (and not damaged).
     if source.in_flight:
         waited = source.drain()
         if counters.responses_cum < budget:
@@ -579,7 +592,7 @@ def _set_up(spec: RunSpec, resume: bool) -> _Setup:
     if resume and ckpt.latest_step() is not None:
         tree, meta = ckpt.restore({"state": state})
         state = tree["state"]
-        counters = Counters(**meta["counters"])
+        counters = restored_counters(c, meta["counters"])
         source.restore(meta, counters)
         resumed_step, saved_metrics = counters.step, meta.get("metrics")
         log.info("resumed %s at step %d", run_dir, counters.step)
@@ -692,16 +705,18 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
     c = s.c
     algo, source, evaluator, metrics_log, ckpt = s.algo, s.source, s.evaluator, s.log, s.ckpt
     state, counters = s.state, s.counters
-    accounting = StepAccounting(
-        spec, algo.extra_update_flops, _compile(s, state, counters), source.depth > 0
-    )
+    # A resumed run that had stopped (its target confirmed, or its budget spent) stays
+    # stopped unless this config extends it: nothing to compile or train then.
+    counters.stopped = stop_reason(c, counters)
+    matmul_rate = flops.measure_matmul_flops() if counters.stopped else _compile(s, state, counters)
+    accounting = StepAccounting(spec, algo.extra_update_flops, matmul_rate, source.depth > 0)
     if metrics_log.last_eval is None:
         metrics_log.write(evaluator(algo.policy_params(state), counters))
     bar = _Progress(c.budget_responses, c.name, progress)
     status, reward = "running", 0.0
     _write_summary(s, counters, status)  # "running" until the run ends (or dies)
     try:
-        while counters.responses_cum < c.budget_responses:
+        while not counters.stopped:
             t_step = time.perf_counter()
             job, ro, learner_wait = source.next(algo.policy_params(state), counters)
             keep_p = keep_mask(ro, algo.filter_groups)
@@ -741,8 +756,11 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
                 metrics_log.write(evaluator(algo.policy_params(state), counters))
                 accuracy = metrics_log.last_eval["eval_accuracy"]
                 if c.stop_at_target and counters.evals_at_target >= c.confirm_evals:
-                    bar.update(counters, reward, accuracy)
-                    break
+                    counters.stopped = STOP_TARGET
+            counters.stopped = stop_reason(c, counters)
+            if counters.stopped:  # (its checkpoint follows the final validation)
+                bar.update(counters, reward, accuracy)
+                break
             if counters.step and counters.step % c.checkpoint_every == 0 and record is not None:
                 save_checkpoint(s, state, counters)
                 _write_summary(s, counters, status)

@@ -137,7 +137,10 @@ def detect_format(record: Mapping[str, Any]) -> str:
         return "math"
     if ("problem" in record or "question" in record) and "answer" in record:
         return "aime"
-    raise _RecordError(f"cannot tell the layout from fields {sorted(record)}; pass fmt=")
+    raise _RecordError(
+        f"cannot tell the layout from fields {sorted(record)}; set task.format (fmt= of "
+        f"load_math_file) to one of {', '.join(FORMATS)}"
+    )
 
 
 def _iter_records(path: str) -> Iterator[tuple[int, Any]]:
