@@ -244,7 +244,7 @@ class ModelConfig:
 # attention where there is one, log-probs 512 response positions at a time (one 2k-token
 # 0.6B sequence: 0.3 GB of fp32 logits instead of 1.2 GB), and the blocks stored stacked
 # under a scan (dense models only): the qwen3-0.6b update compiles in 6.8 s instead of
-# 454 s with trace-time stacking (``experiments.compile_cost``, README).
+# 454 s with trace-time stacking (``experiments.compile_cost``, docs/memory.md).
 STUDY_MEMORY = dict(remat="full", attention="auto", logits_chunk=512, scan_layers=True)
 REAL_MODEL_PARAMS = 100_000_000
 
