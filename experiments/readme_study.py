@@ -1,11 +1,12 @@
-r"""Writes the README's study section from a finished sweep: example output, not a claim.
+r"""Writes a study record's generated section from a finished sweep: example output, not a claim.
 
-  python -m experiments.readme_study --sweep=sweeps/grpo_cpu            # rewrite README.md
+  python -m experiments.readme_study --sweep=sweeps/grpo_cpu            # docs/cpu_study.md
   python -m experiments.readme_study --sweep=sweeps/grpo_cpu --print    # print it only
-  python -m experiments.readme_study --sweep=sweeps/ppo_cpu --section=ppo_study
+  python -m experiments.readme_study --sweep=sweeps/ppo_cpu --section=ppo_study  # docs/ppo_study.md
 
 The section (between ``<!-- study:begin -->`` and ``<!-- study:end -->``, or the
-markers ``--section`` names) says which
+markers ``--section`` names) lives in its study record under ``docs/`` (``RECORDS``;
+``--doc`` writes another file) and says which
 command produced the sweep, when, on which machine (from ``commands.jsonl`` and each
 run's ``provenance.json``), its wall time and host load, the seeds per configuration,
 then the report's findings table with verdicts, the cost structure, how it measured
@@ -14,6 +15,8 @@ verdict (one recommendation, or the candidates it cannot tell apart). Every numb
 is computed from the sweep's files, so a rerun of the same command replaces it with what
 that run measured.
 """
+
+import sys
 
 from absl import flags
 
@@ -31,22 +34,26 @@ from rl_batch.analysis.figures import load_generation
 
 
 def markers(section: str = "study") -> tuple[str, str]:
-    """The README's begin and end markers of a generated section."""
+    """The begin and end markers of a generated section."""
     return f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
 
 
 BEGIN, END = markers()
+# The study record (relative to the repository root) that holds each generated section.
+RECORDS = {"study": "docs/cpu_study.md", "ppo_study": "docs/ppo_study.md"}
 
 _SWEEP = flags.DEFINE_string("sweep", "sweeps/grpo_cpu", "A finished sweep directory.")
-_README = flags.DEFINE_string("readme", "README.md", "The README to rewrite.")
+_DOC = flags.DEFINE_string(
+    "doc", None, "The markdown file to rewrite (default: the section's record in RECORDS)."
+)
 _PRINT = flags.DEFINE_bool("print", False, "Print the section instead of writing it.")
 _SECTION = flags.DEFINE_string(
-    "section", "study", "The README section to write: its markers' name (study, ppo_study)."
+    "section", "study", "The section to write: its markers' name (study, ppo_study)."
 )
 
 
 def study_section(sweep_dir: str, section: str = "study") -> str:
-    """The README's study section for ``sweep_dir`` (markdown, with its markers)."""
+    """The generated section ``section`` for ``sweep_dir`` (markdown, with its markers)."""
     begin, end = markers(section)
     sweep = load_sweep(sweep_dir)
     analysis = analyze_sweep(sweep)
@@ -87,23 +94,39 @@ def replace_section(text: str, section: str, name: str = "study") -> str:
     """``text`` with the part between the markers (inclusive) replaced by ``section``."""
     begin, end = markers(name)
     if begin not in text or end not in text:
-        raise ValueError(f"the README has no {begin} ... {end} markers")
+        raise ValueError(f"the file has no {begin} ... {end} markers")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return head + section + tail
 
 
+def doc_path(section: str, doc: str | None = None) -> str:
+    """The file that holds ``section``: ``doc`` if given, else its study record."""
+    if doc:
+        return doc
+    if section not in RECORDS:
+        raise ValueError(f"--section={section}: no study record holds it; name one with --doc")
+    return RECORDS[section]
+
+
 def main(argv):
     del argv
+    path = text = None
+    if not _PRINT.value:
+        try:  # a bad --section or a file without its markers is one line, before analysis
+            path = doc_path(_SECTION.value, _DOC.value)
+            with open(path) as f:
+                text = f.read()
+            replace_section(text, "", _SECTION.value)
+        except (ValueError, OSError) as e:
+            sys.exit(f"error: {path or _SECTION.value}: {e}")
     section = study_section(_SWEEP.value, _SECTION.value)
-    if _PRINT.value:
+    if path is None:
         print(section)
         return
-    with open(_README.value) as f:
-        text = f.read()
-    with open(_README.value, "w") as f:
+    with open(path, "w") as f:
         f.write(replace_section(text, section, _SECTION.value))
-    print(f"wrote the {_SECTION.value} section of {_README.value} from {_SWEEP.value}")
+    print(f"wrote the {_SECTION.value} section of {path} from {_SWEEP.value}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 run's metric lines, so they agree exactly. The module reads records only (numpy, no JAX):
 the run loop sits above it, the analysis beside it.
 
-Definitions (DESIGN.md section 2):
+Definitions (docs/design.md section 2):
 
 - The *actor axis*: update lines of PPO's critic warm-up (``phase`` = critic_warmup) are
   set aside and responses, training time and updates count from the first actor update.

@@ -191,7 +191,7 @@ def test_last_token_index_and_token_rewards():
     rewards = losses.token_level_rewards(
         jnp.array([1.0]),
         jnp.array([[1, 1, 1, 0]], bool),
-        kl_bt=jnp.array([[0.1, 0.2, 0.3, 5.0]]),
+        kl_br=jnp.array([[0.1, 0.2, 0.3, 5.0]]),
         kl_coef=0.5,
     )
     close(rewards, [[-0.05, -0.1, 0.85, 0.0]])

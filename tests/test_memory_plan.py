@@ -139,7 +139,7 @@ def test_sweep_refuses_points_that_do_not_fit(tmp_path):
 )
 def test_study_configs_plan_every_point(name, flags):
     """The accelerator configs' own micro_batch_seqs / gen_batch, through the planner's
-    sweep table (tiny shapes: the real ones are in each config's docstring): every grid
+    sweep table (tiny shapes: the real ones are in docs/memory.md): every grid
     point gets a micro-batch count and fits."""
     out = _plan_cli(*flags, config=f"experiments/configs/{name}.py")
     rows = [line for line in out.splitlines() if line.startswith("| ") and ":" in line[:20]]

@@ -1,7 +1,9 @@
-"""The README's study section is generated from a sweep's files."""
+"""The study records' generated sections (docs/) come from a sweep's files."""
 
 import json
 import os
+import subprocess
+import sys
 
 import analysis_fixtures as fx
 import pytest
@@ -38,12 +40,34 @@ def test_study_section_from_a_sweep(tmp_path):
         readme_study.replace_section("# x\n", section)
 
 
-def test_the_readme_has_the_markers():
+def test_each_study_record_has_its_markers_and_the_readme_none():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    text = open(os.path.join(root, "README.md")).read()
-    for name in ("study", "ppo_study"):
-        begin, end = readme_study.markers(name)
-        assert text.count(begin) == 1 and text.count(end) == 1, name
+    for name, record in readme_study.RECORDS.items():
+        assert readme_study.doc_path(name) == record
+        text = open(os.path.join(root, record)).read()
+        for other in readme_study.RECORDS:
+            begin, end = readme_study.markers(other)
+            want = 1 if other == name else 0
+            assert text.count(begin) == want and text.count(end) == want, (record, other)
+    readme = open(os.path.join(root, "README.md")).read()
+    assert "<!-- study:begin -->" not in readme and "<!-- ppo_study:begin -->" not in readme
+    assert readme_study.doc_path("study", "other.md") == "other.md"
+    with pytest.raises(ValueError, match="--section=nope: no study record"):
+        readme_study.doc_path("nope")
+
+
+def test_a_bad_section_or_a_file_without_markers_is_one_line_before_analysis(tmp_path):
+    plain = tmp_path / "plain.md"
+    plain.write_text("# no markers\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for args, want in (
+        (["--section=nope"], "error: nope: --section=nope: no study record holds it"),
+        ([f"--doc={plain}"], "the file has no <!-- study:begin -->"),
+    ):
+        cmd = [sys.executable, "-m", "experiments.readme_study", "--sweep=/nonexistent", *args]
+        out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert want in out.stderr.strip().splitlines()[-1]
 
 
 def test_the_ppo_section_has_its_own_markers_and_the_critic_table(tmp_path):

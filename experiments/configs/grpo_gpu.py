@@ -7,19 +7,8 @@ its devices). Typical use::
   python -m experiments.grpo_sweep --config=experiments/configs/grpo_gpu.py \
       --sweep_dir=sweeps/grpo_gpu
 
-Memory (one 141 GB H200), from the AOT planner at commit 7fa10b5 (CPU backend, one
-device; P + R = 13 + 52 tokens, the task's longest + BOS / EOS)::
-
-  python -m experiments.plan_memory --config=experiments/configs/grpo_gpu.py \
-      --micro_seqs=2048,4096 --gen_batches=2048,4096 --also_fit=95e9
-
-printed: params 0.02 GB, optimizer state 0.04 GB; update peak 24.49 / 48.91 GB at
-2048 / 4096 sequences per micro-batch (temp 24.43 / 48.85 GB: no remat, full logits at
-this size); sampler peak 1.22 / 2.39 GB at gen_batch 2048 / 4096 (KV cache 0.82 /
-1.64 GB); fits 141 GB: ~11820 sequences per micro-batch, gen_batch ~247557 (``~``: a
-straight line beyond 4096). So ``grpo.micro_batch_seqs=4096`` (the largest compiled
-size: B = 8192 runs as 2 micro-batches, every other point as 1) and the whole batch
-sampled at once (``gen_batch=0``); every grid point fits.
+Memory: ``grpo.micro_batch_seqs=4096`` and ``gen_batch=0`` (the whole batch at once); every
+grid point fits one 141 GB H200 (the planner's output: ``docs/memory.md``).
 """
 
 from experiments.configs import base
@@ -34,7 +23,7 @@ def get_config(arg=None):
     c.pretrain.batch_size = 256
     c.pretrain.steps = 5000
     c.lr_ref, c.batch_ref = 1e-4, 256
-    # Sequences per update micro-batch (48.9 GB compiled peak; see the docstring).
+    # Sequences per update micro-batch (48.9 GB compiled peak; docs/memory.md).
     c.grpo.micro_batch_seqs = 4096
     c.gen_batch = 0  # the whole batch at once (8192 rows: ~5 GB)
     c.budget_responses = 400_000

@@ -11,21 +11,9 @@ Hugging Face checkpoint (Qwen3 / Qwen2 / Llama family) and trains on a local mat
       --config.task.train_file=/data/dapo-math-17k.parquet \
       --config.task.validation_file=/data/aime24.jsonl
 
-Memory (one 141 GB H200) for qwen3-1.7b at P + R = 1025 + 8193 tokens, from the AOT
-planner at commit 1411a5b (CPU backend, one device, einsum attention, blocks stored
-stacked under a scan, the default for real models; 49 s on the 2-core host)::
-
-  python -m experiments.plan_memory --config=experiments/configs/grpo_study.py \
-      --config.init.source=scratch --micro_seqs=2,4 --gen_batches=32,64 --also_fit=95e9
-
-printed: params 6.88 GB, optimizer state 13.76 GB (float32 master weights); update peak
-74.09 / 112.41 GB at 2 / 4 sequences per micro-batch; sampler peak (update state
-resident) 62.59 / 97.77 GB at gen_batch 32 / 64 (KV cache 33.83 / 67.66 GB); fits
-141 GB: ~5 sequences per micro-batch, gen_batch ~103 (``~``: extrapolated); fits 95 GB
-(a TPU v5p chip): 2 and 32. Every sweep point fits with ``micro_batch_seqs=4`` and
-``gen_batch=64`` (the defaults below). On one v5p chip use
-``--config.grpo.micro_batch_seqs=2 --config.gen_batch=32`` (or shard with ``mesh.fsdp``);
-re-plan for another model.
+Memory: ``grpo.micro_batch_seqs=4`` and ``gen_batch=64`` fit one 141 GB H200 for
+qwen3-1.7b at 1025 + 8193 tokens; the planner's output for this config (and the
+settings for a TPU v5p chip) is in ``docs/memory.md``; re-plan for another model.
 """
 
 from ml_collections import ConfigDict
@@ -47,7 +35,7 @@ def get_config(arg=None):
     c.max_grad_norm = 1.0
     # A memory budget per micro-batch, not a fixed count (16 gave 32-2048 sequences over
     # the grid): micro_batches = B / 4 at every point. 4 sequences of qwen3-1.7b at
-    # 1025 + 8193 tokens compile to a 112.4 GB peak (docstring): they fit a 141 GB H200
+    # 1025 + 8193 tokens compile to a 112.4 GB peak (docs/memory.md): they fit a 141 GB H200
     # (cuDNN attention on a GPU needs less than the CPU compile's einsum).
     c.grpo.micro_batch_seqs = 4
     # KV cache 1.06 GB per 9.2k-token sequence: gen_batch 64 peaks at 97.8 GB with the

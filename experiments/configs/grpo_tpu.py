@@ -10,21 +10,9 @@ Mesh: ``mesh.fsdp=4`` (parameters and optimizer state sharded over 4 chips, the 
 over all of them; the smallest v5p slice, v5p-8, has 4 chips and every larger one a
 multiple of 4), ``mesh.data`` the rest.
 
-Memory (95 GB per TPU v5p chip), from the AOT planner at commit 7fa10b5 (CPU backend,
-one device, params unsharded, so fsdp only adds room; P + R = 13 + 52 tokens)::
-
-  python -m experiments.plan_memory --config=experiments/configs/grpo_tpu.py \
-      --device_memory=95e9 --batch_shards=4 --micro_seqs=2048,4096 \
-      --gen_batches=2048,4096
-
-printed: update peak 24.49 / 48.91 GB at 2048 / 4096 sequences per device per
-micro-batch, sampler peak 1.22 / 2.39 GB at gen_batch 2048 / 4096; fits 95 GB: ~7962
-sequences per micro-batch, gen_batch ~166761 (``~``: extrapolated), and every sweep
-point fits with its derived micro-batches. ``grpo.micro_batch_seqs`` counts the whole
-slice: 16384 = 4096 per chip on 4 chips (fewer on more), so the largest point
-(B = 16384) is one micro-batch on a v5p-8. The whole batch is sampled at once
-(``gen_batch=0``; the sampler splits rows over ``mesh.data`` only, and 16384 rows on one
-chip are ~10 GB).
+Memory: ``grpo.micro_batch_seqs=16384`` counts the whole slice (4096 per chip on a
+v5p-8) and ``gen_batch=0``; every grid point fits a 95 GB v5p chip (the planner's
+output: ``docs/memory.md``).
 """
 
 from experiments.configs import grpo_gpu

@@ -20,8 +20,8 @@ The update skeleton (shape checks, masks, gradient accumulation, the non-finite 
 common metrics, jit with shardings and donation) is ``rl_batch.algorithms.learner``'s, shared with
 ``rl_batch.algorithms.ppo``; both implement ``learner.Algorithm`` for ``rl_batch.runs.run``.
 
-Shape letters: B sequences, P prompt length (or prompts), G group size, R response
-length.
+Shape letters (docs/glossary.md): B sequences, P prompts, G group size, I prompt tokens,
+R response tokens.
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def rollout_batch(
     batch = Batch(
         **learner.rollout_fields(ro, keep_p),
         advantages=jnp.asarray(advantages_b, jnp.float32),
-        # [B, P + R, L, k] the sampler's MoE expert choices, when it recorded them.
+        # [B, I + R, L, A] the sampler's MoE expert choices, when it recorded them.
         routed_experts=None if s.routed_experts is None else jnp.asarray(s.routed_experts),
     )
     return sharding_lib.shard_batch(batch, mesh)

@@ -19,15 +19,15 @@ adapter implementing ``Algorithm`` (the protocol ``rl_batch.runs.run`` calls):
   statistics), ``apply_update`` (skipped whole when non-finite), ``sequence_metrics``,
   ``delta_norm``, ``jit_update`` (shardings and donation).
 
-Sequence layout of a ``Batch``: ``tokens = concat(prompt, response)`` [B, P + R], mask
-likewise, positions ``model.positions_from_mask(mask)``. Prompts are left-padded (the
-last prompt column is a real token), responses right-padded. The logits at index
-``P - 1 + j`` predict response token ``j``, so the response logits are
-``logits[:, P - 1 : P + R - 1]``. Log-probs use ``logits / temperature`` (the sampler
+Sequence layout of a ``Batch``: ``tokens = concat(prompt, response)`` [B, T] with
+T = I + R, mask likewise, positions ``model.positions_from_mask(mask)``. Prompts are
+left-padded (the last prompt column is a real token), responses right-padded. The logits
+at index ``I - 1 + j`` predict response token ``j``, so the response logits are
+``logits[:, I - 1 : I + R - 1]``. Log-probs use ``logits / temperature`` (the sampler
 reports log-probs under softmax(logits / temperature)).
 
-Shape letters: B sequences, P prompt length, R response length, V vocabulary,
-M micro-batches.
+Shape letters (docs/glossary.md): B sequences, I prompt tokens, R response tokens,
+T = I + R, V vocabulary, L layers, E experts, A experts per token, M micro-batches.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ class Batch:
     """One rollout batch (B responses; prompt-major when it holds groups: row p * G + g).
 
     Attributes:
-      prompt_tokens: [B, P] int32, left-padded.
-      prompt_mask: [B, P] bool.
+      prompt_tokens: [B, I] int32, left-padded.
+      prompt_mask: [B, I] bool.
       response_tokens: [B, R] int32, right-padded.
       response_mask: [B, R] bool, True on generated tokens up to and including EOS.
       advantages: [B] float32 per-sequence advantages (GRPO); ``grpo_loss`` also takes
@@ -87,7 +87,7 @@ class Batch:
         temperature), or None to use ``stop_gradient`` of the current ones (exact with
         one update per batch, where the ratio is 1 at the update).
       ref_logprobs: [B, R] reference-policy log-probs, or None.
-      routed_experts: [B, P + R, L, k] int expert choices of a MoE policy's sampler
+      routed_experts: [B, I + R, L, A] int expert choices of a MoE policy's sampler
         (``SampleOutput.routed_experts``; -1 = none), or None. Given, the update logs
         ``moe_routing_disagreement`` and, with ``GRPOConfig.routing_replay``, routes by it.
 
@@ -115,13 +115,13 @@ def check_rollout_shapes(
 ) -> None:
     """Raises ValueError naming the field when a rollout batch's shapes disagree.
 
-    Every rollout batch has ``prompt_tokens`` [B, P], ``prompt_mask`` [B, P],
+    Every rollout batch has ``prompt_tokens`` [B, I], ``prompt_mask`` [B, I],
     ``response_tokens`` / ``response_mask`` [B, R]; ``per_sequence`` fields must be [B]
     and ``per_token`` fields [B, R] (None is allowed for optional fields). Trace time.
     """
-    b, p = batch.prompt_tokens.shape
+    b, i = batch.prompt_tokens.shape
     r = batch.response_tokens.shape[1]
-    expected = {"prompt_mask": (b, p), "response_tokens": (b, r), "response_mask": (b, r)}
+    expected = {"prompt_mask": (b, i), "response_tokens": (b, r), "response_mask": (b, r)}
     expected |= {field: (b,) for field in per_sequence}
     expected |= {field: (b, r) for field in per_token}
     for field, shape in expected.items():
@@ -129,10 +129,10 @@ def check_rollout_shapes(
         if value is not None and tuple(value.shape) != shape:
             raise ValueError(
                 f"{name}.{field} has shape {tuple(value.shape)}, expected {shape} "
-                f"(B={b}, P={p}, R={r})"
+                f"(B={b}, I={i}, R={r})"
             )
-    if p < 1 or r < 1:
-        raise ValueError(f"{name} needs P >= 1 and R >= 1, got P={p}, R={r}")
+    if i < 1 or r < 1:
+        raise ValueError(f"{name} needs I >= 1 and R >= 1, got I={i}, R={r}")
 
 
 def check_batch(batch: Batch) -> None:
@@ -146,7 +146,7 @@ def check_batch(batch: Batch) -> None:
     if routed is not None and (routed.ndim != 4 or routed.shape[:2] != (b, s)):
         raise ValueError(
             f"Batch.routed_experts has shape {tuple(routed.shape)}, "
-            f"expected (B={b}, P + R={s}, L, k)"
+            f"expected (B={b}, I + R={s}, L, A)"
         )
 
 
@@ -304,9 +304,9 @@ def response_outputs(
     Returns:
       [B, R, V] float32 logits whose row j predicts response token j (``head="lm"``),
       or [B, R] values of the state before response token j (``head="value"``). With
-      ``with_router``: (that, router logits [L, B * (P + R), E], token mask [B * (P + R)]).
+      ``with_router``: (that, router logits [L, B * T, E], token mask [B * T]).
     """
-    p = batch.prompt_tokens.shape[1]
+    i = batch.prompt_tokens.shape[1]
     r = batch.response_tokens.shape[1]
     tokens_bt = jnp.concatenate([batch.prompt_tokens, batch.response_tokens], axis=1)
     mask_bt = jnp.concatenate(
@@ -314,10 +314,10 @@ def response_outputs(
     )
     positions_bt = model_lib.positions_from_mask(mask_bt)
     if with_router:
-        replay_btlk = None
+        replay_btla = None
         if replay:
-            replay_btlk = getattr(batch, "routed_experts", None)
-            if replay_btlk is None:
+            replay_btla = getattr(batch, "routed_experts", None)
+            if replay_btla is None:
                 raise ValueError("routing replay needs the batch's routed_experts (None)")
         out, router_lte = model_lib.forward_with_router(
             model_config,
@@ -325,13 +325,13 @@ def response_outputs(
             tokens_bt,
             input_mask_bt=mask_bt,
             positions_bt=positions_bt,
-            replay_experts_btlk=replay_btlk,
+            replay_experts_btlk=replay_btla,
         )
-        return out[:, p - 1 : p + r - 1], router_lte, mask_bt.reshape(-1)
+        return out[:, i - 1 : i + r - 1], router_lte, mask_bt.reshape(-1)
     out = model_lib.forward(
         model_config, params, tokens_bt, input_mask_bt=mask_bt, positions_bt=positions_bt
     )
-    return out[:, p - 1 : p + r - 1]
+    return out[:, i - 1 : i + r - 1]
 
 
 def compute_logprobs(
@@ -565,8 +565,8 @@ def _policy_logprobs(
     routing_replay: bool,
 ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None]:
     """(log-probs [B, R], entropies [B, R], router) of the batch's response tokens under
-    the policy; ``router`` is a MoE policy's (router logits [L, T, E], token mask [T])
-    over all B * (P + R) tokens, None for a dense one. Chunked over response positions
+    the policy; ``router`` is a MoE policy's (router logits [L, B * T, E], token mask
+    [B * T]) over all B * T tokens, None for a dense one. Chunked over response positions
     (``model_config.logits_chunk``): no [B, R, V]."""
     if model_config.num_experts:
         logp_br, entropy_br, router_lte, router_mask_t = logprobs_lib.response_logprobs_and_router(
@@ -681,10 +681,10 @@ def moe_terms(
     """A MoE policy's load-balancing loss and its router metrics.
 
     Args:
-      model_config: the policy's shape (``num_experts_per_tok`` = k).
-      router_lte: [L, T, E] router logits over all T = B * (P + R) tokens.
-      router_mask_t: [T] real (prompt + response) tokens.
-      routed_experts: [B, P + R, L, k] the sampler's expert choices, or None.
+      model_config: the policy's shape (``num_experts_per_tok`` = A).
+      router_lte: [L, B * T, E] router logits over all B * T tokens (T = I + R).
+      router_mask_t: [B * T] real (prompt + response) tokens.
+      routed_experts: [B, T, L, A] the sampler's expert choices, or None.
       micro_batches: micro-batches of the update; each one's loss counts
         ``1 / micro_batches``.
 

@@ -3,13 +3,14 @@
 Every function here is shape-polymorphic, jittable and free of model or optimizer
 state; the learners (``rl_batch.algorithms.learner``) combine them. Conventions:
 
-- ``*_bt`` arrays are per response token, ``[B, T]``, with a ``mask_bt`` that is True
+- ``*_br`` arrays are per response token, ``[B, R]``, with a ``mask_br`` that is True
   (or 1.0) on real response tokens; padded positions never contribute.
 - ``*_pg`` arrays are per prompt ``p`` and group member ``g``: ``[P, G]``.
 - Log-probabilities are natural logs; "ref" is the frozen reference policy, "old" the
   behaviour policy that produced the tokens.
 
-Shape letters: B sequences, T response tokens, V vocabulary, P prompts, G group size.
+Shape letters (docs/glossary.md): B sequences, R response tokens, V vocabulary, P prompts,
+G group size.
 """
 
 from __future__ import annotations
@@ -153,9 +154,9 @@ def group_advantages(
 
 
 def clipped_policy_loss(
-    logp_bt: jax.Array,
-    old_logp_bt: jax.Array,
-    advantages_bt: jax.Array,
+    logp_br: jax.Array,
+    old_logp_br: jax.Array,
+    advantages_br: jax.Array,
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
@@ -169,38 +170,38 @@ def clipped_policy_loss(
     bounds the push on tokens whose ratio has exploded.
 
     Args:
-      logp_bt: [B, T] log-probs under the current policy (differentiated).
-      old_logp_bt: [B, T] log-probs under the behaviour policy.
-      advantages_bt: advantages broadcastable to [B, T] (e.g. [B, 1] for GRPO).
+      logp_br: [B, R] log-probs under the current policy (differentiated).
+      old_logp_br: [B, R] log-probs under the behaviour policy.
+      advantages_br: advantages broadcastable to [B, R] (e.g. [B, 1] for GRPO).
       clip_low: ratio lower bound is ``1 - clip_low``.
       clip_high: ratio upper bound is ``1 + clip_high``.
       dual_clip: optional constant c > 1 for the dual clip.
 
     Returns:
-      (loss_bt, clipped_bt): per-token loss (to be aggregated with a mask) and a float
+      (loss_br, clipped_br): per-token loss (to be aggregated with a mask) and a float
       indicator, 1.0 where the loss is not the unclipped surrogate -A * ratio, i.e.
       where clipping removed the token's gradient.
     """
-    log_ratio_bt = jnp.clip(logp_bt - old_logp_bt, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    ratio_bt = jnp.exp(log_ratio_bt)
-    adv_bt = jnp.broadcast_to(advantages_bt, ratio_bt.shape).astype(ratio_bt.dtype)
-    unclipped_bt = -adv_bt * ratio_bt
-    clipped_ratio_bt = jnp.clip(ratio_bt, 1.0 - clip_low, 1.0 + clip_high)
-    loss_bt = jnp.maximum(unclipped_bt, -adv_bt * clipped_ratio_bt)
-    clipped_bt = loss_bt > unclipped_bt
+    log_ratio_br = jnp.clip(logp_br - old_logp_br, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio_br = jnp.exp(log_ratio_br)
+    adv_br = jnp.broadcast_to(advantages_br, ratio_br.shape).astype(ratio_br.dtype)
+    unclipped_br = -adv_br * ratio_br
+    clipped_ratio_br = jnp.clip(ratio_br, 1.0 - clip_low, 1.0 + clip_high)
+    loss_br = jnp.maximum(unclipped_br, -adv_br * clipped_ratio_br)
+    clipped_br = loss_br > unclipped_br
     if dual_clip is not None:
-        capped_bt = jnp.minimum(loss_bt, -adv_bt * dual_clip)
-        dual_bt = (adv_bt < 0) & (capped_bt < loss_bt)
-        loss_bt = jnp.where(adv_bt < 0, capped_bt, loss_bt)
-        clipped_bt = clipped_bt | dual_bt
-    return loss_bt, clipped_bt.astype(jnp.float32)
+        capped_br = jnp.minimum(loss_br, -adv_br * dual_clip)
+        dual_br = (adv_br < 0) & (capped_br < loss_br)
+        loss_br = jnp.where(adv_br < 0, capped_br, loss_br)
+        clipped_br = clipped_br | dual_br
+    return loss_br, clipped_br.astype(jnp.float32)
 
 
 def gspo_policy_loss(
-    logp_bt: jax.Array,
-    old_logp_bt: jax.Array,
+    logp_br: jax.Array,
+    old_logp_br: jax.Array,
     advantages_b: jax.Array,
-    mask_bt: jax.Array,
+    mask_br: jax.Array,
     *,
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
@@ -216,10 +217,10 @@ def gspo_policy_loss(
     token-level ones, since s_b averages the per-token log-ratios.
 
     Args:
-      logp_bt: [B, T] current log-probs (differentiated).
-      old_logp_bt: [B, T] behaviour log-probs.
+      logp_br: [B, R] current log-probs (differentiated).
+      old_logp_br: [B, R] behaviour log-probs.
       advantages_b: [B] sequence advantages.
-      mask_bt: [B, T] real response tokens.
+      mask_br: [B, R] real response tokens.
       clip_low, clip_high: ratio bounds ``1 - clip_low``, ``1 + clip_high``.
 
     Returns:
@@ -227,9 +228,9 @@ def gspo_policy_loss(
       1.0 where clipping removed the sequence's gradient, and the length-normalised
       log-ratio. All-padding rows have ratio 1.
     """
-    m_bt = mask_bt.astype(bool)
-    len_b = jnp.maximum(jnp.sum(m_bt.astype(jnp.float32), axis=1), 1.0)
-    log_ratio_b = jnp.sum(jnp.where(m_bt, logp_bt - old_logp_bt, 0.0), axis=1) / len_b
+    m_br = mask_br.astype(bool)
+    len_b = jnp.maximum(jnp.sum(m_br.astype(jnp.float32), axis=1), 1.0)
+    log_ratio_b = jnp.sum(jnp.where(m_br, logp_br - old_logp_br, 0.0), axis=1) / len_b
     ratio_b = jnp.exp(jnp.clip(log_ratio_b, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
     adv_b = advantages_b.astype(ratio_b.dtype)
     unclipped_b = -adv_b * ratio_b
@@ -240,46 +241,46 @@ def gspo_policy_loss(
 # ---------------------------------------------------------------------------- KL
 
 
-def kl_k1(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
+def kl_k1(logp_br: jax.Array, ref_logp_br: jax.Array) -> jax.Array:
     """k1 estimator of KL(pi || ref) per token: ``logp - ref_logp`` (unbiased, can be <0)."""
-    return logp_bt - ref_logp_bt
+    return logp_br - ref_logp_br
 
 
-def kl_k2(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
+def kl_k2(logp_br: jax.Array, ref_logp_br: jax.Array) -> jax.Array:
     """k2 estimator per token: ``0.5 * (logp - ref_logp)**2``."""
-    return 0.5 * jnp.square(logp_bt - ref_logp_bt)
+    return 0.5 * jnp.square(logp_br - ref_logp_br)
 
 
-def kl_k3(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
+def kl_k3(logp_br: jax.Array, ref_logp_br: jax.Array) -> jax.Array:
     """k3 estimator of KL(pi || ref) per token (Schulman): ``exp(d) - d - 1``, d = ref - logp.
 
     Unbiased for samples from pi, always >= 0, low variance. ``d`` is clamped to
     [-20, 20] before ``exp`` so that one runaway token cannot make the loss inf.
     """
-    d_bt = jnp.clip(ref_logp_bt - logp_bt, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    return jnp.exp(d_bt) - d_bt - 1.0
+    d_br = jnp.clip(ref_logp_br - logp_br, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return jnp.exp(d_br) - d_br - 1.0
 
 
-def kl_estimate(logp_bt: jax.Array, ref_logp_bt: jax.Array, estimator: str = "k3") -> jax.Array:
+def kl_estimate(logp_br: jax.Array, ref_logp_br: jax.Array, estimator: str = "k3") -> jax.Array:
     """Per-token KL estimate by name (``k1``, ``k2`` or ``k3``)."""
     fns = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
     if estimator not in fns:
         raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
-    return fns[estimator](logp_bt, ref_logp_bt)
+    return fns[estimator](logp_br, ref_logp_br)
 
 
 # --------------------------------------------------------------------- aggregation
 
 
 def aggregation_weights(
-    mask_bt: jax.Array,
+    mask_br: jax.Array,
     mode: str,
     *,
     num_tokens: jax.Array | float | None = None,
     num_seqs: int | None = None,
     max_len: int | None = None,
 ) -> jax.Array:
-    """Per-token weights w such that the aggregated loss is ``sum(w * loss_bt)``.
+    """Per-token weights w such that the aggregated loss is ``sum(w * loss_br)``.
 
     Modes:
       - ``token_mean``: every real token in the batch weighs the same,
@@ -290,39 +291,39 @@ def aggregation_weights(
         length, then mean over sequences, ``w = mask / (max_len * num_seqs)`` (Dr.GRPO).
 
     The normalisers default to this batch's own (``num_tokens = sum(mask)``, ``num_seqs
-    = B``, ``max_len = T``). Gradient accumulation passes the *full* batch's values so
+    = B``, ``max_len = R``). Gradient accumulation passes the *full* batch's values so
     that the micro-batch losses add up exactly to the full-batch loss.
 
     Args:
-      mask_bt: [B, T] real-token mask.
+      mask_br: [B, R] real-token mask.
       mode: one of ``LOSS_AGG_MODES``.
       num_tokens: total real tokens of the full batch (token_mean).
       num_seqs: number of sequences of the full batch (seq_mean_* modes).
       max_len: fixed length normaliser (seq_mean_token_sum_norm).
 
     Returns:
-      [B, T] float32 weights, 0 on padding.
+      [B, R] float32 weights, 0 on padding.
     """
-    m_bt = mask_bt.astype(jnp.float32)
+    m_br = mask_br.astype(jnp.float32)
     if num_seqs is None:
-        num_seqs = m_bt.shape[0]
+        num_seqs = m_br.shape[0]
     if mode == "token_mean":
         if num_tokens is None:
-            num_tokens = jnp.sum(m_bt)
-        return m_bt / jnp.maximum(num_tokens, 1.0)
+            num_tokens = jnp.sum(m_br)
+        return m_br / jnp.maximum(num_tokens, 1.0)
     if mode == "seq_mean_token_mean":
-        len_b1 = jnp.sum(m_bt, axis=1, keepdims=True)
-        return m_bt / (jnp.maximum(len_b1, 1.0) * num_seqs)
+        len_b1 = jnp.sum(m_br, axis=1, keepdims=True)
+        return m_br / (jnp.maximum(len_b1, 1.0) * num_seqs)
     if mode == "seq_mean_token_sum_norm":
         if max_len is None:
-            max_len = m_bt.shape[1]
-        return m_bt / (float(max_len) * num_seqs)
+            max_len = m_br.shape[1]
+        return m_br / (float(max_len) * num_seqs)
     raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGG_MODES}")
 
 
 def aggregate(
-    values_bt: jax.Array,
-    mask_bt: jax.Array,
+    values_br: jax.Array,
+    mask_br: jax.Array,
     mode: str = "token_mean",
     *,
     num_tokens: jax.Array | float | None = None,
@@ -330,69 +331,69 @@ def aggregate(
     max_len: int | None = None,
 ) -> jax.Array:
     """Masked aggregation of a per-token loss to a scalar (see ``aggregation_weights``)."""
-    w_bt = aggregation_weights(
-        mask_bt, mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
+    w_br = aggregation_weights(
+        mask_br, mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
     )
-    return jnp.sum(jnp.where(w_bt > 0, values_bt * w_bt, 0.0))
+    return jnp.sum(jnp.where(w_br > 0, values_br * w_br, 0.0))
 
 
 # ------------------------------------------------------------------------ entropy
 
 
-def token_entropy(logits_btv: jax.Array) -> jax.Array:
-    """Entropy of softmax(logits) per position, [B, T], in float32 (nats)."""
-    logp_btv = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
-    return -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
+def token_entropy(logits_brv: jax.Array) -> jax.Array:
+    """Entropy of softmax(logits) per position, [B, R], in float32 (nats)."""
+    logp_brv = jax.nn.log_softmax(logits_brv.astype(jnp.float32), axis=-1)
+    return -jnp.sum(jnp.exp(logp_brv) * logp_brv, axis=-1)
 
 
-def entropy_from_logits(logits_btv: jax.Array, mask_bt: jax.Array) -> jax.Array:
+def entropy_from_logits(logits_brv: jax.Array, mask_br: jax.Array) -> jax.Array:
     """Masked mean token entropy (a metric; apply any temperature to the logits first)."""
-    return masked_mean(token_entropy(logits_btv), mask_bt)
+    return masked_mean(token_entropy(logits_brv), mask_br)
 
 
 # ---------------------------------------------------------------------------- PPO
 
 
-def last_token_index(mask_bt: jax.Array) -> jax.Array:
+def last_token_index(mask_br: jax.Array) -> jax.Array:
     """[B] index of the last real token of each row (0 for a row without real tokens)."""
-    t = mask_bt.shape[1]
-    idx_bt = jnp.where(mask_bt.astype(bool), jnp.arange(t)[None, :], -1)
-    return jnp.maximum(jnp.max(idx_bt, axis=1), 0)
+    t = mask_br.shape[1]
+    idx_br = jnp.where(mask_br.astype(bool), jnp.arange(t)[None, :], -1)
+    return jnp.maximum(jnp.max(idx_br, axis=1), 0)
 
 
 def token_level_rewards(
     scores_b: jax.Array,
-    mask_bt: jax.Array,
+    mask_br: jax.Array,
     *,
-    kl_bt: jax.Array | None = None,
+    kl_br: jax.Array | None = None,
     kl_coef: float = 0.0,
 ) -> jax.Array:
     """Per-token rewards for PPO: the sequence score at the last real token, minus an
-    optional per-token KL penalty ``kl_coef * kl_bt`` on every real token.
+    optional per-token KL penalty ``kl_coef * kl_br`` on every real token.
 
     Args:
       scores_b: [B] terminal (verifier) rewards.
-      mask_bt: [B, T] real response tokens.
-      kl_bt: optional [B, T] per-token KL to the reference (e.g. ``kl_k1``).
+      mask_br: [B, R] real response tokens.
+      kl_br: optional [B, R] per-token KL to the reference (e.g. ``kl_k1``).
       kl_coef: penalty coefficient.
 
     Returns:
-      [B, T] float32 rewards, 0 on padding (a row without real tokens gets nothing).
+      [B, R] float32 rewards, 0 on padding (a row without real tokens gets nothing).
     """
-    m_bt = mask_bt.astype(bool)
-    t = m_bt.shape[1]
-    last_b = last_token_index(m_bt)
-    at_last_bt = (jnp.arange(t)[None, :] == last_b[:, None]) & m_bt
-    rewards_bt = jnp.where(at_last_bt, scores_b.astype(jnp.float32)[:, None], 0.0)
-    if kl_bt is not None and kl_coef:
-        rewards_bt = rewards_bt - kl_coef * jnp.where(m_bt, kl_bt, 0.0)
-    return rewards_bt
+    m_br = mask_br.astype(bool)
+    t = m_br.shape[1]
+    last_b = last_token_index(m_br)
+    at_last_br = (jnp.arange(t)[None, :] == last_b[:, None]) & m_br
+    rewards_br = jnp.where(at_last_br, scores_b.astype(jnp.float32)[:, None], 0.0)
+    if kl_br is not None and kl_coef:
+        rewards_br = rewards_br - kl_coef * jnp.where(m_br, kl_br, 0.0)
+    return rewards_br
 
 
 def gae_advantages(
-    rewards_bt: jax.Array,
-    values_bt: jax.Array,
-    mask_bt: jax.Array,
+    rewards_br: jax.Array,
+    values_br: jax.Array,
+    mask_br: jax.Array,
     *,
     gamma: float = 1.0,
     lam: float = 1.0,
@@ -406,20 +407,20 @@ def gae_advantages(
     nothing and the value after the last real token is 0 (episode end).
 
     Args:
-      rewards_bt: [B, T] per-token rewards (``token_level_rewards``).
-      values_bt: [B, T] critic values V(s_t).
-      mask_bt: [B, T] real response tokens.
+      rewards_br: [B, R] per-token rewards (``token_level_rewards``).
+      values_br: [B, R] critic values V(s_t).
+      mask_br: [B, R] real response tokens.
       gamma: discount.
       lam: GAE lambda.
 
     Returns:
-      (advantages_bt, returns_bt), both [B, T] float32 and 0 on padding;
+      (advantages_br, returns_br), both [B, R] float32 and 0 on padding;
       ``returns = advantages + values`` (the critic's regression target). Whiten the
       advantages separately (``masked_whiten``) if wanted.
     """
-    m_tb = mask_bt.astype(bool).T
-    r_tb = rewards_bt.astype(jnp.float32).T
-    v_tb = values_bt.astype(jnp.float32).T
+    m_rb = mask_br.astype(bool).T
+    r_rb = rewards_br.astype(jnp.float32).T
+    v_rb = values_br.astype(jnp.float32).T
 
     def step(carry, x):
         next_value_b, next_adv_b = carry
@@ -429,36 +430,36 @@ def gae_advantages(
         carry = (jnp.where(m_b, v_b, next_value_b), jnp.where(m_b, adv_b, next_adv_b))
         return carry, jnp.where(m_b, adv_b, 0.0)
 
-    zeros_b = jnp.zeros(r_tb.shape[1], jnp.float32)
-    _, adv_tb = jax.lax.scan(step, (zeros_b, zeros_b), (r_tb, v_tb, m_tb), reverse=True)
-    advantages_bt = adv_tb.T
-    returns_bt = jnp.where(mask_bt.astype(bool), advantages_bt + values_bt, 0.0)
-    return advantages_bt, returns_bt
+    zeros_b = jnp.zeros(r_rb.shape[1], jnp.float32)
+    _, adv_rb = jax.lax.scan(step, (zeros_b, zeros_b), (r_rb, v_rb, m_rb), reverse=True)
+    advantages_br = adv_rb.T
+    returns_br = jnp.where(mask_br.astype(bool), advantages_br + values_br, 0.0)
+    return advantages_br, returns_br
 
 
 def clipped_value_loss(
-    values_bt: jax.Array,
-    old_values_bt: jax.Array,
-    returns_bt: jax.Array,
+    values_br: jax.Array,
+    old_values_br: jax.Array,
+    returns_br: jax.Array,
     *,
     clip_range: float | None = 0.2,
 ) -> tuple[jax.Array, jax.Array]:
     """PPO value loss ``0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)``.
 
     Args:
-      values_bt: [B, T] current critic values (differentiated).
-      old_values_bt: [B, T] critic values when the rollout was scored.
-      returns_bt: [B, T] regression targets (``gae_advantages`` returns).
+      values_br: [B, R] current critic values (differentiated).
+      old_values_br: [B, R] critic values when the rollout was scored.
+      returns_br: [B, R] regression targets (``gae_advantages`` returns).
       clip_range: c; None disables clipping (plain 0.5 * squared error).
 
     Returns:
-      (loss_bt, clipped_bt): per-token loss and a float indicator, 1.0 where the
+      (loss_br, clipped_br): per-token loss and a float indicator, 1.0 where the
       clipped branch is strictly larger (the token's value gradient is removed).
     """
-    unclipped_bt = jnp.square(values_bt - returns_bt)
+    unclipped_br = jnp.square(values_br - returns_br)
     if clip_range is None:
-        return 0.5 * unclipped_bt, jnp.zeros_like(unclipped_bt)
-    v_clipped_bt = jnp.clip(values_bt, old_values_bt - clip_range, old_values_bt + clip_range)
-    clipped_sq_bt = jnp.square(v_clipped_bt - returns_bt)
-    loss_bt = 0.5 * jnp.maximum(unclipped_bt, clipped_sq_bt)
-    return loss_bt, (clipped_sq_bt > unclipped_bt).astype(jnp.float32)
+        return 0.5 * unclipped_br, jnp.zeros_like(unclipped_br)
+    v_clipped_br = jnp.clip(values_br, old_values_br - clip_range, old_values_br + clip_range)
+    clipped_sq_br = jnp.square(v_clipped_br - returns_br)
+    loss_br = 0.5 * jnp.maximum(unclipped_br, clipped_sq_br)
+    return loss_br, (clipped_sq_br > unclipped_br).astype(jnp.float32)

@@ -14,9 +14,9 @@ The maths of one update (every piece from ``rl_batch.algorithms.losses``):
    of the behaviour log-probs).
 2. Values: the critic is the same transformer with a scalar head
    (``model_config.replace(head="value")``). **Alignment**: the value of response token
-   ``j`` is read from the hidden state at index ``P - 1 + j`` of the ``[prompt |
+   ``j`` is read from the hidden state at index ``I - 1 + j`` of the ``[prompt |
    response]`` sequence, i.e. the state *before* token ``j`` (prompt and ``y_<j``), the
-   same slice ``[P - 1 : P + R - 1]`` that gives the logits predicting token ``j``
+   same slice ``[I - 1 : I + R - 1]`` that gives the logits predicting token ``j``
    (``learner.response_outputs``). ``V_j = V(s_j)`` is the value of the state in which
    the policy chose ``y_j``; the state after the last real token (after EOS) is
    terminal with value 0.
@@ -40,7 +40,8 @@ Batch: a ``PPOBatch`` holding the per-sequence reward ``rewards [B]`` (not advan
 those need the critic and are computed inside the update). Rows whose response mask is
 all False are padding and weigh nothing.
 
-Shape letters: B sequences, P prompt length, R response length, M micro-batches.
+Shape letters (docs/glossary.md): B sequences, I prompt tokens, R response tokens,
+M micro-batches.
 """
 
 from __future__ import annotations
@@ -183,8 +184,8 @@ class PPOBatch:
     """One rollout batch of B responses (row p * G + g).
 
     Attributes:
-      prompt_tokens: [B, P] int32, left-padded.
-      prompt_mask: [B, P] bool.
+      prompt_tokens: [B, I] int32, left-padded.
+      prompt_mask: [B, I] bool.
       response_tokens: [B, R] int32, right-padded.
       response_mask: [B, R] bool, True on generated tokens up to and including EOS; an
         all-False row is padding.
@@ -369,7 +370,7 @@ def token_advantages(
         if old_logp_br is None or ref_logp_br is None:
             raise ValueError(f"PPOConfig.kl_coef={config.kl_coef} needs reference log-probs")
         kl_br = losses.kl_estimate(old_logp_br, ref_logp_br, config.kl_estimator)
-    rewards_br = losses.token_level_rewards(scores_b, mask_br, kl_bt=kl_br, kl_coef=config.kl_coef)
+    rewards_br = losses.token_level_rewards(scores_b, mask_br, kl_br=kl_br, kl_coef=config.kl_coef)
     adv_br, returns_br = losses.gae_advantages(
         rewards_br, values_br, mask_br, gamma=config.gamma, lam=config.lam
     )

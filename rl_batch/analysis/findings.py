@@ -1,4 +1,4 @@
-"""The study's findings (DESIGN.md section 1), each measured on a sweep with a verdict.
+"""The study's findings (docs/design.md section 1), each measured on a sweep with a verdict.
 
 Every finding gets our measurement, its interval, and one of `HOLDS`, `FAILS`,
 `UNDECIDED` ("undecided at this power": the interval does not decide it) or
@@ -510,7 +510,7 @@ def critical_order_finding(analysis: Analysis, gen: GenerationReport | None, tol
 def study_findings(
     analysis: Analysis, generation: GenerationReport | None, tol: float
 ) -> list[Finding]:
-    """Every finding of DESIGN.md section 1, measured on the sweep."""
+    """Every finding of docs/design.md section 1, measured on the sweep."""
     return [
         invariance_finding(analysis, tol),
         *grad_norm_findings(analysis, analysis.level),

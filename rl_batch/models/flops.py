@@ -106,8 +106,8 @@ def generation_flops(
       config: the model shape.
       prompt_tokens: real prompt tokens prefilled (all rows).
       gen_tokens: generated tokens (all rows, EOS included).
-      prompt_len: prompt bucket width P (prefill attends over P slots).
-      seq_len: P + R (each decode step attends over the whole cache).
+      prompt_len: prompt bucket width I (prefill attends over I slots).
+      seq_len: I + R (each decode step attends over the whole cache).
     """
     return prompt_tokens * model_flops_per_token(
         config, prompt_len

@@ -11,8 +11,8 @@ Numerics match ``rl_batch.models.transformer``'s head: logits = ``hidden @ head`
 states' dtype, then float32, then divided by the temperature; log-softmax and entropy
 in float32.
 
-Shape letters: B sequences, R positions, D model width, V vocabulary, C chunk length,
-N number of chunks.
+Shape letters (docs/glossary.md): B sequences, I prompt tokens, R response positions,
+D model width, V vocabulary, C chunk length, L sparse layers, E experts.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def response_hidden(model_config: model_lib.ModelConfig, params: Any, batch: Any
     Args:
       model_config: the policy's shape.
       params: its parameters.
-      batch: anything with ``prompt_tokens`` / ``prompt_mask`` [B, P] (left-padded) and
+      batch: anything with ``prompt_tokens`` / ``prompt_mask`` [B, I] (left-padded) and
         ``response_tokens`` / ``response_mask`` [B, R] (see ``learner.Batch``).
     """
     p = batch.prompt_tokens.shape[1]
@@ -148,8 +148,8 @@ def response_logprobs_and_router(
         top-k (``transformer.forward_hidden_with_router``).
 
     Returns:
-      (log-probs [B, R], entropies [B, R], router logits [L, B * (P + R), E] of every
-      sparse layer, token mask [B * (P + R)] of the real prompt and response tokens).
+      (log-probs [B, R], entropies [B, R], router logits [L, B * (I + R), E] of every
+      sparse layer, token mask [B * (I + R)] of the real prompt and response tokens).
     """
     replay_btlk = None
     if replay:

@@ -31,8 +31,10 @@ The router logits of every sparse layer are *sown* (``nnx.Intermediate``) only i
 the expert-load metrics. Plain ``model.forward`` / the KV-cache sampler do not capture,
 so for them the block is just another MLP.
 
-Shape letters: T tokens (B * T flattened), D model width, E experts, k experts per
-token, F expert width, S = T * k routed slots, L sparse layers.
+Shape letters (docs/glossary.md): T tokens (B * T flattened), D model width, E experts,
+F expert width, L sparse layers. Two local names predate the glossary: ``k`` is its A,
+the experts per token (``experts_tk``, ``weights_tk``), and ``s`` is T * A routed
+(token, expert) rows (``x_sd``), not cache slots.
 """
 
 from __future__ import annotations

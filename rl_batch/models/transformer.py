@@ -18,9 +18,12 @@ Every parameter carries logical axis names (metadata ``logical_axes``) that
 ``rl_batch.models.sharding`` maps to mesh axes; ``logical_axes(config)`` returns them as a tree
 shaped like ``params``.
 
-Shape letters: B batch, T query length, S key/cache length, D model width, N query
-heads, K key/value heads, G = N // K query heads per KV head, H head dim, F MLP width,
-V vocabulary, E experts.
+Shape letters (docs/glossary.md): B batch rows, T tokens fed to the forward (query
+positions), S key/value (cache) slots, D model width, N query heads, K key/value heads,
+J = N // K query heads per KV head and Q = J * T query rows of one KV head (the attention
+code's local names still write J as ``g``: ``logits_bkgts``), H head dim, F MLP width,
+V vocabulary, L layers, E experts, A experts per token (still ``k`` in
+``replay_experts_btlk``).
 """
 
 from __future__ import annotations
@@ -249,7 +252,7 @@ class ModelConfig:
 # attention where there is one, log-probs 512 response positions at a time (one 2k-token
 # 0.6B sequence: 0.3 GB of fp32 logits instead of 1.2 GB), and the blocks stored stacked
 # under a scan (dense models only): the qwen3-0.6b update compiles in 6.8 s instead of
-# 454 s with trace-time stacking (``experiments.compile_cost``, README).
+# 454 s with trace-time stacking (``experiments.compile_cost``, docs/memory.md).
 STUDY_MEMORY = dict(remat="full", attention="auto", logits_chunk=512, scan_layers=True)
 REAL_MODEL_PARAMS = 100_000_000
 

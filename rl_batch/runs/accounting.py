@@ -1,6 +1,6 @@
 """Step accounting: a run's counters, and one step's timings and counts turned into its line.
 
-The protocol (DESIGN.md section 2): the sample axis counts responses the *policy* learned
+The protocol (docs/design.md section 2): the sample axis counts responses the *policy* learned
 from (retained after filtering, not PPO's critic warm-up, not a skipped update);
 training time is generation + scoring + update + host-side glue, while compilation,
 evaluation and checkpointing are timed but kept out of it. With asynchronous rollout,
