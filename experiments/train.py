@@ -78,7 +78,7 @@ def main(argv):
             "or choose a new --config.run_dir"
         )
     # After flag parsing: jax reads XLA_FLAGS at import.
-    from rl_batch import locks
+    from rl_batch import distributed, locks
     from rl_batch.runs import config as config_lib
     from rl_batch.runs import run
 
@@ -91,6 +91,7 @@ def main(argv):
     # The run's one resolution (a derived section in a JSON file is recomputed: the
     # --config.* flags may have changed its inputs). A mistake (a bad value, a locked or
     # damaged run directory, a full disk) is one line: cli.run.
+    distributed.maybe_initialize(config)  # (before resolve counts the devices)
     spec = config_lib.resolve(config)
     summary = run.run(spec, resume=_RESUME.value, progress=not _QUIET.value)
     reached = summary["n_star"] if summary["reached"] else artifacts.NOT_REACHED

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from rl_batch import config as config_lib
-from rl_batch import pretrain
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import pretrain
 
 STUDIES = ["grpo_cpu", "ppo_cpu"]
 
@@ -24,8 +24,8 @@ def test_shipped_base_policy_is_the_configs_own_and_scores_its_recorded_p_ref(tm
     path = c.init.path
     with open(os.path.splitext(path)[0] + ".json") as f:
         record = json.load(f)
-    c = config_lib.resolve(c)
-    model_config = config_lib.make_model_config(c)
+    spec = config_lib.resolve(c)
+    c, model_config = spec.config, spec.model
     # The settings that made it are the config's (the data it was trained and scored on,
     # the model, the pretraining); fields added to the task later do not matter.
     made_with = {k: record["task"][k] for k in ("name", "kwargs", "n_train", "n_validation")}

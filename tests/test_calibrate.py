@@ -193,6 +193,8 @@ def test_a_calibration_is_kept_until_a_configuration_is_new(tmp_path, monkeypatc
 
     calls = []
     monkeypatch.setattr(calibrate, "calibrate", _fake_calibrate(calls))
+    # (the synthetic runs' config.json is not a whole run config: the fake reads keys only)
+    monkeypatch.setattr(calibrate, "sweep_configs", artifacts.sweep_run_configs)
     d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:2])
     _add_top_level_keys(d)
     first = calibrate.calibrate_sweep(d, rounds=2, steps=1, log_fn=lambda s: None)

@@ -154,7 +154,7 @@ def test_two_processes_save_the_initial_state_when_a_run_stops_before_any_update
         with open(p.log_path) as f:
             log = f.read()
         assert p.returncode != 0
-        assert "RuntimeError: 1 rollout batches in a row had no group" in log, log[-3000:]
+        assert "error: 1 rollout batches in a row had no group" in log, log[-3000:]
     ckpt_dir = os.path.join(run_dir, artifacts.CHECKPOINT_DIR)
     assert sorted(d for d in os.listdir(ckpt_dir) if d.isdigit()) == ["0"]
     summary = artifacts.read_json(os.path.join(run_dir, artifacts.SUMMARY_FILE))

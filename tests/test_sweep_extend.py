@@ -133,6 +133,7 @@ def test_with_the_sweeps_own_run_loop(tmp_path):
     c = base.sweep_config(tiny_run_config(str(tmp_path / "work")))
     c.target, c.sweep.prompts, c.sweep.group_sizes, c.sweep.seeds = fx.TARGET, "8,16", "8", "0,1"
     c.sweep.extend_edges = True
+    c.eval_every_responses = fx.EVAL_EVERY  # the synthetic runs' cadence (cross-checked)
     d = str(tmp_path / "sweep")
     grid = functools.partial(sweep.run_sweep, sweep_dir=d, run_fn=run_fn, processes=WRITER,
                              log=lambda s: None)  # fmt: skip

@@ -247,7 +247,8 @@ def generate(
             )
         )
         if call_stats is not None:
-            call_stats.append(dict(sampler.last_stats))
+            # (a sampler callable that keeps no stats adds none: its use is unknown)
+            call_stats.append(dict(getattr(sampler, "last_stats", {})))
     return outs[0] if len(outs) == 1 else _concat_outputs(outs)
 
 

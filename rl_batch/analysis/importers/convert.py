@@ -265,7 +265,14 @@ def convert_run(
         for f, pats in (km.get("metrics") or {}).items()
         if (k := _resolve(f"metrics.{f}", pats, keys, name, logged.path)) is not None
     }
-    records = []
+    records = []  # in the run loop's order: the evaluation before the first update first
+    for s in sorted(by_step):  # evaluations before the first update (step 0)
+        if s < first and acc_key in by_step[s]:
+            zero = {
+                "responses_cum": 0.0,
+                **({"time_train_cum_s": 0.0} if time_cum is not None else {}),
+            }
+            _add_eval(records, by_step[s], acc_key, 0, zero, name, logged.path, s)
     for i, s in enumerate(updates):
         row = by_step.get(s, {})
         rec: dict[str, Any] = {
@@ -286,13 +293,6 @@ def convert_run(
         rec.update({f: row[k] for f, k in metric_keys.items() if k in row})
         records.append(rec)
         _add_eval(records, row, acc_key, i + 1, rec, name, logged.path, s)
-    for s in sorted(by_step):  # evaluations before the first update (step 0)
-        if s < first and acc_key in by_step[s]:
-            zero = {
-                "responses_cum": 0.0,
-                **({"time_train_cum_s": 0.0} if time_cum is not None else {}),
-            }
-            _add_eval(records, by_step[s], acc_key, 0, zero, name, logged.path, s)
     seed, _ = km_lib.resolve_value(km.get("seed"), config, km.get("config_defaults") or {})
     lr_rule = km.get("lr_rule") or "unknown"
     if isinstance(lr_rule, dict):  # {"config": "dotted.key"}: each run's own rule
