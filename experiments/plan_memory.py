@@ -174,7 +174,7 @@ def _sweep_table(c, micro_fit: int, gen_fit: int | None) -> None:
     print("|---|---|---|---|---|---|---|---|")
     shards = _BATCH_SHARDS.value
     for point in {pt.key: pt for pt in sweep.expand_grid(c)}.values():
-        b = point.prompts * point.group_size
+        b = point.configuration.batch
         seqs_cfg = c.grpo.get("micro_batch_seqs", 0)
         m_cfg = (
             config_lib.micro_batches_for(b, seqs_cfg, shards) if seqs_cfg else c.grpo.micro_batches

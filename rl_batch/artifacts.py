@@ -60,6 +60,7 @@ batch under that name, which ``entry_batch`` still reads.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -220,12 +221,61 @@ def config_lr(config: dict[str, Any]) -> Any:
     return config.get("lr")
 
 
+@dataclasses.dataclass(frozen=True)
+class Configuration:
+    """One configuration of a sweep (its seeds are runs of it): the one identity of a
+    (prompts, group size, LR rule, PPO critic variant) and each of its spellings.
+
+    - ``key``: the grid's, e.g. ``"16x8:sqrt"`` (``sweep.extra_points``,
+      ``sweep.reference``, ``--reference``; `parse_point_key` reads it back);
+    - ``run_name(seed)``: a run directory's, e.g. ``"p16_g8_sqrt_s0"``;
+    - ``name``: with the algorithm, e.g. ``"grpo-P16-G8-sqrt"`` (tables, ``--reference``);
+    - ``label``: for figures, e.g. ``"P=16 G=8 sqrt"``.
+    """
+
+    algo: str
+    prompts: int
+    group_size: int
+    lr_rule: str
+    critic: str = ""  # PPO critic settings off their defaults (`critic_variant`)
+
+    @property
+    def batch(self) -> int:
+        """Training batch in responses, B = P x G."""
+        return self.prompts * self.group_size
+
+    @property
+    def key(self) -> str:
+        """The grid's spelling, e.g. ``"64x8:sqrt"``, or ``"64x1:sqrt:k2"`` for a PPO
+        critic off its defaults."""
+        key = f"{self.prompts}x{self.group_size}:{self.lr_rule}"
+        return f"{key}:{self.critic}" if self.critic else key
+
+    def run_name(self, seed: int) -> str:
+        """The run directory of one seed, e.g. ``"p16_g8_sqrt_s0"``."""
+        critic = f"_{self.critic}" if self.critic else ""
+        return f"p{self.prompts}_g{self.group_size}_{self.lr_rule}{critic}_s{seed}"
+
+    @property
+    def name(self) -> str:
+        """With the algorithm, e.g. ``"grpo-P128-G8-sqrt"``."""
+        critic = f"-{self.critic}" if self.critic else ""
+        return f"{self.algo}-P{self.prompts}-G{self.group_size}-{self.lr_rule}{critic}"
+
+    @property
+    def label(self) -> str:
+        """Short label for figures and tables, e.g. ``"P=128 G=8 sqrt"``."""
+        critic = f" critic {self.critic}" if self.critic else ""
+        return f"P={self.prompts} G={self.group_size} {self.lr_rule}{critic}"
+
+    def sort_key(self) -> tuple[Any, ...]:
+        """Order of tables and figures: algorithm, batch, group size, rule, critic."""
+        return (self.algo, self.batch, self.group_size, self.lr_rule, self.critic)
+
+
 def point_key(prompts: int, group_size: int, lr_rule: str, critic: str = "") -> str:
-    """A configuration's key (seed excluded), e.g. ``"64x8:sqrt"``, or for a PPO critic
-    off its defaults ``"64x1:sqrt:k2"`` (`critic_variant`): the spelling of
-    ``sweep.extra_points``, ``sweep.reference`` and the analysis's ``--reference``."""
-    key = f"{prompts}x{group_size}:{lr_rule}"
-    return f"{key}:{critic}" if critic else key
+    """``Configuration.key`` from its parts (the algorithm does not enter the key)."""
+    return Configuration("", prompts, group_size, lr_rule, critic).key
 
 
 def parse_point_key(text: str) -> tuple[int, int, str, str | None]:

@@ -19,7 +19,7 @@ def _analysis(tmp_path, configs, reference):
 def test_interior_optimum_is_not_flagged(tmp_path):
     a = _analysis(tmp_path, fx.STANDARD_CONFIGS, "P8_G8_sqrt_s0")
     plan = planner.plan_full(a)
-    assert plan.best == curves.ConfigKey("grpo", 32, 8, "sqrt") and plan.edge == ""
+    assert plan.best == artifacts.Configuration("grpo", 32, 8, "sqrt") and plan.edge == ""
     assert "edge of the grid" not in planner.format_plan_table(plan)
     ext = planner.next_edge_points(a)
     assert ext.stop and "interior" in ext.reason
@@ -32,7 +32,7 @@ LEFT_EDGE = ((32, 8, "sqrt", 1.05), (64, 8, "sqrt", 1.6), (128, 8, "sqrt", 2.5))
 def test_smallest_batch_best_is_flagged_and_extended_down(tmp_path):
     a = _analysis(tmp_path, LEFT_EDGE, "P32_G8_sqrt_s0")
     plan = planner.plan_full(a)
-    assert plan.best == curves.ConfigKey("grpo", 32, 8, "sqrt")
+    assert plan.best == artifacts.Configuration("grpo", 32, 8, "sqrt")
     assert SMALLER_WORDS in plan.edge
     table = planner.format_plan_table(plan)
     assert SMALLER_WORDS in table
@@ -82,10 +82,10 @@ def test_non_dividing_factor_stops(tmp_path):
      ((32, 64, 128), 64, None), ((64,), 64, "both")],
 )  # fmt: skip
 def test_edge_side(batches, best, side):
-    keys = [curves.ConfigKey("grpo", b // 8, 8, "sqrt") for b in batches]
+    keys = [artifacts.Configuration("grpo", b // 8, 8, "sqrt") for b in batches]
     # Another LR rule's smaller batch does not make the sqrt best interior.
-    keys.append(curves.ConfigKey("grpo", 1, 8, "fixed"))
-    assert planner.edge_side(keys, curves.ConfigKey("grpo", best // 8, 8, "sqrt")) == side
+    keys.append(artifacts.Configuration("grpo", 1, 8, "fixed"))
+    assert planner.edge_side(keys, artifacts.Configuration("grpo", best // 8, 8, "sqrt")) == side
 
 
 def test_report_lists_the_grid_extension(tmp_path):

@@ -87,8 +87,8 @@ def test_accuracy_vs_time_on_the_calibrated_clock_to_the_last_seed(stopping):
     fig = figures.figure_accuracy_vs_time(stopping)
     ax = fig.axes[0]
     assert ax.get_xlabel().startswith("calibrated training time")
-    k = curves.ConfigKey("grpo", 32, 8, "sqrt")
-    step_s = stopping.sweep.calibration[k.point_key]
+    k = artifacts.Configuration("grpo", 32, 8, "sqrt")
+    step_s = stopping.sweep.calibration[k.key]
     ends = [float(figures.eval_times(r, step_s)[-1]) for r in stopping.runs_by_key[k]]
     assert min(ends) < max(ends)  # the seeds stop apart
     xs = [float(np.max(ln.get_xdata())) for ln in _lines(ax)]

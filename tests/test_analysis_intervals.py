@@ -168,7 +168,7 @@ def test_timing_rounds_add_their_spread_by_hand():
 
 def test_matched_pair_needs_the_same_seeds_and_shape():
     def runs(prompts, group, rule, seeds):
-        key = ttt.ConfigKey("grpo", prompts, group, rule)
+        key = ttt.Configuration("grpo", prompts, group, rule)
         return [
             ttt.RunTarget(f"r{s}", key, s, 0.5, 100.0, 1.0, 100.0, 2.0, 100.0, 1.0) for s in seeds
         ]

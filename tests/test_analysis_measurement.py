@@ -92,7 +92,7 @@ def test_power_is_the_ratio_half_width_and_the_seeds_it_needs(tmp_path):
     d = fx.write_sweep(str(tmp_path), configs=CONFIGS, seed_factors=(0.9, 1.1))
     analysis = ttt.analyze_sweep(curves.load_sweep(d))
     (p,) = measurement.power(analysis)
-    r = analysis.ratios[curves.ConfigKey("grpo", 16, 8, "sqrt")]
+    r = analysis.ratios[artifacts.Configuration("grpo", 16, 8, "sqrt")]
     assert p.batch == 128 and p.seeds == 2
     assert p.r_n_half == pytest.approx((r.r_n.hi - r.r_n.lo) / 2)
     assert p.r_t_half == pytest.approx((r.r_t.hi - r.r_t.lo) / 2)

@@ -9,10 +9,11 @@ import sys
 import analysis_fixtures as fx
 import pytest
 
+from rl_batch import artifacts
 from rl_batch.analysis import curves, planner
 from rl_batch.analysis import time_to_target as ttt
 
-BEST = curves.ConfigKey("grpo", 32, 8, "sqrt")  # B = 256: r_N 1.05, r_q 1.81.
+BEST = artifacts.Configuration("grpo", 32, 8, "sqrt")  # B = 256: r_N 1.05, r_q 1.81.
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +37,10 @@ def test_full_plan_ranks_by_r_t(full):
     means = [r.r_t.mean for r in plan.rows if r.r_t is not None]
     assert means == sorted(means)
     last = plan.rows[-1]
-    assert last.key == curves.ConfigKey("grpo", 64, 8, "fixed") and not last.reached
+    assert last.key == artifacts.Configuration("grpo", 64, 8, "fixed") and not last.reached
     assert last.r_t is None and "not reached" in last.note
     # The study's ordering: fixed LR at 2x the batch is slower than the reference.
-    fixed = next(r for r in plan.rows if r.key == curves.ConfigKey("grpo", 16, 8, "fixed"))
+    fixed = next(r for r in plan.rows if r.key == artifacts.Configuration("grpo", 16, 8, "fixed"))
     assert fixed.r_t.mean == pytest.approx(_expected_r_t(128, 1.67), rel=0.01)  # 1.17
     assert fixed.r_t.mean > 1.0
     obj = planner.plan_to_json(plan)
@@ -73,7 +74,7 @@ def test_pilot_picks_the_best_at_a_fraction_of_the_cost(sweep_dir, full, method)
     # Same curve family, so r_N at any level equals the tau ratio.
     assert by_key[BEST].r_n.mean == pytest.approx(1.05, rel=0.02)
     assert by_key[BEST].r_q.mean == pytest.approx(fx.q_of(256) / fx.q_of(64), rel=1e-6)
-    never = by_key[curves.ConfigKey("grpo", 64, 8, "fixed")]
+    never = by_key[artifacts.Configuration("grpo", 64, 8, "fixed")]
     if method == "fit":
         assert never.r_n.mean == pytest.approx(10.0, rel=0.05)  # Extrapolated from 30%.
     else:
@@ -241,7 +242,10 @@ def test_overlapping_intervals_give_candidates_not_a_winner(tmp_path):
     configs = [(8, 8, "sqrt", 1.0), (16, 8, "sqrt", 1.0), (32, 8, "sqrt", 1.05)]
     d = fx.write_sweep(str(tmp_path / "wide"), configs=configs, seed_factors=(0.6, 1.0, 1.4))
     plan = planner.plan_full(ttt.analyze_sweep(curves.load_sweep(d)))
-    b128, b256 = curves.ConfigKey("grpo", 16, 8, "sqrt"), curves.ConfigKey("grpo", 32, 8, "sqrt")
+    b128, b256 = (
+        artifacts.Configuration("grpo", 16, 8, "sqrt"),
+        artifacts.Configuration("grpo", 32, 8, "sqrt"),
+    )
     assert plan.best == b256 and plan.recommendation is None and not plan.decided
     assert b128 in plan.candidates and plan.candidates[0] == b256
     rows = {r.key: r for r in plan.rows}
@@ -263,6 +267,8 @@ def test_one_seed_names_no_winner(tmp_path):
     configs = [(8, 8, "sqrt", 1.0), (16, 8, "sqrt", 1.0), (32, 8, "sqrt", 1.05)]
     d = fx.write_sweep(str(tmp_path / "one"), configs=configs, seed_factors=(1.0,))
     plan = planner.plan_full(ttt.analyze_sweep(curves.load_sweep(d)))
-    assert plan.best == curves.ConfigKey("grpo", 32, 8, "sqrt") and plan.recommendation is None
+    assert (
+        plan.best == artifacts.Configuration("grpo", 32, 8, "sqrt") and plan.recommendation is None
+    )
     assert len(plan.candidates) == 3 and plan.seeds_to_separate is None  # (no interval)
     assert "more seeds would be needed" in plan.verdict

@@ -7,6 +7,7 @@ import analysis_fixtures as fx
 import numpy as np
 import pytest
 
+from rl_batch import artifacts
 from rl_batch.analysis import curves, findings, report, saturation
 from rl_batch.analysis import time_to_target as ttt
 
@@ -64,7 +65,7 @@ def _sweep(tmp_path, ceilings_by_prompts, jitter=(0.0, 0.0, 0.0)):
 
 def test_config_ceiling_intervals_over_seeds_by_hand(tmp_path):
     a = _sweep(tmp_path, {8: 0.6, 16: 0.6, 32: 0.6}, jitter=(-0.01, 0.0, 0.01))
-    k = curves.ConfigKey("grpo", 8, 8, "sqrt")
+    k = artifacts.Configuration("grpo", 8, 8, "sqrt")
     cc = saturation.config_ceiling(k, a.runs_by_key[k], 0.95)
     # A = 0.59, 0.60, 0.61: mean 0.6, sd 0.01, t(2, 0.975) = 4.303 -> 0.6 -+ 0.02484
     half = 4.302653 * 0.01 / math.sqrt(3)

@@ -79,7 +79,7 @@ def test_interp_first_with_repeated_positions():
 
 def test_run_time_to_target_interpolates_n_time_updates(tmp_path):
     run = _hand_run(tmp_path)
-    assert run.key == curves.ConfigKey("grpo", 25, 4, "sqrt") and run.seed == 3
+    assert run.key == artifacts.Configuration("grpo", 25, 4, "sqrt") and run.seed == 3
     rt = ttt.run_time_to_target(run, 0.6)  # Crosses halfway between 200 and 400.
     assert rt.n_star == pytest.approx(300.0)
     assert rt.time_to_target_s == pytest.approx(45.0)
@@ -136,7 +136,7 @@ def test_one_seed_has_no_interval():
 
 
 def _target(name, n, t, b=128, updates=None):
-    key = curves.ConfigKey("grpo", b // 8, 8, "sqrt")
+    key = artifacts.Configuration("grpo", b // 8, 8, "sqrt")
     return ttt.RunTarget(
         name, key, 0, 0.5, n, t, None if n is None else n / t, updates, n or 0.0, t
     )
@@ -209,7 +209,7 @@ def test_linear_sweep_end_to_end(tmp_path):
         {"name": "lin", "algo": "grpo", "target": 0.5, "reference": "ref", "runs": runs},
     )
     a = ttt.analyze_sweep(curves.load_sweep(str(sweep)), n_boot=50)
-    ref, fast, slow = (curves.ConfigKey("grpo", p, 8, "sqrt") for p in (16, 64, 128))
+    ref, fast, slow = (artifacts.Configuration("grpo", p, 8, "sqrt") for p in (16, 64, 128))
     assert a.reference == ref
     assert a.stats[ref].n_star.mean == pytest.approx(500.0)
     assert a.stats[ref].time_to_target_s.mean == pytest.approx(50.0)
@@ -241,7 +241,7 @@ def test_a_configured_reference_without_runs_falls_back_with_a_warning(tmp_path,
     artifacts.write_json_atomic(os.path.join(d, "sweep.json"), raw)
     with caplog.at_level("WARNING"):
         a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=10)
-    assert a.reference == curves.ConfigKey("grpo", 8, 8, "sqrt")  # the smallest sqrt batch
+    assert a.reference == artifacts.Configuration("grpo", 8, 8, "sqrt")  # the smallest sqrt batch
     assert "'P64_G8_sqrt_s0' has no usable run" in caplog.text
 
 
@@ -253,9 +253,9 @@ def test_reference_resolution_and_exclusion(tmp_path):
     artifacts.write_json_atomic(os.path.join(d, "sweep.json"), raw)
     sweep = curves.load_sweep(d)
     a = ttt.analyze_sweep(sweep, n_boot=50)
-    assert a.reference == curves.ConfigKey("grpo", 8, 8, "sqrt")
+    assert a.reference == artifacts.Configuration("grpo", 8, 8, "sqrt")
     assert a.excluded == ((raw["runs"][-1]["name"], "failed"),)
-    p32 = curves.ConfigKey("grpo", 32, 8, "sqrt")
+    p32 = artifacts.Configuration("grpo", 32, 8, "sqrt")
     assert a.stats[p32].n_seeds == 1 and a.stats[p32].reached
     for ref in ("P16_G8_sqrt_s1", "grpo-P16-G8-sqrt", "P=16 G=8 sqrt", "16x8:sqrt"):
         assert ttt.analyze_sweep(sweep, reference=ref, n_boot=10).reference.prompts == 16
@@ -290,7 +290,7 @@ def test_unfinished_seed_keeps_config_incomplete(tmp_path):
 
     d = _unfinished_sweep(tmp_path, reach_before_stop=False)
     a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=50)
-    k = curves.ConfigKey("grpo", 16, 8, "sqrt")
+    k = artifacts.Configuration("grpo", 16, 8, "sqrt")
     s = a.stats[k]
     # Both seeds count; the finished one reached, the running one not yet: no N*, T.
     assert a.excluded == ()
@@ -315,7 +315,7 @@ def test_unfinished_seed_keeps_config_incomplete(tmp_path):
     plan = planner.plan_full(a)
     prow = next(r for r in plan.rows if r.key == k)
     assert prow.note == "incomplete (1/2 seeds reached, 1 still running)"
-    assert plan.recommendation == curves.ConfigKey("grpo", 8, 8, "sqrt")
+    assert plan.recommendation == artifacts.Configuration("grpo", 8, 8, "sqrt")
     table_row = next(
         line for line in planner.format_plan_table(plan).splitlines() if "grpo-P16-G8-sqrt" in line
     )
@@ -326,7 +326,7 @@ def test_unfinished_seed_keeps_config_incomplete(tmp_path):
 def test_running_seed_that_reached_counts(tmp_path):
     d = _unfinished_sweep(tmp_path, reach_before_stop=True)
     a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=50)
-    s = a.stats[curves.ConfigKey("grpo", 16, 8, "sqrt")]
+    s = a.stats[artifacts.Configuration("grpo", 16, 8, "sqrt")]
     assert (s.n_seeds, s.n_reached, s.n_pending) == (2, 2, 0) and s.reached
     # Mean over both seeds of the interpolated crossings (tau = 1980 and 2020).
     expected = np.mean([a.targets[r.name].n_star for r in a.runs_by_key[s.key]])
@@ -345,7 +345,7 @@ def test_finished_seed_that_never_reached_is_not_reached(tmp_path):
     path = os.path.join(d, "runs", fx.run_name(16, 8, "sqrt", 1), artifacts.SUMMARY_FILE)
     artifacts.write_json_atomic(path, {**artifacts.read_json(path), "status": "finished"})
     a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=50)
-    s = a.stats[curves.ConfigKey("grpo", 16, 8, "sqrt")]
+    s = a.stats[artifacts.Configuration("grpo", 16, 8, "sqrt")]
     assert (s.n_seeds, s.n_reached, s.n_pending) == (2, 1, 0)
     assert not s.incomplete and s.n_star is None and s.missing_label == "not reached"
 

@@ -116,13 +116,13 @@ def test_analysis_takes_t_and_q_from_the_calibration(tmp_path):
     assert cal.calibrated and not measured.calibrated
     for name, rt in cal.targets.items():
         before = measured.targets[name]
-        step = steps[rt.key.point_key]
+        step = steps[rt.key.key]
         assert rt.calibrated and rt.n_star == before.n_star
         assert rt.time_to_target_s == pytest.approx(before.updates_to_target * step)
         assert rt.q == pytest.approx(before.n_star / (before.updates_to_target * step))
         assert rt.time_measured_s == before.time_to_target_s and rt.q_measured == before.q
     # Side by side, B = 128 does 128 responses in 0.75 s against 64 in 0.5 s: r_q = 4/3.
-    r = cal.ratios[curves.ConfigKey("grpo", 16, 8, "sqrt")]
+    r = cal.ratios[artifacts.Configuration("grpo", 16, 8, "sqrt")]
     assert r.r_q.mean == pytest.approx(4 / 3, rel=0.02)
     assert ttt.analyze_sweep(curves.load_sweep(d), calibrated=False).targets == measured.targets
 

@@ -85,10 +85,10 @@ def test_job_array_sweep_keeps_the_configured_reference(tmp_path):
     assert entry["key"] == "16x4:sqrt" and isinstance(entry["wall_s"], float)
 
     analysis = time_to_target.analyze_sweep(curves.load_sweep(sweep_dir), n_boot=20)
-    assert analysis.reference.point_key == CONFIGURED
+    assert analysis.reference.key == CONFIGURED
     ratios = analysis.ratios[analysis.reference]
     assert ratios.r_n.mean == pytest.approx(1.0)
-    big = next(k for k in analysis.stats if k.point_key == "16x4:sqrt")
+    big = next(k for k in analysis.stats if k.key == "16x4:sqrt")
     assert analysis.ratios[big].r_n.mean == pytest.approx(1.5, rel=0.05)
 
     # Without the recorded reference the analysis would measure against 4x4 (r_N ~ 1.9):
@@ -98,12 +98,12 @@ def test_job_array_sweep_keeps_the_configured_reference(tmp_path):
         {k: v for k, v in on_disk.items() if k not in ("reference_key", "grid")}
         | {"reference": None},
     )
-    assert _analysis_reference(sweep_dir).point_key == "4x4:sqrt"
+    assert _analysis_reference(sweep_dir).key == "4x4:sqrt"
     # ...and collecting again over such a sweep.json (the old collect wrote it) repairs it.
     again = collect_lib.collect(sweep_dir, log=warnings.append).sweep
     assert (again["reference"], again["reference_key"]) == ("p8_g4_sqrt_s0", CONFIGURED)
     assert again["grid"] == c.sweep.to_dict()
-    assert _analysis_reference(sweep_dir).point_key == CONFIGURED
+    assert _analysis_reference(sweep_dir).key == CONFIGURED
 
 
 def test_collect_from_job_directories_uses_their_sweep_points(tmp_path):
@@ -116,7 +116,7 @@ def test_collect_from_job_directories_uses_their_sweep_points(tmp_path):
         "p8_g4_sqrt_s0",
         CONFIGURED,
     )
-    assert _analysis_reference(merged).point_key == CONFIGURED
+    assert _analysis_reference(merged).key == CONFIGURED
 
 
 def test_explicit_reference_wins_and_is_recorded_consistently(tmp_path):
@@ -131,7 +131,7 @@ def test_explicit_reference_wins_and_is_recorded_consistently(tmp_path):
     assert any(
         "not the reference the jobs were launched with ('p8_g4_sqrt_s0'" in w for w in warnings
     )
-    assert _analysis_reference(sweep_dir).point_key == "16x4:sqrt"
+    assert _analysis_reference(sweep_dir).key == "16x4:sqrt"
     # The choice is kept by a later collect without --reference (with a warning).
     warnings.clear()
     again = collect_lib.collect(sweep_dir, log=warnings.append).sweep
@@ -164,7 +164,7 @@ def test_disagreeing_references_are_refused_naming_the_runs(tmp_path):
     assert "grid" not in chosen
     assert any("different reference configurations" in w for w in warnings)
     assert any("different sweep grids" in w for w in warnings)
-    assert _analysis_reference(sweep_dir).point_key == CONFIGURED
+    assert _analysis_reference(sweep_dir).key == CONFIGURED
 
 
 def test_reference_run_that_never_ran_is_recorded_by_its_configuration(tmp_path):
@@ -178,7 +178,7 @@ def test_reference_run_that_never_ran_is_recorded_by_its_configuration(tmp_path)
     status = {r["name"]: r["status"] for r in result.sweep["runs"]}
     assert status["p8_g4_sqrt_s0"] == "missing"
     # The other seed of 8x4 stands for it (a run name alone would not be found).
-    assert _analysis_reference(sweep_dir).point_key == CONFIGURED
+    assert _analysis_reference(sweep_dir).key == CONFIGURED
 
 
 def test_runs_collected_without_a_sweep_json_keep_the_sweeps_estimator(tmp_path):

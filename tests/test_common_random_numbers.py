@@ -62,7 +62,7 @@ def test_a_prompts_responses_do_not_depend_on_the_batch_shape():
 
 
 def _runs(prompts, group, rule, seeds, keys):
-    key = ttt.ConfigKey("grpo", prompts, group, rule)
+    key = ttt.Configuration("grpo", prompts, group, rule)
     return [
         ttt.RunTarget(f"r{s}", key, s, 0.5, 100.0, 1.0, 100.0, 2.0, 100.0, 1.0, rollout_keys=keys)
         for s in seeds

@@ -30,7 +30,7 @@ def answer(sweep_dir: str) -> dict:
         return None if e is None else e.mean
 
     per_key = {
-        k.point_key: (
+        k.key: (
             mean(a.stats[k].n_star),
             mean(a.stats[k].time_to_target_s),
             mean(a.ratios[k].r_n),
@@ -41,7 +41,7 @@ def answer(sweep_dir: str) -> dict:
     }
     verdicts = [(f.name, f.verdict) for f in findings.study_findings(a, None, TOL)]
     plan = planner.plan_full(a)
-    chosen = sorted(k.point_key for k in plan.candidates)
+    chosen = sorted(k.key for k in plan.candidates)
     return {"keys": per_key, "verdicts": verdicts, "candidates": chosen}
 
 
@@ -283,7 +283,7 @@ def test_an_analysis_without_timing_says_n_star_and_r_n_only(reference):
     importers.import_runs(paths, out, km, TARGET, overrides={"world_size": fx.TRL_WORLD_SIZE})
     a = time_to_target.analyze_sweep(curves.load_sweep(out), None, None)
     assert not a.timed
-    key = next(k for k in a.stats if k.point_key == "16x8:sqrt")
+    key = next(k for k in a.stats if k.key == "16x8:sqrt")
     assert a.stats[key].n_star is not None and a.stats[key].time_to_target_s is None
     assert a.ratios[key].r_n is not None and a.ratios[key].r_t is None
     assert a.ratios[key].time_missing_label == time_to_target.NO_TIMING

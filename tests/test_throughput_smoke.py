@@ -63,7 +63,10 @@ def test_unknown_part_is_rejected():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "experiments.throughput", "--part=nope"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "expected one of ['all', 'engine', 'sampler', 'update']" in proc.stderr
+    assert (
+        proc.returncode != 0
+        and "expected one of ['all', 'engine', 'sampler', 'update']" in proc.stderr
+    )
 
 
 def test_hf_conversion_matches_our_logits():

@@ -34,7 +34,6 @@ from rl_batch.analysis.critical_batch import (
     grad_norm_trend,
 )
 from rl_batch.analysis.curves import (
-    ConfigKey,
     RunData,
     Sweep,
     group_runs,
@@ -72,7 +71,6 @@ __all__ = [
     "NOT_REACHED",
     "THROUGHPUT_FILE",
     "Analysis",
-    "ConfigKey",
     "CriticalTrainingBatch",
     "Estimate",
     "GenerationReport",

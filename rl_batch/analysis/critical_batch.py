@@ -33,19 +33,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rl_batch.analysis.curves import ConfigKey, RunData
+from rl_batch.analysis.curves import RunData
 from rl_batch.analysis.time_to_target import Analysis, Estimate
+from rl_batch.artifacts import Configuration
 
 DEFAULT_TOL = 0.2
 
 
 def family_keys(
-    keys: Sequence[ConfigKey],
+    keys: Sequence[Configuration],
     group_size: int | None = None,
     lr_rule: str = "sqrt",
     algo: str | None = None,
-    reference: ConfigKey | None = None,
-) -> list[ConfigKey]:
+    reference: Configuration | None = None,
+) -> list[Configuration]:
     """Configurations of one family, sorted by batch.
 
     Args:
@@ -101,8 +102,8 @@ class CriticalTrainingBatch:
         its (or the reference's) seeds are still running: it may yet turn out inside.
     """
 
-    family: tuple[ConfigKey, ...]
-    reference: ConfigKey
+    family: tuple[Configuration, ...]
+    reference: Configuration
     tol: float
     r_n: tuple[Estimate | None, ...]
     critical_batch: int
@@ -296,7 +297,7 @@ def grad_norm_trend(
         every = [r for rs in runs.values() for r in rs]
         finished = [r for r in every if analysis.targets[r.name].finished]
         window_responses = min(r.final_responses for r in (finished or every))
-    kept: dict[ConfigKey, list[RunData]] = {}
+    kept: dict[Configuration, list[RunData]] = {}
     left_out: list[str] = []
     for k, rs in runs.items():
         for r in rs:

@@ -9,7 +9,7 @@ axes are shifted so that responses, training time and updates count from the fir
 update (the study's sample axis starts when the actor starts): ``rl_batch.targets.actor_axes``,
 which ``summary.json`` also uses.
 
-Configurations: runs are grouped across seeds by ``ConfigKey = (algo, prompts,
+Configurations: runs are grouped across seeds by ``Configuration = (algo, prompts,
 group_size, lr_rule)``; the training batch is ``prompts * group_size`` responses.
 """
 
@@ -23,44 +23,9 @@ from typing import Any
 import numpy as np
 
 from rl_batch import artifacts, targets
+from rl_batch.artifacts import Configuration
 
 WARMUP_PHASE = artifacts.PHASE_CRITIC_WARMUP
-
-
-@dataclasses.dataclass(frozen=True)
-class ConfigKey:
-    """One configuration of a sweep; its seeds are grouped under it."""
-
-    algo: str
-    prompts: int
-    group_size: int
-    lr_rule: str
-    critic: str = ""  # PPO critic settings off their defaults (artifacts.critic_variant)
-
-    @property
-    def batch(self) -> int:
-        """Training batch in responses, B = P x G."""
-        return self.prompts * self.group_size
-
-    @property
-    def name(self) -> str:
-        """Machine-friendly name, e.g. ``grpo-P128-G8-sqrt`` (accepted by ``--reference``)."""
-        critic = f"-{self.critic}" if self.critic else ""
-        return f"{self.algo}-P{self.prompts}-G{self.group_size}-{self.lr_rule}{critic}"
-
-    @property
-    def point_key(self) -> str:
-        """The sweep grid's spelling, e.g. ``128x8:sqrt`` (accepted by ``--reference``)."""
-        return artifacts.point_key(self.prompts, self.group_size, self.lr_rule, self.critic)
-
-    @property
-    def label(self) -> str:
-        """Short label for figures and tables, e.g. ``P=128 G=8 sqrt``."""
-        critic = f" critic {self.critic}" if self.critic else ""
-        return f"P={self.prompts} G={self.group_size} {self.lr_rule}{critic}"
-
-    def sort_key(self) -> tuple[Any, ...]:
-        return (self.algo, self.batch, self.group_size, self.lr_rule, self.critic)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +55,7 @@ class RunData:
 
     name: str
     run_dir: str
-    key: ConfigKey
+    key: Configuration
     seed: int | None
     status: str
     config: dict[str, Any]
@@ -233,7 +198,7 @@ def load_run(
             f"{run_dir}: cannot tell prompts/group_size (not in sweep.json entry, "
             f"{artifacts.CONFIG_FILE} or the first update line of {artifacts.METRICS_FILE})"
         )
-    key = ConfigKey(
+    key = Configuration(
         algo=str(_first(entry.get("algo"), algo, find_config_value(config, "algo"), "unknown")),
         prompts=int(prompts),
         group_size=int(group),
@@ -530,7 +495,7 @@ def pool_sweeps(sweeps: list[Sweep] | tuple[Sweep, ...]) -> Sweep:
                 f"sweep {sw.sweep_dir}: target, band and crossing {mine} differ from "
                 f"{first.sweep_dir}'s {theirs}; only sweeps of one study pool"
             )
-    seen: set[tuple[ConfigKey, int | None]] = set()
+    seen: set[tuple[Configuration, int | None]] = set()
     runs = []
     for sw in sweeps:
         for run in sw.runs:
@@ -545,12 +510,12 @@ def pool_sweeps(sweeps: list[Sweep] | tuple[Sweep, ...]) -> Sweep:
     )
 
 
-def group_runs(runs: list[RunData] | tuple[RunData, ...]) -> dict[ConfigKey, list[RunData]]:
+def group_runs(runs: list[RunData] | tuple[RunData, ...]) -> dict[Configuration, list[RunData]]:
     """Groups runs by configuration (across seeds), keys in (algo, batch, G, rule) order."""
-    groups: dict[ConfigKey, list[RunData]] = {}
+    groups: dict[Configuration, list[RunData]] = {}
     for r in runs:
         groups.setdefault(r.key, []).append(r)
-    return {k: groups[k] for k in sorted(groups, key=ConfigKey.sort_key)}
+    return {k: groups[k] for k in sorted(groups, key=Configuration.sort_key)}
 
 
 def truncate_run(run: RunData, max_responses: float) -> RunData:

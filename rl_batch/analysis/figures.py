@@ -62,13 +62,13 @@ from rl_batch.analysis import (
     planner,
 )
 from rl_batch.analysis.curves import (
-    ConfigKey,
     RunData,
     load_sweep,
     mean_curve,
     seed_curves,
 )
 from rl_batch.analysis.time_to_target import DEFAULT_N_BOOT, Analysis, analyze_sweep
+from rl_batch.artifacts import Configuration
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def _batch_axis(ax, batches: Sequence[float]) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-def _shift(batch: float, group_size: int, reference: ConfigKey) -> float:
+def _shift(batch: float, group_size: int, reference: Configuration) -> float:
     """x of a point: another group size than the reference's sits a little to the side."""
     if group_size == reference.group_size:
         return float(batch)
@@ -197,7 +197,7 @@ def _plot_seed_tails(ax, xs_ys, x_end: float, color, linestyle) -> None:
             ax.plot(x[i:], y[i:], color=color, linestyle=linestyle, **SEED_STYLE)
 
 
-def _plot_curves(ax, analysis: Analysis, keys: Sequence[ConfigKey], styles: dict) -> None:
+def _plot_curves(ax, analysis: Analysis, keys: Sequence[Configuration], styles: dict) -> None:
     """Seed-mean accuracy against responses where every seed has data, with the seed
     min-max band; past the first seed's last evaluation (a seed that stopped at the
     target), each seed's own curve, faint (no survivors-only mean)."""
@@ -279,8 +279,8 @@ def figure_invariance(analysis: Analysis, tol: float = critical_batch.DEFAULT_TO
     return fig
 
 
-def _group_pairs(analysis: Analysis) -> list[list[ConfigKey]]:
-    by_batch: dict[tuple[str, str, int], list[ConfigKey]] = {}
+def _group_pairs(analysis: Analysis) -> list[list[Configuration]]:
+    by_batch: dict[tuple[str, str, int], list[Configuration]] = {}
     for k in analysis.stats:
         by_batch.setdefault((k.algo, k.lr_rule, k.batch), []).append(k)
     return [
@@ -659,7 +659,7 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
     dashes = {"sqrt": "-", "fixed": "--", "linear": ":", "malladi": "-."}
     for k in keys:
         runs = [r for r in analysis.runs_by_key[k] if r.eval_responses.size]
-        step_s = calibration.get(k.point_key) if calibration else None
+        step_s = calibration.get(k.key) if calibration else None
         seeds = [(eval_times(r, step_s), r.eval_accuracy) for r in runs]
         t_end = min(float(x[-1]) for x, _ in seeds)
         grid = np.linspace(0.0, t_end, 100)
@@ -695,11 +695,11 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
     return fig
 
 
-def _config_colors(keys: Sequence[ConfigKey]) -> dict[ConfigKey, str]:
+def _config_colors(keys: Sequence[Configuration]) -> dict[Configuration, str]:
     """A distinct colour per configuration (tab10, then tab20), in sort order."""
     from matplotlib import colormaps
 
-    ordered = sorted(set(keys), key=ConfigKey.sort_key)
+    ordered = sorted(set(keys), key=Configuration.sort_key)
     cmap = colormaps["tab10" if len(ordered) <= 10 else "tab20"]
     return {k: cmap(i % cmap.N) for i, k in enumerate(ordered)}
 

@@ -48,7 +48,6 @@ import numpy as np
 
 from rl_batch.analysis import critical_batch, intervals, planner
 from rl_batch.analysis.cost_model import GenerationReport
-from rl_batch.analysis.curves import ConfigKey
 from rl_batch.analysis.time_to_target import (
     Analysis,
     Estimate,
@@ -57,6 +56,7 @@ from rl_batch.analysis.time_to_target import (
     matched_pair,
     ratio_estimate,
 )
+from rl_batch.artifacts import Configuration
 
 HOLDS = "holds"
 FAILS = "does not hold"
@@ -83,7 +83,7 @@ class Finding:
     note: str = ""
 
 
-def _family(analysis: Analysis, lr_rule: str = "sqrt") -> list[ConfigKey]:
+def _family(analysis: Analysis, lr_rule: str = "sqrt") -> list[Configuration]:
     return critical_batch.family_keys(
         list(analysis.stats), lr_rule=lr_rule, reference=analysis.reference
     )
@@ -173,12 +173,12 @@ def grad_norm_findings(analysis: Analysis, level: float) -> list[Finding]:
     return out + [Finding(name, paper, measured, verdict, "sign of actor - critic slope")]
 
 
-def _n_stars(analysis: Analysis, key: ConfigKey) -> list[float] | None:
+def _n_stars(analysis: Analysis, key: Configuration) -> list[float] | None:
     s = analysis.stats[key]
     return [r.n_star for r in s.runs] if s.reached else None
 
 
-def _n_star_ratio(analysis: Analysis, num: ConfigKey, den: ConfigKey) -> Estimate:
+def _n_star_ratio(analysis: Analysis, num: Configuration, den: Configuration) -> Estimate:
     """mean N*(num) / mean N*(den) (both reached in every seed) with the analysis' interval
     method; seed by seed when the two form a matched pair (`time_to_target.matched_pair`)."""
     a, b = analysis.stats[num].runs, analysis.stats[den].runs
@@ -244,7 +244,7 @@ def _band_verdict(e: Estimate, tol: float) -> str:
     return UNDECIDED
 
 
-def critic_variants(analysis: Analysis) -> list[ConfigKey]:
+def critic_variants(analysis: Analysis) -> list[Configuration]:
     """PPO configurations that differ from the reference only in the critic's settings
     (batch scale, LR rule), sorted by them."""
     ref = analysis.reference
@@ -295,7 +295,7 @@ def critic_batch_finding(analysis: Analysis, tol: float) -> Finding:
 EV_WINDOW = 5  # updates averaged for the critic's explained variance at the warm-up's end
 
 
-def critic_explained_variance(analysis: Analysis) -> list[tuple[ConfigKey, Estimate, Estimate]]:
+def critic_explained_variance(analysis: Analysis) -> list[tuple[Configuration, Estimate, Estimate]]:
     """PPO: per configuration, the critic's explained variance on fresh batches averaged
     over the last `EV_WINDOW` warm-up updates and over the actor's updates, each a mean
     over seeds with its t interval (``explained_variance`` of the update lines)."""
@@ -430,7 +430,9 @@ def generation_batch_walk(gen: GenerationReport, level: float) -> tuple[float, f
     return min(lo, cap), min(hi, cap)
 
 
-def _slower_than(analysis: Analysis, end: ConfigKey, k: ConfigKey, factor: float) -> bool | None:
+def _slower_than(
+    analysis: Analysis, end: Configuration, k: Configuration, factor: float
+) -> bool | None:
     """Whether ``end`` is decidedly more than ``factor`` times slower than ``k``: T(end) /
     T(k)'s interval lies above ``factor`` (False: below it; None: it spans it or there is
     none). A configuration that finished without reaching is slower by any factor."""
@@ -464,7 +466,7 @@ def u_shape_finding(analysis: Analysis, tol: float) -> Finding:
     best = min(reached, key=lambda k: r_t[k].mean)
     factor = 1.0 + tol
 
-    def bottom(k: ConfigKey) -> bool | None:
+    def bottom(k: Configuration) -> bool | None:
         """Whether both ends are decidedly over ``factor`` x slower than ``k`` (False: an
         end decidedly is not; None: cannot tell)."""
         arms = [_slower_than(analysis, end, k, factor) for end in (fam[0], fam[-1])]

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from rl_batch.analysis.curves import ConfigKey, RunData
+from rl_batch.analysis.curves import RunData
+from rl_batch.artifacts import Configuration
 
 DEFAULT_DECAY = 0.95
 # (|g_b|^2, |g_B|^2, b, B) field names, in order of preference.
@@ -132,7 +133,7 @@ class NoiseScaleSummary:
     """
 
     name: str
-    key: ConfigKey
+    key: Configuration
     source: str
     n_updates: int
     final: float

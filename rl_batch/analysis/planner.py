@@ -45,7 +45,7 @@ import numpy as np
 
 from rl_batch import artifacts
 from rl_batch.analysis import intervals
-from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, truncate_run
+from rl_batch.analysis.curves import RunData, Sweep, truncate_run
 from rl_batch.analysis.time_to_target import (
     DEFAULT_LEVEL,
     DEFAULT_N_BOOT,
@@ -62,6 +62,7 @@ from rl_batch.analysis.time_to_target import (
     ratio_estimates,
     update_crossing,
 )
+from rl_batch.artifacts import Configuration
 
 PILOT_METHODS = ("intermediate", "fit")
 DEFAULT_LEVEL_FRAC = 0.8
@@ -85,7 +86,7 @@ class PlanRow:
         waits for seeds still running (shown "incomplete" rather than "not reached").
     """
 
-    key: ConfigKey
+    key: Configuration
     r_n: Estimate | None
     r_q: Estimate | None
     r_t: Estimate | None
@@ -123,8 +124,8 @@ class PilotComparison:
     window_responses: float
     pilot_cost_s: float
     sweep_cost_s: float
-    pick: ConfigKey | None
-    best: ConfigKey | None
+    pick: Configuration | None
+    best: Configuration | None
     pick_r_t_full: Estimate | None
     best_r_t_full: Estimate | None
 
@@ -163,13 +164,13 @@ class Plan:
 
     mode: str
     target: float
-    reference: ConfigKey
+    reference: Configuration
     rows: tuple[PlanRow, ...]
-    recommendation: ConfigKey | None
+    recommendation: Configuration | None
     pilot: PilotComparison | None = None
     note: str = ""
-    best: ConfigKey | None = None
-    candidates: tuple[ConfigKey, ...] = ()
+    best: Configuration | None = None
+    candidates: tuple[Configuration, ...] = ()
     seeds_to_separate: int | None = None
     edge: str = ""
 
@@ -205,7 +206,7 @@ def _comparable(row: PlanRow) -> Estimate | None:
 
 def verdict(
     ranked: Sequence[PlanRow], level: float = DEFAULT_LEVEL
-) -> tuple[ConfigKey | None, tuple[ConfigKey, ...], int | None]:
+) -> tuple[Configuration | None, tuple[Configuration, ...], int | None]:
     """(best, candidates, seeds to separate) of rows ranked best first.
 
     Candidates are the reached rows whose interval overlaps the best's, or that have
@@ -638,16 +639,16 @@ EDGE_WORDS = {
 }
 
 
-def edge_family(keys: Sequence[ConfigKey], best: ConfigKey) -> list[ConfigKey]:
+def edge_family(keys: Sequence[Configuration], best: Configuration) -> list[Configuration]:
     """The configurations ``best`` is compared with along the batch axis: same algorithm,
     LR rule and critic settings (any (P, G) split of B), sorted by batch."""
     fam = [
         k for k in keys if (k.algo, k.lr_rule, k.critic) == (best.algo, best.lr_rule, best.critic)
     ]
-    return sorted(fam, key=ConfigKey.sort_key)
+    return sorted(fam, key=Configuration.sort_key)
 
 
-def edge_side(keys: Sequence[ConfigKey], best: ConfigKey | None) -> str | None:
+def edge_side(keys: Sequence[Configuration], best: Configuration | None) -> str | None:
     """Whether ``best`` has the smallest (``"smaller"``: no smaller batch was tried), the
     largest (``"larger"``) or the only (``"both"``) batch of its family
     (`edge_family`); ``None`` when it is interior, or there is no best.
@@ -668,7 +669,7 @@ def edge_side(keys: Sequence[ConfigKey], best: ConfigKey | None) -> str | None:
     return None
 
 
-def edge_sentence(keys: Sequence[ConfigKey], best: ConfigKey | None) -> str:
+def edge_sentence(keys: Sequence[Configuration], best: Configuration | None) -> str:
     """One sentence flagging an edge optimum (empty when the best is interior)."""
     side = edge_side(keys, best)
     if side is None:
@@ -694,7 +695,7 @@ class Extension:
 
     points: tuple[str, ...]
     reason: str
-    best: ConfigKey | None = None
+    best: Configuration | None = None
     side: str | None = None
 
     @property
@@ -788,7 +789,7 @@ def next_edge_points(
         else:
             points.append((best.prompts * f, best.group_size))
     keys_out = tuple(
-        ConfigKey(best.algo, p, g, best.lr_rule, best.critic).point_key for p, g in points
+        Configuration(best.algo, p, g, best.lr_rule, best.critic).key for p, g in points
     )
     if not keys_out:
         return Extension((), "; ".join(notes), best, side)

@@ -35,7 +35,7 @@ import numpy as np
 from scipy import optimize
 
 from rl_batch.analysis import critical_batch, intervals
-from rl_batch.analysis.curves import ConfigKey, RunData
+from rl_batch.analysis.curves import RunData
 from rl_batch.analysis.findings import FAILS, HOLDS, NOT_MEASURED, UNDECIDED, Finding
 from rl_batch.analysis.time_to_target import (
     Analysis,
@@ -47,6 +47,7 @@ from rl_batch.analysis.time_to_target import (
     matched_pair,
     ratio_estimate,
 )
+from rl_batch.artifacts import Configuration
 
 F_SCALE = 0.01  # soft-L1 scale: residuals beyond ~0.01 accuracy count linearly, not squared
 MIN_REACH = 0.8  # a fit counts for the ceiling when its data cover this share of the rise
@@ -156,7 +157,7 @@ class ConfigCeiling:
       n_used: seeds whose fit counts.
     """
 
-    key: ConfigKey
+    key: Configuration
     fits: dict[int | None, SigmoidFit | None]
     A: Estimate | None  # noqa: N815
     c_mid: Estimate | None
@@ -176,7 +177,7 @@ def _t_estimate(values: Sequence[float], level: float, log: bool = False) -> Est
     return Estimate(m, lo, hi, len(values))
 
 
-def config_ceiling(key: ConfigKey, runs: Sequence[RunData], level: float) -> ConfigCeiling:
+def config_ceiling(key: Configuration, runs: Sequence[RunData], level: float) -> ConfigCeiling:
     """Fits each seed's curve and summarises the configuration (see the module docstring)."""
     fits = {r.seed: fit_sigmoid(r.eval_responses, r.eval_accuracy) for r in runs}
     fitted = [f for f in fits.values() if f is not None]
@@ -187,7 +188,7 @@ def config_ceiling(key: ConfigKey, runs: Sequence[RunData], level: float) -> Con
     return ConfigCeiling(key, fits, a, mid, reach, len(used))
 
 
-def ceilings(analysis: Analysis) -> dict[ConfigKey, ConfigCeiling]:
+def ceilings(analysis: Analysis) -> dict[Configuration, ConfigCeiling]:
     """Every configuration's fitted ceilings (`config_ceiling`), in the analysis' order."""
     return {k: config_ceiling(k, runs, analysis.level) for k, runs in analysis.runs_by_key.items()}
 
@@ -216,7 +217,7 @@ def ceiling_ratio(analysis: Analysis, cc: ConfigCeiling, ref: ConfigCeiling) -> 
 
 def ceiling_finding(
     analysis: Analysis,
-    found: dict[ConfigKey, ConfigCeiling] | None = None,
+    found: dict[Configuration, ConfigCeiling] | None = None,
     tol: float = DEFAULT_CEILING_TOL,
 ) -> Finding:
     """Whether larger batches change the ceiling A in the sqrt family (module docstring)."""

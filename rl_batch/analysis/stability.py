@@ -26,9 +26,10 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from rl_batch.analysis import planner
-from rl_batch.analysis.curves import ConfigKey, RunData, Sweep
+from rl_batch.analysis.curves import RunData, Sweep
 from rl_batch.analysis.findings import Finding
 from rl_batch.analysis.time_to_target import Analysis, analyze_sweep, run_is_usable
+from rl_batch.artifacts import Configuration
 
 DEFAULT_RESAMPLES = 200  # share's standard error <= 3.5 points
 
@@ -54,7 +55,7 @@ def reanalyze(analysis: Analysis, sweep: Sweep) -> Analysis:
     return analyze_sweep(
         sweep,
         target=analysis.target,
-        reference=analysis.reference.point_key,
+        reference=analysis.reference.key,
         n_boot=analysis.n_boot,
         level=analysis.level,
         seed=analysis.seed,
@@ -96,8 +97,8 @@ class Shares:
     resamples: int
     used: int
     verdicts: dict[str, dict[str, float]]
-    in_set: dict[ConfigKey, float]
-    best: dict[ConfigKey, float]
+    in_set: dict[Configuration, float]
+    best: dict[Configuration, float]
 
 
 def seed_shares(

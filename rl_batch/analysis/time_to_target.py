@@ -47,7 +47,8 @@ import numpy as np
 
 from rl_batch import artifacts, targets
 from rl_batch.analysis import intervals
-from rl_batch.analysis.curves import ConfigKey, RunData, Sweep, group_runs
+from rl_batch.analysis.curves import RunData, Sweep, group_runs
+from rl_batch.artifacts import Configuration
 
 NOT_REACHED = artifacts.NOT_REACHED
 INCOMPLETE = "incomplete"
@@ -82,7 +83,7 @@ class RunTarget:
     """Time-to-target of one run (``None`` fields mean "not reached")."""
 
     name: str
-    key: ConfigKey
+    key: Configuration
     seed: int | None
     target: float
     n_star: float | None
@@ -364,7 +365,7 @@ class ConfigStats:
     over the run so far for seeds that did not reach it).
     """
 
-    key: ConfigKey
+    key: Configuration
     runs: tuple[RunTarget, ...]
     n_star: Estimate | None
     q: Estimate | None
@@ -446,8 +447,8 @@ class Ratios:
     rather than "not reached".
     """
 
-    key: ConfigKey
-    reference: ConfigKey
+    key: Configuration
+    reference: Configuration
     r_n: Estimate | None
     r_q: Estimate | None
     r_t: Estimate | None
@@ -563,7 +564,7 @@ def config_ratios(
 
     n_a, n_r = vals(stats, "n_star", True), vals(ref, "n_star", True)
     q_a, q_r = vals(stats, "q", False), vals(ref, "q", False)
-    timing = step_time_log_ratios(step_rounds, stats.key.point_key, ref.key.point_key)
+    timing = step_time_log_ratios(step_rounds, stats.key.key, ref.key.key)
     r_n, r_q, r_t = ratio_estimates(n_a, q_a, n_r, q_r, n_boot, level, seed, method, timing, paired)
     u_a, u_r = vals(stats, "updates_to_target", True), vals(ref, "updates_to_target", True)
     r_u = None
@@ -606,12 +607,12 @@ class Analysis:
 
     sweep: Sweep
     target: float
-    reference: ConfigKey
-    runs_by_key: dict[ConfigKey, list[RunData]]
+    reference: Configuration
+    runs_by_key: dict[Configuration, list[RunData]]
     excluded: tuple[tuple[str, str], ...]
     targets: dict[str, RunTarget]
-    stats: dict[ConfigKey, ConfigStats]
-    ratios: dict[ConfigKey, Ratios]
+    stats: dict[Configuration, ConfigStats]
+    ratios: dict[Configuration, Ratios]
     n_boot: int = DEFAULT_N_BOOT
     level: float = DEFAULT_LEVEL
     seed: int = DEFAULT_SEED
@@ -627,18 +628,20 @@ class Analysis:
         analysis is then N* and r_N only)."""
         return any(s.q is not None for s in self.stats.values())
 
-    def ratio(self, key: ConfigKey, reference: ConfigKey) -> Ratios:
+    def ratio(self, key: Configuration, reference: Configuration) -> Ratios:
         """Ratios of configuration ``key`` against ``reference`` (any configuration), with
         this analysis' interval settings and calibration rounds."""
         args = (self.n_boot, self.level, self.seed, self.method, self.step_rounds)
         return config_ratios(self.stats[key], self.stats[reference], *args)
 
-    def ratios_against(self, reference: ConfigKey) -> dict[ConfigKey, Ratios]:
+    def ratios_against(self, reference: Configuration) -> dict[Configuration, Ratios]:
         """Ratios of every configuration against another reference."""
         return {k: self.ratio(k, reference) for k in self.stats}
 
 
-def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[ConfigKey]) -> ConfigKey:
+def resolve_reference(
+    reference: str | None, sweep: Sweep, keys: Sequence[Configuration]
+) -> Configuration:
     """Finds the reference configuration.
 
     Args:
@@ -658,7 +661,7 @@ def resolve_reference(reference: str | None, sweep: Sweep, keys: Sequence[Config
         if not candidate:
             continue
         for k in keys:
-            if candidate in (k.name, k.label, k.point_key):
+            if candidate in (k.name, k.label, k.key):
                 return k
         for r in sweep.runs:
             if r.name == candidate and r.key in keys:
@@ -749,14 +752,14 @@ def analyze_sweep(
     if crossing == "sweep":
         crossing = sweep.target_crossing
     step_s = sweep.calibration if calibrated else None
-    if step_s and not all(run.key.point_key in step_s for run in sweep.runs):
+    if step_s and not all(run.key.key in step_s for run in sweep.runs):
         log.warning("sweep %s: calibration.json misses configurations; not used", sweep.sweep_dir)
         step_s = None
     targets, used, excluded = {}, [], list(sweep.excluded)
     for run in sweep.runs:
         ok, why = run_is_usable(run)
         if ok:
-            step = step_s[run.key.point_key] if step_s else None
+            step = step_s[run.key.key] if step_s else None
             targets[run.name] = run_time_to_target(run, target, band_lo, step, crossing)
             used.append(run)
         else:

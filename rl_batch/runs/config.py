@@ -338,14 +338,16 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> RunSpec:
     errors = _length_errors(c, task, model_config, max_prompt_len, max_new_tokens)
     errors += _layout_errors(c, model_config, device_count)
     _raise_if(errors)
-    policy, lr_arithmetic, critic_optimizer, critic_rule = _optimizer_settings(c)
+    batch = c.prompts * c.group_size  # B: derived here once, then read as spec.batch
+    policy, lr_arithmetic, critic_optimizer, critic_rule = _optimizer_settings(c, batch)
     return RunSpec.build(
         c,
+        batch=batch,
         policy=policy,
         lr_arithmetic=lr_arithmetic,
         critic_optimizer=critic_optimizer,
         critic_rule=critic_rule,
-        micro_batches=_micro_batches(c, device_count),
+        micro_batches=_micro_batches(c, batch, device_count),
         max_prompt_len=max_prompt_len,
         max_new_tokens=max_new_tokens,
         model=model_config,
@@ -607,7 +609,7 @@ def _layout_errors(c: ConfigDict, model_config, device_count: int) -> list[str]:
     return errors
 
 
-def _micro_batches(c: ConfigDict, device_count: int) -> int:
+def _micro_batches(c: ConfigDict, batch: int, device_count: int) -> int:
     """The update's micro-batch count (GRPO: from ``grpo.micro_batch_seqs`` when set),
     after checking that the batch splits over the data-parallel shards.
 
@@ -617,7 +619,6 @@ def _micro_batches(c: ConfigDict, device_count: int) -> int:
     errors = _Errors()
     micro_batches = c.ppo.micro_batches if c.algo == "ppo" else c.grpo.micro_batches
     shards = data_axis_size(c, device_count)
-    batch = c.prompts * c.group_size
     errors.check(
         batch % shards == 0,
         f"batch prompts x group_size = {c.prompts} x {c.group_size} = {batch} is not "
@@ -636,7 +637,7 @@ def _micro_batches(c: ConfigDict, device_count: int) -> int:
     return micro_batches
 
 
-def _optimizer_settings(c: ConfigDict):
+def _optimizer_settings(c: ConfigDict, batch: int):
     """The policy's Adam settings from its rule (or the fixed ``lr`` with the Adam settings
     as given), the rule's arithmetic in words, and PPO's critic settings and rule result
     (None, None for GRPO)."""
@@ -644,7 +645,7 @@ def _optimizer_settings(c: ConfigDict):
         hp = lr_rules.scale_hparams(
             rule=c.lr_rule,
             ref_lr=c.lr_ref,
-            batch=c.prompts * c.group_size,
+            batch=batch,
             ref_batch=c.batch_ref,
             b1=c.b1,
             b2=c.b2,
@@ -660,7 +661,7 @@ def _optimizer_settings(c: ConfigDict):
     critic_hp = lr_rules.scale_hparams(
         rule=c.ppo.critic_lr_rule or c.lr_rule,
         ref_lr=c.ppo.critic_lr_ref,
-        batch=c.prompts * c.group_size * c.ppo.critic_batch_scale,
+        batch=batch * c.ppo.critic_batch_scale,
         ref_batch=c.batch_ref,
         b1=c.b1,
         b2=c.b2,

@@ -75,6 +75,7 @@ class RunSpec:
         cls,
         inputs: ConfigDict,
         *,
+        batch: int,
         policy: lr_rules.OptimizerHparams | Adam,
         lr_arithmetic: str,
         critic_optimizer: Adam | None,
@@ -93,7 +94,7 @@ class RunSpec:
                 del inputs[section]
         return cls(
             inputs=FrozenConfigDict(inputs),
-            batch=inputs.prompts * inputs.group_size,
+            batch=batch,
             optimizer=Adam(lr=policy.lr, b1=policy.b1, b2=policy.b2, eps=policy.eps),
             lr_arithmetic=lr_arithmetic,
             critic_optimizer=critic_optimizer,

@@ -59,14 +59,19 @@ class Point:
     critic: str = ""  # PPO critic settings off their defaults (artifacts.critic_variant)
 
     @property
+    def configuration(self) -> artifacts.Configuration:
+        """The configuration this point is a seed of (the algorithm is the sweep's)."""
+        return artifacts.Configuration("", self.prompts, self.group_size, self.lr_rule, self.critic)
+
+    @property
     def key(self) -> str:
-        """The configuration (seed excluded), e.g. ``16x8:sqrt`` or ``64x1:sqrt:k2``."""
-        return artifacts.point_key(self.prompts, self.group_size, self.lr_rule, self.critic)
+        """The configuration's grid key, e.g. ``16x8:sqrt`` or ``64x1:sqrt:k2``."""
+        return self.configuration.key
 
     @property
     def name(self) -> str:
-        critic = f"_{self.critic}" if self.critic else ""
-        return f"p{self.prompts}_g{self.group_size}_{self.lr_rule}{critic}_s{self.seed}"
+        """The run's name, e.g. ``p16_g8_sqrt_s0``."""
+        return self.configuration.run_name(self.seed)
 
 
 def _ints(text: str, field: str) -> list[int]:
