@@ -75,6 +75,8 @@ def main(argv):
     from rl_batch.algorithms import grpo as grpo_lib
     from rl_batch.algorithms import learner
     from rl_batch.models import transformer as model_lib
+    from rl_batch.rollout import sampler as sampler_lib
+    from rl_batch.rollout import sources as rollout_source
     from rl_batch.runs import config as config_lib
     from rl_batch.runs import memory_plan
 
@@ -124,19 +126,34 @@ def main(argv):
     gen_fit, gen_sizes, gen_peaks = 0, [], []
     if not _SKIP_SAMPLER.value:
         gen_sizes = sorted(int(x) for x in _GEN_BATCHES.value)
+        sampling = rollout_source.sampling_config(c)
+        # (continuous: one program, prefill and decode loop; its temp is in the decode column)
+        print(
+            f"\nsampler engine {sampling.engine}"
+            + (f", slots {sampling.slots or 'all'}" if sampling.engine == "continuous" else "")
+            + f", attn_block {sampling.attn_block}"
+        )
         print(
             "\n| gen_batch | KV cache GB | prefill temp GB | decode temp GB | peak GB | compile s |"
         )
         print("|---|---|---|---|---|---|")
         for g in gen_sizes:
             start = time.perf_counter()
-            pre, dec = memory_plan.sampler_memory(mc, batch=g, prompt_len=p, response_len=r)
-            kv = model_lib.kv_cache_bytes(mc, g, p + r)
+            if sampling.engine == "continuous":
+                pre_temp = "-"
+                dec = memory_plan.sampler_call_memory(
+                    mc, sampling, batch=g, prompt_len=p, response_len=r
+                )
+                peak = dec.peak
+            else:
+                pre, dec = memory_plan.sampler_memory(mc, batch=g, prompt_len=p, response_len=r)
+                pre_temp, peak = _gb(pre.temp), max(pre.peak, dec.peak)
+            kv = model_lib.kv_cache_bytes(mc, 1, sampler_lib.kv_cache_slots(sampling, g, p, r))
             # The update's state stays on the device while the sampler runs.
-            peak = max(pre.peak, dec.peak) + opt_b
+            peak += opt_b
             gen_peaks.append(peak)
             print(
-                f"| {g} | {_gb(kv)} | {_gb(pre.temp)} | {_gb(dec.temp)} | {_gb(peak)} | "
+                f"| {g} | {_gb(kv)} | {pre_temp} | {_gb(dec.temp)} | {_gb(peak)} | "
                 f"{time.perf_counter() - start:.0f} |"
             )
         gen_fit, _ = memory_plan.largest_fitting(gen_sizes, gen_peaks, budget)

@@ -309,7 +309,8 @@ def run_sampler(settings: Settings) -> dict:
     print(
         f"model {settings.preset} (V={config.vocab_size}, {config.num_params / 1e6:.2f}M params), "
         f"prompt {p_len}, {new} new tokens, device {device_description()}, "
-        f"sampling data-parallel over {data_devices} device(s)"
+        f"sampling data-parallel over {data_devices} device(s), engine "
+        f"{SAMPLER_PART_SAMPLING.engine} (attn_block {SAMPLER_PART_SAMPLING.attn_block})"
     )
 
     hf_model = None
@@ -366,6 +367,10 @@ def run_sampler(settings: Settings) -> dict:
                 "decode_flops_per_s": batch * (new - 1) / decode_s * decode_flops,
                 "matmul_flops_per_s_nearby": row_peak,
                 "repeats": repeats,
+                # (the engine the sampler ran: the static one, SamplingConfig's default)
+                "engine": stats[0]["engine"],
+                "slots": stats[0]["slots"],
+                "attn_block": SAMPLER_PART_SAMPLING.attn_block,
             }
         )
         line = f"batch {batch}: ours {tokens / time_s:.0f} tok/s ({repeats} runs)"
@@ -421,6 +426,11 @@ def run_sampler(settings: Settings) -> dict:
     }
 
 
+# The engine ``--part=sampler`` times: the static one (a batch sharded over the data
+# devices, which the continuous engine does not do yet); ``--part=engine`` compares them.
+SAMPLER_PART_SAMPLING = sampler_lib.SamplingConfig()
+
+
 def _make_sampler(
     config: model_lib.ModelConfig, prompt_len: int, new_tokens: int, mesh=None
 ) -> sampler_lib.Sampler:
@@ -448,7 +458,7 @@ def _time_sampler(
 
     def call(i: int) -> None:
         key = jax.random.fold_in(jax.random.key(settings.seed), i + 1)
-        out = sampler(params, prompts, rng=key)
+        out = sampler(params, prompts, rng=key, sampling=SAMPLER_PART_SAMPLING)
         assert int(out.lengths.min()) == new_tokens, out.lengths
         if i >= 0:
             stats.append(dict(sampler.last_stats))
@@ -473,12 +483,16 @@ def format_table(generation: list[dict], hf_generation: list[dict], details: lis
     hf = {row["batch"]: row for row in hf_generation}
     nan = float("nan")
     nan_row = {"tokens_per_s": nan, "cpu_s": nan, "threads": 0, "decode_tokens_per_s": nan}
+    engines = dict.fromkeys(
+        f"{d.get('engine', 'static')} (attn_block {d.get('attn_block', 0)})" for d in details
+    )
     lines = [
+        f"sampler engine: {', '.join(engines) or 'static'}",
         f"{'batch':>6} {'ours tok/s':>11} {'1-dev tok/s':>11} {'matmuls tok/s':>13} "
         f"{'HF tok/s':>9} {'thr':>3} {'ratio':>6} "
         f"{'decode tok/s':>12} {'HF decode':>9} {'dec ratio':>9} "
         f"{'ours tok/cpu-s':>14} {'HF tok/cpu-s':>12} {'ratio':>6} "
-        f"{'decode GFLOP/s':>14} {'% matmul':>8}"
+        f"{'decode GFLOP/s':>14} {'% matmul':>8}",
     ]
     for row, detail in zip(generation, details):
         theirs = hf.get(row["batch"], nan_row)

@@ -59,6 +59,37 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     assert record["configs"]["b"]["gen_concurrency"] == 4 * 4
 
 
+def test_the_calibration_records_which_engine_it_timed(monkeypatch):
+    class FakeStepper:
+        def __init__(self, spec, generate_only=False):
+            pass
+
+        def step(self):
+            return calibrate.StepTime(1.0, 0.5, 10)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(calibrate, "_Stepper", FakeStepper)
+    continuous = {"sampling.engine": "continuous", "sampling.slots": 4, "sampling.attn_block": 8}
+    configs = {
+        "a": config_lib.resolve(tiny_run_config("/unused", "/unused", name="a"), 1),
+        "b": config_lib.resolve(tiny_run_config("/unused", "/unused", name="b", **continuous), 1),
+    }
+    record = calibrate.calibrate(configs, rounds=1, steps=1, gen_probe=(32,), log_fn=print)
+    a, b = record["configs"]["a"], record["configs"]["b"]
+    assert (a["engine"], a["slots"], a["attn_block"]) == ("static", 0, 0)
+    assert (b["engine"], b["slots"], b["attn_block"]) == ("continuous", 4, 8)
+    assert record["gen_probe"]["32"]["engine"] == "static"  # (the first configuration's)
+    lines = calibrate.describe(record).splitlines()
+    assert lines[0].endswith("engine static") and lines[1].endswith(
+        "engine continuous 4 slots blk8"
+    )
+    assert lines[2].endswith("engine static")
+    # A record written before the engine was recorded reads as the static engine.
+    assert calibrate.engine_label({}) == "static"
+
+
 def test_generation_probes_join_the_rotation(monkeypatch):
     calls = []
 

@@ -308,3 +308,40 @@ def test_a_run_dir_from_before_a_field_existed_resumes_when_the_field_keeps_its_
     # ... and a math run (validation unshuffled before split_seed) does not either.
     old["task"]["name"] = new["task"]["name"] = "math"
     assert config_lib.resume_diffs(old, new) == ["task.split_seed: None -> 0"]
+
+
+def test_the_rollout_engine_fields_are_checked_before_any_compute():
+    cases = {
+        "sampling.engine": ("paged", "sampling.engine='paged': SamplingConfig.engine must be"),
+        "sampling.slots": (-1, "sampling.slots=-1: SamplingConfig.slots must be an int >= 0"),
+        "sampling.attn_block": (-8, "sampling.attn_block=-8: SamplingConfig.attn_block must"),
+    }
+    for key, (value, message) in cases.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            config_lib.resolve(_config(**{key: value}), 1)
+    with pytest.raises(ValueError, match=r'sampling.engine="continuous" runs on one device'):
+        config_lib.resolve(_config(**{"sampling.engine": "continuous"}), 2)
+    spec = config_lib.resolve(
+        _config(
+            **{"sampling.engine": "continuous", "sampling.slots": 8, "sampling.attn_block": 16}
+        ),
+        1,
+    )
+    saved = spec.to_json()["sampling"]  # config.json records them as configured
+    assert (saved["engine"], saved["slots"], saved["attn_block"]) == ("continuous", 8, 16)
+
+
+def test_a_run_dir_from_before_the_engine_fields_resumes_with_the_static_engine():
+    from rl_batch.rollout import sources
+
+    new = config_lib.resolve(_config(), 1).to_json()
+    old = json.loads(json.dumps(new))
+    for key in ("engine", "slots", "attn_block"):
+        del old["sampling"][key]
+    assert config_lib.resume_diffs(old, new) == []
+    # Its config.json loads and resolves again, and its rollouts use the static engine.
+    for spec in (config_lib.load_spec(old), config_lib.resolve(ConfigDict(old), 1)):
+        sampling = sources.sampling_config(spec.config)
+        assert (sampling.engine, sampling.slots, sampling.attn_block) == ("static", 0, 0)
+    changed = config_lib.resolve(_config(**{"sampling.engine": "continuous"}), 1).to_json()
+    assert config_lib.resume_diffs(old, changed) == ["sampling.engine: 'static' -> 'continuous'"]

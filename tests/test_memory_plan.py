@@ -103,6 +103,7 @@ def test_plan_cli_tables_and_refusal():
     one_point = ["--config.sweep.prompts=8", "--config.sweep.extra_points="]  # 8x8:sqrt
     roomy = _plan_cli("--device_memory=1e12", *one_point)
     assert "| sequences / micro-batch |" in roomy and "| gen_batch |" in roomy
+    assert "sampler engine static, attn_block 0" in roomy
     rows = [line for line in roomy.splitlines() if line.startswith("| 8x8:sqrt")]
     assert len(rows) == 1 and "**no**" not in rows[0]
     tight = _plan_cli("--device_memory=1e5", *one_point)  # params alone are ~4 MB
@@ -144,3 +145,42 @@ def test_study_configs_plan_every_point(name, flags):
     out = _plan_cli(*flags, config=f"experiments/configs/{name}.py")
     rows = [line for line in out.splitlines() if line.startswith("| ") and ":" in line[:20]]
     assert rows and all("**no**" not in row for row in rows), out
+
+
+_ENGINE_SCRIPT = """
+import json
+from rl_batch.models import transformer as model_lib
+from rl_batch.rollout import sampler as sampler_lib
+from rl_batch.runs import memory_plan
+
+mc = model_lib.get_preset("tiny-1m", num_layers=2, vocab_size=64, max_seq_len=1024)
+out = {"slot_bytes": model_lib.kv_cache_bytes(mc, 1, 1)}
+for engine, slots in (("static", 0), ("continuous", 2)):
+    sampling = sampler_lib.SamplingConfig(engine=engine, slots=slots)
+    m = memory_plan.sampler_call_memory(mc, sampling, batch=8, prompt_len=32, response_len=480)
+    out[engine] = {"peak": m.peak, "slots": sampler_lib.kv_cache_slots(sampling, 8, 32, 480)}
+print(json.dumps(out))
+"""
+
+
+def test_the_sampler_plan_follows_the_continuous_engines_cache_layout():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _ENGINE_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    static, cont = out["static"], out["continuous"]
+    # By hand: static B x (P + R) = 8 x 512 slots; continuous N x P + C x (P + R) = 8 x 32
+    # + 2 x 512 (every row's prompt cache, and the 2 decode slots).
+    assert static["slots"] == 4096 and cont["slots"] == 8 * 32 + 2 * 512
+    # The compiled programs hold those caches: each peak covers its cache, and the
+    # continuous program (sample_continuous, not the static prefill + decode) saves at
+    # least half of the 2816 slots' bytes it does not allocate.
+    for m in (static, cont):
+        assert m["peak"] >= m["slots"] * out["slot_bytes"]
+    saved = (static["slots"] - cont["slots"]) * out["slot_bytes"]
+    assert static["peak"] - cont["peak"] >= saved / 2

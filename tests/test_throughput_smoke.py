@@ -41,6 +41,9 @@ def test_sampler_part_runs_and_writes_json(tmp_path):
     assert "HF parity" in proc.stdout and "% matmul" in proc.stdout
     assert "data-parallel over 2 device(s)" in proc.stdout and "1-dev tok/s" in proc.stdout
     assert "matmuls tok/s" in proc.stdout and "dec ratio" in proc.stdout
+    # The table says which engine it timed.
+    assert "engine static (attn_block 0)" in proc.stdout
+    assert "sampler engine: static (attn_block 0)" in proc.stdout
     result = json.loads(out.read_text())
     assert result["update"] == [{"batch": 2}]
     assert result["device"].startswith("cpu")
@@ -57,6 +60,10 @@ def test_sampler_part_runs_and_writes_json(tmp_path):
         assert 0 < row["decode_s"] and 0 < row["fraction_of_matmul_peak"]
         assert row["data_devices"] == 2 and row["single_device_time_s"] > 0
         assert 0 < row["matmul_floor_s"]
+        # (static: every row of the batch bucket decodes at once: 1 -> 2 rows on 2
+        # devices, 3 -> 4)
+        assert (row["engine"], row["attn_block"]) == ("static", 0)
+        assert row["slots"] == {1: 2, 3: 4}[row["batch"]]
 
 
 def test_unknown_part_is_rejected():

@@ -169,6 +169,14 @@ def run_config() -> ConfigDict:
     # tokens; the rest is padding): --config.sampling.stop_strings='</answer>' for one,
     # --config.sampling.stop_strings="('</answer>', 'Question:')" for several.
     c.sampling.stop_strings = ()
+    # Rollout engine (docs/rollout_engine.md; the same tokens either way): "static" decodes
+    # a generation chunk's rows together until the longest ends; "continuous" decodes
+    # ``slots`` rows at a time (0 = the chunk) and refills a slot when its row ends.
+    c.sampling.engine = "static"
+    c.sampling.slots = 0
+    # Decode attention reads the filled cache in blocks of this many slots (either
+    # engine); 0 = the einsum reference over all prompt + response slots.
+    c.sampling.attn_block = 0
     c.max_new_tokens = 0  # 0 = the task's max response length + EOS
     # Sequences generated concurrently; 0 = the whole batch at once. Independent of the
     # training batch (the rollout is generated in chunks): sweep it by running the batch

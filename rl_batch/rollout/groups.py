@@ -16,7 +16,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from rl_batch.rollout.sampler import SampleOutput, Sampler, SamplingConfig, is_row_keys
+from rl_batch.rollout.sampler import (
+    SampleOutput,
+    Sampler,
+    SamplingConfig,
+    decode_slots,
+    is_row_keys,
+    kv_cache_slots,
+)
 from rl_batch.tasks.rewards import (
     greedy_accuracy,
     mean_at_k,
@@ -188,7 +195,12 @@ def kv_cache_bytes(config: Any, rows: int, seq_len: int, dtype: str | None = Non
 
 
 def check_kv_memory(
-    sampler: Sampler, num_sequences: int, gen_batch: int, max_kv_bytes: int, what: str
+    sampler: Sampler,
+    num_sequences: int,
+    gen_batch: int,
+    max_kv_bytes: int,
+    what: str,
+    sampling: SamplingConfig = SamplingConfig(),
 ) -> int:
     """Raises ValueError when one generation chunk's KV cache exceeds ``max_kv_bytes``.
 
@@ -198,18 +210,27 @@ def check_kv_memory(
       gen_batch: chunk size (0 = all at once).
       max_kv_bytes: the bound; 0 skips the check.
       what: names the rollout in the error (e.g. "training rollout").
+      sampling: the engine sets the cache layout (``sampler.kv_cache_slots``: static
+        rows x (P + R) slots, continuous rows x P + slots x (P + R)).
 
     Returns:
       The KV-cache bytes of the largest chunk.
     """
     chunk = min(gen_batch, num_sequences) if gen_batch > 0 else num_sequences
     b, p, r = sampler.buckets(chunk, sampler.max_prompt_len, sampler.max_new_tokens)
-    need = kv_cache_bytes(sampler.config, b, p + r, sampler.cache_dtype)
+    slots = kv_cache_slots(sampling, b, p, r)
+    need = kv_cache_bytes(sampler.config, 1, slots, sampler.cache_dtype)
     if max_kv_bytes > 0 and need > max_kv_bytes:
+        layout = f"{b} bucketed rows x {p + r} slots"
+        if sampling.engine == "continuous":
+            c = decode_slots(sampling, b)
+            layout = f"{b} rows x {p} prompt slots + {c} decode slots x {p + r}"
         raise ValueError(
-            f"{what}: a generation chunk of {chunk} sequences ({b} bucketed rows x {p + r} "
-            f"slots) needs {need} KV-cache bytes > max_kv_bytes={max_kv_bytes}; lower "
-            f"gen_batch={gen_batch} (0 = the whole batch) or raise max_kv_bytes"
+            f"{what}: a generation chunk of {chunk} sequences ({layout}) needs {need} "
+            f"KV-cache bytes > max_kv_bytes={max_kv_bytes}; lower gen_batch={gen_batch} "
+            "(0 = the whole batch)"
+            + (" or sampling.slots" if sampling.engine == "continuous" else "")
+            + " or raise max_kv_bytes"
         )
     return need
 
@@ -423,7 +444,7 @@ def evaluate(
             examples,
             1,
             rng=rng,
-            sampling=SamplingConfig(greedy=True),
+            sampling=dataclasses.replace(sampling, greedy=True),  # (the same engine)
             gen_batch=gen_batch,
             stop_strings=stop_strings,
         )

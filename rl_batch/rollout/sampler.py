@@ -212,8 +212,9 @@ class SamplingConfig:
         ``"continuous"``: ``slots`` rows decode at a time and a finished row's slot is
         refilled with the next waiting row (``sample_continuous``). Both give the same
         tokens and log-probs per row key.
-      slots: decode slots of the continuous engine (>= 1; more than the call's batch
-        bucket is clipped to it); 0 with the static engine.
+      slots: decode slots of the continuous engine (more than the call's batch bucket is
+        clipped to it; 0: the call's batch bucket, every row starts at once); unused by
+        the static engine.
       attn_block: decode attention reads only the filled cache slots, in blocks of this
         many slots (flash-decoding; ``model.forward_with_cache``'s ``kv_block``); 0 reads
         all P + R slots with the einsum reference.
@@ -238,8 +239,6 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.engine must be one of {ENGINES}, got {self.engine!r}")
         if not (isinstance(self.slots, int) and self.slots >= 0):
             raise ValueError(f"SamplingConfig.slots must be an int >= 0, got {self.slots!r}")
-        if self.engine == "continuous" and self.slots < 1:
-            raise ValueError("SamplingConfig.slots must be >= 1 with engine='continuous'")
         if not (isinstance(self.attn_block, int) and self.attn_block >= 0):
             raise ValueError(
                 f"SamplingConfig.attn_block must be an int >= 0, got {self.attn_block!r}"
@@ -840,7 +839,7 @@ def sample_continuous(
       rng: PRNG key or [N] row keys.
       max_new_tokens: token limit (traced), [] or [N] one per row; clipped to
         ``response_len``.
-      slots: decode slots C (static, clipped to N).
+      slots: decode slots C (static, clipped to N; 0: N).
       response_len, eos_id, pad_id, sampling, cache_dtype: as ``prefill``.
 
     Returns:
@@ -850,7 +849,7 @@ def sample_continuous(
     """
     n, p = prompt_tokens_np.shape
     r = response_len
-    c = max(1, min(int(slots), n))
+    c = min(int(slots), n) if slots > 0 else n
     first = _prefill_state(
         config,
         params,
@@ -1223,7 +1222,7 @@ class Sampler:
             mask_bp,
             rng,
             limit,
-            slots=min(sampling.slots, tokens_bp.shape[0]),
+            slots=decode_slots(sampling, tokens_bp.shape[0]),
             response_len=r,
             eos_id=self.eos_ids,
             pad_id=self.pad_id,
@@ -1243,7 +1242,7 @@ class Sampler:
             "prompt_bucket": p,
             "response_bucket": r,
             "engine": "continuous",
-            "slots": min(sampling.slots, b),
+            "slots": decode_slots(sampling, b),
             "slot_steps": int(stats["slot_steps"]),
             "decode_tokens": int(out.response_mask[:n].sum()) - real,
             "slots_read": float(stats["slots_read"]),
@@ -1256,6 +1255,25 @@ class Sampler:
             response_logprobs=out.response_logprobs[:n],
             lengths=out.lengths[:n],
         )
+
+
+def decode_slots(sampling: SamplingConfig, rows: int) -> int:
+    """Rows that decode at once in a call of ``rows`` (bucketed) rows: all of them with the
+    static engine; ``sampling.slots`` clipped to ``rows`` (0: all) with the continuous."""
+    if sampling.engine == "continuous" and sampling.slots > 0:
+        return min(sampling.slots, rows)
+    return rows
+
+
+def kv_cache_slots(sampling: SamplingConfig, rows: int, prompt_len: int, response_len: int):
+    """Cache slots (one K and one V vector per layer and KV head each) that a call of
+    ``rows`` bucketed rows holds: static, the [B, K, P + R, H] decode cache (B x (P + R));
+    continuous, every row's prompt cache [N, K, P, H] plus the [C, K, P + R, H] slot cache
+    (N x P + C x (P + R), C = ``decode_slots``)."""
+    s = prompt_len + response_len
+    if sampling.engine != "continuous":
+        return rows * s
+    return rows * prompt_len + decode_slots(sampling, rows) * s
 
 
 def static_slots_read(batch: int, prompt_len: int, response_len: int, steps: int, block: int):

@@ -90,9 +90,16 @@ def _done(ro: rollout_lib.Rollout) -> concurrent.futures.Future:
 
 
 def sampling_config(c: ConfigDict) -> SamplingConfig:
-    """The run's sampling method (training rollouts and validation)."""
+    """The run's sampling method and rollout engine (training rollouts, partial rollout and
+    validation); a config written before the engine fields existed gets the static engine."""
+    s = c.sampling
     return SamplingConfig(
-        temperature=c.sampling.temperature, top_k=c.sampling.top_k, top_p=c.sampling.top_p
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        engine=s.get("engine", "static"),
+        slots=s.get("slots", 0),
+        attn_block=s.get("attn_block", 0),
     )
 
 

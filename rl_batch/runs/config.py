@@ -39,6 +39,10 @@ SYNTHETIC_TASKS = ("addition", "arithmetic_mix", "multiplication", "countdown")
 # fields but ``temperature``, which comes from ``sampling``).
 GRPO_FIELDS = grpo.GRPOConfig.config_fields()
 
+# The ``SamplingConfig`` fields a run config's ``sampling`` section sets (``greedy`` is
+# validation's own; ``stop_strings`` is host-side, not the sampler's).
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "engine", "slots", "attn_block")
+
 # The ``ppo.PPOConfig`` field behind each key of a PPO run's ``ppo`` section (``value_clip``
 # 0 = off is None there, ``temperature`` comes from ``sampling``).
 PPO_FIELDS = (
@@ -222,8 +226,8 @@ def _check_run_fields(c: ConfigDict, check) -> None:
     errors = _dataclass_errors(
         SamplingConfig,
         {
-            f"sampling.{name}": (name, c.sampling[name])
-            for name in ("temperature", "top_k", "top_p")
+            f"sampling.{name}": (name, c.sampling.get(name, ADDED_FIELDS.get(f"sampling.{name}")))
+            for name in SAMPLING_FIELDS
         },
     )
     if c.algo == "grpo":
@@ -594,6 +598,17 @@ def _layout_errors(c: ConfigDict, model_config, device_count: int) -> list[str]:
         )
     else:
         check(_is_int(expert) and expert >= 1, f"mesh.expert={expert!r}: must be a positive int")
+    if c.sampling.get("engine", "static") == "continuous":
+        check(
+            device_count == 1,
+            f'sampling.engine="continuous" runs on one device (the continuous engine does not '
+            f'shard over a mesh yet; {device_count} devices): use sampling.engine="static"',
+        )
+        check(
+            not records_routing(c, model_config),
+            'sampling.engine="continuous" does not record MoE routing (grpo.record_routing / '
+            'grpo.routing_replay): use sampling.engine="static"',
+        )
     grpo = c.get("grpo") or {}
     if grpo.get("record_routing", False) or grpo.get("routing_replay", False):
         check(
@@ -717,6 +732,9 @@ ADDED_FIELDS: dict[str, Any] = {
     "task.eval_fraction": 0.0,
     "task.split_seed": lambda old: 0 if old["task"].get("name") in SYNTHETIC_TASKS else None,
     "sampling.stop_strings": [],
+    "sampling.engine": "static",
+    "sampling.slots": 0,
+    "sampling.attn_block": 0,
 }
 
 

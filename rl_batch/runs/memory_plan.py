@@ -27,6 +27,7 @@ from rl_batch.algorithms import learner
 from rl_batch.models import sharding
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import sampler as sampler_lib
+from rl_batch.rollout import sources as rollout_source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +172,55 @@ def sampler_memory(
     return pre, dec
 
 
+def continuous_program(
+    model_config: model_lib.ModelConfig,
+    sampling: sampler_lib.SamplingConfig,
+    *,
+    batch: int,
+    prompt_len: int,
+    response_len: int,
+) -> tuple[Any, tuple[Any, ...]]:
+    """The continuous engine's one jitted program (``sampler.sample_continuous``: prefill
+    and the decode loop) for ``batch`` rows through ``sampling.slots`` slots, with its
+    abstract arguments, as ``Sampler`` runs it (nothing donated)."""
+    params = model_lib.abstract_params(model_config)
+    tokens = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
+    mask = jax.ShapeDtypeStruct((batch, prompt_len), jnp.bool_)
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    new = jax.ShapeDtypeStruct((), jnp.int32)
+    program = jax.jit(
+        functools.partial(
+            sampler_lib.sample_continuous,
+            model_config,
+            slots=sampler_lib.decode_slots(sampling, batch),
+            response_len=response_len,
+            eos_id=0,
+            pad_id=0,
+            sampling=sampling,
+        )
+    )
+    return program, (params, tokens, mask, rng, new)
+
+
+def sampler_call_memory(
+    model_config: model_lib.ModelConfig,
+    sampling: sampler_lib.SamplingConfig,
+    *,
+    batch: int,
+    prompt_len: int,
+    response_len: int,
+) -> Compiled:
+    """The compiled memory of one sampler call of ``batch`` rows (gen_batch) with
+    ``sampling``'s engine: static, the larger-peak of prefill and the decode loop
+    (``sampler_memory``); continuous, its one program (``continuous_program``)."""
+    shapes = dict(batch=batch, prompt_len=prompt_len, response_len=response_len)
+    if sampling.engine == "continuous":
+        fn, args = continuous_program(model_config, sampling, **shapes)
+        return Compiled.of(fn.lower(*args).compile())
+    pre, dec = sampler_memory(model_config, **shapes)
+    return max(pre, dec, key=lambda m: m.peak)
+
+
 # Peaks that grow less than this fraction between the two largest compiled sizes are
 # flat: params-sized buffers (gradients, accumulator, optimizer update) set the peak
 # there, so a line through them says nothing about larger sizes (qwen3-4b at 512 + 2048
@@ -230,14 +280,16 @@ def check_run_specs(specs: dict[str, Any], device_memory: float) -> list[str]:
             cache[key] = update_memory(
                 mc, grpo, optimizer, batch=seqs * min(m, 2), prompt_len=p, response_len=r
             ).peak
-        key_s = ("sampler", mc, gen, p, r)
+        sampling = rollout_source.sampling_config(c)
+        key_s = ("sampler", mc, gen, p, r, sampling)
         if key_s not in cache:
-            pre, dec = sampler_memory(mc, batch=gen, prompt_len=p, response_len=r)
+            m_s = sampler_call_memory(mc, sampling, batch=gen, prompt_len=p, response_len=r)
             opt = tree_bytes(abstract_train_state(mc, optimizer).opt_state)
-            cache[key_s] = max(pre.peak, dec.peak) + opt
+            cache[key_s] = m_s.peak + opt
+        slots_hint = " or sampling.slots" if sampling.engine == "continuous" else ""
         for what, peak, hint in (
             ("update", cache[key], f"{seqs} sequences per micro-batch: raise grpo.micro_batches"),
-            ("sampler", cache[key_s], f"gen_batch {gen}: lower gen_batch"),
+            ("sampler", cache[key_s], f"gen_batch {gen}: lower gen_batch{slots_hint}"),
         ):
             if peak > device_memory:
                 errors.append(

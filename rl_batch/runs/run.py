@@ -601,7 +601,8 @@ def _set_up(spec: RunSpec, resume: bool) -> _Setup:
         ("training rollout", spec.batch),
         ("validation", len(evaluator.examples) * c.eval_k),
     ):
-        rollout_lib.check_kv_memory(sampler, n, c.gen_batch, c.get("max_kv_bytes", 0), what)
+        max_kv = c.get("max_kv_bytes", 0)
+        rollout_lib.check_kv_memory(sampler, n, c.gen_batch, max_kv, what, source.sampling)
     tracker = None
     if is_writer:  # (process 0 writes the files and feeds the dashboards)
         info = tracking.RunInfo(

@@ -23,8 +23,16 @@ one it replaces moves to ``<sweep>/calibrations/``; report.md names the one it u
                              "step_s_median": float, "run": run name used,
                              "generate_s": [R per-visit mean seconds generating],
                              "gen_tokens_per_s": [R per-visit generated tokens/s],
-                             "gen_concurrency": sequences decoded together}},
-     "gen_probe": {"C": {"gen_concurrency": C, "generate_s": [R], "gen_tokens_per_s": [R]}}}
+                             "gen_concurrency": sequences decoded together,
+                             "engine": "static" | "continuous", "slots": int,
+                             "attn_block": int}},
+     "gen_probe": {"C": {"gen_concurrency": C, "generate_s": [R], "gen_tokens_per_s": [R],
+                         "engine": ..., "slots": ..., "attn_block": ...}}}
+
+``engine``, ``slots`` and ``attn_block`` are the rollout engine the configuration's run
+config selects (``sampling.*``, ``rl_batch.rollout.sources.sampling_config``; slots 0 = the
+generation chunk): the generation time was measured with it. Records written before
+they existed have none (the static engine).
 
 ``gen_probe`` (optional, ``sweep.calibrate_gen_probe``) times generation alone at
 concurrencies past the grid's (the first configuration's rollout with ``C / G`` prompts),
@@ -187,7 +195,12 @@ def calibrate(
         "written_at": provenance.now(),
         "configs": {k: _config_record(configs[k], visits[k]) for k in configs},
         **(
-            {"gen_probe": {str(c): _probe_record(visits[f"gen@{c}"], int(c)) for c in gen_probe}}
+            {
+                "gen_probe": {
+                    str(c): _probe_record(visits[f"gen@{c}"], probes[f"gen@{c}"], int(c))
+                    for c in gen_probe
+                }
+            }
             if gen_probe
             else {}
         ),  # fmt: skip
@@ -196,6 +209,13 @@ def calibrate(
 
 def _gen_tokens_per_s(visits: list[list[StepTime]]) -> list[float]:
     return [sum(t.gen_tokens for t in v) / max(sum(t.generate_s for t in v), 1e-12) for v in visits]
+
+
+def engine_record(c: ConfigDict) -> dict[str, Any]:
+    """The rollout engine a run config selects, as ``calibration.json`` records it:
+    ``{"engine", "slots", "attn_block"}`` (``sources.sampling_config``)."""
+    sampling = rollout_source.sampling_config(c)
+    return {"engine": sampling.engine, "slots": sampling.slots, "attn_block": sampling.attn_block}
 
 
 def _config_record(spec: RunSpec, visits: list[list[StepTime]]) -> dict[str, Any]:
@@ -211,16 +231,30 @@ def _config_record(spec: RunSpec, visits: list[list[StepTime]]) -> dict[str, Any
         "generate_s": generate_s,
         "gen_tokens_per_s": _gen_tokens_per_s(visits),
         "gen_concurrency": gen_concurrency(c),
+        **engine_record(c),
     }
 
 
-def _probe_record(visits: list[list[StepTime]], concurrency: int) -> dict[str, Any]:
+def _probe_record(visits: list[list[StepTime]], spec: RunSpec, concurrency: int) -> dict[str, Any]:
     """One generation probe's entry of ``calibration.json``."""
     return {
         "gen_concurrency": concurrency,
         "generate_s": [float(np.mean([t.generate_s for t in v])) for v in visits],
         "gen_tokens_per_s": _gen_tokens_per_s(visits),
+        **engine_record(spec.inputs),
     }
+
+
+def engine_label(record: dict[str, Any]) -> str:
+    """An entry's engine in words: ``static``, ``continuous 16 slots`` (0: ``all slots``),
+    with ``blk<K>`` for blocked decode attention; ``static`` for a record without one."""
+    engine = record.get("engine", "static")
+    label = engine
+    if engine == "continuous":
+        label += f" {record.get('slots') or 'all'} slots"
+    if record.get("attn_block"):
+        label += f" blk{record['attn_block']}"
+    return label
 
 
 def sweep_configs(sweep_dir: str) -> dict[str, RunSpec]:
@@ -273,9 +307,14 @@ def describe(record: dict[str, Any]) -> str:
     lines = []
     for key, v in record["configs"].items():
         spread = ", ".join(f"{s:.3f}" for s in v["step_s"])
-        lines.append(f"{key:>12}  B={v['batch']:<5d} step {v['step_s_median']:.3f} s  [{spread}]")
+        lines.append(
+            f"{key:>12}  B={v['batch']:<5d} step {v['step_s_median']:.3f} s  [{spread}]  "
+            f"engine {engine_label(v)}"
+        )
     for c, v in record.get("gen_probe", {}).items():
         spread = ", ".join(f"{x:.0f}" for x in v["gen_tokens_per_s"])
-        lines.append(f"{'gen@' + c:>12}  generation alone, tokens/s [{spread}]")
+        lines.append(
+            f"{'gen@' + c:>12}  generation alone, tokens/s [{spread}]  engine {engine_label(v)}"
+        )
     lines.append(f"load {record['load_start']} -> {record['load_end']}, {record['wall_s']:.0f} s")
     return "\n".join(lines)
