@@ -136,6 +136,11 @@ def run_config() -> ConfigDict:
     # moe_routing_disagreement); routing_replay also routes the update by that record.
     c.grpo.record_routing = False
     c.grpo.routing_replay = False
+    # True: order each update's micro-batches as half-group pairs and log the gradient
+    # noise split into inter-prompt and intra-prompt terms (docs/noise_scale.md). Needs an
+    # even micro-batch count >= 4 (derived.micro_batches), an even group_size, prompts
+    # divisible by micro-batches / 2 and one update per batch.
+    c.grpo.group_noise = False
 
     # PPO (algo="ppo"): a critic as large as the policy, trained alone for the first
     # warmup_updates rollout batches (the sample axis starts when the actor starts).
