@@ -661,6 +661,7 @@ def _optimizer_settings(c: ConfigDict):
             b1=c.b1,
             b2=c.b2,
             eps=c.eps,
+            noise_scale=c.get("lr_rule_noise_scale", 0.0),
         )
     except ValueError as e:
         raise ValueError(f"invalid config: lr_rule={c.lr_rule!r}: {e}") from e
@@ -677,6 +678,7 @@ def _optimizer_settings(c: ConfigDict):
         b1=c.b1,
         b2=c.b2,
         eps=c.eps,
+        noise_scale=c.get("lr_rule_noise_scale", 0.0),
     )
     critic_lr = critic_hp.lr if c.ppo.critic_lr is None else c.ppo.critic_lr
     critic = Adam(lr=critic_lr, b1=critic_hp.b1, b2=critic_hp.b2, eps=critic_hp.eps)
