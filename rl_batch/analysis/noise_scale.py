@@ -37,7 +37,8 @@ independent across prompts, exchangeable within one. A set of b responses holdin
 
 (whole groups: ``sum_p n_p^2 / b^2 = G / b``; the same share of every prompt: ``1 / P``,
 which is why micro-batches that cut every group alike, the default strided ones with G
-divisible by M, see ``tr(Sigma_intra)`` alone). With ``grpo.group_noise`` the learner
+divisible by M, give B_simple the trace ``tr(Sigma_intra)`` alone and a ``|G|^2`` that
+carries ``tr(Sigma_inter) / P``). With ``grpo.group_noise`` the learner
 splits the batch into M / 2 pairs of micro-batches (``learner.group_pair_order``): the
 two micro-batches of a pair hold the two halves of the same ``n`` whole groups, b = n G
 / 2 responses each, and pairs share no prompt. Three measurements then have::
@@ -52,8 +53,9 @@ and ``B_intra = tr(Sigma_intra) / |G|^2``, in responses. A batch of P prompts x 
 responses has ``E|g_B|^2 = |G|^2 + (G B_inter + B_intra) |G|^2 / B``: at a fixed G its
 noise scale is ``G B_inter + B_intra``, and raising P lowers both terms while raising G
 lowers the intra-prompt term only. ``B_simple`` from the same half-group micro-batches
-counts ``tr(Sigma_intra) + tr(Sigma_inter) G (M - 2) / (2 (M - 1))`` as its trace, a
-layout-dependent mixture (docs/noise_scale.md).
+counts ``tr(Sigma_intra) + tr(Sigma_inter) G (M - 2) / (2 (M - 1))`` as its trace (and
+``|G|^2 + tr(Sigma_inter) G / (2 (B - b))`` as its ``|G|^2``), a layout-dependent
+mixture (docs/noise_scale.md).
 
 Fields (``GROUP_FIELDS``): ``grad_sq_micro``, ``grad_dot_pair``, ``grad_sq_full``,
 ``gns_batch_micro`` (b), ``gns_prompts_pair`` (n), ``gns_batch_full`` (B),
