@@ -109,3 +109,39 @@ def test_run_noise_scale_from_per_update_field(tmp_path):
     s = ns.run_noise_scale(curves.load_run(str(run_dir)))
     assert s.source == "noise_scale" and s.final == 40.0
     assert s.median_second_half == pytest.approx(30.0) and s.pooled is None
+
+
+def test_group_split_in_the_summary_and_the_report(tmp_path):
+    """Update lines with the group split's fields (values of the hand-worked case in
+    tests/test_group_noise.py: |G|^2 = 2, traces 40 and 96): B_inter = 20, B_intra = 48."""
+    import json
+    import types
+
+    from rl_batch.analysis import report
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    fields = dict(zip(ns.GROUP_FIELDS, (10.0, 7.0, 5.25, 32.0, 8.0, 128.0, 16.0)))
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for i in range(6):
+            rec = {"kind": "update", "step": i, "responses_cum": 128 * (i + 1)}
+            rec.update(time_train_cum_s=i + 1.0, prompts=16, group_size=8, **fields)
+            f.write(json.dumps(rec) + "\n")
+    run = curves.load_run(str(run_dir))
+    s = ns.run_noise_scale(run)
+    assert (s.inter, s.intra) == (pytest.approx(20.0), pytest.approx(48.0))
+    assert (s.inter_final, s.intra_final) == (pytest.approx(20.0), pytest.approx(48.0))
+    # B_simple from the same half-group micro-batches: trace 96 + 40 * 8 * 2 / 6 over
+    # |G|^2 = (128 * 5.25 - 32 * 10) / 96.
+    assert s.pooled == pytest.approx((96 + 40 * 8 * 2 / 6) / ((128 * 5.25 - 32 * 10) / 96))
+    analysis = types.SimpleNamespace(runs_by_key={run.key: [run]})
+    text = "\n".join(report._noise_section(analysis))
+    assert "B_inter, pooled | B_intra, pooled" in text and "| 20 | 48 |" in text
+    # Without the split's fields: no split, and the columns say so.
+    for k in ("grad_dot_pair", "gns_prompts_pair"):
+        fields.pop(k)
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        rec = {"kind": "update", "step": 0, "responses_cum": 128, "time_train_cum_s": 1.0}
+        f.write(json.dumps({**rec, "prompts": 16, "group_size": 8, **fields}) + "\n")
+    s = ns.run_noise_scale(curves.load_run(str(run_dir)))
+    assert s.inter is None and s.intra is None

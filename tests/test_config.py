@@ -41,6 +41,30 @@ def test_explicit_lr_overrides_the_rule():
     assert (c.optimizer.b1, c.optimizer.b2, c.optimizer.eps) == (0.9, 0.999, 1e-8)
 
 
+def test_surge_rule_needs_and_uses_the_noise_scale():
+    # B = 32 x 8 = 256, B_ref = 64, B_noise = 256: lr = 1e-4 * f(64) / f(256) = 1e-4 * 2.5 / 2.
+    changes = dict(prompts=32, group_size=8, lr_ref=1e-4, batch_ref=64, lr_rule="surge")
+    c = config_lib.resolve(_config(lr_rule_noise_scale=256.0, **changes), 1)
+    assert math.isclose(c.optimizer.lr, 1.25e-4)
+    assert "B_noise = 256" in c.lr_arithmetic
+    with pytest.raises(ValueError, match=r"^invalid config: lr_rule='surge': .*B_noise > 0") as e:
+        config_lib.resolve(_config(**changes), 1)
+    assert "\n" not in str(e.value)
+
+
+def test_group_noise_is_checked_against_the_derived_micro_batches():
+    ok = config_lib.resolve(
+        _config(prompts=16, group_size=8, **{"grpo.micro_batches": 4, "grpo.group_noise": True}), 1
+    )
+    assert ok.algorithm.group_noise and ok.algorithm.group_size == 8
+    with pytest.raises(ValueError, match=r"grpo.group_noise=True: .*micro_batches >= 4"):
+        config_lib.resolve(_config(**{"grpo.micro_batches": 2, "grpo.group_noise": True}), 1)
+    with pytest.raises(ValueError, match=r"grpo.group_noise=True: .*prompts \(6\) divisible"):
+        config_lib.resolve(
+            _config(prompts=6, **{"grpo.micro_batches": 8, "grpo.group_noise": True}), 1
+        )
+
+
 # A batch of 256 responses, twice the base config's batch_ref of 128 (k = 2).
 BATCH_256 = {
     "grpo": {"prompts": 32, "group_size": 8},
@@ -79,7 +103,9 @@ def test_malladi_rule_scales_adam_once_however_often_resolved(algo):
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 @pytest.mark.parametrize("fixed", [{}, {"lr": 3e-4, "ppo.critic_lr": 2e-3}])
 def test_resolve_is_idempotent(rule, algo, fixed):
-    once = config_lib.resolve(_config(lr_rule=rule, **BATCH_256[algo], **fixed), 1)
+    once = config_lib.resolve(
+        _config(lr_rule=rule, lr_rule_noise_scale=512.0, **BATCH_256[algo], **fixed), 1
+    )
     assert _resolve_again(once).to_json() == once.to_json()
     # A run's config.json reads back as the spec that wrote it, without resolving.
     assert config_lib.load_spec(json.loads(json.dumps(once.to_json()))) == once
@@ -92,7 +118,7 @@ def test_resolve_is_idempotent(rule, algo, fixed):
     [{}, {"lr": 3e-4, "ppo.critic_lr": 2e-3}, {"grpo.micro_batch_seqs": 64}],
 )
 def test_resolve_leaves_every_input_as_given(rule, algo, changes):
-    given = _config(lr_rule=rule, **BATCH_256[algo], **changes)
+    given = _config(lr_rule=rule, lr_rule_noise_scale=512.0, **BATCH_256[algo], **changes)
     resolved = config_lib.resolve(given, 1).to_json()
     derived = resolved.pop("derived")
     assert resolved == json.loads(json.dumps(given.to_dict()))

@@ -400,6 +400,28 @@ def test_gradient_noise_batch_sizes_count_real_sequences(params, mesh):
     np.testing.assert_allclose(m["grad_sq_micro"], np.mean(own_sq[:3]), rtol=1e-5)
 
 
+def test_group_noise_update_equals_plain_and_logs_the_split(params, mesh):
+    # B = 8 rows as P = 4 prompts x G = 2; M = 4 half-group micro-batches in 2 pairs of
+    # 2 prompts. The row order changes the micro-batches, not the update.
+    batch = make_batch()
+    plain_state, plain = update_fn_for(mesh, SGD, micro_batches=4)(
+        fresh_state(params, SGD, mesh), batch, KEY
+    )
+    split_state, split = update_fn_for(mesh, SGD, micro_batches=4, group_noise=True, group_size=2)(
+        fresh_state(params, SGD, mesh), batch, KEY
+    )
+    delta = jax.tree.map(jnp.subtract, split_state.params, params)
+    plain_delta = jax.tree.map(jnp.subtract, plain_state.params, params)
+    assert rel_err(delta, plain_delta) < 1e-6
+    np.testing.assert_allclose(split["grad_sq_full"], plain["grad_sq_full"], rtol=1e-5)
+    assert float(split["gns_prompts_pair"]) == 2.0 and float(split["gns_prompts_full"]) == 4.0
+    assert "grad_dot_pair" in split and "grad_dot_pair" not in plain
+    with pytest.raises(ValueError, match="group_noise"):
+        grpo.GRPOConfig(micro_batches=2, group_noise=True, group_size=2)
+    with pytest.raises(ValueError, match="group_noise"):
+        grpo.GRPOConfig(micro_batches=4, group_noise=True, group_size=2, num_epochs=2)
+
+
 # ------------------------------------------------------------- minibatches / epochs
 
 

@@ -64,6 +64,32 @@ def test_malladi_clamp():
     assert d["clamped"] == ["b1"] and d["describe"] == h.describe() and d["lr"] == h.lr
 
 
+def test_surge_rule_by_hand():
+    # B_noise = 256, B_ref = 64, lr_ref = 1e-4. f(x) = sqrt(256 / x) + sqrt(x / 256):
+    # f(64) = 2 + 0.5 = 2.5, f(256) = 2 (the peak), f(1024) = 0.5 + 2 = 2.5,
+    # f(16) = 4 + 0.25 = 4.25. lr = 1e-4 * 2.5 / f(B); lr_peak = 1e-4 * 2.5 / 2 = 1.25e-4.
+    ref = dict(ref_batch=64, ref_lr=1e-4, noise_scale=256)
+    lr = {b: lr_rules.scale_hparams(rule="surge", batch=b, **ref).lr for b in (16, 64, 256, 1024)}
+    assert lr[64] == pytest.approx(1e-4)
+    assert lr[256] == pytest.approx(1.25e-4)
+    assert lr[1024] == pytest.approx(1e-4)  # as far above the peak as B_ref is below
+    assert lr[16] == pytest.approx(1e-4 * 2.5 / 4.25)  # 5.882e-5
+    h = lr_rules.scale_hparams(rule="surge", batch=1024, **ref)
+    assert (h.b1, h.b2, h.eps, h.noise_scale) == (0.9, 0.999, 1e-8, 256.0)
+    assert h.describe() == (
+        "rule=surge: k = B / B_ref = 1024 / 64 = 16; B_noise = 256; lr = lr_ref * f(B_ref) "
+        "/ f(B), f(x) = sqrt(B_noise / x) + sqrt(x / B_noise) = 0.0001 * 2.5 / 2.5 = 0.0001 "
+        "(peak lr 0.000125 at B = B_noise)"
+    )
+    # Other rules ignore and do not record it.
+    assert lr_rules.scale_hparams(rule="sqrt", batch=256, **ref).noise_scale is None
+    for bad in (None, 0.0, -5.0, float("nan")):
+        with pytest.raises(ValueError, match="rule 'surge' needs the noise scale B_noise > 0"):
+            lr_rules.scale_hparams(
+                rule="surge", batch=64, ref_batch=64, ref_lr=1e-4, noise_scale=bad
+            )
+
+
 def test_errors():
     with pytest.raises(ValueError, match=r"unknown LR rule 'cubic'.*'sqrt', 'linear', 'fixed'"):
         lr_rules.scale_hparams(rule="cubic", batch=8, **REF)

@@ -100,10 +100,14 @@ def run_config() -> ConfigDict:
     c.prompts = 16
     c.group_size = 8
 
-    # Learning rate: lr = rule(lr_ref, B / batch_ref). "sqrt" | "linear" | "fixed" | "malladi".
+    # Learning rate: lr = rule(lr_ref, B / batch_ref).
+    # "sqrt" | "linear" | "fixed" | "malladi" | "surge" (rl_batch/algorithms/lr_rules.py).
     c.lr_rule = "sqrt"
     c.lr_ref = 5e-5
     c.batch_ref = 128  # responses (P x G) at which lr_ref was tuned
+    # "surge": the noise scale B_noise in responses where its LR peaks (> 0; measure it in
+    # a pilot: B_simple in the report). Unused by the other rules.
+    c.lr_rule_noise_scale = 0.0
     # None (unset): derived from the rule (resolve writes the effective LR, and the Adam
     # settings the rule implies, to derived.lr/b1/b2/eps); a value > 0 overrides the rule.
     c.lr = config_dict.placeholder(float)
@@ -136,6 +140,11 @@ def run_config() -> ConfigDict:
     # moe_routing_disagreement); routing_replay also routes the update by that record.
     c.grpo.record_routing = False
     c.grpo.routing_replay = False
+    # True: order each update's micro-batches as half-group pairs and log the gradient
+    # noise split into inter-prompt and intra-prompt terms (docs/noise_scale.md). Needs an
+    # even micro-batch count >= 4 (derived.micro_batches), an even group_size, prompts
+    # divisible by micro-batches / 2 and one update per batch.
+    c.grpo.group_noise = False
 
     # PPO (algo="ppo"): a critic as large as the policy, trained alone for the first
     # warmup_updates rollout batches (the sample axis starts when the actor starts).
@@ -265,7 +274,7 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     run.sweep = ConfigDict()
     run.sweep.prompts = "8,16,32,64"
     run.sweep.group_sizes = "8"
-    run.sweep.lr_rules = "sqrt"
+    run.sweep.lr_rules = "sqrt"  # of lr_rules.RULES; "surge" needs lr_rule_noise_scale
     run.sweep.seeds = "0"
     # Extra points beyond the product above, "PxG:rule" separated by commas,
     # e.g. "8x16:sqrt,32x8:fixed".

@@ -83,6 +83,14 @@ class GRPOConfig:
         (``moe.load_balancing_loss``, HF's) in the loss; 0 = off (Hugging Face's
         Qwen3-MoE configs carry 0.001 for pre-training). With micro-batches each one's
         loss counts 1 / micro_batches.
+      group_noise: order each update's micro-batches as half-group pairs
+        (``learner.group_pair_order``) and log the inter-/intra-prompt split of the
+        gradient noise (``grad_dot_pair``, ``gns_prompts_pair``, ``gns_prompts_full``;
+        ``rl_batch.analysis.noise_scale.group_noise_terms``). Needs ``micro_batches``
+        even and >= 4, an even ``group_size``, prompts divisible by micro_batches / 2
+        and one update per batch (minibatches reshuffle the rows).
+      group_size: G, responses per prompt (from the run config's top-level
+        ``group_size``, not its ``grpo`` section); only ``group_noise`` reads it.
     """
 
     clip_low: float = 0.2
@@ -97,6 +105,8 @@ class GRPOConfig:
     policy_loss: str = "token"
     routing_replay: bool = False
     router_aux_loss_coef: float = 0.0
+    group_noise: bool = False
+    group_size: int = 0
 
     def __post_init__(self):
         def bad(name, expected):
@@ -119,19 +129,29 @@ class GRPOConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 bad(name, "a positive int")
+        if self.group_noise:
+            if self.updates_per_batch != 1:
+                bad("group_noise", "False with num_minibatches or num_epochs > 1")
+            if self.micro_batches < 4 or self.micro_batches % 2:
+                bad("group_noise", "False unless micro_batches is even and >= 4")
+            if self.group_size < 2 or self.group_size % 2:
+                bad("group_noise", "False unless group_size is even")
 
     @classmethod
     def config_fields(cls) -> tuple[str, ...]:
-        """The fields read from the run config's ``grpo`` section (all but temperature)."""
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "temperature")
+        """The fields read from the run config's ``grpo`` section (all but temperature
+        and group_size)."""
+        others = ("temperature", "group_size")
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in others)
 
     @classmethod
     def from_config(cls, c: ConfigDict, micro_batches: int) -> GRPOConfig:
         """A run config's ``grpo`` section (and ``sampling.temperature``), with the
         update's resolved micro-batch count (``RunSpec.micro_batches``)."""
-        fields = {k: c.grpo[k] for k in cls.config_fields()}
+        # (A config.json written before ``group_noise`` existed has none: off.)
+        fields = {k: c.grpo[k] for k in cls.config_fields() if k in c.grpo or k != "group_noise"}
         fields["micro_batches"] = micro_batches
-        return cls(temperature=c.sampling.temperature, **fields)
+        return cls(temperature=c.sampling.temperature, group_size=c.group_size, **fields)
 
     @property
     def updates_per_batch(self) -> int:
@@ -215,7 +235,8 @@ def make_update_fn(
     ``param_norm``, ``lr``, ``skipped`` (updates skipped as non-finite),
     ``num_updates``, ``response_len_mean``, ``response_tokens``, ``sequences``; with
     ``micro_batches > 1`` also ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``,
-    ``gns_batch_full``; for a MoE policy also ``moe_aux_loss`` (added to ``loss`` times
+    ``gns_batch_full`` (and with ``group_noise`` ``grad_dot_pair``, ``gns_prompts_pair``,
+    ``gns_prompts_full``); for a MoE policy also ``moe_aux_loss`` (added to ``loss`` times
     ``router_aux_loss_coef``) and the expert-load metrics of
     ``moe.finalize_router_metrics`` (``moe_routing_disagreement`` when the batch carries
     ``routed_experts``). With several updates per batch, metrics are means over updates
@@ -245,7 +266,12 @@ def make_update_fn(
             grpo_loss, model_config, config, num_tokens=num_tokens, num_seqs=num_seqs, max_len=r
         )
         grads, loss, metrics = learner.accumulate_gradients(
-            loss_fn, state.params, batch, config.micro_batches, mesh
+            loss_fn,
+            state.params,
+            batch,
+            config.micro_batches,
+            mesh,
+            group_size=config.group_size if config.group_noise else 0,
         )
         state, update_metrics = learner.apply_update(state, grads, loss, optimizer)
         return state, {**metrics, **update_metrics}

@@ -756,12 +756,62 @@ def _tree_sq_norm(tree) -> jax.Array:
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
 
 
+def _tree_dot(a, b) -> jax.Array:
+    return sum(
+        jnp.sum(x.astype(jnp.float32) * y.astype(jnp.float32))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+def check_group_pairs(prompts: int, group_size: int, micro_batches: int) -> None:
+    """Raises ValueError unless a batch of ``prompts`` x ``group_size`` rows splits into
+    ``micro_batches`` half-group pairs (``group_pair_order``): M >= 4 and even (two pairs
+    at least: one pair cannot tell the prompt means' spread from the mean gradient), G
+    even, and P divisible by M / 2."""
+    if micro_batches < 4 or micro_batches % 2:
+        raise ValueError(
+            f"the group noise split needs an even micro_batches >= 4, got {micro_batches}"
+        )
+    if group_size < 2 or group_size % 2:
+        raise ValueError(f"the group noise split needs an even group_size, got {group_size}")
+    if prompts % (micro_batches // 2):
+        raise ValueError(
+            f"the group noise split needs prompts ({prompts}) divisible by micro_batches / 2 "
+            f"({micro_batches // 2})"
+        )
+
+
+def group_pair_order(prompts: int, group_size: int, micro_batches: int) -> np.ndarray:
+    """[B] row order that makes ``split_batch``'s micro-batches half-group pairs.
+
+    Rows are prompt-major (row ``p * G + g``). With K = M / 2 pairs, pair k holds the
+    groups p = k, k + K, k + 2K, ... (P / K of them, whole); its micro-batch 2k holds
+    their members g < G / 2 and micro-batch 2k + 1 their members g >= G / 2. So the two
+    micro-batches of a pair share all their prompts and two micro-batches of different
+    pairs share none (the layout ``rl_batch.analysis.noise_scale.group_noise_terms``
+    assumes). ``batch[order]`` then ``split_batch(., M)`` gives that layout: micro-batch
+    m, row i is reordered row ``i * M + m``.
+
+    Raises:
+      ValueError: from ``check_group_pairs``.
+    """
+    check_group_pairs(prompts, group_size, micro_batches)
+    k_pairs, half = micro_batches // 2, group_size // 2
+    rows = prompts * group_size // micro_batches  # per micro-batch
+    i = np.arange(rows)[:, None]  # [rows, 1] row within a micro-batch
+    m = np.arange(micro_batches)[None, :]  # [1, M]
+    prompt = m // 2 + k_pairs * (i // half)  # [rows, M]
+    member = (m % 2) * half + i % half  # [rows, M]
+    return (prompt * group_size + member).reshape(-1)  # index i * M + m
+
+
 def accumulate_gradients(
     loss_fn: Callable[[Params, Any], tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]],
     params: Params,
     batch: Any,
     micro_batches: int,
     mesh: Mesh | None = None,
+    group_size: int = 0,
 ) -> tuple[Params, jax.Array, Metrics]:
     """Gradient of ``sum_m loss_fn(params, micro_batch_m)`` via ``lax.scan``.
 
@@ -774,6 +824,10 @@ def accumulate_gradients(
       batch: the batch (leaves [B, ...], with a [B, R] ``response_mask``).
       micro_batches: M; B must be divisible by M.
       mesh: optional, to keep micro-batches sharded.
+      group_size: G > 0: the batch is P prompts x G responses, prompt-major; its rows
+        are reordered by ``group_pair_order`` (micro-batches 2k and 2k + 1 hold the two
+        halves of the same whole groups) and the statistics of the inter-/intra-prompt
+        noise split are added. 0: rows in order, no split.
 
     Returns:
       (grads, loss, metrics). With M > 1 the metrics include the gradient-noise-scale
@@ -788,12 +842,30 @@ def accumulate_gradients(
         counts ``b_m`` (B / M without padding), the size b for which
         ``E[grad_sq_micro] = |G|^2 + tr(Sigma) / b``; 0 when every row is padding;
       - ``gns_batch_full``: real sequences in the batch.
+
+      With ``group_size`` > 0 also (see ``noise_scale.group_noise_terms``):
+
+      - ``grad_dot_pair``: mean over the pairs whose micro-batches hold real sequences
+        of an unbiased estimate of ``<g_2k, g_2k+1>``, the inner product of the two
+        halves' own gradients, ``E = |G|^2 + tr(Sigma_inter) / n_k`` with ``n_k`` the
+        real prompts of pair k. It is read off the running sum of the gradients (no
+        gradient is kept): with ``d_m = <g_m, sum_{m' < m} grad_m'>`` (``grad_m'`` the
+        full-batch-normalised gradient, ``g_m = own_m grad_m``),
+        ``own_2k (d_2k+1 - d_2k) = <g_2k+1, g_2k> + own_2k <g_2k+1 - g_2k, sum_{m' < 2k}
+        grad_m'>`` and the last term has mean 0 (the halves share their prompts; the
+        earlier pairs hold other prompts);
+      - ``gns_prompts_pair``: the harmonic mean of those pairs' real prompts ``n_k``;
+      - ``gns_prompts_full``: real prompts in the batch (groups with a real sequence).
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if micro_batches == 1:
         (loss, (sums, maxes, _)), grads = grad_fn(params, batch)
         return grads, loss, moe_lib.finalize_router_metrics({**sums, **maxes})
 
+    if group_size:
+        rows = jax.tree.leaves(batch)[0].shape[0]
+        order = group_pair_order(rows // group_size, group_size, micro_batches)
+        batch = jax.tree.map(lambda x: x[order], batch)
     stacked = split_batch(batch, micro_batches, mesh)
     # Real sequences per micro-batch [M]: rows with at least one response token.
     seqs_m = jnp.sum(jnp.any(stacked.response_mask.astype(bool), axis=2), axis=1)
@@ -802,11 +874,13 @@ def accumulate_gradients(
     def body(carry, micro):
         grads_acc, sums_acc, maxes_acc = carry
         (_, (sums, maxes, own_scale)), grads = grad_fn(params, micro)
-        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
         sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
         maxes_acc = jax.tree.map(jnp.maximum, maxes_acc, maxes)
         own_sq = jnp.square(own_scale) * _tree_sq_norm(grads)
-        return (grads_acc, sums_acc, maxes_acc), own_sq
+        # <g_m, sum of the earlier micro-batches' grads> (before this one is added).
+        dot = own_scale * _tree_dot(grads, grads_acc) if group_size else jnp.float32(0.0)
+        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+        return (grads_acc, sums_acc, maxes_acc), (own_sq, dot, jnp.asarray(own_scale, jnp.float32))
 
     first = jax.tree.map(lambda x: x[0], stacked)
     _, (sums0, maxes0, _) = jax.eval_shape(loss_fn, params, first)
@@ -815,7 +889,7 @@ def accumulate_gradients(
         jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0),
         jax.tree.map(lambda s: jnp.full(s.shape, -jnp.inf, s.dtype), maxes0),
     )
-    (grads, sums, maxes), own_sq_m = jax.lax.scan(body, init, stacked)
+    (grads, sums, maxes), (own_sq_m, dot_m, own_m) = jax.lax.scan(body, init, stacked)
     # E|g_m|^2 = |G|^2 + tr(Sigma) / b_m, so the mean over non-empty micro-batches goes
     # with b = 1 / mean(1 / b_m), the harmonic mean (an empty one has no gradient).
     nonempty_m = seqs_m > 0
@@ -830,9 +904,31 @@ def accumulate_gradients(
         "gns_batch_micro": seqs_micro,
         "gns_batch_full": jnp.sum(seqs_m),
     }
+    if group_size:
+        metrics.update(_pair_statistics(seqs_m, dot_m, own_m, group_size))
     # Accumulated in float32; hand back gradients in the parameters' dtype.
     grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
     return grads, sums["loss"], metrics
+
+
+def _pair_statistics(
+    seqs_m: jax.Array, dot_m: jax.Array, own_m: jax.Array, group_size: int
+) -> Metrics:
+    """``grad_dot_pair``, ``gns_prompts_pair``, ``gns_prompts_full`` (see
+    ``accumulate_gradients``) from the [M] real sequences, running-sum inner products
+    and own-gradient scales of the half-group micro-batches."""
+    cross_k = own_m[0::2] * (dot_m[1::2] - dot_m[0::2])  # [M / 2]
+    # A dropped group empties its rows in both halves; count a pair's real prompts by
+    # its real sequences (a whole group is G of them).
+    prompts_k = (seqs_m[0::2] + seqs_m[1::2]) / group_size  # [M / 2]
+    real_k = (seqs_m[0::2] > 0) & (seqs_m[1::2] > 0)
+    n_real = jnp.sum(real_k.astype(jnp.float32))
+    inv_prompts = jnp.sum(jnp.where(real_k, 1.0 / jnp.maximum(prompts_k, 1e-30), 0.0))
+    return {
+        "grad_dot_pair": jnp.sum(jnp.where(real_k, cross_k, 0.0)) / jnp.maximum(n_real, 1.0),
+        "gns_prompts_pair": jnp.where(n_real > 0, n_real / jnp.maximum(inv_prompts, 1e-30), 0.0),
+        "gns_prompts_full": jnp.sum(seqs_m) / group_size,
+    }
 
 
 def all_finite(tree: Any) -> jax.Array:

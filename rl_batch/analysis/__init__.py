@@ -43,6 +43,8 @@ from rl_batch.analysis.curves import (
 )
 from rl_batch.analysis.noise_scale import (
     NoiseScaleEMA,
+    group_noise_scales,
+    group_noise_terms,
     noise_scale_terms,
     run_noise_scale,
     simple_noise_scale,
@@ -88,6 +90,8 @@ __all__ = [
     "fit_update",
     "generation_report",
     "grad_norm_trend",
+    "group_noise_scales",
+    "group_noise_terms",
     "group_runs",
     "load_run",
     "load_sweep",

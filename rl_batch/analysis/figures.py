@@ -73,8 +73,8 @@ from rl_batch.artifacts import Configuration
 log = logging.getLogger(__name__)
 
 FORMATS = ("png", "pdf")
-RULE_MARKERS = {"sqrt": "o", "fixed": "s", "linear": "^", "malladi": "D"}
-RULE_COLORS = {"sqrt": "C0", "fixed": "C1", "linear": "C2", "malladi": "C4"}
+RULE_MARKERS = {"sqrt": "o", "fixed": "s", "linear": "^", "malladi": "D", "surge": "P"}
+RULE_COLORS = {"sqrt": "C0", "fixed": "C1", "linear": "C2", "malladi": "C4", "surge": "C5"}
 
 
 def _figure(
@@ -656,7 +656,13 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
     fig = _figure(analysis, 1, width=7.0)
     ax = fig.subplots()
     colors = _config_colors(keys)
-    dashes = {"sqrt": "-", "fixed": "--", "linear": ":", "malladi": "-."}
+    dashes = {
+        "sqrt": "-",
+        "fixed": "--",
+        "linear": ":",
+        "malladi": "-.",
+        "surge": (0, (5, 1, 1, 1)),
+    }
     for k in keys:
         runs = [r for r in analysis.runs_by_key[k] if r.eval_responses.size]
         step_s = calibration.get(k.key) if calibration else None

@@ -24,6 +24,43 @@ optional), first scheme found wins:
 3. ``noise_scale``: a per-update ``B_simple`` already computed in the step.
 
 ``prefix="critic_"`` reads ``critic_grad_sq_micro`` etc. for a PPO critic.
+
+**Inter- and intra-prompt terms (GRPO groups).** The G responses of one prompt share it,
+so their gradients are not independent. Model response j of prompt p (shape letters:
+docs/glossary.md) as ``g_pj = G_mean + a_p + e_pj``, with prompt effects ``a_p`` of
+covariance ``Sigma_inter`` (the spread of the prompts' mean gradients) and
+response effects ``e_pj`` of covariance ``Sigma_intra`` (the spread within a group),
+independent across prompts, exchangeable within one. A set of b responses holding
+``n_p`` of prompt p has a mean gradient with::
+
+    E|g|^2 = |G|^2 + tr(Sigma_inter) sum_p n_p^2 / b^2 + tr(Sigma_intra) / b
+
+(whole groups: ``sum_p n_p^2 / b^2 = G / b``; the same share of every prompt: ``1 / P``,
+which is why micro-batches that cut every group alike, the default strided ones with G
+divisible by M, give B_simple the trace ``tr(Sigma_intra)`` alone and a ``|G|^2`` that
+carries ``tr(Sigma_inter) / P``). With ``grpo.group_noise`` the learner
+splits the batch into M / 2 pairs of micro-batches (``learner.group_pair_order``): the
+two micro-batches of a pair hold the two halves of the same ``n`` whole groups, b = n G
+/ 2 responses each, and pairs share no prompt. Three measurements then have::
+
+    E[grad_sq_micro] = |G|^2 + tr(Sigma_inter) / n + tr(Sigma_intra) / b   (one half)
+    E[grad_dot_pair] = |G|^2 + tr(Sigma_inter) / n                        (<half, half>)
+    E[grad_sq_full]  = |G|^2 + tr(Sigma_inter) / P + tr(Sigma_intra) / B   (the batch)
+
+and ``group_noise_terms`` inverts them (unbiased; it needs n < P, two pairs at least).
+The inter-prompt and intra-prompt noise scales are ``B_inter = tr(Sigma_inter) / |G|^2``
+and ``B_intra = tr(Sigma_intra) / |G|^2``, in responses. A batch of P prompts x G
+responses has ``E|g_B|^2 = |G|^2 + (G B_inter + B_intra) |G|^2 / B``: at a fixed G its
+noise scale is ``G B_inter + B_intra``, and raising P lowers both terms while raising G
+lowers the intra-prompt term only. ``B_simple`` from the same half-group micro-batches
+counts ``tr(Sigma_intra) + tr(Sigma_inter) G (M - 2) / (2 (M - 1))`` as its trace (and
+``|G|^2 + tr(Sigma_inter) G / (2 (B - b))`` as its ``|G|^2``), a layout-dependent
+mixture (docs/noise_scale.md).
+
+Fields (``GROUP_FIELDS``): ``grad_sq_micro``, ``grad_dot_pair``, ``grad_sq_full``,
+``gns_batch_micro`` (b), ``gns_prompts_pair`` (n), ``gns_batch_full`` (B),
+``gns_prompts_full`` (P). With dropped groups (padding) b and n are harmonic means over
+the pairs with real responses, and B and P count real responses and prompts.
 """
 
 from __future__ import annotations
@@ -41,6 +78,18 @@ DEFAULT_DECAY = 0.95
 FIELD_SCHEMES = (
     ("grad_sq_micro", "grad_sq_full", "gns_batch_micro", "gns_batch_full"),
     ("grad_sq_small", "grad_sq_big", "noise_batch_small", "noise_batch_big"),
+)
+
+
+# (|g_half|^2, <g_half, g_other_half>, |g_B|^2, b, n, B, P): the group split's fields.
+GROUP_FIELDS = (
+    "grad_sq_micro",
+    "grad_dot_pair",
+    "grad_sq_full",
+    "gns_batch_micro",
+    "gns_prompts_pair",
+    "gns_batch_full",
+    "gns_prompts_full",
 )
 
 
@@ -68,6 +117,45 @@ def simple_noise_scale(sq_small: Any, sq_big: Any, b_small: Any, b_big: Any) -> 
     """Single-step ``B_simple = tr(Sigma) / |G|^2`` (array-generic; noisy, unsmoothed)."""
     g2, trace_sigma = noise_scale_terms(sq_small, sq_big, b_small, b_big)
     return trace_sigma / g2
+
+
+def group_noise_terms(
+    sq_half: Any,
+    dot_pair: Any,
+    sq_full: Any,
+    b_half: Any,
+    n_pair: Any,
+    b_full: Any,
+    p_full: Any,
+) -> tuple[Any, Any, Any]:
+    """Unbiased ``(|G|^2, tr(Sigma_inter), tr(Sigma_intra))`` from half-group pairs.
+
+    Inverts (see the module docstring)::
+
+        E[sq_half]  = |G|^2 + tr(Sigma_inter) / n + tr(Sigma_intra) / b
+        E[dot_pair] = |G|^2 + tr(Sigma_inter) / n
+        E[sq_full]  = |G|^2 + tr(Sigma_inter) / P + tr(Sigma_intra) / B
+
+    as ``tr(Sigma_intra) = b (sq_half - dot_pair)``, ``tr(Sigma_inter) = (dot_pair -
+    sq_full + tr(Sigma_intra) / B) / (1 / n - 1 / P)`` and ``|G|^2 = dot_pair -
+    tr(Sigma_inter) / n``. Plain arithmetic (floats, numpy or ``jax.numpy`` arrays).
+
+    Args:
+      sq_half: ``grad_sq_micro``, mean squared norm of a half-group micro-batch's gradient.
+      dot_pair: ``grad_dot_pair``, mean inner product of a pair's two halves' gradients.
+      sq_full: ``grad_sq_full``, the batch gradient's squared norm.
+      b_half: responses per half-group micro-batch (``gns_batch_micro``).
+      n_pair: prompts per pair (``gns_prompts_pair``), ``n < P``.
+      b_full: responses in the batch (``gns_batch_full``).
+      p_full: prompts in the batch (``gns_prompts_full``).
+
+    Returns:
+      ``(g2, trace_inter, trace_intra)`` (any can be negative at a single step).
+    """
+    trace_intra = b_half * (sq_half - dot_pair)
+    trace_inter = (dot_pair - sq_full + trace_intra / b_full) / (1.0 / n_pair - 1.0 / p_full)
+    g2 = dot_pair - trace_inter / n_pair
+    return g2, trace_inter, trace_intra
 
 
 class NoiseScaleEMA:
@@ -130,6 +218,11 @@ class NoiseScaleSummary:
       final: last EMA value (squared norms) or last finite per-update value.
       median_second_half: median of the EMA (or per-update) values over the second half.
       pooled: ``mean(tr(Sigma)) / mean(|G|^2)`` over the second half (squared norms only).
+      inter, intra: ``B_inter`` and ``B_intra`` pooled over the second half of the
+        updates that log ``GROUP_FIELDS`` (``mean(tr(Sigma_inter)) / mean(|G|^2)``, and
+        likewise; None without them or when the pooled ``|G|^2 <= 0``).
+      inter_final, intra_final: their EMA values at the last such update (None
+        without them).
     """
 
     name: str
@@ -139,6 +232,10 @@ class NoiseScaleSummary:
     final: float
     median_second_half: float
     pooled: float | None
+    inter: float | None = None
+    intra: float | None = None
+    inter_final: float | None = None
+    intra_final: float | None = None
 
 
 def run_noise_scale(
@@ -157,7 +254,8 @@ def run_noise_scale(
     for names in FIELD_SCHEMES:
         summary = _from_squared_norms(run, [prefix + n for n in names], decay)
         if summary is not None:
-            return summary
+            split = group_noise_scales(run, prefix, decay)
+            return summary if split is None else dataclasses.replace(summary, **split)
     ns = run.field(prefix + "noise_scale")
     ns = ns[np.isfinite(ns)]
     if ns.size == 0:
@@ -195,3 +293,40 @@ def _from_squared_norms(run: RunData, names: list[str], decay: float) -> NoiseSc
             pooled=pooled,
         )
     return None
+
+
+def group_noise_scales(
+    run: RunData, prefix: str = "", decay: float = DEFAULT_DECAY
+) -> dict[str, float | None] | None:
+    """A run's inter-/intra-prompt noise scales from its ``GROUP_FIELDS``.
+
+    Args:
+      run: the run.
+      prefix: field prefix.
+      decay: EMA decay of the three terms (each smoothed alone, ratios of the smoothed).
+
+    Returns:
+      ``{"inter", "intra", "inter_final", "intra_final"}`` (see ``NoiseScaleSummary``),
+      or None when no update logs every field with ``n < P``.
+    """
+    sq_h, dot, sq_f, b, n, big_b, big_p = (run.field(prefix + f) for f in GROUP_FIELDS)
+    ok = np.ones_like(sq_h, dtype=bool)
+    for x in (sq_h, dot, sq_f, b, n, big_b, big_p):
+        ok &= np.isfinite(x)
+    ok &= (b > 0) & (n > 0) & (big_p > n)
+    if not ok.any():
+        return None
+    g2, inter, intra = group_noise_terms(
+        sq_h[ok], dot[ok], sq_f[ok], b[ok], n[ok], big_b[ok], big_p[ok]
+    )
+    weights = (1.0 - decay) * decay ** np.arange(len(g2))[::-1]  # EMA from 0 at the last
+    g2_ema, inter_ema, intra_ema = (float(np.sum(weights * x)) for x in (g2, inter, intra))
+    half = slice(len(g2) // 2, None)
+    g2_mean = float(np.mean(g2[half]))
+    pooled = g2_mean > 0
+    return {
+        "inter": float(np.mean(inter[half])) / g2_mean if pooled else None,
+        "intra": float(np.mean(intra[half])) / g2_mean if pooled else None,
+        "inter_final": inter_ema / g2_ema if g2_ema > 0 else float("nan"),
+        "intra_final": intra_ema / g2_ema if g2_ema > 0 else float("nan"),
+    }

@@ -318,14 +318,35 @@ def _noise_section(analysis: Analysis) -> list[str]:
                             f"{s.final:.4g}",
                             f"{s.median_second_half:.4g}",
                             "-" if s.pooled is None else f"{s.pooled:.4g}",
+                            "-" if s.inter is None else f"{s.inter:.4g}",
+                            "-" if s.intra is None else f"{s.intra:.4g}",
                         ]
                     )
     if not rows:
         return []
     out = ["## Gradient noise scale (B_simple)", ""]
     out += markdown_table(
-        ["run", "B", "model", "source", "final (EMA)", "median, 2nd half", "pooled, 2nd half"], rows
+        [
+            "run",
+            "B",
+            "model",
+            "source",
+            "final (EMA)",
+            "median, 2nd half",
+            "pooled, 2nd half",
+            "B_inter, pooled",
+            "B_intra, pooled",
+        ],
+        rows,
     )
+    if any(r[7] != "-" for r in rows):
+        out += [
+            "",
+            "B_inter = tr(Sigma_inter) / |G|^2 (the prompts' mean gradients) and B_intra = "
+            "tr(Sigma_intra) / |G|^2 (within a group), in responses, from runs with "
+            "grpo.group_noise (docs/noise_scale.md); a batch of P x G responses has noise "
+            "scale G B_inter + B_intra.",
+        ]
     meds = [float(r[5]) for r in rows if r[2] == "actor" and np.isfinite(float(r[5]))]
     if meds:
         out += ["", f"Median actor B_simple over runs: {np.median(meds):.4g} responses."]

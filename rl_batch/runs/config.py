@@ -20,7 +20,7 @@ from typing import Any
 from ml_collections import ConfigDict
 
 from rl_batch import targets
-from rl_batch.algorithms import grpo, lr_rules, ppo
+from rl_batch.algorithms import grpo, learner, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout.sampler import Sampler, SamplingConfig
 from rl_batch.runs import tracking
@@ -232,7 +232,9 @@ def _check_run_fields(c: ConfigDict, check) -> None:
     )
     if c.algo == "grpo":
         errors += _dataclass_errors(
-            grpo.GRPOConfig, {f"grpo.{name}": (name, c.grpo[name]) for name in GRPO_FIELDS}
+            grpo.GRPOConfig,
+            # group_noise depends on the derived micro-batch count: ``_micro_batches``.
+            {f"grpo.{name}": (name, c.grpo[name]) for name in GRPO_FIELDS if name != "group_noise"},
         )
     for message in errors:
         check(False, message)
@@ -648,6 +650,16 @@ def _micro_batches(c: ConfigDict, batch: int, device_count: int) -> int:
             f"pieces of at most that many, divisible by the data-parallel size {shards}",
         )
         micro_batches = micro or micro_batches
+    if c.algo == "grpo" and c.grpo.get("group_noise", False):
+        errors.check(
+            c.grpo.num_minibatches * c.grpo.num_epochs == 1,
+            "grpo.group_noise=True needs one update per batch (num_minibatches and "
+            "num_epochs 1: minibatches reshuffle the rows)",
+        )
+        try:
+            learner.check_group_pairs(c.prompts, c.group_size, micro_batches)
+        except ValueError as e:
+            errors.check(False, f"grpo.group_noise=True: {e} (the update's micro-batches)")
     _raise_if(errors)
     return micro_batches
 
@@ -665,6 +677,7 @@ def _optimizer_settings(c: ConfigDict, batch: int):
             b1=c.b1,
             b2=c.b2,
             eps=c.eps,
+            noise_scale=c.get("lr_rule_noise_scale", 0.0),
         )
     except ValueError as e:
         raise ValueError(f"invalid config: lr_rule={c.lr_rule!r}: {e}") from e
@@ -681,6 +694,7 @@ def _optimizer_settings(c: ConfigDict, batch: int):
         b1=c.b1,
         b2=c.b2,
         eps=c.eps,
+        noise_scale=c.get("lr_rule_noise_scale", 0.0),
     )
     critic_lr = critic_hp.lr if c.ppo.critic_lr is None else c.ppo.critic_lr
     critic = Adam(lr=critic_lr, b1=critic_hp.b1, b2=critic_hp.b2, eps=critic_hp.eps)
