@@ -23,7 +23,7 @@ from rl_batch import targets
 from rl_batch.algorithms import grpo, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout.sampler import Sampler, SamplingConfig
-from rl_batch.runs import tracking
+from rl_batch.runs import batch_schedule, tracking
 from rl_batch.runs.spec import Adam, RunSpec
 from rl_batch.tasks.custom_reward import WithReward
 from rl_batch.tasks.plugin import is_plugin, make_plugin_task
@@ -386,6 +386,7 @@ def _field_errors(c: ConfigDict) -> list[str]:
     check(c.algo in ALGOS, f"algo={c.algo!r}: expected one of {ALGOS}")
     check(c.prompts >= 1, f"prompts={c.prompts}: must be >= 1")
     check(c.group_size >= 1, f"group_size={c.group_size}: must be >= 1")
+    errors.extend(batch_schedule.config_errors(c))
     if c.algo == "grpo":
         check(
             c.group_size >= 2,
@@ -632,6 +633,17 @@ def _micro_batches(c: ConfigDict, device_count: int) -> int:
             f"pieces of at most that many, divisible by the data-parallel size {shards}",
         )
         micro_batches = micro or micro_batches
+    schedule = batch_schedule.BatchSchedule.from_config(c)
+    if schedule.kind != "fixed" and not errors:
+        start = schedule.start_prompts * c.group_size
+        minibatches = c.grpo.num_minibatches if c.algo == "grpo" else 1
+        pieces = minibatches * micro_batches * shards
+        errors.check(
+            start % pieces == 0,
+            f"batch_schedule.start_prompts={schedule.start_prompts}: its batch "
+            f"{schedule.start_prompts} x {c.group_size} = {start} does not split into "
+            f"num_minibatches x micro_batches x data-parallel size = {pieces} equal pieces",
+        )
     _raise_if(errors)
     return micro_batches
 
@@ -716,6 +728,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "task.eval_fraction": 0.0,
     "task.split_seed": lambda old: 0 if old["task"].get("name") in SYNTHETIC_TASKS else None,
     "sampling.stop_strings": [],
+    "batch_schedule": lambda old: dict(batch_schedule.FIXED),
 }
 
 
