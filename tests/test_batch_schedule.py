@@ -272,3 +272,60 @@ def test_warmup_resumed_mid_schedule_matches_the_uninterrupted_run(warmup_run, w
     split = deterministic(artifacts.read_metrics(split_dir), "update")
     assert len(full) == 8
     assert_same_records(full, split, rel=1e-5, abs=1e-7)
+
+
+# Adaptive: P0 = 2 -> P = 8 at G = 8, B_simple pooled over 2 updates from 2 micro-batches.
+# A random model's responses rarely solve the task (zero advantages, zero gradients):
+# they are rewarded by their length, which varies, so the noise scale is measurable.
+ADAPTIVE = {
+    "prompts": 8,
+    "group_size": 8,
+    "batch_schedule.kind": "adaptive",
+    "batch_schedule.start_prompts": 2,
+    "batch_schedule.window": 2,
+    "grpo.micro_batches": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def adaptive_config(work_dir, tmp_path_factory):
+    """``adaptive_config(run_dir, budget)``: a tiny adaptive run config."""
+    reward = tmp_path_factory.mktemp("reward") / "length_reward.py"
+    reward.write_text(
+        "def length(prompt, response, answer, meta):\n    return float(len(response))\n"
+    )
+
+    def make(run_dir, budget):
+        return tiny_run_config(
+            work_dir,
+            run_dir,
+            budget_responses=budget,
+            **{**ADAPTIVE, "task.reward_fn": f"{reward}:length"},
+        )
+
+    return make
+
+
+def test_adaptive_run_grows_p_by_the_pooled_noise_scale_and_resumes_exactly(
+    adaptive_config, tmp_path
+):
+    full_dir, split_dir = str(tmp_path / "full"), str(tmp_path / "split")
+    run_lib.run(adaptive_config(full_dir, 160), progress=False)
+    updates = artifacts.read_metrics(full_dir, "update")
+    schedule = config_lib.resolve(adaptive_config(full_dir, 160)).batch_schedule
+    # Each update's P is the schedule's function of the lines before it ...
+    for i, u in enumerate(updates):
+        expected = bs.prompts_at(schedule, u["responses_cum"], bs.noise_history(updates[:i]))
+        assert u["prompts"] == expected, i
+        assert u["batch_responses"] == 8 * u["prompts"]
+        assert u["lr"] == pytest.approx(1e-3 * math.sqrt(8 * u["prompts"] / 16), rel=1e-6)
+    # ... and it grew: every update measured the noise, and P took more than one value.
+    assert len(bs.noise_history(updates)) == len(updates)
+    prompts = [u["prompts"] for u in updates]
+    assert prompts == sorted(prompts) and prompts[0] == 2 and prompts[-1] > 2
+    # Stopped with a full window at P0 (its doubling decided by the saved lines), resumed.
+    run_lib.run(adaptive_config(split_dir, 32), progress=False)
+    run_lib.run(adaptive_config(split_dir, 160), progress=False)
+    full = deterministic(updates)
+    split = deterministic(artifacts.read_metrics(split_dir, "update"))
+    assert_same_records(full, split, rel=1e-5, abs=1e-7)
