@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import os
 import re
 
 import pytest
@@ -371,3 +372,16 @@ def test_a_run_dir_from_before_the_engine_fields_resumes_with_the_static_engine(
         assert (sampling.engine, sampling.slots, sampling.attn_block) == ("static", 0, 0)
     changed = config_lib.resolve(_config(**{"sampling.engine": "continuous"}), 1).to_json()
     assert config_lib.resume_diffs(old, changed) == ["sampling.engine: 'static' -> 'continuous'"]
+
+
+def test_a_config_json_written_at_62017dd_resumes_under_todays_defaults():
+    """Every field added since (``ADDED_FIELDS``) reads as its old behaviour: a run
+    directory of 62017dd (the base run config, resolved then) resumes with no change."""
+    from experiments.configs import base
+
+    path = os.path.join(os.path.dirname(__file__), "data", "config_62017dd.json")
+    with open(path) as f:
+        old = json.load(f)
+    c = base.run_config()
+    c.run_dir, c.work_dir = "/tmp/r", "/tmp/w"  # (as the file was written)
+    assert config_lib.resume_diffs(old, config_lib.resolve(c, 1).to_json()) == []

@@ -99,6 +99,17 @@ def run_config() -> ConfigDict:
     # Batch: P prompts x G responses = B responses per optimizer update.
     c.prompts = 16
     c.group_size = 8
+    # Batch-size schedule (rl_batch.runs.batch_schedule): P per rollout batch, G fixed, one
+    # update per batch, the LR rule applied at each batch's P x G. "fixed": P = prompts.
+    # "warmup": P0 = start_prompts, doubling to prompts over the first `responses`
+    # retained responses. "adaptive": P0 doubling (up to prompts) when the noise scale
+    # B_simple pooled over the last `window` updates at the current P exceeds P x G
+    # (needs grpo.micro_batches >= 2). prompts / start_prompts must be a power of two.
+    c.batch_schedule = ConfigDict()
+    c.batch_schedule.kind = "fixed"
+    c.batch_schedule.start_prompts = 0  # P0 (warmup, adaptive)
+    c.batch_schedule.responses = 0  # warmup: retained responses to reach prompts
+    c.batch_schedule.window = 4  # adaptive: updates B_simple is pooled over
 
     # Learning rate: lr = rule(lr_ref, B / batch_ref).
     # "sqrt" | "linear" | "fixed" | "malladi" | "surge" (rl_batch/algorithms/lr_rules.py).

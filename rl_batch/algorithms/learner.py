@@ -214,6 +214,26 @@ def current_lr(opt_state: optax.OptState) -> jax.Array:
     return jnp.asarray(hyper["learning_rate"], jnp.float32)
 
 
+def with_adam_hparams(state: TrainState, lr: float, b1: float, b2: float, eps: float):
+    """``state`` with the Adam settings in its ``inject_hyperparams`` optimizer state set
+    (a batch schedule's LR rule at the current batch). Each value keeps its stored
+    dtype and sharding, so the jitted update does not recompile.
+
+    Raises:
+      ValueError: the optimizer state has no injected hyperparameters.
+    """
+    opt_state = state.opt_state
+    hyper = getattr(opt_state, "hyperparams", None)
+    if hyper is None or "learning_rate" not in hyper:
+        raise ValueError("the optimizer state has no injected learning rate to set")
+    values = {"learning_rate": lr, "b1": b1, "b2": b2, "eps": eps}
+    new = dict(hyper)
+    for name, value in values.items():
+        old = hyper[name]
+        new[name] = jax.device_put(np.asarray(value, old.dtype), old.sharding)
+    return state.replace(opt_state=opt_state._replace(hyperparams=new))
+
+
 # ---------------------------------------------------------------------- train state
 
 

@@ -188,15 +188,22 @@ class RolloutSource:
         """Whether rollouts are in flight (async only)."""
         return bool(self.pending)
 
-    def next(self, params, counters) -> tuple[Job, rollout_lib.Rollout, float]:
+    def next(
+        self, params, counters, prompts: int | None = None
+    ) -> tuple[Job, rollout_lib.Rollout, float]:
         """The next training batch: ``(job, rollout, seconds the learner waited for it)``.
+
+        ``prompts``: the batch's prompts (a batch schedule's current P; synchronous
+        rollouts only), default the config's ``prompts``.
 
         Async: first tops up the batches in flight, and after taking the oldest starts
         the next one, so that it overlaps the update that follows.
         """
         t0 = time.perf_counter()
+        if prompts is not None and prompts != self.c.prompts and self.executor is not None:
+            raise ValueError("a batch schedule's prompts need synchronous rollouts")
         if self.executor is None:
-            job = self._start(params, counters)
+            job = self._start(params, counters, prompts)
             return job, job.result, time.perf_counter() - t0
         while len(self.pending) < self.depth:
             self.pending.append(self._start(params, counters))
@@ -226,12 +233,13 @@ class RolloutSource:
         counters.rollouts += 1
         return index, position, idx
 
-    def _start(self, params, counters) -> Job:
-        """Draws the next prompts and generates them (async: submits them to the thread)."""
+    def _start(self, params, counters, prompts: int | None = None) -> Job:
+        """Draws the next ``prompts`` (default the config's) prompts and generates them
+        (async: submits them to the thread)."""
         if self.partial_sampler is not None:
             return self._start_partial(params, counters)
         c = self.c
-        index, position, idx = self._draw(counters, c.prompts)
+        index, position, idx = self._draw(counters, prompts or c.prompts)
         examples = [self.train_data[int(i)] for i in idx]
         if self.executor is not None:  # The update donates its state: generate from a copy.
             params = jax.block_until_ready(jax.tree.map(jnp.copy, params))

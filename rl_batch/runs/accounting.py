@@ -133,6 +133,8 @@ class Step:
       update_s: seconds of the update (0 without one).
       wall_s: seconds of the whole iteration so far, compilation included.
       compilations: jit traces so far (sampler + update): constant after the warm-up.
+      lr: the learning rate the update used (a batch schedule's rule at the batch's
+        P x G); None: the run's ``spec.optimizer.lr``.
     """
 
     ro: rollout_lib.Rollout
@@ -144,6 +146,7 @@ class Step:
     update_s: float
     wall_s: float
     compilations: int
+    lr: float | None = None
 
 
 class StepAccounting:
@@ -167,8 +170,9 @@ class StepAccounting:
         """Adds the step to ``counters``; returns its metrics line (None: no update)."""
         c, ro = self.c, s.ro
         retained = int(s.keep_p.sum()) * c.group_size
+        prompts = int(ro.rewards_pg.shape[0])  # this batch's P (a batch schedule's)
         # Responses that ended in this rollout (partial rollout: finished groups only).
-        done_p = c.prompts if ro.complete_p is None else int(ro.complete_p.sum())
+        done_p = prompts if ro.complete_p is None else int(ro.complete_p.sum())
         generated = c.group_size * done_p
         counters.responses_generated_cum += generated
         counters.time_generate_s += ro.time_generate_s
@@ -201,11 +205,11 @@ class StepAccounting:
             "step": counters.step,
             "responses_cum": counters.responses_cum,
             "responses_generated_cum": counters.responses_generated_cum,
-            "prompts": c.prompts,
+            "prompts": prompts,
             "group_size": c.group_size,
             "batch_responses": retained,
             "batch_generated": generated,
-            "lr": self.lr,
+            "lr": self.lr if s.lr is None else s.lr,
             "reward_mean": float(ro.rewards_pg.mean()),
             "reward_retained_mean": float(ro.rewards_pg[s.keep_p].mean()),
             **ro.score_counts,  # math: score_unverified_too_big, score_unverified_timeout

@@ -23,7 +23,7 @@ from rl_batch import targets
 from rl_batch.algorithms import grpo, learner, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout.sampler import Sampler, SamplingConfig
-from rl_batch.runs import tracking
+from rl_batch.runs import batch_schedule, tracking
 from rl_batch.runs.spec import Adam, RunSpec
 from rl_batch.tasks.custom_reward import WithReward
 from rl_batch.tasks.plugin import is_plugin, make_plugin_task
@@ -394,6 +394,7 @@ def _field_errors(c: ConfigDict) -> list[str]:
     check(c.algo in ALGOS, f"algo={c.algo!r}: expected one of {ALGOS}")
     check(c.prompts >= 1, f"prompts={c.prompts}: must be >= 1")
     check(c.group_size >= 1, f"group_size={c.group_size}: must be >= 1")
+    errors.extend(batch_schedule.config_errors(c))
     if c.algo == "grpo":
         check(
             c.group_size >= 2,
@@ -660,6 +661,17 @@ def _micro_batches(c: ConfigDict, batch: int, device_count: int) -> int:
             learner.check_group_pairs(c.prompts, c.group_size, micro_batches)
         except ValueError as e:
             errors.check(False, f"grpo.group_noise=True: {e} (the update's micro-batches)")
+    schedule = batch_schedule.BatchSchedule.from_config(c)
+    if schedule.kind != "fixed" and not errors:
+        start = schedule.start_prompts * c.group_size
+        minibatches = c.grpo.num_minibatches if c.algo == "grpo" else 1
+        pieces = minibatches * micro_batches * shards
+        errors.check(
+            start % pieces == 0,
+            f"batch_schedule.start_prompts={schedule.start_prompts}: its batch "
+            f"{schedule.start_prompts} x {c.group_size} = {start} does not split into "
+            f"num_minibatches x micro_batches x data-parallel size = {pieces} equal pieces",
+        )
     _raise_if(errors)
     return micro_batches
 
@@ -749,6 +761,9 @@ ADDED_FIELDS: dict[str, Any] = {
     "sampling.engine": "static",
     "sampling.slots": 0,
     "sampling.attn_block": 0,
+    "batch_schedule": lambda old: dict(batch_schedule.FIXED),
+    "grpo.group_noise": False,
+    "lr_rule_noise_scale": 0.0,
 }
 
 

@@ -43,9 +43,9 @@ from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import groups as rollout_lib
 from rl_batch.rollout import sources as rollout_source
 from rl_batch.rollout.sampler import Sampler
+from rl_batch.runs import batch_schedule, tracking
 from rl_batch.runs import config as config_lib
 from rl_batch.runs import programs as programs_lib
-from rl_batch.runs import tracking
 from rl_batch.runs.accounting import (
     STOP_TARGET,
     Counters,
@@ -631,22 +631,25 @@ def _compile(s: _Setup, state, counters: Counters) -> float:
         # this process compiled them, the warm-up rollout's shapes included.
         counters.time_compile_s += time.perf_counter() - t0
         return matmul_rate
-    warm = rollout_lib.rollout(
-        s.sampler,
-        algo.policy_params(state),
-        s.evaluator.task,
-        s.evaluator.tokenizer,
-        [s.train_data[i] for i in range(c.prompts)],
-        c.group_size,
-        rng=jax.random.key(0),
-        sampling=s.source.sampling,
-        gen_batch=c.gen_batch,
-    )
-    # One throw-away update on a copy of the state (the update donates its input).
-    scratch = jax.tree.map(jnp.copy, state)
-    keep_all = np.ones(c.prompts, bool)
-    jax.block_until_ready(algo.update_fn(scratch, algo.make_batch(warm, keep_all), s.base_rng))
-    del scratch
+    # Every batch shape the run trains with: P, or each of a batch schedule's doublings.
+    for prompts in s.spec.batch_schedule.buckets:
+        warm = rollout_lib.rollout(
+            s.sampler,
+            algo.policy_params(state),
+            s.evaluator.task,
+            s.evaluator.tokenizer,
+            [s.train_data[i] for i in range(prompts)],
+            c.group_size,
+            rng=jax.random.key(0),
+            sampling=s.source.sampling,
+            gen_batch=c.gen_batch,
+        )
+        # One throw-away update on a copy of the state (the update donates its input).
+        scratch = jax.tree.map(jnp.copy, state)
+        keep_all = np.ones(prompts, bool)
+        batch = algo.make_batch(warm, keep_all)
+        jax.block_until_ready(algo.update_fn(scratch, batch, s.base_rng))
+        del scratch
     counters.time_compile_s += time.perf_counter() - t0
     return matmul_rate
 
@@ -719,7 +722,11 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
     try:
         while not counters.stopped:
             t_step = time.perf_counter()
-            job, ro, learner_wait = source.next(algo.policy_params(state), counters)
+            # This batch's P and the LR rule at its P x G (a batch schedule; else fixed).
+            prompts, lr = _scheduled_batch(spec, counters, metrics_log.records)
+            if lr is not None:
+                state = learner.with_adam_hparams(state, **dataclasses.asdict(lr))
+            job, ro, learner_wait = source.next(algo.policy_params(state), counters, prompts)
             keep_p = keep_mask(ro, algo.filter_groups)
             staleness = counters.step - job.gen_step
             t_update, metrics = 0.0, {}
@@ -736,6 +743,7 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
                 ro, keep_p, staleness, metrics, bool(metrics) and algo.trains_policy(metrics),
                 learner_wait, t_update, time.perf_counter() - t_step,
                 s.sampler.num_compilations + flops.jit_cache_size(algo.update_fn),
+                None if lr is None else lr.lr,
             )  # fmt: skip
             record = accounting.book(counters, step)
             if record is not None:
@@ -787,6 +795,21 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
     summary = _write_summary(s, counters, status)
     ckpt.close()
     return summary
+
+
+def _scheduled_batch(spec: RunSpec, counters: Counters, records: list[dict]) -> tuple[int, Any]:
+    """The next rollout batch's prompts under the run's batch schedule, and the policy's
+    Adam settings at its P x G (None for a fixed schedule: the state keeps its own).
+
+    A pure function of the counters and the metrics lines, which a checkpoint restores:
+    a resumed run continues the schedule exactly (`rl_batch.runs.batch_schedule`).
+    """
+    schedule = spec.batch_schedule
+    if schedule.kind == "fixed":
+        return schedule.prompts, None
+    history = batch_schedule.noise_history(records) if schedule.kind == "adaptive" else ()
+    prompts = batch_schedule.prompts_at(schedule, counters.responses_cum, history)
+    return prompts, spec.optimizer_at(prompts * schedule.group_size)
 
 
 def _write_summary(s: _Setup, counters: Counters, status: str, error: str | None = None) -> dict:

@@ -21,6 +21,7 @@ from ml_collections import ConfigDict, FrozenConfigDict
 
 from rl_batch.algorithms import grpo, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
+from rl_batch.runs.batch_schedule import BatchSchedule
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,8 @@ class RunSpec:
       algorithm: ``grpo.GRPOConfig`` or ``ppo.PPOConfig`` of the run.
       device_count: devices the run's mesh spans.
       python: the Python version that resolved it.
+      batch_schedule: the prompts per rollout batch over the run (from the inputs'
+        ``batch_schedule`` section; fixed at ``prompts`` when it has none).
     """
 
     inputs: FrozenConfigDict
@@ -69,6 +72,7 @@ class RunSpec:
     algorithm: grpo.GRPOConfig | ppo.PPOConfig
     device_count: int
     python: str
+    batch_schedule: BatchSchedule
 
     @classmethod
     def build(
@@ -106,7 +110,21 @@ class RunSpec:
             algorithm=_algorithm_config(inputs, micro_batches),
             device_count=device_count,
             python=python,
+            batch_schedule=BatchSchedule.from_config(inputs),
         )
+
+    def optimizer_at(self, batch: int) -> Adam:
+        """The policy's Adam settings at a rollout batch of ``batch`` responses (a batch
+        schedule's current P x G): ``optimizer`` itself at the configured batch, the fixed
+        ``lr`` when one is set, else ``lr_rule`` applied to ``lr_ref`` at ``batch``."""
+        c = self.inputs
+        if batch == self.batch or c.lr is not None:
+            return self.optimizer
+        hp = lr_rules.scale_hparams(
+            rule=c.lr_rule, ref_lr=c.lr_ref, batch=batch, ref_batch=c.batch_ref,
+            b1=c.b1, b2=c.b2, eps=c.eps,
+        )  # fmt: skip
+        return Adam(lr=hp.lr, b1=hp.b1, b2=hp.b2, eps=hp.eps)
 
     # ------------------------------------------------------------ the JSON form
 

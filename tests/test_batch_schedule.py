@@ -1,0 +1,331 @@
+"""Batch-size schedules (``batch_schedule``): the schedule functions against sequences
+worked by hand, config validation, and tiny runs (P and LR per update, compiled shapes,
+an exact resume mid-schedule)."""
+
+import json
+import math
+import re
+
+import pytest
+from ml_collections import ConfigDict
+
+from experiments.configs import base
+from rl_batch import artifacts
+from rl_batch.models import flops
+from rl_batch.runs import batch_schedule as bs
+from rl_batch.runs import config as config_lib
+from rl_batch.runs import programs as programs_lib
+from rl_batch.runs import run as run_lib
+from rl_batch.runs.spec import RunSpec
+from tests.run_fixtures import assert_same_records, deterministic, set_fields, tiny_run_config
+
+
+def _schedule(kind="warmup", prompts=8, group_size=2, start_prompts=2, responses=64, window=2):
+    return bs.BatchSchedule(
+        kind=kind,
+        prompts=prompts,
+        group_size=group_size,
+        start_prompts=start_prompts,
+        responses=responses,
+        window=window,
+    )
+
+
+# ------------------------------------------------------------------ the schedule functions
+
+
+def test_buckets_are_the_doublings_from_p0_to_prompts():
+    assert _schedule(start_prompts=2, prompts=8).buckets == (2, 4, 8)
+    assert _schedule(start_prompts=1, prompts=16).buckets == (1, 2, 4, 8, 16)
+    assert _schedule(start_prompts=8, prompts=8).buckets == (8,)
+    assert _schedule(start_prompts=1, prompts=16).doublings == 4
+
+
+def test_warmup_doubles_evenly_over_its_responses():
+    # P0=2 -> P=8 over 64 responses: K=2 doublings, stage floor(r * 2 / 64).
+    s = _schedule(start_prompts=2, prompts=8, responses=64)
+    got = [bs.prompts_at(s, r) for r in (0, 8, 31, 32, 63, 64, 65, 1000)]
+    assert got == [2, 2, 2, 4, 4, 8, 8, 8]
+    # P0=1 -> P=8 over 90: K=3, stage floor(r / 30): 1 up to 29, 2 up to 59, 4 up to 89.
+    s = _schedule(start_prompts=1, prompts=8, responses=90)
+    got = [bs.prompts_at(s, r) for r in (0, 29, 30, 59, 60, 89, 90)]
+    assert got == [1, 1, 2, 2, 4, 4, 8]
+
+
+def test_fixed_is_always_the_configured_prompts():
+    s = bs.BatchSchedule.from_config(ConfigDict({"prompts": 16, "group_size": 8}))
+    assert s.kind == "fixed" and s.buckets == (16,)
+    assert [bs.prompts_at(s, r) for r in (0, 10_000)] == [16, 16]
+
+
+def _point(prompts, g2, trace, b=2.0, big=8.0):
+    """A measurement whose unbiased terms are exactly |G|^2 = g2, tr(Sigma) = trace:
+    E|g_b|^2 = g2 + trace / b."""
+    return bs.NoisePoint(prompts, g2 + trace / b, g2 + trace / big, b, big)
+
+
+def test_pooled_noise_scale_is_the_ratio_of_the_mean_terms():
+    # By hand: |g_2|^2 = 5, |g_8|^2 = 2 -> |G|^2 = (16 - 10) / 6 = 1, tr = 3 / 0.375 = 8.
+    assert bs.pooled_noise_scale([bs.NoisePoint(2, 5.0, 2.0, 2.0, 8.0)]) == pytest.approx(8.0)
+    # (8 + 4) / 2 over (1 + 3) / 2 = 3, not the mean of the ratios (8 + 4/3) / 2.
+    pooled = bs.pooled_noise_scale([_point(2, 1.0, 8.0), _point(2, 3.0, 4.0)])
+    assert pooled == pytest.approx(3.0)
+    # |G|^2 <= 0 with noise: noise-dominated, B_simple = inf; no noise: 0.
+    assert bs.pooled_noise_scale([bs.NoisePoint(2, 5.0, 1.0, 2.0, 8.0)]) == math.inf
+    assert bs.pooled_noise_scale([bs.NoisePoint(2, 1.0, 1.0, 2.0, 8.0)]) == 0.0
+    with pytest.raises(ValueError, match="no noise measurements"):
+        bs.pooled_noise_scale([])
+
+
+def test_adaptive_doubles_when_the_pooled_noise_scale_exceeds_the_batch():
+    s = _schedule(kind="adaptive", start_prompts=2, prompts=8, group_size=2, window=2)
+    hot, cold = _point(2, 1.0, 8.0), _point(2, 1.0, 3.0)  # B_simple 8 and 3; B = 4 at P = 2
+    assert bs.prompts_at(s, 0, []) == 2  # P0 before any measurement
+    assert bs.prompts_at(s, 0, [hot]) == 2  # the window (2) is not full yet
+    assert bs.prompts_at(s, 0, [hot, hot]) == 4  # 8 > 2 x 2
+    assert bs.prompts_at(s, 0, [cold, cold]) == 2  # 3 < 4
+    assert bs.prompts_at(s, 0, [hot, cold]) == 4  # pooled (8 + 3) / 2 = 5.5 > 4
+    # At P = 4 (B = 8) it waits for a full window measured there, then needs B_simple > 8.
+    at4 = [hot, hot, _point(4, 1.0, 20.0)]
+    assert bs.prompts_at(s, 0, at4) == 4
+    assert bs.prompts_at(s, 0, [*at4, _point(4, 1.0, 20.0)]) == 8  # 20 > 8
+    assert bs.prompts_at(s, 0, [hot, hot, _point(4, 1.0, 8.0), _point(4, 1.0, 8.0)]) == 4
+    # Never past the configured prompts.
+    assert bs.prompts_at(s, 0, [_point(8, 1.0, 1e6)] * 2) == 8
+
+
+def test_noise_history_reads_the_update_lines_that_measured_the_noise():
+    fields = dict(grad_sq_micro=5.0, grad_sq_full=2.0, gns_batch_micro=2.0, gns_batch_full=8.0)
+    records = [
+        {"kind": "eval", "step": 0, **fields},
+        {"kind": "update", "step": 1, "prompts": 2, **fields},
+        {"kind": "update", "step": 2, "prompts": 2},  # micro_batches = 1: no measurement
+        {"kind": "update", "step": 3, "prompts": 4, **fields, "grad_sq_full": float("nan")},
+        {"kind": "update", "step": 4, "prompts": 4, **fields},
+    ]
+    assert bs.noise_history(records) == [
+        bs.NoisePoint(2, 5.0, 2.0, 2.0, 8.0),
+        bs.NoisePoint(4, 5.0, 2.0, 2.0, 8.0),
+    ]
+
+
+# ------------------------------------------------------------------------- the config
+
+
+def _config(**changes):
+    c = base.run_config()
+    c.run_dir = "/tmp/unused"
+    return set_fields(c, changes)
+
+
+def _warmup(**changes):
+    return _config(
+        **{
+            "batch_schedule.kind": "warmup",
+            "batch_schedule.start_prompts": 2,
+            "batch_schedule.responses": 512,
+            **changes,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"batch_schedule.kind": "cosine"}, "batch_schedule.kind='cosine': expected one of"),
+        ({"batch_schedule.start_prompts": 3}, "batch_schedule.start_prompts=3: kind='warmup'"),
+        ({"batch_schedule.start_prompts": 0}, "batch_schedule.start_prompts=0: kind='warmup'"),
+        ({"batch_schedule.start_prompts": 32}, "batch_schedule.start_prompts=32: kind='warmup'"),
+        ({"batch_schedule.responses": 0}, "batch_schedule.responses=0: kind='warmup' needs"),
+        (
+            {"batch_schedule.kind": "adaptive"},
+            "batch_schedule.kind='adaptive' needs grpo.micro_batches >= 2 (got 1)",
+        ),
+        (
+            {
+                "batch_schedule.kind": "adaptive",
+                "batch_schedule.window": 0,
+                "grpo.micro_batches": 2,
+            },
+            "batch_schedule.window=0: must be an int >= 1",
+        ),
+        ({"async_rollout.enabled": True}, "kind='warmup' needs synchronous rollouts"),
+        ({"partial_rollout.enabled": True}, "kind='warmup' needs synchronous rollouts"),
+        ({"grpo.micro_batch_seqs": 16}, "kind='warmup' takes a fixed micro-batch count"),
+        (
+            {"algo": "ppo", "group_size": 1, "filter_groups": False},
+            "batch_schedule.kind='warmup' needs algo='grpo'",
+        ),
+    ],
+)
+def test_bad_schedules_are_named_in_one_line(changes, message):
+    with pytest.raises(ValueError, match="invalid config: .*" + re.escape(message)) as e:
+        config_lib.resolve(_warmup(**changes), 1)
+    assert "\n" not in str(e.value)
+
+
+def test_the_schedules_first_batch_must_split_like_the_last():
+    # P0 x G = 2 x 8 = 16 rows into 4 micro-batches x 8 shards = 32 pieces: no.
+    c = _warmup(**{"grpo.micro_batches": 4})
+    with pytest.raises(ValueError, match="start_prompts=2: its batch 2 x 8 = 16 does not split"):
+        config_lib.resolve(c, 8)
+    assert config_lib.resolve(c, 2).batch_schedule.buckets == (2, 4, 8, 16)
+
+
+def test_the_schedule_is_in_the_spec_and_reads_back_from_config_json():
+    spec = config_lib.resolve(_warmup(), 1)
+    assert spec.batch_schedule == bs.BatchSchedule(
+        kind="warmup", prompts=16, group_size=8, start_prompts=2, responses=512, window=4
+    )
+    data = json.loads(json.dumps(spec.to_json()))
+    assert data["batch_schedule"]["kind"] == "warmup"
+    assert RunSpec.from_json(data).batch_schedule == spec.batch_schedule
+
+
+def test_a_config_json_from_before_batch_schedules_is_fixed_and_resumes():
+    new = config_lib.resolve(_config(), 1).to_json()
+    old = json.loads(json.dumps(new))
+    del old["batch_schedule"]
+    assert config_lib.resume_diffs(old, new) == []
+    spec = RunSpec.from_json(old)
+    assert spec.batch_schedule.kind == "fixed" and spec.batch_schedule.buckets == (16,)
+    # A schedule is a different run: it does not resume a fixed one.
+    warm = config_lib.resolve(_warmup(), 1).to_json()
+    assert "batch_schedule.kind: 'fixed' -> 'warmup'" in config_lib.resume_diffs(old, warm)
+
+
+def test_the_lr_rule_is_applied_at_the_current_batch():
+    # sqrt rule, lr_ref 5e-5 at batch_ref 128; prompts 16 x G 8 = 128.
+    spec = config_lib.resolve(_warmup(), 1)
+    assert spec.optimizer_at(128) == spec.optimizer
+    assert spec.optimizer_at(32).lr == pytest.approx(5e-5 * math.sqrt(32 / 128))
+    malladi = config_lib.resolve(_warmup(lr_rule="malladi"), 1)
+    at32 = malladi.optimizer_at(32)  # k = 1/4: 1 - b -> (1 - b) / 4, eps -> 2 eps
+    assert (at32.b1, at32.b2, at32.eps) == pytest.approx((0.975, 0.99975, 2e-8))
+    fixed_lr = config_lib.resolve(_warmup(lr=1e-4), 1)
+    assert fixed_lr.optimizer_at(32).lr == 1e-4  # an explicit lr overrides the rule
+
+
+# --------------------------------------------------------------------------- tiny runs
+
+# P0 = 2 -> P = 8, G = 4, over 64 responses: stage floor(r / 32).
+WARMUP = {
+    "prompts": 8,
+    "batch_schedule.kind": "warmup",
+    "batch_schedule.start_prompts": 2,
+    "batch_schedule.responses": 64,
+}
+
+
+@pytest.fixture(scope="module")
+def work_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("work"))
+
+
+@pytest.fixture(scope="module")
+def warmup_run(work_dir, tmp_path_factory):
+    """An uninterrupted warmup run to 128 responses, and its update program's cache size."""
+    run_dir = str(tmp_path_factory.mktemp("warmup") / "full")
+    programs_lib.keep(1)  # (to look at the compiled update afterwards)
+    try:
+        run_lib.run(
+            tiny_run_config(work_dir, run_dir, budget_responses=128, **WARMUP), progress=False
+        )
+        (programs,) = programs_lib._kept.values()
+        update_programs = flops.jit_cache_size(programs.algo.update_fn)
+    finally:
+        programs_lib.keep(0)
+    return run_dir, update_programs
+
+
+def test_warmup_run_follows_the_schedule_with_the_lr_rule_at_each_batch(warmup_run):
+    run_dir, _ = warmup_run
+    updates = artifacts.read_metrics(run_dir, "update")
+    # By hand: 8 responses per update at P=2 until 32, 16 at P=4 until 64, then 32 at P=8.
+    assert [u["prompts"] for u in updates] == [2, 2, 2, 2, 4, 4, 8, 8]
+    assert [u["batch_responses"] for u in updates] == [8, 8, 8, 8, 16, 16, 32, 32]
+    assert [u["responses_cum"] for u in updates] == [8, 16, 24, 32, 48, 64, 96, 128]
+    # sqrt rule from lr_ref 1e-3 at batch_ref 16.
+    for u in updates:
+        assert u["lr"] == pytest.approx(1e-3 * math.sqrt(u["batch_responses"] / 16), rel=1e-6)
+    assert len(updates) == 8  # one optimizer update per rollout batch
+
+
+def test_a_schedule_compiles_each_batch_shape_once_before_training(warmup_run):
+    run_dir, update_programs = warmup_run
+    assert update_programs == 3  # P = 2, 4, 8: one update program each, never per step
+    compilations = {u["compilations"] for u in artifacts.read_metrics(run_dir, "update")}
+    assert len(compilations) == 1  # nothing compiled during training
+
+
+def test_warmup_resumed_mid_schedule_matches_the_uninterrupted_run(warmup_run, work_dir, tmp_path):
+    full_dir, _ = warmup_run
+    split_dir = str(tmp_path / "split")
+    # Stop at 24 responses (P = 2, three updates before the first doubling), then resume.
+    first = run_lib.run(
+        tiny_run_config(work_dir, split_dir, budget_responses=24, **WARMUP), progress=False
+    )
+    assert first["responses_cum"] == 24
+    resumed = tiny_run_config(work_dir, split_dir, budget_responses=128, **WARMUP)
+    run_lib.run(resumed, progress=False)
+    full = deterministic(artifacts.read_metrics(full_dir), "update")
+    split = deterministic(artifacts.read_metrics(split_dir), "update")
+    assert len(full) == 8
+    assert_same_records(full, split, rel=1e-5, abs=1e-7)
+
+
+# Adaptive: P0 = 2 -> P = 8 at G = 8, B_simple pooled over 2 updates from 2 micro-batches.
+# A random model's responses rarely solve the task (zero advantages, zero gradients):
+# they are rewarded by their length, which varies, so the noise scale is measurable.
+ADAPTIVE = {
+    "prompts": 8,
+    "group_size": 8,
+    "batch_schedule.kind": "adaptive",
+    "batch_schedule.start_prompts": 2,
+    "batch_schedule.window": 2,
+    "grpo.micro_batches": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def adaptive_config(work_dir, tmp_path_factory):
+    """``adaptive_config(run_dir, budget)``: a tiny adaptive run config."""
+    reward = tmp_path_factory.mktemp("reward") / "length_reward.py"
+    reward.write_text(
+        "def length(prompt, response, answer, meta):\n    return float(len(response))\n"
+    )
+
+    def make(run_dir, budget):
+        return tiny_run_config(
+            work_dir,
+            run_dir,
+            budget_responses=budget,
+            **{**ADAPTIVE, "task.reward_fn": f"{reward}:length"},
+        )
+
+    return make
+
+
+def test_adaptive_run_grows_p_by_the_pooled_noise_scale_and_resumes_exactly(
+    adaptive_config, tmp_path
+):
+    full_dir, split_dir = str(tmp_path / "full"), str(tmp_path / "split")
+    run_lib.run(adaptive_config(full_dir, 160), progress=False)
+    updates = artifacts.read_metrics(full_dir, "update")
+    schedule = config_lib.resolve(adaptive_config(full_dir, 160)).batch_schedule
+    # Each update's P is the schedule's function of the lines before it ...
+    for i, u in enumerate(updates):
+        expected = bs.prompts_at(schedule, u["responses_cum"], bs.noise_history(updates[:i]))
+        assert u["prompts"] == expected, i
+        assert u["batch_responses"] == 8 * u["prompts"]
+        assert u["lr"] == pytest.approx(1e-3 * math.sqrt(8 * u["prompts"] / 16), rel=1e-6)
+    # ... and it grew: every update measured the noise, and P took more than one value.
+    assert len(bs.noise_history(updates)) == len(updates)
+    prompts = [u["prompts"] for u in updates]
+    assert prompts == sorted(prompts) and prompts[0] == 2 and prompts[-1] > 2
+    # Stopped with a full window at P0 (its doubling decided by the saved lines), resumed.
+    run_lib.run(adaptive_config(split_dir, 32), progress=False)
+    run_lib.run(adaptive_config(split_dir, 160), progress=False)
+    full = deterministic(updates)
+    split = deterministic(artifacts.read_metrics(split_dir, "update"))
+    assert_same_records(full, split, rel=1e-5, abs=1e-7)
