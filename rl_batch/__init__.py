@@ -17,5 +17,6 @@ run artifacts and imports none of the JAX layers):
 
 Top-level modules are the shared base, imported by every layer: ``artifacts`` (the run
 and sweep directory contract), ``targets`` (the definition of N*, q and T),
-``provenance``, ``tokenizers``, ``distributed`` and ``locks``.
+``provenance``, ``tokenizers``, ``distributed``, ``locks`` and ``gradient_noise`` (the
+noise-scale estimator that a batch schedule and the analysis share).
 """

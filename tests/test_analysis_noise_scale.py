@@ -4,6 +4,7 @@ import analysis_fixtures as fx
 import numpy as np
 import pytest
 
+from rl_batch import gradient_noise
 from rl_batch.analysis import curves
 from rl_batch.analysis import noise_scale as ns
 
@@ -11,11 +12,13 @@ from rl_batch.analysis import noise_scale as ns
 def test_terms_invert_the_expectations_exactly():
     g2, tr, b, B = 2.0, 96.0, 8, 64  # noqa: N806
     sq_b, sq_B = g2 + tr / b, g2 + tr / B  # noqa: N806
-    got_g2, got_tr = ns.noise_scale_terms(sq_b, sq_B, b, B)
+    got_g2, got_tr = gradient_noise.noise_scale_terms(sq_b, sq_B, b, B)
     assert got_g2 == pytest.approx(g2) and got_tr == pytest.approx(tr)
-    assert ns.simple_noise_scale(sq_b, sq_B, b, B) == pytest.approx(48.0)
+    assert gradient_noise.simple_noise_scale(sq_b, sq_B, b, B) == pytest.approx(48.0)
     # Array-generic: elementwise on numpy arrays.
-    g2s, trs = ns.noise_scale_terms(np.array([sq_b, sq_b]), np.array([sq_B, sq_B]), b, B)
+    g2s, trs = gradient_noise.noise_scale_terms(
+        np.array([sq_b, sq_b]), np.array([sq_B, sq_B]), b, B
+    )
     np.testing.assert_allclose(g2s, [g2, g2])
     np.testing.assert_allclose(trs, [tr, tr])
 
@@ -40,7 +43,7 @@ def test_estimates_converge_to_trace_over_g2():
     b, big = 8, 64
     sq_small, sq_big, truth = _gaussian_problem(4000, b, big)
     assert 5.0 < truth < 200.0  # A noise scale between the two batch sizes' regimes.
-    g2, tr = ns.noise_scale_terms(sq_small, sq_big, b, big)
+    g2, tr = gradient_noise.noise_scale_terms(sq_small, sq_big, b, big)
     pooled = tr.mean() / g2.mean()
     assert pooled == pytest.approx(truth, rel=0.04)
     ema = ns.NoiseScaleEMA(decay=0.999)
@@ -66,7 +69,7 @@ def test_terms_work_inside_jit():
 
     @jax.jit
     def step(sq_small, sq_big):
-        g2, tr = ns.noise_scale_terms(sq_small, sq_big, 8, 64)
+        g2, tr = gradient_noise.noise_scale_terms(sq_small, sq_big, 8, 64)
         return tr / g2
 
     got = step(jnp.float32(2.0 + 96.0 / 8), jnp.float32(2.0 + 96.0 / 64))

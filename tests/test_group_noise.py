@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl_batch import gradient_noise
 from rl_batch.algorithms import learner
 from rl_batch.analysis import noise_scale as ns
 
@@ -107,7 +108,7 @@ def test_group_noise_terms_invert_hand_worked_expectations():
     g2, inter, intra = ns.group_noise_terms(10.0, 7.0, 5.25, 32, 8, 128, 16)
     assert (g2, inter, intra) == pytest.approx((2.0, 40.0, 96.0))
     # B_simple from the same micro-batches mixes the two: trace 96 + 40 * 8 * 2 / 6.
-    _, trace = ns.noise_scale_terms(10.0, 5.25, 32, 128)
+    _, trace = gradient_noise.noise_scale_terms(10.0, 5.25, 32, 128)
     assert trace == pytest.approx(96.0 + 40.0 * 8 * 2 / 6)
 
 

@@ -12,7 +12,15 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "rl_batch"
-SHARED = {"artifacts", "targets", "provenance", "tokenizers", "distributed", "locks"}
+SHARED = {
+    "artifacts",
+    "targets",
+    "provenance",
+    "tokenizers",
+    "distributed",
+    "locks",
+    "gradient_noise",
+}
 LAYER = {"models": 1, "tasks": 1, "rollout": 2, "algorithms": 3, "runs": 4, "sweeps": 5}
 
 

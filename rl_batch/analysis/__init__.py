@@ -45,9 +45,7 @@ from rl_batch.analysis.noise_scale import (
     NoiseScaleEMA,
     group_noise_scales,
     group_noise_terms,
-    noise_scale_terms,
     run_noise_scale,
-    simple_noise_scale,
 )
 from rl_batch.analysis.planner import Plan, plan_full, plan_pilot, plan_to_json
 from rl_batch.analysis.time_to_target import (
@@ -59,6 +57,7 @@ from rl_batch.analysis.time_to_target import (
     first_crossing,
     run_time_to_target,
 )
+from rl_batch.gradient_noise import noise_scale_terms, simple_noise_scale
 
 
 def write_all(sweep_dir, target=None, **kwargs):

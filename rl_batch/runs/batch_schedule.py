@@ -12,7 +12,7 @@ counts its retained responses as before.
   cumulative retained responses: stage ``k = min(K, floor(responses_cum * K /
   responses))``, P = P0 * 2**k (so P = ``prompts`` from ``responses`` on).
 - ``adaptive``: P starts at P0 and doubles (up to ``prompts``) when the gradient noise
-  scale B_simple (`rl_batch.analysis.noise_scale`), pooled over the last ``window``
+  scale B_simple (`rl_batch.gradient_noise`), pooled over the last ``window``
   updates at the current P, exceeds the current batch P x G. Pooled: the unbiased
   ``|G|^2`` and ``tr(Sigma)`` terms of each update are averaged over the window and
   B_simple is the ratio of the means (a window whose mean ``|G|^2 <= 0`` while its
@@ -34,6 +34,8 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
+
+from rl_batch.gradient_noise import noise_scale_terms
 
 KINDS = ("fixed", "warmup", "adaptive")
 # The section a config.json written before batch schedules existed is read with.
@@ -135,7 +137,6 @@ def pooled_noise_scale(points: Sequence[NoisePoint]) -> float:
     """B_simple = mean tr(Sigma) / mean |G|^2 over ``points`` (inf when the mean |G|^2
     is <= 0 and the mean tr(Sigma) > 0; 0 when the mean tr(Sigma) is <= 0)."""
     # (Imported here: the analysis package loads scipy, which a run does not need.)
-    from rl_batch.analysis.noise_scale import noise_scale_terms
 
     if not points:
         raise ValueError("pooled_noise_scale: no noise measurements")

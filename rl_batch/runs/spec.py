@@ -175,8 +175,10 @@ class RunSpec:
             critic_optimizer = Adam(
                 lr=derived["critic_lr"], b1=critic.b1, b2=critic.b2, eps=critic.eps
             )
+        batch = derived.get("batch", inputs.prompts * inputs.group_size)  # (older files)
         return cls.build(
             inputs,
+            batch=batch,
             policy=Adam(lr=derived["lr"], b1=derived["b1"], b2=derived["b2"], eps=derived["eps"]),
             lr_arithmetic=derived.get("lr_arithmetic", ""),
             critic_optimizer=critic_optimizer,
