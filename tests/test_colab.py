@@ -112,19 +112,19 @@ def test_notebook_runs_end_to_end_at_the_smallest_setting(tmp_path, monkeypatch)
 
     sweep_dir = os.path.join(out_dir, "sweeps", "smallest")
     record = artifacts.read_json(os.path.join(sweep_dir, artifacts.SWEEP_FILE))
-    names = [r["name"] for r in record["runs"]]
-    assert names == ["p2_g4_sqrt_s0", "p4_g4_sqrt_s0", "p8_g4_sqrt_s0"]
-    assert [r["status"] for r in record["runs"]] == ["finished"] * 3, record["runs"]
-    for name in names:  # Each run went through its whole 64-response runway.
+    names = sorted(r["name"] for r in record["runs"])
+    assert names == [f"p{p}_g8_sqrt_s{s}" for p in (16, 4, 8) for s in (0, 1)], names
+    assert [r["status"] for r in record["runs"]] == ["finished"] * 6, record["runs"]
+    for name in names:  # Each run learned: from the base policy (~0.37) to the target.
         summary = artifacts.read_json(
             os.path.join(sweep_dir, artifacts.RUNS_DIR, name, artifacts.SUMMARY_FILE)
         )
-        assert summary["status"] == "finished" and summary["responses_cum"] == 64, summary
+        assert summary["status"] == "finished" and summary["reached"], summary
 
     figures = os.listdir(os.path.join(sweep_dir, artifacts.FIGURES_DIR))
     assert "invariance.png" in figures, figures
     report = open(os.path.join(sweep_dir, artifacts.REPORT_FILE)).read()
-    assert "grpo-P4-G4-sqrt" in report
+    assert "grpo-P4-G8-sqrt" in report
 
     text = _outputs_text(nb)
     for name in names:  # The status table lists every run.
@@ -138,18 +138,15 @@ def test_notebook_runs_end_to_end_at_the_smallest_setting(tmp_path, monkeypatch)
     assert plan["mode"] == "full" and pilot["mode"] == "pilot"
     assert pilot["pilot"]["fraction"] == pytest.approx(0.3)
     assert sorted(r["config"] for r in plan["rows"]) == [
-        "grpo-P2-G4-sqrt",
-        "grpo-P4-G4-sqrt",
-        "grpo-P8-G4-sqrt",
+        "grpo-P16-G8-sqrt",
+        "grpo-P4-G8-sqrt",
+        "grpo-P8-G8-sqrt",
     ]
     # The printed verdict is the plan's, and agrees with the runs: a best configuration
     # iff one reached the target; one recommendation, or the candidates it cannot separate.
     reached = [r["config"] for r in plan["rows"] if r["reached"]]
-    if plan["best"] is None:
-        assert not reached
-        assert "Recommendation: none (" in text
-        assert "No recommendation: no configuration reached the target" in text
-    elif plan["recommendation"] is not None:
+    assert plan["best"] is not None and reached, plan  # a demo that learns recommends
+    if plan["recommendation"] is not None:
         assert plan["recommendation"] == plan["best"] and plan["candidates"] == [plan["best"]]
         assert f"Recommended: {plan['recommendation']} " in text
     else:
