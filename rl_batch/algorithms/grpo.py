@@ -132,10 +132,12 @@ class GRPOConfig:
         if self.group_noise:
             if self.updates_per_batch != 1:
                 bad("group_noise", "False with num_minibatches or num_epochs > 1")
-            if self.micro_batches < 4 or self.micro_batches % 2:
-                bad("group_noise", "False unless micro_batches is even and >= 4")
-            if self.group_size < 2 or self.group_size % 2:
-                bad("group_noise", "False unless group_size is even")
+            try:  # (the prompts' part is checked where P is known: resolve, the update)
+                learner.check_group_pairs(
+                    self.micro_batches // 2, self.group_size, self.micro_batches
+                )
+            except ValueError as e:
+                bad("group_noise", f"False: {e}")
 
     @classmethod
     def config_fields(cls) -> tuple[str, ...]:

@@ -136,8 +136,6 @@ def warmup_prompts(schedule: BatchSchedule, responses_cum: int) -> int:
 def pooled_noise_scale(points: Sequence[NoisePoint]) -> float:
     """B_simple = mean tr(Sigma) / mean |G|^2 over ``points`` (inf when the mean |G|^2
     is <= 0 and the mean tr(Sigma) > 0; 0 when the mean tr(Sigma) is <= 0)."""
-    # (Imported here: the analysis package loads scipy, which a run does not need.)
-
     if not points:
         raise ValueError("pooled_noise_scale: no noise measurements")
     terms = [noise_scale_terms(p.sq_small, p.sq_big, p.b_small, p.b_big) for p in points]

@@ -130,6 +130,17 @@ def update_memory(
     return Compiled.of(update.lower(*args).compile())
 
 
+def _sampler_args(model_config: model_lib.ModelConfig, batch: int, prompt_len: int):
+    """Abstract (params, prompt tokens [B, I], prompt mask [B, I], rng, max new tokens)
+    of a sampler call: what both engines' programs take."""
+    params = model_lib.abstract_params(model_config)
+    tokens = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
+    mask = jax.ShapeDtypeStruct((batch, prompt_len), jnp.bool_)
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    new = jax.ShapeDtypeStruct((), jnp.int32)
+    return params, tokens, mask, rng, new
+
+
 def sampler_programs(
     model_config: model_lib.ModelConfig,
     *,
@@ -140,11 +151,7 @@ def sampler_programs(
     """The sampler's jitted prefill and decode loop for ``batch`` rows (gen_batch), each
     with its abstract arguments: ((prefill, args), (decode, args)). The decode state (KV
     cache included) is donated, as in ``Sampler``."""
-    params = model_lib.abstract_params(model_config)
-    tokens = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
-    mask = jax.ShapeDtypeStruct((batch, prompt_len), jnp.bool_)
-    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-    new = jax.ShapeDtypeStruct((), jnp.int32)
+    params, tokens, mask, rng, new = _sampler_args(model_config, batch, prompt_len)
     prefill = jax.jit(
         functools.partial(
             sampler_lib.prefill, model_config, response_len=response_len, eos_id=0, pad_id=0
@@ -183,11 +190,7 @@ def continuous_program(
     """The continuous engine's one jitted program (``sampler.sample_continuous``: prefill
     and the decode loop) for ``batch`` rows through ``sampling.slots`` slots, with its
     abstract arguments, as ``Sampler`` runs it (nothing donated)."""
-    params = model_lib.abstract_params(model_config)
-    tokens = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
-    mask = jax.ShapeDtypeStruct((batch, prompt_len), jnp.bool_)
-    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-    new = jax.ShapeDtypeStruct((), jnp.int32)
+    params, tokens, mask, rng, new = _sampler_args(model_config, batch, prompt_len)
     program = jax.jit(
         functools.partial(
             sampler_lib.sample_continuous,
