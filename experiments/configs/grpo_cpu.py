@@ -50,6 +50,7 @@ def get_config(arg=None):
     c.sweep.reference = "8x8:sqrt"
     c.sweep.seeds = ",".join(map(str, range(12)))  # (docs/cpu_study.md: power, time)
     c.sweep.concurrent = 2
-    c.sweep.calibrate_rounds = 5
+    # 10 rounds: at 5 the step-time ratios' spread alone made T/T_ref +-0.21 (R23, R24).
+    c.sweep.calibrate_rounds = 10
     c.sweep.calibrate_gen_probe = "512,1024"
     return c
