@@ -314,6 +314,7 @@ def run_entry(run_dir: str, name: str, log: Log = _stderr_log) -> dict[str, Any]
         lr=artifacts.config_lr(config),
         batch=artifacts.entry_batch(config.get("derived") or {}),
         critic=artifacts.critic_variant_of(config),
+        variant=artifacts.variant_of(config),
         status=status,
         error=error,
     )
@@ -327,6 +328,7 @@ def missing_entry(point: dict[str, Any], status: str = MISSING) -> dict[str, Any
         **{k: overrides.get(k) for k in ENTRY_CONFIG_KEYS},
         batch=overrides.get("batch"),
         critic=overrides.get("critic") or "",
+        variant=overrides.get("variant") or "",
         status=status,
     )
 
@@ -544,8 +546,8 @@ def _key_of(reference: str, entries: dict[str, dict[str, Any]]) -> str | None:
             return _point_key(entry)
         return None
     try:
-        prompts, group, rule, critic = artifacts.parse_point_key(reference)
-        return artifacts.point_key(prompts, group, rule, critic or "")
+        prompts, group, rule, critic, variant = artifacts.parse_key(reference)
+        return artifacts.point_key(prompts, group, rule, critic or "", variant)
     except ValueError:
         return None
 
@@ -799,7 +801,9 @@ def _entry_extras(sweep: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _point_key(entry: dict[str, Any]) -> str:
     """The sweep programs' configuration key, e.g. ``"64x8:sqrt"``."""
     prompts, group, rule = entry.get("prompts"), entry.get("group_size"), entry.get("lr_rule")
-    return artifacts.point_key(prompts, group, rule, entry.get("critic") or "")
+    return artifacts.point_key(
+        prompts, group, rule, entry.get("critic") or "", entry.get("variant") or ""
+    )
 
 
 def run_analysis(sweep_dir: str) -> str | None:

@@ -157,7 +157,9 @@ def sweep_settings(config: Any) -> dict[str, Any]:
 
 # The fields of a run's entry in sweep.json (``sweep_entry``); writers may add more.
 SWEEP_ENTRY_CONFIG_KEYS = ("prompts", "group_size", "lr_rule", "lr", "seed")
-SWEEP_ENTRY_FIELDS = ("name", *SWEEP_ENTRY_CONFIG_KEYS, "critic", "batch", "status", "error")
+SWEEP_ENTRY_FIELDS = (
+    "name", *SWEEP_ENTRY_CONFIG_KEYS, "critic", "variant", "batch", "status", "error"
+)  # fmt: skip
 # Fields of entries written by older code, read by ``entry_batch`` (never written now).
 OLD_SWEEP_ENTRY_FIELDS = ("batch_responses",)
 
@@ -174,13 +176,15 @@ def sweep_entry(
     error: str | None = None,
     batch: Any = None,
     critic: str = "",
+    variant: str = "",
 ) -> dict[str, Any]:
     """A run's entry in sweep.json (the one builder: ``rl_batch.sweeps.sweep``, ``launch/collect``).
 
     ``batch`` is the configured training batch B = P x G (GRPO's batch unit; PPO has
     G = 1), filled in from ``prompts`` and ``group_size`` when not given (the update
     lines' ``batch_responses`` count the responses each update retained instead).
-    ``critic`` is a PPO point's critic variant (`critic_variant`; ``""`` at the defaults).
+    ``critic`` is a PPO point's critic variant (`critic_variant`; ``""`` at the defaults),
+    ``variant`` its named variant (``""``: none).
     """
     if batch is None and isinstance(prompts, int) and isinstance(group_size, int):
         batch = prompts * group_size
@@ -190,6 +194,7 @@ def sweep_entry(
         "group_size": group_size,
         "lr_rule": lr_rule,
         "critic": critic,
+        "variant": variant,
         "lr": lr,
         "seed": seed,
         "batch": batch,
@@ -224,13 +229,20 @@ def config_lr(config: dict[str, Any]) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Configuration:
     """One configuration of a sweep (its seeds are runs of it): the one identity of a
-    (prompts, group size, LR rule, PPO critic variant) and each of its spellings.
+    (prompts, group size, LR rule, PPO critic variant, named variant) and each of its
+    spellings.
 
-    - ``key``: the grid's, e.g. ``"16x8:sqrt"`` (``sweep.extra_points``,
-      ``sweep.reference``, ``--reference``; `parse_point_key` reads it back);
+    - ``key``: the grid's, e.g. ``"16x8:sqrt"`` or ``"16x8:sqrt@warmup"``
+      (``sweep.extra_points``, ``sweep.reference``, ``--reference``; `parse_key` reads
+      it back);
     - ``run_name(seed)``: a run directory's, e.g. ``"p16_g8_sqrt_s0"``;
     - ``name``: with the algorithm, e.g. ``"grpo-P16-G8-sqrt"`` (tables, ``--reference``);
     - ``label``: for figures, e.g. ``"P=16 G=8 sqrt"``.
+
+    ``variant`` names a set of config settings off the sweep's base config
+    (``sweep.variants``, e.g. a batch-size schedule or a hyperparameter rule; ``""``:
+    none); P and G are then the configured (for a schedule, the largest) batch. The
+    run config records it as ``variant`` (`variant_of`).
     """
 
     algo: str
@@ -238,6 +250,7 @@ class Configuration:
     group_size: int
     lr_rule: str
     critic: str = ""  # PPO critic settings off their defaults (`critic_variant`)
+    variant: str = ""  # a named set of settings off the base config (`sweep.variants`)
 
     @property
     def batch(self) -> int:
@@ -249,33 +262,76 @@ class Configuration:
         """The grid's spelling, e.g. ``"64x8:sqrt"``, or ``"64x1:sqrt:k2"`` for a PPO
         critic off its defaults."""
         key = f"{self.prompts}x{self.group_size}:{self.lr_rule}"
-        return f"{key}:{self.critic}" if self.critic else key
+        key = f"{key}:{self.critic}" if self.critic else key
+        return f"{key}@{self.variant}" if self.variant else key
 
     def run_name(self, seed: int) -> str:
         """The run directory of one seed, e.g. ``"p16_g8_sqrt_s0"``."""
         critic = f"_{self.critic}" if self.critic else ""
-        return f"p{self.prompts}_g{self.group_size}_{self.lr_rule}{critic}_s{seed}"
+        variant = f"_{self.variant}" if self.variant else ""
+        return f"p{self.prompts}_g{self.group_size}_{self.lr_rule}{critic}{variant}_s{seed}"
 
     @property
     def name(self) -> str:
         """With the algorithm, e.g. ``"grpo-P128-G8-sqrt"``."""
         critic = f"-{self.critic}" if self.critic else ""
-        return f"{self.algo}-P{self.prompts}-G{self.group_size}-{self.lr_rule}{critic}"
+        variant = f"-{self.variant}" if self.variant else ""
+        return f"{self.algo}-P{self.prompts}-G{self.group_size}-{self.lr_rule}{critic}{variant}"
 
     @property
     def label(self) -> str:
         """Short label for figures and tables, e.g. ``"P=128 G=8 sqrt"``."""
         critic = f" critic {self.critic}" if self.critic else ""
-        return f"P={self.prompts} G={self.group_size} {self.lr_rule}{critic}"
+        variant = f" {self.variant}" if self.variant else ""
+        return f"P={self.prompts} G={self.group_size} {self.lr_rule}{critic}{variant}"
+
+    @property
+    def family(self) -> tuple[str, str, str, str]:
+        """What a batch-size family shares: algorithm, LR rule, critic, variant."""
+        return (self.algo, self.lr_rule, self.critic, self.variant)
 
     def sort_key(self) -> tuple[Any, ...]:
-        """Order of tables and figures: algorithm, batch, group size, rule, critic."""
-        return (self.algo, self.batch, self.group_size, self.lr_rule, self.critic)
+        """Order of tables and figures: algorithm, batch, group size, rule, critic,
+        variant."""
+        return (self.algo, self.batch, self.group_size, self.lr_rule, self.critic, self.variant)
 
 
-def point_key(prompts: int, group_size: int, lr_rule: str, critic: str = "") -> str:
+def point_key(
+    prompts: int, group_size: int, lr_rule: str, critic: str = "", variant: str = ""
+) -> str:
     """``Configuration.key`` from its parts (the algorithm does not enter the key)."""
-    return Configuration("", prompts, group_size, lr_rule, critic).key
+    return Configuration("", prompts, group_size, lr_rule, critic, variant).key
+
+
+VARIANT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def check_variant_name(name: str) -> str:
+    """``name`` if it can name a variant (lower-case letters, digits, ``-``; not empty);
+    else a ValueError that names it."""
+    if not name or not set(name) <= VARIANT_CHARS or name.startswith("-"):
+        raise ValueError(
+            f"bad variant name {name!r}: expected lower-case letters, digits and '-', "
+            "e.g. 'warmup' or 'adam-sde'"
+        )
+    return name
+
+
+def parse_key(text: str) -> tuple[int, int, str, str | None, str]:
+    """Parses ``"PxG:rule[:critic][@variant]"`` into (prompts, group_size, rule, critic,
+    variant) (`parse_point_key`; variant ``""`` when the key has none)."""
+    base, at, variant = text.strip().partition("@")
+    if at:
+        try:
+            check_variant_name(variant)
+        except ValueError as e:
+            raise ValueError(f"bad sweep point {text!r}: {e}") from None
+    return (*parse_point_key(base), variant)
+
+
+def variant_of(config: Any) -> str:
+    """A run config's named variant (``variant``; ``""`` when none or not recorded)."""
+    return str(config.get("variant") or "")
 
 
 def parse_point_key(text: str) -> tuple[int, int, str, str | None]:
@@ -482,6 +538,23 @@ def read_calibration_rounds(sweep_dir: str) -> dict[str, list[float]] | None:
     return out if len({len(v) for v in out.values()}) == 1 else None
 
 
+def read_calibration_prompts(sweep_dir: str) -> dict[str, dict[int, list[float]]]:
+    """``"PxG:rule@variant"`` -> {P: calibrated step seconds per round} of each
+    configuration with a batch-size schedule (``prompts_step_s``; empty when none)."""
+    path = os.path.join(sweep_dir, CALIBRATION_FILE)
+    if not os.path.exists(path):
+        return {}
+    raw = read_json(path)
+    try:
+        return {
+            str(k): {int(p): [float(x) for x in xs] for p, xs in v["prompts_step_s"].items()}
+            for k, v in raw["configs"].items()
+            if "prompts_step_s" in v
+        }
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: malformed calibration record ({e!r})") from e
+
+
 def read_calibration(sweep_dir: str) -> dict[str, float] | None:
     """``"PxG:rule"`` -> calibrated seconds per training step (``rl_batch.sweeps.calibrate``'s
     ``<sweep>/calibration.json``), or None when the sweep has none."""
@@ -508,7 +581,9 @@ def sweep_run_configs(sweep_dir: str) -> dict[str, dict[str, Any]]:
         if not os.path.exists(path):
             continue
         c = read_json(path)
-        key = point_key(c["prompts"], c["group_size"], c["lr_rule"], critic_variant_of(c))
+        key = point_key(
+            c["prompts"], c["group_size"], c["lr_rule"], critic_variant_of(c), variant_of(c)
+        )
         configs.setdefault(key, c)
     return configs
 

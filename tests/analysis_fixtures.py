@@ -83,11 +83,14 @@ def write_run(
     critic: bool = False,
     update_tokens: bool = True,
     config_extra: dict[str, Any] | None = None,
+    prompts_per_update: tuple[int, ...] = (),
 ) -> None:
     """Writes config.json, metrics.jsonl and summary.json of one synthetic run.
 
     ``update_tokens=False`` writes update lines without ``update_tokens`` (older metrics
-    files); ``config_extra`` is merged into config.json (e.g. ``model.preset``).
+    files); ``config_extra`` is merged into config.json (e.g. ``model.preset``);
+    ``prompts_per_update`` gives the actor updates' P in turn (a batch schedule; the last
+    repeats), ``prompts`` being the configured (largest) P.
     """
     os.makedirs(run_dir, exist_ok=True)
     batch = prompts * group_size
@@ -136,6 +139,9 @@ def write_run(
     )
     offset, next_eval = n, eval_every
     while n - offset < budget:
+        if prompts_per_update:
+            p_u = prompts_per_update[min(step - warmup_updates, len(prompts_per_update) - 1)]
+            batch, tpu = p_u * group_size, time_per_update_s(p_u * group_size)
         n += batch
         t += tpu
         step += 1
@@ -144,7 +150,7 @@ def write_run(
             "step": step,
             "responses_cum": n,
             "responses_generated_cum": n,
-            "prompts": prompts,
+            "prompts": batch // group_size,
             "group_size": group_size,
             "batch_responses": batch,
             "lr": 1e-4,

@@ -274,6 +274,49 @@ def test_critic_point_keys_are_checked():
     assert artifacts.parse_point_key("64x1:sqrt:k1-sqrt") == (64, 1, "sqrt", "")
 
 
+def test_variant_points_carry_their_settings_into_the_run(tmp_path):
+    c = _sweep_config(prompts="2,4", group_sizes="4", seeds="0")
+    c.sweep.variants = {
+        "warmup": {"batch_schedule": {"kind": "warmup", "start_prompts": 2, "responses": 32}},
+        "clip-wide": {"grpo": {"clip_high": 0.3}},
+    }
+    c.sweep.extra_points = "4x4:sqrt@warmup,4x4:sqrt@clip-wide"
+    points = sweep.expand_grid(c)
+    keys = ["2x4:sqrt", "4x4:sqrt", "4x4:sqrt@warmup", "4x4:sqrt@clip-wide"]
+    assert [p.key for p in points] == keys
+    assert points[2].name == "p4_g4_sqrt_warmup_s0"
+    assert points[2].configuration.label == "P=4 G=4 sqrt warmup"
+    _, resolved = sweep.plan(c, str(tmp_path))
+    warm = resolved["p4_g4_sqrt_warmup_s0"].inputs
+    assert (warm.variant, warm.batch_schedule.kind, warm.batch_schedule.start_prompts) == (
+        "warmup",
+        "warmup",
+        2,
+    )
+    assert resolved["p4_g4_sqrt_clip-wide_s0"].inputs.grpo.clip_high == 0.3
+    plain = resolved["p4_g4_sqrt_s0"].inputs
+    assert (plain.variant, plain.batch_schedule.kind) == ("", "fixed")
+    # The run config names its variant, and the key is read back from it.
+    assert artifacts.variant_of(warm) == "warmup"
+    assert artifacts.parse_key("4x4:sqrt@warmup") == (4, 4, "sqrt", None, "warmup")
+    listed = {r["name"]: r["overrides"] for r in json.loads(sweep.list_runs(c, str(tmp_path)))}
+    assert listed["p4_g4_sqrt_warmup_s0"]["variant"] == "warmup"
+
+
+def test_variant_points_are_checked_before_anything_starts():
+    c = _sweep_config(prompts="2", group_sizes="4", seeds="0")
+    c.sweep.variants = {"wide": {"grpo": {"clip_epsilon_typo": 0.3}}, "big": {"prompts": 8}}
+    for key, message in [
+        ("2x4:sqrt@nope", "no variant 'nope' in sweep.variants"),
+        ("2x4:sqrt@wide", "sweep.variants.wide.grpo.clip_epsilon_typo: no such field"),
+        ("2x4:sqrt@big", "sweep.variants.big.prompts: the point's key sets this"),
+        ("2x4:sqrt@Bad_Name", "bad variant name"),
+    ]:
+        c.sweep.extra_points = key
+        with pytest.raises(ValueError, match=message):
+            sweep.expand_grid(c)
+
+
 def test_each_point_is_resolved_once_on_its_way_to_the_run(tmp_path, monkeypatch):
     # In process: plan() resolves each point, run.run receives its spec and resolves
     # nothing; the runs' config.json files are those specs.

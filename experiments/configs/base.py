@@ -29,6 +29,7 @@ def run_config() -> ConfigDict:
     c = ConfigDict()
     c.algo = "grpo"  # "grpo" or "ppo"
     c.name = ""  # run name (the sweep sets it)
+    c.variant = ""  # the sweep's named variant of the base config (sweep.variants), if any
     c.run_dir = ""  # output directory; required for experiments.train
     c.seed = 0
     c.work_dir = "./workdir"  # caches: TFDS data, warm-start checkpoints
@@ -296,6 +297,11 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     run.sweep.critic_batch_scales = ""
     run.sweep.critic_lr_rules = ""
     run.sweep.reference = ""  # run config key "PxG:rule"; default: smallest batch, first rule
+    # Named variants of the base config: name -> settings (nested like the run config),
+    # e.g. {"warmup": {"batch_schedule": {"kind": "warmup", "start_prompts": 2,
+    # "responses": 512}}}. A point "PxG:rule@name" in extra_points (or reference) runs
+    # with them; a variant's configurations form their own batch family in the analysis.
+    run.sweep.variants = ConfigDict()
     # > 0: bytes of one device; before any point starts, the sweep compiles each point's
     # update and sampler ahead of time (experiments.plan_memory, CPU) and refuses the
     # points whose estimate exceeds it, e.g. 141e9 for an H200.

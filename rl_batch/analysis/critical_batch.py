@@ -60,9 +60,10 @@ def family_keys(
     Returns:
       The family's configurations in increasing batch (one per batch).
     """
-    # One PPO critic setting per family: the reference's (the defaults without one).
+    # One PPO critic setting and variant per family: the reference's (none without one).
     critic = reference.critic if reference is not None else ""
-    pool = [k for k in keys if k.lr_rule == lr_rule and k.critic == critic]
+    variant = reference.variant if reference is not None else ""
+    pool = [k for k in keys if k.lr_rule == lr_rule and (k.critic, k.variant) == (critic, variant)]
     if not pool:
         return []
     if algo is None:

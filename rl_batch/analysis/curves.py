@@ -110,6 +110,8 @@ class Sweep:
     target_crossing: str = "linear"
     calibration: dict[str, float] | None = None  # "PxG:rule" -> calibrated step seconds
     calibration_rounds: dict[str, list[float]] | None = None  # ... per calibration round
+    # A scheduled configuration's step seconds per round at each P it takes.
+    calibration_prompts: dict[str, dict[int, list[float]]] = dataclasses.field(default_factory=dict)
     calibration_note: str | None = None  # which calibration.json (artifacts.calibration_note)
     # (run name, reason) of the run directories left out on loading: unreadable files or
     # metrics that do not add up (``check_run``); not in ``runs``.
@@ -204,6 +206,7 @@ def load_run(
         group_size=int(group),
         lr_rule=str(_first(entry.get("lr_rule"), find_config_value(config, "lr_rule"), "unknown")),
         critic=str(_first(entry.get("critic"), artifacts.critic_variant_of(config or {}), "")),
+        variant=str(_first(entry.get("variant"), artifacts.variant_of(config or {}), "")),
     )
     seed = _first(entry.get("seed"), find_config_value(config, "seed"))
 
@@ -473,6 +476,7 @@ def load_sweep(sweep_dir: str) -> Sweep:
         target_crossing=str(raw.get("target_crossing", "linear")),
         calibration=artifacts.read_calibration(sweep_dir),
         calibration_rounds=artifacts.read_calibration_rounds(sweep_dir),
+        calibration_prompts=artifacts.read_calibration_prompts(sweep_dir),
         calibration_note=artifacts.calibration_note(sweep_dir),
         excluded=tuple(excluded),
     )

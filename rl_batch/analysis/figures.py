@@ -630,14 +630,18 @@ def figure_time_to_target(analysis: Analysis) -> Figure | None:
     return fig
 
 
-def eval_times(run: RunData, step_s: float | None = None) -> np.ndarray:
+def eval_times(run: RunData, step_s: float | np.ndarray | None = None) -> np.ndarray:
     """[E] training seconds at each evaluation: the run's own, interpolated on the update
-    lines, or with ``step_s`` (the configuration's calibrated seconds per update) the
-    calibrated time, updates done at the evaluation x ``step_s``, the clock its T is on."""
+    lines, or with ``step_s`` (the calibrated seconds per update: one, or [U] for a batch
+    schedule, ``Analysis.run_step_s``) the calibrated time of the updates done at the
+    evaluation, the clock its T is on."""
     xp = np.concatenate([[0.0], run.responses])
     if step_s is not None:
         updates = np.interp(run.eval_responses, xp, np.concatenate([[0.0], run.updates_done]))
-        return updates * float(step_s)
+        if np.ndim(step_s) == 0:
+            return updates * float(step_s)
+        cum = np.concatenate([[0.0], np.cumsum(step_s)])
+        return np.interp(updates, np.arange(cum.size), cum)
     fp = np.concatenate([[0.0], run.time_train])
     return np.interp(run.eval_responses, xp, fp)
 
@@ -652,7 +656,7 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
     if not keys:
         log.info("figure accuracy_vs_time: skipped (no evaluations)")
         return None
-    calibration = analysis.sweep.calibration if analysis.calibrated else None
+    calibration = analysis.calibrated
     fig = _figure(analysis, 1, width=7.0)
     ax = fig.subplots()
     colors = _config_colors(keys)
@@ -665,8 +669,7 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
     }
     for k in keys:
         runs = [r for r in analysis.runs_by_key[k] if r.eval_responses.size]
-        step_s = calibration.get(k.key) if calibration else None
-        seeds = [(eval_times(r, step_s), r.eval_accuracy) for r in runs]
+        seeds = [(eval_times(r, analysis.run_step_s.get(r.name)), r.eval_accuracy) for r in runs]
         t_end = min(float(x[-1]) for x, _ in seeds)
         grid = np.linspace(0.0, t_end, 100)
         acc = np.stack([np.interp(grid, x, y) for x, y in seeds])
@@ -698,6 +701,71 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
         fontsize=8,
     )
     ax.legend(fontsize=6, ncol=2)
+    return fig
+
+
+def _batch_steps(run: RunData, step_s: float | np.ndarray | None) -> tuple[np.ndarray, ...]:
+    """A run's training batch (responses per update, as configured: P x G) against
+    retained responses and against training seconds, as step curves [U + 1]."""
+    batch_u = np.array([float(r.get("prompts", run.key.prompts)) for r in run.update_records])
+    batch_u = batch_u * float(run.key.group_size)
+    responses = np.concatenate([[0.0], run.responses])
+    if step_s is not None:
+        per = np.broadcast_to(np.asarray(step_s, dtype=np.float64), batch_u.shape)
+        seconds = np.concatenate([[0.0], np.cumsum(per)])
+    else:
+        seconds = np.concatenate([[0.0], run.time_train])
+    return responses, seconds, np.concatenate([batch_u[:1], batch_u])
+
+
+def figure_schedule(analysis: Analysis) -> Figure | None:
+    """Batch-size schedules against the best fixed batch: accuracy against responses
+    (left) and against training time (right; calibrated where the sweep has a
+    calibration), each with the training batch every seed had drawn under it, and
+    T / T(best fixed) with its interval in the legend."""
+    scheduled = findings.scheduled_configurations(analysis)
+    best = findings.best_fixed_batch(analysis)
+    if not scheduled or best is None:
+        log.info("figure schedule: skipped (no batch schedule, or no fixed batch reached)")
+        return None
+    keys = [best, *scheduled]
+    ratios = dict(findings.schedule_ratios(analysis))
+    colors = _config_colors(keys)
+    styles = {}
+    for k in keys:
+        r = ratios.get(k)
+        t = "" if k == best else f", T/T_best {r.fmt('.3g') if r is not None else 'not reached'}"
+        label = f"{k.label} ({findings.schedule_kind(analysis, k)}){t}"
+        styles[k] = {"color": colors[k], "label": label}
+    fig = _figure(analysis, 2, width=5.6, height=3.2, nrows=2)
+    (acc_n, acc_t), (b_n, b_t) = fig.subplots(2, 2, sharex="col", height_ratios=[2.2, 1])
+    _plot_curves(acc_n, analysis, keys, styles)
+    acc_n.set_xlabel("")
+    for k in keys:
+        runs = [r for r in analysis.runs_by_key[k] if r.eval_responses.size]
+        seeds = [(eval_times(r, analysis.run_step_s.get(r.name)), r.eval_accuracy) for r in runs]
+        t_end = min(float(x[-1]) for x, _ in seeds)
+        grid = np.linspace(0.0, t_end, 100)
+        acc = np.stack([np.interp(grid, x, y) for x, y in seeds])
+        acc_t.plot(grid, acc.mean(axis=0), color=colors[k])
+        _plot_seed_tails(acc_t, seeds, t_end, colors[k], "-")
+        for run in analysis.runs_by_key[k]:
+            n, secs, b = _batch_steps(run, analysis.run_step_s.get(run.name))
+            b_n.step(n, b, where="pre", color=colors[k], linewidth=0.8, alpha=0.5)
+            b_t.step(secs, b, where="pre", color=colors[k], linewidth=0.8, alpha=0.5)
+    acc_t.axhline(analysis.target, color="0.5", linestyle=":", linewidth=1)
+    acc_t.set_ylabel(metric_label(analysis))
+    acc_n.set_title(f"batch schedules against the best fixed batch (B = {best.batch})", fontsize=8)
+    acc_t.set_title("the same against training time", fontsize=8)
+    batches = sorted({int(b) for k in keys for r in analysis.runs_by_key[k]
+                      for b in _batch_steps(r, None)[2]})  # fmt: skip
+    for ax in (b_n, b_t):
+        ax.set_yscale("log", base=2)
+        ax.set_yticks(batches, [str(b) for b in batches])
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.set_ylabel("batch B = P x G\n(each seed)")
+    b_n.set_xlabel("cumulative retained responses")
+    b_t.set_xlabel("calibrated training time (s)" if analysis.calibrated else "training time (s)")
     return fig
 
 
@@ -971,6 +1039,8 @@ def write_figures(
     }
     if analysis.reference.algo == "ppo":
         makers["critic"] = lambda: figure_critic(analysis)
+    if findings.scheduled_configurations(analysis):
+        makers["schedule"] = lambda: figure_schedule(analysis)
     written, skipped = [], []
     for name, make in makers.items():
         fig = make()

@@ -641,10 +641,8 @@ EDGE_WORDS = {
 
 def edge_family(keys: Sequence[Configuration], best: Configuration) -> list[Configuration]:
     """The configurations ``best`` is compared with along the batch axis: same algorithm,
-    LR rule and critic settings (any (P, G) split of B), sorted by batch."""
-    fam = [
-        k for k in keys if (k.algo, k.lr_rule, k.critic) == (best.algo, best.lr_rule, best.critic)
-    ]
+    LR rule, critic settings and variant (any (P, G) split of B), sorted by batch."""
+    fam = [k for k in keys if k.family == best.family]
     return sorted(fam, key=Configuration.sort_key)
 
 
@@ -675,6 +673,7 @@ def edge_sentence(keys: Sequence[Configuration], best: Configuration | None) -> 
     if side is None:
         return ""
     fam = f"{best.algo}, {best.lr_rule} LR" + (f", critic {best.critic}" if best.critic else "")
+    fam += f", variant {best.variant}" if best.variant else ""
     which = {SMALLER: "smallest", LARGER: "largest", BOTH: "only"}[side]
     return (
         f"The best mean T, B = {best.batch} ({best.name}), is the {which} batch of its "
@@ -749,9 +748,11 @@ def next_edge_points(
       The points to add (sweep spelling) with the reason, or no points and why it stops.
     """
     keys = list(analysis.stats)
-    best = plan_full(analysis).best
+    # The search walks batch families without a variant (a variant, e.g. a batch-size
+    # schedule, is compared with them, not extended): the best of those.
+    best = next((r.key for r in plan_full(analysis).rows if r.reached and not r.key.variant), None)
     if best is None:
-        return Extension((), "no configuration reached the target in every seed")
+        return Extension((), "no configuration without a variant reached the target in every seed")
     side = edge_side(keys, best)
     if side is None:
         return Extension(
@@ -789,7 +790,8 @@ def next_edge_points(
         else:
             points.append((best.prompts * f, best.group_size))
     keys_out = tuple(
-        Configuration(best.algo, p, g, best.lr_rule, best.critic).key for p, g in points
+        Configuration(best.algo, p, g, best.lr_rule, best.critic, best.variant).key
+        for p, g in points
     )
     if not keys_out:
         return Extension((), "; ".join(notes), best, side)

@@ -113,11 +113,71 @@ class RunTarget:
 FINISHED_STATUSES = ("finished", "pilot")
 
 
+def calibrated_seconds(step_s: float | np.ndarray, updates: float) -> float:
+    """Calibrated training seconds of the first ``updates`` updates (fractional: the
+    last one in part): ``updates x step_s``, or with per-update step times [U] (a batch
+    schedule's), their running sum interpolated at ``updates``."""
+    if np.ndim(step_s) == 0:
+        return float(updates * step_s)
+    cum = np.concatenate([[0.0], np.cumsum(step_s)])  # [U + 1]
+    return float(np.interp(updates, np.arange(cum.size), cum))
+
+
+def update_step_times(
+    run: RunData, step_s: float, per_prompts: dict[int, list[float]] | None
+) -> float | np.ndarray:
+    """Calibrated seconds of each of a run's updates: its configuration's step time, or,
+    for a batch schedule timed at each P (``per_prompts``: P -> seconds per calibration
+    round), [U] the median step time of the P each update had (its update line's
+    ``prompts``). A P the calibration did not time: the configuration's step time, with
+    a warning."""
+    if not per_prompts:
+        return step_s
+    medians = {p: float(np.median(v)) for p, v in per_prompts.items()}
+    prompts = [int(r.get("prompts", -1)) for r in run.update_records]
+    missing = sorted(set(prompts) - set(medians))
+    if missing:
+        log.warning("%s: no calibrated step time at P = %s; uses the configuration's", run.name,
+                    missing)  # fmt: skip
+        return step_s
+    return np.array([medians[p] for p in prompts])
+
+
+def schedule_step_rounds(
+    runs: Sequence[RunData], targets: dict[str, RunTarget], per_prompts: dict[int, list[float]]
+) -> list[float]:
+    """A scheduled configuration's effective step seconds in each calibration round: the
+    step times of its P values weighted by the share of updates its runs made at each P
+    up to the target (all their updates where no run reached)."""
+    weights: dict[int, float] = {}
+    for reached_only in (True, False):
+        for run in runs:
+            t = targets.get(run.name)
+            if reached_only and (t is None or not t.reached):
+                continue
+            u = t.updates_to_target if reached_only else float(len(run.update_records))
+            for i, r in enumerate(run.update_records):
+                if i >= u:
+                    break
+                p = int(r.get("prompts", -1))
+                weights[p] = weights.get(p, 0.0) + min(1.0, u - i)
+        if weights:
+            break
+    total = sum(w for p, w in weights.items() if p in per_prompts)
+    n = len(next(iter(per_prompts.values())))
+    if total <= 0:
+        return [float(np.mean([v[r] for v in per_prompts.values()])) for r in range(n)]
+    return [
+        sum(w * per_prompts[p][r] for p, w in weights.items() if p in per_prompts) / total
+        for r in range(n)
+    ]
+
+
 def run_time_to_target(
     run: RunData,
     target: float,
     band_lo: float | None = None,
-    step_s: float | None = None,
+    step_s: float | np.ndarray | None = None,
     crossing: str = "update",
 ) -> RunTarget:
     """Computes N*, T, q and updates-to-target of one run.
@@ -128,7 +188,8 @@ def run_time_to_target(
       band_lo: with a value, the whole-curve estimator over ``[band_lo, target]``
         (``targets.time_to_band``) instead of the single target.
       step_s: the configuration's calibrated seconds per training step: T becomes
-        ``updates_to_target x step_s`` and q follows (the measured ones are kept).
+        ``updates_to_target x step_s`` and q follows (the measured ones are kept); [U]
+        per update (a batch schedule's, `update_step_times`): their running sum.
       crossing: how N* is read off the evaluations (`targets.CROSSINGS`).
 
     Returns:
@@ -149,10 +210,11 @@ def run_time_to_target(
     if step_s is not None:
         updates_final = float(run.updates_done[-1]) if len(run.updates_done) else 0.0
         if r.reached:
-            t = r.updates_to_target * step_s
+            t = calibrated_seconds(step_s, r.updates_to_target)
             q = r.n_star / t if t > 0 else None
         else:
-            q = r.responses_final / (updates_final * step_s) if updates_final > 0 else None
+            total = calibrated_seconds(step_s, updates_final)
+            q = r.responses_final / total if updates_final > 0 else None
     return RunTarget(
         run.name,
         run.key,
@@ -621,6 +683,8 @@ class Analysis:
     calibrated: bool = False  # T and q from the sweep's calibration.json
     crossing: str = "update"  # how N* is read off the evaluations (targets.CROSSINGS)
     step_rounds: dict[str, list[float]] | None = None  # calibrated step s per round
+    # Run name -> its calibrated step seconds (a batch schedule's: [U] per update).
+    run_step_s: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def timed(self) -> bool:
@@ -755,11 +819,15 @@ def analyze_sweep(
     if step_s and not all(run.key.key in step_s for run in sweep.runs):
         log.warning("sweep %s: calibration.json misses configurations; not used", sweep.sweep_dir)
         step_s = None
-    targets, used, excluded = {}, [], list(sweep.excluded)
+    per_prompts = sweep.calibration_prompts if step_s else {}
+    targets, used, excluded, run_step_s = {}, [], list(sweep.excluded), {}
     for run in sweep.runs:
         ok, why = run_is_usable(run)
         if ok:
             step = step_s[run.key.key] if step_s else None
+            if step is not None:
+                step = update_step_times(run, step, per_prompts.get(run.key.key))
+                run_step_s[run.name] = step
             targets[run.name] = run_time_to_target(run, target, band_lo, step, crossing)
             used.append(run)
         else:
@@ -772,6 +840,15 @@ def analyze_sweep(
     ref_key = resolve_reference(reference, sweep, list(stats))
     ref = stats[ref_key]
     rounds = sweep.calibration_rounds if step_s else None
+    if rounds and per_prompts:  # a schedule's rounds: its P values' mixed as its runs ran
+        rounds = {
+            **rounds,
+            **{
+                k.key: schedule_step_rounds(rs, targets, per_prompts[k.key])
+                for k, rs in runs_by_key.items()
+                if k.key in per_prompts
+            },
+        }
     ratios = {
         k: config_ratios(s, ref, n_boot, level, seed, method, rounds) for k, s in stats.items()
     }
@@ -792,4 +869,5 @@ def analyze_sweep(
         bool(step_s),
         crossing,
         rounds,
+        run_step_s,
     )

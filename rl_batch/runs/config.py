@@ -764,6 +764,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "batch_schedule": lambda old: dict(batch_schedule.FIXED),
     "grpo.group_noise": False,
     "lr_rule_noise_scale": 0.0,
+    "variant": "",
 }
 
 

@@ -25,7 +25,8 @@ one it replaces moves to ``<sweep>/calibrations/``; report.md names the one it u
                              "gen_tokens_per_s": [R per-visit generated tokens/s],
                              "gen_concurrency": sequences decoded together,
                              "engine": "static" | "continuous", "slots": int,
-                             "attn_block": int}},
+                             "attn_block": int,
+                             "prompts_step_s": {"P": [R]}}},  # batch schedules only
      "gen_probe": {"C": {"gen_concurrency": C, "generate_s": [R], "gen_tokens_per_s": [R],
                          "engine": ..., "slots": ..., "attn_block": ...}}}
 
@@ -33,6 +34,12 @@ one it replaces moves to ``<sweep>/calibrations/``; report.md names the one it u
 config selects (``sampling.*``, ``rl_batch.rollout.sources.sampling_config``; slots 0 = the
 generation chunk): the generation time was measured with it. Records written before
 they existed have none (the static engine).
+
+A configuration with a batch-size schedule (``batch_schedule.kind`` not ``fixed``,
+`rl_batch.runs.batch_schedule`) changes its P during a run: each P it can take (its
+``buckets``) is timed as a fixed batch at that P (the LR rule applied there, as the
+schedule does), in the same rotation, under ``prompts_step_s``; its ``step_s`` is the
+largest P's. The analysis books each of a run's updates at the step time of the P it had.
 
 ``gen_probe`` (optional, ``sweep.calibrate_gen_probe``) times generation alone at
 concurrencies past the grid's (the first configuration's rollout with ``C / G`` prompts),
@@ -64,6 +71,7 @@ from rl_batch.rollout import sources as rollout_source
 from rl_batch.runs import config as config_lib
 from rl_batch.runs import run as run_lib
 from rl_batch.runs.accounting import Counters, keep_mask
+from rl_batch.runs.batch_schedule import BatchSchedule
 from rl_batch.runs.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -96,6 +104,20 @@ def probe_config(c: ConfigDict, concurrency: int) -> ConfigDict:
     probe = ConfigDict(c.to_dict())
     probe.prompts, probe.gen_batch = concurrency // g, 0
     return probe
+
+
+def schedule_buckets(spec: RunSpec) -> tuple[int, ...]:
+    """The P values a configuration's batch schedule can take (empty: a fixed batch)."""
+    schedule = BatchSchedule.from_config(spec.inputs)
+    return () if schedule.kind == "fixed" else schedule.buckets
+
+
+def bucket_config(c: ConfigDict, prompts: int) -> ConfigDict:
+    """``c`` as a fixed batch of ``prompts`` prompts (one P of its batch schedule)."""
+    fixed = ConfigDict(c.to_dict())
+    fixed.prompts = prompts
+    fixed.batch_schedule.kind = "fixed"
+    return fixed
 
 
 class _Stepper:
@@ -171,10 +193,19 @@ def calibrate(
     probes = {
         f"gen@{c}": config_lib.resolve(probe_config(first, int(c))) for c in gen_probe
     }  # checked first
-    keys = list(configs) + list(probes)
+    # A scheduled configuration is timed at each P it can take, as fixed batches.
+    timed = {}
+    for key, spec in configs.items():
+        buckets = schedule_buckets(spec)
+        timed.update(
+            {f"{key}#P{p}": config_lib.resolve(bucket_config(spec.inputs, p)) for p in buckets}
+            if buckets
+            else {key: spec}
+        )
+    keys = list(timed) + list(probes)
     steppers = {}
     for key in keys:  # build and compile (one untimed step each)
-        steppers[key] = _Stepper(configs[key]) if key in configs else _Stepper(probes[key], True)
+        steppers[key] = _Stepper(timed[key]) if key in timed else _Stepper(probes[key], True)
         steppers[key].step()
     visits: dict[str, list[list[StepTime]]] = {k: [] for k in keys}
     for r in range(rounds):
@@ -193,7 +224,7 @@ def calibrate(
         "load_end": provenance.load_average(),
         "wall_s": time.time() - t_start,
         "written_at": provenance.now(),
-        "configs": {k: _config_record(configs[k], visits[k]) for k in configs},
+        "configs": {k: _config_record(k, configs[k], visits) for k in configs},
         **(
             {
                 "gen_probe": {
@@ -218,10 +249,19 @@ def engine_record(c: ConfigDict) -> dict[str, Any]:
     return {"engine": sampling.engine, "slots": sampling.slots, "attn_block": sampling.attn_block}
 
 
-def _config_record(spec: RunSpec, visits: list[list[StepTime]]) -> dict[str, Any]:
-    """One configuration's entry of ``calibration.json`` from its visits' step times."""
+def _config_record(
+    key: str, spec: RunSpec, all_visits: dict[str, list[list[StepTime]]]
+) -> dict[str, Any]:
+    """Configuration ``key``'s entry of ``calibration.json`` from its visits' step times
+    (a scheduled one's: its largest P's, with each P's under ``prompts_step_s``)."""
     c = spec.inputs
+    buckets = schedule_buckets(spec)
+    visits = all_visits[f"{key}#P{buckets[-1]}"] if buckets else all_visits[key]
     step_s = [float(np.mean([t.step_s for t in v])) for v in visits]
+    per_prompts = {
+        str(p): [float(np.mean([t.step_s for t in v])) for v in all_visits[f"{key}#P{p}"]]
+        for p in buckets
+    }
     generate_s = [float(np.mean([t.generate_s for t in v])) for v in visits]
     return {
         "batch": spec.batch,
@@ -232,6 +272,7 @@ def _config_record(spec: RunSpec, visits: list[list[StepTime]]) -> dict[str, Any
         "gen_tokens_per_s": _gen_tokens_per_s(visits),
         "gen_concurrency": gen_concurrency(c),
         **engine_record(c),
+        **({"prompts_step_s": per_prompts} if per_prompts else {}),
     }
 
 

@@ -57,11 +57,14 @@ class Point:
     lr_rule: str
     seed: int
     critic: str = ""  # PPO critic settings off their defaults (artifacts.critic_variant)
+    variant: str = ""  # a named set of settings from sweep.variants ("" = the base config)
 
     @property
     def configuration(self) -> artifacts.Configuration:
         """The configuration this point is a seed of (the algorithm is the sweep's)."""
-        return artifacts.Configuration("", self.prompts, self.group_size, self.lr_rule, self.critic)
+        return artifacts.Configuration(
+            "", self.prompts, self.group_size, self.lr_rule, self.critic, self.variant
+        )
 
     @property
     def key(self) -> str:
@@ -118,7 +121,7 @@ def expand_grid(base: ConfigDict) -> list[Point]:
     seeds = _ints(sweep.seeds, "seeds")
     critics = _critic_axis(base)
     keys = [
-        (p, g, r, artifacts.critic_variant(k, cr, r))
+        (p, g, r, artifacts.critic_variant(k, cr, r), "")
         for p in _ints(sweep.prompts, "prompts")
         for g in _ints(sweep.group_sizes, "group_sizes")
         for r in _strs(sweep.lr_rules)
@@ -126,18 +129,57 @@ def expand_grid(base: ConfigDict) -> list[Point]:
     ]
     keys += [_full_key(base, k) for k in _strs(sweep.extra_points)]
     unique = sorted(set(keys), key=lambda k: (k[0] * k[1], k[0], keys.index(k)))
-    return [Point(p, g, r, s, critic) for p, g, r, critic in unique for s in seeds]
+    return [Point(p, g, r, s, critic, v) for p, g, r, critic, v in unique for s in seeds]
 
 
-def _full_key(base: ConfigDict, text: str) -> tuple[int, int, str, str]:
-    """A point key's (prompts, group_size, rule, critic), the critic part filled in from
-    the base config when absent; a critic part on a GRPO sweep is refused."""
-    p, g, r, critic = artifacts.parse_point_key(text)
+def _full_key(base: ConfigDict, text: str) -> tuple[int, int, str, str, str]:
+    """A point key's (prompts, group_size, rule, critic, variant), the critic part filled
+    in from the base config when absent; a critic part on a GRPO sweep, or a variant that
+    ``sweep.variants`` does not define, is refused."""
+    p, g, r, critic, variant = artifacts.parse_key(text)
     if critic is None:
         critic = artifacts.critic_variant_of({**base.to_dict(), "lr_rule": r})
     elif critic and base.get("algo") != "ppo":
         raise ValueError(f"sweep point {text!r}: a critic part (':{critic}') needs algo='ppo'")
-    return p, g, r, critic
+    if variant:
+        variant_settings(base, variant, text)
+    return p, g, r, critic, variant
+
+
+# Fields a variant may not set: the point's own identity (its key and run) sets them.
+POINT_FIELDS = ("prompts", "group_size", "lr_rule", "seed", "name", "run_dir", "lr", "variant")
+
+
+def _leaves(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b": leaf}``."""
+    out = {}
+    for k, v in settings.items():
+        path = f"{prefix}{k}"
+        out.update(_leaves(v, f"{path}.") if isinstance(v, dict) else {path: v})
+    return out
+
+
+def variant_settings(base: ConfigDict, name: str, where: str = "") -> dict[str, Any]:
+    """The settings ``sweep.variants[name]`` puts on a point's run config, as
+    ``{"dotted.field": value}``; a ValueError that names the problem when the variant is
+    not defined, or sets a field the base config lacks or a field the point owns."""
+    variants = base.sweep.get("variants") or {}
+    variants = variants.to_dict() if hasattr(variants, "to_dict") else dict(variants)
+    at = f"sweep point {where!r}: " if where else ""
+    if name not in variants:
+        raise ValueError(
+            f"{at}no variant {name!r} in sweep.variants (defined: {sorted(variants) or 'none'})"
+        )
+    leaves = _leaves(variants[name] or {})
+    flat = _leaves(base.to_dict())
+    for path in leaves:
+        if path.split(".")[0] in POINT_FIELDS or path.startswith(("sweep.", "ppo.critic_")):
+            raise ValueError(
+                f"sweep.variants.{name}.{path}: the point's key sets this, not a variant"
+            )
+        if path not in flat and not any(f.startswith(path + ".") for f in flat):
+            raise ValueError(f"sweep.variants.{name}.{path}: no such field in the run config")
+    return leaves
 
 
 def reference_key(base: ConfigDict, points: list[Point]) -> str:
@@ -165,6 +207,14 @@ def point_config(base: ConfigDict, point: Point, sweep_dir: str) -> ConfigDict:
         c.ppo.critic_batch_scale, c.ppo.critic_lr_rule = artifacts.parse_critic_variant(
             point.critic
         )
+    if point.variant:
+        for path, value in variant_settings(base, point.variant).items():
+            *parents, leaf = path.split(".")
+            node = c
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
+    c.variant = point.variant
     c.name = point.name
     c.run_dir = os.path.join(sweep_dir, artifacts.RUNS_DIR, point.name)
     c.lr = None  # Always derived from the rule for sweep points (derived.lr).
@@ -276,6 +326,7 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
             group_size=point.group_size,
             lr_rule=point.lr_rule,
             critic=point.critic,
+            variant=point.variant,
             lr=spec.optimizer.lr,
             seed=point.seed,
             status=prev.get("status", "pending"),
@@ -852,6 +903,7 @@ def list_runs(base: ConfigDict, sweep_dir: str) -> str:
                     "lr": resolved[p.name].optimizer.lr,
                     "seed": p.seed,
                     **({"critic": p.critic} if p.critic else {}),
+                    **({"variant": p.variant} if p.variant else {}),
                 },
             }
             for p in points
