@@ -154,6 +154,9 @@ def test_the_sqrt_clip_rule_by_hand_and_its_caps():
     # fixed keeps them at any k.
     c = lr_rules.scale_clip("fixed", 0.2, 0.28, 16.0)
     assert (c.clip_low, c.clip_high) == (0.2, 0.28)
+    # A configured value above its cap is kept at k > 1 (never grown), still shrunk below.
+    assert lr_rules.scale_clip("sqrt", 0.7, 0.28, 4.0).clip_low == 0.7
+    assert lr_rules.scale_clip("sqrt", 0.7, 0.28, 0.25).clip_low == pytest.approx(0.35)
     with pytest.raises(ValueError, match="unknown clip rule 'linear'"):
         lr_rules.scale_clip("linear", 0.2, 0.28, 2.0)
 

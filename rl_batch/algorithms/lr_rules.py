@@ -287,14 +287,15 @@ class ClipHparams:
         parts = []
         for name, ref in (("clip_low", self.ref_low), ("clip_high", self.ref_high)):
             value = getattr(self, name)
-            cap = f" (capped at {CLIP_CAPS[name]:g})" if name in self.capped else ""
+            cap = f" (capped at {max(CLIP_CAPS[name], ref):g})" if name in self.capped else ""
             parts.append(f"{name} = {ref:g} * {root:g} = {value:g}{cap}")
         return "clip=sqrt: clip * sqrt(k): " + ", ".join(parts)
 
 
 def scale_clip(rule: str, clip_low: float, clip_high: float, k: float) -> ClipHparams:
     """The clip range at batch ratio ``k`` under ``rule``: ``"fixed"`` keeps it,
-    ``"sqrt"`` multiplies both by ``sqrt(k)`` (each at most its ``CLIP_CAPS`` value).
+    ``"sqrt"`` multiplies both by ``sqrt(k)``, each at most its ``CLIP_CAPS`` value (or
+    the configured value when that is larger: the rule never grows such a one).
 
     Raises:
       ValueError: an unknown rule, ``k <= 0`` or a negative clip.
@@ -309,8 +310,9 @@ def scale_clip(rule: str, clip_low: float, clip_high: float, k: float) -> ClipHp
     if rule == "sqrt":
         for name in values:
             values[name] *= math.sqrt(k)
-            if values[name] > CLIP_CAPS[name]:
-                values[name] = CLIP_CAPS[name]
+            cap = max(CLIP_CAPS[name], values[name] / math.sqrt(k))  # (never below as given)
+            if values[name] > cap:
+                values[name] = cap
                 capped.append(name)
     return ClipHparams(
         **values, rule=rule, k=k, ref_low=clip_low, ref_high=clip_high, capped=tuple(capped)
