@@ -128,6 +128,23 @@ def run_config() -> ConfigDict:
     c.eps = 1e-8
     c.weight_decay = 0.0
     c.max_grad_norm = 1.0  # 0 = off
+    # Policy LR warm-up: update i (from 0) trains at lr * min(1, (i + 1) / W), W the
+    # effective warm-up (derived.lr_warmup_updates, see hparam_rules.warmup); 0 = none.
+    # Not with a batch_schedule (which sets the LR at each batch itself).
+    c.lr_warmup_updates = 0
+    # Batch-tied rules for hyperparameters beyond the LR, each at k = B / batch_ref
+    # (rl_batch/algorithms/lr_rules.py; the effective values go to derived.b1/b2/eps,
+    # derived.clip_low/clip_high, derived.lr_warmup_updates). The defaults keep them fixed.
+    c.hparam_rules = ConfigDict()
+    # "fixed" | "sde": Malladi et al.'s 1 - b -> k (1 - b), eps -> eps / sqrt(k) beside
+    # lr_rule (not with "malladi", which already does it, nor with a fixed lr).
+    c.hparam_rules.adam = "fixed"
+    # "fixed" | "sqrt": clip_low / clip_high (grpo or ppo section) times sqrt(k), capped
+    # at 0.5 / 1.0 (ratio bounds no wider than [1/2, 2]). Not with a batch_schedule.
+    c.hparam_rules.clip = "fixed"
+    # "updates": the warm-up lasts lr_warmup_updates updates at any batch; "responses": as
+    # many responses as at batch_ref, round(lr_warmup_updates * batch_ref / B) updates.
+    c.hparam_rules.warmup = "updates"
 
     c.grpo = ConfigDict()
     c.grpo.clip_low = 0.2

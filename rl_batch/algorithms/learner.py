@@ -204,6 +204,26 @@ def make_optimizer(
     )
 
 
+def warmup_lr(lr: float, updates: int) -> float | Callable[[jax.Array], jax.Array]:
+    """``lr`` itself when ``updates`` is 0, else the linear warm-up schedule
+    ``count -> lr * min(1, (count + 1) / updates)`` (update 0 at ``lr / updates``, full
+    ``lr`` from update ``updates - 1`` on), for ``make_optimizer``.
+
+    Raises:
+      ValueError: ``updates`` is not an int >= 0.
+    """
+    if not isinstance(updates, int) or isinstance(updates, bool) or updates < 0:
+        raise ValueError(f"warm-up updates must be an int >= 0, got {updates!r}")
+    if updates == 0:
+        return lr
+
+    def schedule(count: jax.Array) -> jax.Array:
+        fraction = jnp.minimum(1.0, (count.astype(jnp.float32) + 1.0) / updates)
+        return jnp.float32(lr) * fraction
+
+    return schedule
+
+
 def current_lr(opt_state: optax.OptState) -> jax.Array:
     """The learning rate stored by ``inject_hyperparams`` (NaN if there is none), also
     inside an ``optax.MultiSteps`` state."""

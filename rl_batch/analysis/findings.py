@@ -18,6 +18,11 @@ measurement) says so in its note.
   ``[1 / (1 + tol), 1 + tol]``.
 - **Fixed LR at 2x batch**: at twice the reference batch, the fixed-LR configuration
   needs more samples than the sqrt-LR one (N* ratio > 1, or fixed never reaches).
+- **A batch-tied rule for X at 2x batch** (one finding per configuration whose variant
+  sets an ``hparam_rules`` field off its default, `hparam_rule_findings`): at twice the
+  reference batch, N*(rule X) / N*(fixed X) against the variant-less configuration of the
+  same P, G and LR rule (paired by seed where the runs are); holds when the interval lies
+  below 1 (the rule keeps invariance better), does not hold when above 1.
 - **Generation throughput saturates**: the measured plateau lies inside the measured
   range of concurrency (one measurement: no interval).
 - **T is U-shaped in B**: in the sqrt family, an interior batch whose T both ends exceed
@@ -46,6 +51,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rl_batch.algorithms import lr_rules
 from rl_batch.analysis import critical_batch, intervals, planner
 from rl_batch.analysis.cost_model import GenerationReport
 from rl_batch.analysis.time_to_target import (
@@ -581,11 +587,86 @@ def schedule_finding(analysis: Analysis) -> Finding:
     return Finding(name, paper, "; ".join(parts), verdict, note)
 
 
+def hparam_rules_off_default(analysis: Analysis, k: Configuration) -> dict[str, str]:
+    """The ``hparam_rules`` fields that configuration ``k``'s runs set off their defaults
+    (from its first run's config; ``{}`` for a run written before the section existed)."""
+    runs = analysis.runs_by_key.get(k) or []
+    section = (runs[0].config.get("hparam_rules") or {}) if runs else {}
+    return {
+        name: str(section[name])
+        for name, default in lr_rules.HPARAM_DEFAULTS.items()
+        if name in section and section[name] != default
+    }
+
+
+def hparam_rule_configurations(analysis: Analysis) -> list[tuple[Configuration, Configuration]]:
+    """``(rule, fixed)`` pairs at twice the reference batch: each configuration of the
+    reference's algorithm and critic whose variant sets an ``hparam_rules`` field off its
+    default, with the variant-less configuration of the same P, G and LR rule (pairs
+    without one are left out), in sort order."""
+    ref = analysis.reference
+    keys = sorted(analysis.stats, key=lambda k: k.sort_key())
+    at = [
+        k for k in keys if (k.algo, k.critic) == (ref.algo, ref.critic) and k.batch == 2 * ref.batch
+    ]
+    pairs = []
+    for k in at:
+        if not k.variant or not hparam_rules_off_default(analysis, k):
+            continue
+        fixed = dataclasses.replace(k, variant="")
+        if fixed in analysis.stats:
+            pairs.append((k, fixed))
+    return pairs
+
+
+def hparam_rule_findings(analysis: Analysis) -> list[Finding]:
+    """At twice the reference batch, does a batch-tied rule for a hyperparameter X
+    (``hparam_rules``: Adam's betas/eps, the clip range, the warm-up) keep invariance
+    better than fixed X? One finding per `hparam_rule_configurations` pair: N*(rule X) /
+    N*(fixed X) with its interval (paired by seed where the runs are a matched pair);
+    holds when it lies below 1 (fewer samples at 2x batch), does not hold when above 1,
+    else undecided. A side that never reached decides it when the other did."""
+    out = []
+    for k, fixed in hparam_rule_configurations(analysis):
+        rules = hparam_rules_off_default(analysis, k)
+        x = ", ".join(f"{name}={rule}" for name, rule in rules.items())
+        name = f"at 2x batch, the rule {x} keeps invariance better than fixed"
+        paper = "not in the study" + (
+            " (Malladi et al. 2022 derive the SDE rule for Adam's betas and eps)"
+            if "adam" in rules
+            else ""
+        )
+        label = f"N*({k.variant}) / N*(fixed) at B = {k.batch}"
+        ns, nf = _n_stars(analysis, k), _n_stars(analysis, fixed)
+        if ns is None or nf is None:
+            pending = analysis.stats[k].incomplete or analysis.stats[fixed].incomplete
+            if pending:
+                verdict, how = UNDECIDED, "seeds still running"
+            elif ns is None and nf is None:
+                verdict, how = UNDECIDED, "neither reached the target"
+            elif ns is None:
+                verdict, how = FAILS, f"{k.name} did not reach; {fixed.name} did"
+            else:
+                verdict, how = HOLDS, f"{fixed.name} did not reach; {k.name} did"
+            out.append(Finding(name, paper, f"{label}: -", verdict, how))
+            continue
+        e = _n_star_ratio(analysis, k, fixed)
+        measured = f"{label} = {_fmt_ratio(e)}"
+        if not e.has_interval:
+            out.append(Finding(name, paper, measured, UNDECIDED, "no interval"))
+            continue
+        verdict = HOLDS if e.hi < 1.0 else (FAILS if e.lo > 1.0 else UNDECIDED)
+        how = f"against {fixed.name}; holds when the N* ratio's interval lies below 1"
+        out.append(Finding(name, paper, measured, verdict, how))
+    return out
+
+
 def study_findings(
     analysis: Analysis, generation: GenerationReport | None, tol: float
 ) -> list[Finding]:
     """Every finding of docs/design.md section 1, measured on the sweep (and, where the
-    sweep has batch-size schedules, `schedule_finding`)."""
+    sweep has batch-size schedules, `schedule_finding`; where it has hyperparameter-rule
+    variants at twice the reference batch, `hparam_rule_findings`)."""
     return [
         invariance_finding(analysis, tol),
         *grad_norm_findings(analysis, analysis.level),
@@ -596,6 +677,7 @@ def study_findings(
         u_shape_finding(analysis, tol),
         critical_order_finding(analysis, generation, tol),
         *([schedule_finding(analysis)] if scheduled_configurations(analysis) else []),
+        *hparam_rule_findings(analysis),
     ]
 
 

@@ -314,6 +314,8 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> RunSpec:
       - ``micro_batches``: the update's gradient-accumulation micro-batches (GRPO: from
         ``grpo.micro_batch_seqs`` when it is > 0, else ``grpo.micro_batches``; PPO:
         ``ppo.micro_batches``);
+      - ``clip_low``/``clip_high`` and ``lr_warmup_updates`` at B under ``hparam_rules``
+        (``hparam_arithmetic``: how, when a rule is off its default);
       - ``batch`` = prompts x group_size, ``max_prompt_len``, ``max_new_tokens``,
         ``model``, ``algorithm``, ``device_count``, ``python``.
 
@@ -346,6 +348,7 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> RunSpec:
     _raise_if(errors)
     batch = c.prompts * c.group_size  # B: derived here once, then read as spec.batch
     policy, lr_arithmetic, critic_optimizer, critic_rule = _optimizer_settings(c, batch)
+    clip, warmup_updates, hparam_arithmetic = _hparam_settings(c, batch)
     return RunSpec.build(
         c,
         batch=batch,
@@ -359,6 +362,10 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> RunSpec:
         model=model_config,
         device_count=device_count,
         python=platform.python_version(),
+        clip_low=clip.clip_low,
+        clip_high=clip.clip_high,
+        lr_warmup_updates=warmup_updates,
+        hparam_arithmetic=hparam_arithmetic,
     )
 
 
@@ -410,6 +417,7 @@ def _field_errors(c: ConfigDict) -> list[str]:
         f"lr={c.lr}: must be > 0, or None (unset) to derive it from lr_rule",
     )
     _check_run_fields(c, check)
+    errors.extend(_hparam_rule_errors(c))
     check(c.budget_responses >= 1, f"budget_responses={c.budget_responses}: must be >= 1")
     check(
         c.eval_every_responses >= 1,
@@ -690,6 +698,7 @@ def _optimizer_settings(c: ConfigDict, batch: int):
             b2=c.b2,
             eps=c.eps,
             noise_scale=c.get("lr_rule_noise_scale", 0.0),
+            adam_rule=_hparam_rules(c)["adam"],
         )
     except ValueError as e:
         raise ValueError(f"invalid config: lr_rule={c.lr_rule!r}: {e}") from e
@@ -698,8 +707,9 @@ def _optimizer_settings(c: ConfigDict, batch: int):
         return policy, hp.describe(), None, None
     # The critic's own rule and reference LR, at its effective batch k x B (it steps
     # once per critic_batch_scale rollout batches on their mean gradient).
+    critic_lr_rule = c.ppo.critic_lr_rule or c.lr_rule
     critic_hp = lr_rules.scale_hparams(
-        rule=c.ppo.critic_lr_rule or c.lr_rule,
+        rule=critic_lr_rule,
         ref_lr=c.ppo.critic_lr_ref,
         batch=batch * c.ppo.critic_batch_scale,
         ref_batch=c.batch_ref,
@@ -707,10 +717,88 @@ def _optimizer_settings(c: ConfigDict, batch: int):
         b2=c.b2,
         eps=c.eps,
         noise_scale=c.get("lr_rule_noise_scale", 0.0),
+        # (a malladi critic already scales its betas and eps)
+        adam_rule="fixed" if critic_lr_rule == "malladi" else _hparam_rules(c)["adam"],
     )
     critic_lr = critic_hp.lr if c.ppo.critic_lr is None else c.ppo.critic_lr
     critic = Adam(lr=critic_lr, b1=critic_hp.b1, b2=critic_hp.b2, eps=critic_hp.eps)
     return policy, hp.describe(), critic, critic_hp
+
+
+def _hparam_rules(c: ConfigDict) -> dict[str, str]:
+    """The run's ``hparam_rules`` (each missing field at its default: a config written
+    before the section existed)."""
+    given = c.get("hparam_rules") or {}
+    return {name: given.get(name, default) for name, default in lr_rules.HPARAM_DEFAULTS.items()}
+
+
+def _hparam_rule_errors(c: ConfigDict) -> list[str]:
+    """The ``hparam_rules`` section and ``lr_warmup_updates``, alone and beside the LR
+    rule, a fixed ``lr`` and a batch schedule."""
+    errors = _Errors()
+    check = errors.check
+    given = c.get("hparam_rules") or {}
+    for name in given:
+        check(
+            name in lr_rules.HPARAM_RULES,
+            f"hparam_rules.{name}: no such rule (rules: {sorted(lr_rules.HPARAM_RULES)})",
+        )
+    rules = _hparam_rules(c)
+    for name, choices in lr_rules.HPARAM_RULES.items():
+        check(
+            rules[name] in choices,
+            f"hparam_rules.{name}={rules[name]!r}: expected one of {choices}",
+        )
+    warmup = c.get("lr_warmup_updates", 0)
+    check(
+        _is_int(warmup) and warmup >= 0,
+        f"lr_warmup_updates={warmup!r}: must be an int >= 0 (0 = no warm-up)",
+    )
+    if rules["adam"] == "sde":
+        check(
+            c.lr_rule != "malladi",
+            "hparam_rules.adam='sde' with lr_rule='malladi': malladi already scales the "
+            "betas and eps (use lr_rule='sqrt' with hparam_rules.adam='sde' for the same)",
+        )
+        check(
+            c.lr is None,
+            f"hparam_rules.adam='sde' with lr={c.lr}: a fixed lr keeps the Adam settings as "
+            "given; unset lr to derive both from the rules",
+        )
+    scheduled = c.get("batch_schedule", {}).get("kind", "fixed") != "fixed"
+    check(
+        not (scheduled and rules["clip"] != "fixed"),
+        f"hparam_rules.clip={rules['clip']!r} with batch_schedule.kind="
+        f"{c.get('batch_schedule', {}).get('kind')!r}: the clip range is set once per run; "
+        "use hparam_rules.clip='fixed' with a batch schedule",
+    )
+    check(
+        not (scheduled and _is_int(warmup) and warmup > 0),
+        f"lr_warmup_updates={warmup} with batch_schedule.kind="
+        f"{c.get('batch_schedule', {}).get('kind')!r}: the schedule sets the LR at each "
+        "batch itself; use lr_warmup_updates=0 with a batch schedule",
+    )
+    return errors
+
+
+def _hparam_settings(c: ConfigDict, batch: int) -> tuple[lr_rules.ClipHparams, int, str]:
+    """The clip range and the LR warm-up (updates) at ``batch`` under ``hparam_rules``,
+    and the arithmetic of the rules off their defaults ("" when none is)."""
+    rules = _hparam_rules(c)
+    section = c.ppo if c.algo == "ppo" else c.grpo
+    k = batch / c.batch_ref
+    clip = lr_rules.scale_clip(rules["clip"], section.clip_low, section.clip_high, k)
+    given = c.get("lr_warmup_updates", 0)
+    warmup = lr_rules.scale_warmup(rules["warmup"], given, batch, c.batch_ref)
+    words = []
+    if rules["clip"] != lr_rules.HPARAM_DEFAULTS["clip"]:
+        words.append(clip.describe())
+    if rules["warmup"] != lr_rules.HPARAM_DEFAULTS["warmup"]:
+        words.append(
+            f"warmup=responses: lr_warmup_updates = round(W * B_ref / B) = "
+            f"round({given} * {c.batch_ref} / {batch}) = {warmup}"
+        )
+    return clip, warmup, "; ".join(words)
 
 
 # Settings that may differ when a run directory is resumed (every other field of the
@@ -765,6 +853,15 @@ ADDED_FIELDS: dict[str, Any] = {
     "grpo.group_noise": False,
     "lr_rule_noise_scale": 0.0,
     "variant": "",
+    "lr_warmup_updates": 0,
+    "hparam_rules": lambda old: dict(lr_rules.HPARAM_DEFAULTS),
+    # The derived values the rules set: before them, the clip range as configured, no
+    # warm-up, no arithmetic, and a critic's betas by its LR rule alone.
+    "derived.clip_low": lambda old: (old.get(old.get("algo", "grpo")) or {}).get("clip_low"),
+    "derived.clip_high": lambda old: (old.get(old.get("algo", "grpo")) or {}).get("clip_high"),
+    "derived.lr_warmup_updates": 0,
+    "derived.hparam_arithmetic": "",
+    "derived.critic.adam_rule": "fixed",
 }
 
 

@@ -826,8 +826,10 @@ def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
     """The learner of ``spec``'s algorithm, with its optimizers at the run's batch."""
     c = spec.inputs
     max_grad_norm = c.max_grad_norm or None
+    adam = dataclasses.asdict(spec.optimizer)
+    adam["lr"] = learner.warmup_lr(adam["lr"], spec.lr_warmup_updates)  # (0: lr itself)
     actor_optimizer = learner.make_optimizer(
-        **dataclasses.asdict(spec.optimizer),
+        **adam,
         weight_decay=c.weight_decay,
         max_grad_norm=max_grad_norm,
     )

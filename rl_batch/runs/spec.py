@@ -57,6 +57,12 @@ class RunSpec:
       python: the Python version that resolved it.
       batch_schedule: the prompts per rollout batch over the run (from the inputs'
         ``batch_schedule`` section; fixed at ``prompts`` when it has none).
+      clip_low, clip_high: the policy-ratio clip range at B (``hparam_rules.clip``; the
+        algorithm config trains with them).
+      lr_warmup_updates: the policy LR's warm-up in updates at B (``lr_warmup_updates``
+        under ``hparam_rules.warmup``; 0 = none).
+      hparam_arithmetic: how the non-default ``hparam_rules`` got there, in words ("" when
+        every rule keeps its default).
     """
 
     inputs: FrozenConfigDict
@@ -73,6 +79,10 @@ class RunSpec:
     device_count: int
     python: str
     batch_schedule: BatchSchedule
+    clip_low: float
+    clip_high: float
+    lr_warmup_updates: int
+    hparam_arithmetic: str
 
     @classmethod
     def build(
@@ -90,6 +100,10 @@ class RunSpec:
         model: model_lib.ModelConfig,
         device_count: int,
         python: str,
+        clip_low: float,
+        clip_high: float,
+        lr_warmup_updates: int,
+        hparam_arithmetic: str,
     ) -> RunSpec:
         """A spec from validated inputs and the derived values (``config.resolve``)."""
         inputs = ConfigDict(inputs.to_dict())
@@ -107,10 +121,16 @@ class RunSpec:
             max_prompt_len=max_prompt_len,
             max_new_tokens=max_new_tokens,
             model=model,
-            algorithm=_algorithm_config(inputs, micro_batches),
+            algorithm=_algorithm_config(inputs, micro_batches).replace(
+                clip_low=clip_low, clip_high=clip_high
+            ),
             device_count=device_count,
             python=python,
             batch_schedule=BatchSchedule.from_config(inputs),
+            clip_low=clip_low,
+            clip_high=clip_high,
+            lr_warmup_updates=lr_warmup_updates,
+            hparam_arithmetic=hparam_arithmetic,
         )
 
     def optimizer_at(self, batch: int) -> Adam:
@@ -120,9 +140,10 @@ class RunSpec:
         c = self.inputs
         if batch == self.batch or c.lr is not None:
             return self.optimizer
+        adam_rule = c.get("hparam_rules", {}).get("adam", lr_rules.HPARAM_DEFAULTS["adam"])
         hp = lr_rules.scale_hparams(
             rule=c.lr_rule, ref_lr=c.lr_ref, batch=batch, ref_batch=c.batch_ref,
-            b1=c.b1, b2=c.b2, eps=c.eps,
+            b1=c.b1, b2=c.b2, eps=c.eps, adam_rule=adam_rule,
         )  # fmt: skip
         return Adam(lr=hp.lr, b1=hp.b1, b2=hp.b2, eps=hp.eps)
 
@@ -144,6 +165,10 @@ class RunSpec:
             num_params=self.model.num_params,
             device_count=self.device_count,
             python=self.python,
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            lr_warmup_updates=self.lr_warmup_updates,
+            hparam_arithmetic=self.hparam_arithmetic,
         )
         return out
 
@@ -176,6 +201,7 @@ class RunSpec:
                 lr=derived["critic_lr"], b1=critic.b1, b2=critic.b2, eps=critic.eps
             )
         batch = derived.get("batch", inputs.prompts * inputs.group_size)  # (older files)
+        clips = inputs.get(inputs.get("algo", "grpo"), {})  # (older files: as configured)
         return cls.build(
             inputs,
             batch=batch,
@@ -189,6 +215,10 @@ class RunSpec:
             model=model_lib.ModelConfig.from_dict(derived["model"]),
             device_count=derived["device_count"],
             python=derived.get("python", ""),
+            clip_low=derived.get("clip_low", clips.get("clip_low")),
+            clip_high=derived.get("clip_high", clips.get("clip_high")),
+            lr_warmup_updates=derived.get("lr_warmup_updates", 0),
+            hparam_arithmetic=derived.get("hparam_arithmetic", ""),
         )
 
     @functools.cached_property
