@@ -735,7 +735,8 @@ def figure_schedule(analysis: Analysis) -> Figure | None:
     for k in keys:
         r = ratios.get(k)
         t = "" if k == best else f", T/T_best {r.fmt('.3g') if r is not None else 'not reached'}"
-        label = f"{k.label} ({findings.schedule_kind(analysis, k)}){t}"
+        kind = findings.schedule_kind(analysis, k)
+        label = (k.label if kind == k.variant else f"{k.label} ({kind})") + t
         styles[k] = {"color": colors[k], "label": label}
     fig = _figure(analysis, 2, width=5.6, height=3.2, nrows=2)
     (acc_n, acc_t), (b_n, b_t) = fig.subplots(2, 2, sharex="col", height_ratios=[2.2, 1])
