@@ -296,7 +296,9 @@ def test_default_study_config_resolves():
     assert config_lib.resolve(c, 1).optimizer.lr > 0
 
 
-@pytest.mark.parametrize("name", ["grpo_cpu", "ppo_cpu", "grpo_gpu", "grpo_tpu"])
+@pytest.mark.parametrize(
+    "name", ["grpo_cpu", "grpo_schedule_cpu", "ppo_cpu", "grpo_gpu", "grpo_tpu"]
+)
 def test_every_study_grid_resolves(name, tmp_path):
     import importlib
 
