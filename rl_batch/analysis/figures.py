@@ -646,6 +646,19 @@ def eval_times(run: RunData, step_s: float | np.ndarray | None = None) -> np.nda
     return np.interp(run.eval_responses, xp, fp)
 
 
+def time_curves(
+    analysis: Analysis, k: Configuration
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+    """Configuration ``k``'s accuracy against training seconds (calibrated where the
+    analysis is): each seed's (seconds [E], accuracy [E]), and the seed mean [100] on a
+    time grid [100] up to the first seed's last evaluation (where every seed has data)."""
+    runs = [r for r in analysis.runs_by_key[k] if r.eval_responses.size]
+    seeds = [(eval_times(r, analysis.run_step_s.get(r.name)), r.eval_accuracy) for r in runs]
+    grid = np.linspace(0.0, min(float(x[-1]) for x, _ in seeds), 100)
+    acc = np.stack([np.interp(grid, x, y) for x, y in seeds])  # [R, 100]
+    return seeds, grid, acc
+
+
 def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
     """Validation accuracy against training seconds, per configuration: the seed mean
     where every seed has data, then each seed's own curve (faint) to its end, and each
@@ -668,17 +681,14 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
         "surge": (0, (5, 1, 1, 1)),
     }
     for k in keys:
-        runs = [r for r in analysis.runs_by_key[k] if r.eval_responses.size]
-        seeds = [(eval_times(r, analysis.run_step_s.get(r.name)), r.eval_accuracy) for r in runs]
-        t_end = min(float(x[-1]) for x, _ in seeds)
-        grid = np.linspace(0.0, t_end, 100)
-        acc = np.stack([np.interp(grid, x, y) for x, y in seeds])
+        seeds, grid, acc = time_curves(analysis, k)
+        t_end = float(grid[-1])
         st = analysis.stats[k]
         t = "" if st.time_to_target_s is None else f", T {st.time_to_target_s.fmt('.3g')} s"
         color, style = colors[k], dashes.get(k.lr_rule, "-")
         ax.plot(grid, acc.mean(axis=0), color=color, linestyle=style,
                 label=f"B={k.batch} {k.label}{t}")  # fmt: skip
-        if len(runs) > 1:
+        if len(seeds) > 1:
             lo, hi = acc.min(axis=0), acc.max(axis=0)
             ax.fill_between(grid, lo, hi, color=color, alpha=0.12, linewidth=0)
         _plot_seed_tails(ax, seeds, t_end, color, style)
@@ -743,13 +753,9 @@ def figure_schedule(analysis: Analysis) -> Figure | None:
     _plot_curves(acc_n, analysis, keys, styles)
     acc_n.set_xlabel("")
     for k in keys:
-        runs = [r for r in analysis.runs_by_key[k] if r.eval_responses.size]
-        seeds = [(eval_times(r, analysis.run_step_s.get(r.name)), r.eval_accuracy) for r in runs]
-        t_end = min(float(x[-1]) for x, _ in seeds)
-        grid = np.linspace(0.0, t_end, 100)
-        acc = np.stack([np.interp(grid, x, y) for x, y in seeds])
+        seeds, grid, acc = time_curves(analysis, k)
         acc_t.plot(grid, acc.mean(axis=0), color=colors[k])
-        _plot_seed_tails(acc_t, seeds, t_end, colors[k], "-")
+        _plot_seed_tails(acc_t, seeds, float(grid[-1]), colors[k], "-")
         for run in analysis.runs_by_key[k]:
             n, secs, b = _batch_steps(run, analysis.run_step_s.get(run.name))
             b_n.step(n, b, where="pre", color=colors[k], linewidth=0.8, alpha=0.5)
