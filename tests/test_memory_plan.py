@@ -42,11 +42,24 @@ out["prefill_temp"] = pre.temp
 print(json.dumps(out))
 """
 
+_ENGINE_SCRIPT = """
+# The sampler plans of both engines (a second line, in the same process).
+from rl_batch.rollout import sampler as sampler_lib
+
+mc = model_lib.get_preset("tiny-1m", num_layers=2, vocab_size=64, max_seq_len=1024)
+out = {"slot_bytes": model_lib.kv_cache_bytes(mc, 1, 1)}
+for engine, slots in (("static", 0), ("continuous", 2)):
+    sampling = sampler_lib.SamplingConfig(engine=engine, slots=slots)
+    m = memory_plan.sampler_call_memory(mc, sampling, batch=8, prompt_len=32, response_len=480)
+    out[engine] = {"peak": m.peak, "slots": sampler_lib.kv_cache_slots(sampling, 8, 32, 480)}
+print(json.dumps(out))
+"""
+
 
 @pytest.fixture(scope="module")
-def temps():
-    """Compiled update temporaries of four settings, in a process with the memory-aware
-    CPU scheduler (as experiments.plan_memory runs)."""
+def compiled():
+    """Compiled update temporaries of four settings and the two sampler engines' plans,
+    in one process with the memory-aware CPU scheduler (as experiments.plan_memory runs)."""
     settings = {
         "plain": {},
         "remat": {"remat": "full"},
@@ -58,14 +71,21 @@ def temps():
         env.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, json.dumps(settings)],
+        [sys.executable, "-c", _SCRIPT + _ENGINE_SCRIPT, json.dumps(settings)],
         env=env,
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-2]), json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def temps(compiled):
+    """The update temporaries of four settings and the prefill's (see ``compiled``)."""
+    return compiled[0]
 
 
 def test_remat_and_chunking_lower_the_compiled_update_memory(temps):
@@ -148,32 +168,8 @@ def test_study_configs_plan_every_point(name, flags):
     assert rows and all("**no**" not in row for row in rows), out
 
 
-_ENGINE_SCRIPT = """
-import json
-from rl_batch.models import transformer as model_lib
-from rl_batch.rollout import sampler as sampler_lib
-from rl_batch.runs import memory_plan
-
-mc = model_lib.get_preset("tiny-1m", num_layers=2, vocab_size=64, max_seq_len=1024)
-out = {"slot_bytes": model_lib.kv_cache_bytes(mc, 1, 1)}
-for engine, slots in (("static", 0), ("continuous", 2)):
-    sampling = sampler_lib.SamplingConfig(engine=engine, slots=slots)
-    m = memory_plan.sampler_call_memory(mc, sampling, batch=8, prompt_len=32, response_len=480)
-    out[engine] = {"peak": m.peak, "slots": sampler_lib.kv_cache_slots(sampling, 8, 32, 480)}
-print(json.dumps(out))
-"""
-
-
-def test_the_sampler_plan_follows_the_continuous_engines_cache_layout():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", _ENGINE_SCRIPT], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_the_sampler_plan_follows_the_continuous_engines_cache_layout(compiled):
+    out = compiled[1]
     static, cont = out["static"], out["continuous"]
     # By hand: static B x (P + R) = 8 x 512 slots; continuous N x P + C x (P + R) = 8 x 32
     # + 2 x 512 (every row's prompt cache, and the 2 decode slots).
