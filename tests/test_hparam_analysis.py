@@ -12,14 +12,18 @@ from tests import analysis_fixtures as fx
 SEEDS = (0.97, 1.0, 1.03)  # tau factors of the seeds (the same for every configuration)
 # Reference 8x8 (B = 64); 16x8 is at twice its batch.
 FIXED = ((8, 8, "sqrt", 1.0), (16, 8, "sqrt", 1.0), (32, 8, "sqrt", 1.05))
-SDE = {"adam": "sde", "clip": "fixed", "warmup": "updates"}
+DEFAULTS = {"adam": "fixed", "clip": "fixed", "warmup": "updates"}  # as every run records
+SDE = {**DEFAULTS, "adam": "sde"}
 
 
 def _sweep(tmp_path, mult, variant="adam-sde", rules=SDE, prompts=16):
     """The FIXED sweep plus ``variant`` at ``prompts`` x 8, its tau ``mult`` times the
     fixed configuration's (N* scales with tau in the synthetic curves)."""
     d = str(tmp_path / "sweep")
-    fx.write_sweep(d, configs=FIXED, seed_factors=SEEDS, reference="P8_G8_sqrt_s0")
+    fx.write_sweep(
+        d, configs=FIXED, seed_factors=SEEDS, reference="P8_G8_sqrt_s0",
+        config_extra={"hparam_rules": DEFAULTS},
+    )  # fmt: skip
     raw = artifacts.read_json(os.path.join(d, artifacts.SWEEP_FILE))
     for seed, factor in enumerate(SEEDS):
         name = f"p{prompts}_g8_sqrt_{variant}_s{seed}"

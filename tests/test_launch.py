@@ -687,14 +687,16 @@ def test_collect_merges_jobs_into_a_sweep(two_jobs):
     # Ordered by batch B = P x G: 512, 1024, 2048 (two), names break the tie.
     assert on_disk["runs"] == [
         dict(name="p64_g8_sqrt_s0", prompts=64, group_size=8, batch=512,
-             lr_rule="sqrt", lr=1e-6, seed=0, critic="", status="finished", error=None),
+             lr_rule="sqrt", lr=1e-6, seed=0, critic="", variant="", status="finished", error=None),
         dict(name="p128_g8_sqrt_s0", prompts=128, group_size=8, batch=1024,
-             lr_rule="sqrt", lr=1.4e-6, seed=0, critic="", status="finished", error=None),
+             lr_rule="sqrt", lr=1.4e-6, seed=0, critic="", variant="", status="finished",
+             error=None),
         dict(name="p128_g16_fixed_s1", prompts=128, group_size=16, batch=2048,
-             lr_rule="fixed", lr=1e-6, seed=1, critic="", status="failed",
+             lr_rule="fixed", lr=1e-6, seed=1, critic="", variant="", status="failed",
              error="NaN loss at step 7"),
         dict(name="p256_g8_sqrt_s0", prompts=256, group_size=8, batch=2048,
-             lr_rule="sqrt", lr=1e-6, seed=0, critic="", status="incomplete", error=None),
+             lr_rule="sqrt", lr=1e-6, seed=0, critic="", variant="", status="incomplete",
+             error=None),
     ]  # fmt: skip
     assert sorted(result.actions) == sorted((r["name"], "copied") for r in on_disk["runs"])
     copied = os.path.join(sweep_dir, "runs", "p256_g8_sqrt_s0")

@@ -51,7 +51,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rl_batch.algorithms import lr_rules
 from rl_batch.analysis import critical_batch, intervals, planner
 from rl_batch.analysis.cost_model import GenerationReport
 from rl_batch.analysis.time_to_target import (
@@ -587,16 +586,26 @@ def schedule_finding(analysis: Analysis) -> Finding:
     return Finding(name, paper, "; ".join(parts), verdict, note)
 
 
-def hparam_rules_off_default(analysis: Analysis, k: Configuration) -> dict[str, str]:
-    """The ``hparam_rules`` fields that configuration ``k``'s runs set off their defaults
-    (from its first run's config; ``{}`` for a run written before the section existed)."""
+def _hparam_rules_of(analysis: Analysis, k: Configuration) -> dict[str, str]:
+    """The ``hparam_rules`` section of configuration ``k``'s first run's config ({}: none,
+    e.g. a run written before the section existed)."""
     runs = analysis.runs_by_key.get(k) or []
     section = (runs[0].config.get("hparam_rules") or {}) if runs else {}
-    return {
-        name: str(section[name])
-        for name, default in lr_rules.HPARAM_DEFAULTS.items()
-        if name in section and section[name] != default
-    }
+    return {str(name): str(rule) for name, rule in section.items()}
+
+
+def hparam_rules_off_default(analysis: Analysis, k: Configuration) -> dict[str, str]:
+    """The ``hparam_rules`` fields that configuration ``k``'s variant sets otherwise than
+    the variant-less configuration of the same P, G and LR rule (its runs' configs; the
+    run config owns the defaults, which the analysis does not import): ``{}`` when ``k``
+    has no variant or no such partner."""
+    if not k.variant:
+        return {}
+    fixed = dataclasses.replace(k, variant="")
+    if fixed not in analysis.runs_by_key:
+        return {}
+    mine, theirs = _hparam_rules_of(analysis, k), _hparam_rules_of(analysis, fixed)
+    return {name: rule for name, rule in mine.items() if theirs.get(name, rule) != rule}
 
 
 def hparam_rule_configurations(analysis: Analysis) -> list[tuple[Configuration, Configuration]]:
