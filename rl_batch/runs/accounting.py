@@ -133,8 +133,6 @@ class Step:
       update_s: seconds of the update (0 without one).
       wall_s: seconds of the whole iteration so far, compilation included.
       compilations: jit traces so far (sampler + update): constant after the warm-up.
-      lr: the learning rate the update used (a batch schedule's rule at the batch's
-        P x G); None: the run's ``spec.optimizer.lr``.
     """
 
     ro: rollout_lib.Rollout
@@ -146,7 +144,6 @@ class Step:
     update_s: float
     wall_s: float
     compilations: int
-    lr: float | None = None
 
 
 class StepAccounting:
@@ -209,7 +206,7 @@ class StepAccounting:
             "group_size": c.group_size,
             "batch_responses": retained,
             "batch_generated": generated,
-            "lr": self.lr if s.lr is None else s.lr,
+            "lr": self.lr,  # (the update's own ``lr`` metric, below, replaces it)
             "reward_mean": float(ro.rewards_pg.mean()),
             "reward_retained_mean": float(ro.rewards_pg[s.keep_p].mean()),
             **ro.score_counts,  # math: score_unverified_too_big, score_unverified_timeout

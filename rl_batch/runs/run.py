@@ -723,9 +723,9 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
         while not counters.stopped:
             t_step = time.perf_counter()
             # This batch's P and the LR rule at its P x G (a batch schedule; else fixed).
-            prompts, lr = _scheduled_batch(spec, counters, metrics_log.records)
-            if lr is not None:
-                state = learner.with_adam_hparams(state, **dataclasses.asdict(lr))
+            prompts, adam = _scheduled_batch(spec, counters, metrics_log.records)
+            if adam is not None:
+                state = learner.with_adam_hparams(state, **dataclasses.asdict(adam))
             job, ro, learner_wait = source.next(algo.policy_params(state), counters, prompts)
             keep_p = keep_mask(ro, algo.filter_groups)
             staleness = counters.step - job.gen_step
@@ -743,7 +743,6 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
                 ro, keep_p, staleness, metrics, bool(metrics) and algo.trains_policy(metrics),
                 learner_wait, t_update, time.perf_counter() - t_step,
                 s.sampler.num_compilations + flops.jit_cache_size(algo.update_fn),
-                None if lr is None else lr.lr,
             )  # fmt: skip
             record = accounting.book(counters, step)
             if record is not None:
