@@ -67,7 +67,12 @@ from rl_batch.analysis.curves import (
     mean_curve,
     seed_curves,
 )
-from rl_batch.analysis.time_to_target import DEFAULT_N_BOOT, Analysis, analyze_sweep
+from rl_batch.analysis.time_to_target import (
+    DEFAULT_N_BOOT,
+    Analysis,
+    analyze_sweep,
+    calibrated_seconds,
+)
 from rl_batch.artifacts import Configuration
 
 log = logging.getLogger(__name__)
@@ -638,10 +643,7 @@ def eval_times(run: RunData, step_s: float | np.ndarray | None = None) -> np.nda
     xp = np.concatenate([[0.0], run.responses])
     if step_s is not None:
         updates = np.interp(run.eval_responses, xp, np.concatenate([[0.0], run.updates_done]))
-        if np.ndim(step_s) == 0:
-            return updates * float(step_s)
-        cum = np.concatenate([[0.0], np.cumsum(step_s)])
-        return np.interp(updates, np.arange(cum.size), cum)
+        return np.asarray(calibrated_seconds(step_s, updates))
     fp = np.concatenate([[0.0], run.time_train])
     return np.interp(run.eval_responses, xp, fp)
 
@@ -721,8 +723,7 @@ def _batch_steps(run: RunData, step_s: float | np.ndarray | None) -> tuple[np.nd
     batch_u = batch_u * float(run.key.group_size)
     responses = np.concatenate([[0.0], run.responses])
     if step_s is not None:
-        per = np.broadcast_to(np.asarray(step_s, dtype=np.float64), batch_u.shape)
-        seconds = np.concatenate([[0.0], np.cumsum(per)])
+        seconds = calibrated_seconds(step_s, np.arange(batch_u.size + 1.0))
     else:
         seconds = np.concatenate([[0.0], run.time_train])
     return responses, seconds, np.concatenate([batch_u[:1], batch_u])

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -113,14 +114,17 @@ class RunTarget:
 FINISHED_STATUSES = ("finished", "pilot")
 
 
-def calibrated_seconds(step_s: float | np.ndarray, updates: float) -> float:
+def calibrated_seconds(step_s: float | np.ndarray, updates: Any) -> Any:
     """Calibrated training seconds of the first ``updates`` updates (fractional: the
-    last one in part): ``updates x step_s``, or with per-update step times [U] (a batch
-    schedule's), their running sum interpolated at ``updates``."""
+    last one in part; a float, or an array of counts): ``updates x step_s``, or with
+    per-update step times [U] (a batch schedule's), their running sum interpolated at
+    ``updates``."""
     if np.ndim(step_s) == 0:
-        return float(updates * step_s)
-    cum = np.concatenate([[0.0], np.cumsum(step_s)])  # [U + 1]
-    return float(np.interp(updates, np.arange(cum.size), cum))
+        out = np.asarray(updates, dtype=np.float64) * float(step_s)
+    else:
+        cum = np.concatenate([[0.0], np.cumsum(step_s)])  # [U + 1]
+        out = np.interp(updates, np.arange(cum.size), cum)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def update_step_times(
@@ -149,20 +153,15 @@ def schedule_step_rounds(
     """A scheduled configuration's effective step seconds in each calibration round: the
     step times of its P values weighted by the share of updates its runs made at each P
     up to the target (all their updates where no run reached)."""
-    weights: dict[int, float] = {}
-    for reached_only in (True, False):
-        for run in runs:
-            t = targets.get(run.name)
-            if reached_only and (t is None or not t.reached):
-                continue
-            u = t.updates_to_target if reached_only else float(len(run.update_records))
-            for i, r in enumerate(run.update_records):
-                if i >= u:
-                    break
-                p = int(r.get("prompts", -1))
-                weights[p] = weights.get(p, 0.0) + min(1.0, u - i)
-        if weights:
-            break
+    reached = [(r, targets[r.name]) for r in runs if r.name in targets]
+    spans = [(r, t.updates_to_target) for r, t in reached if t.reached] or [
+        (r, float(len(r.update_records))) for r in runs
+    ]
+    weights: dict[int, float] = {}  # P -> updates made at it (the last one in part)
+    for run, u in spans:
+        for i, r in enumerate(run.update_records[: math.ceil(u)]):
+            p = int(r.get("prompts", -1))
+            weights[p] = weights.get(p, 0.0) + min(1.0, u - i)
     total = sum(w for p, w in weights.items() if p in per_prompts)
     n = len(next(iter(per_prompts.values())))
     if total <= 0:

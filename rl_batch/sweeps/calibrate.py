@@ -71,7 +71,6 @@ from rl_batch.rollout import sources as rollout_source
 from rl_batch.runs import config as config_lib
 from rl_batch.runs import run as run_lib
 from rl_batch.runs.accounting import Counters, keep_mask
-from rl_batch.runs.batch_schedule import BatchSchedule
 from rl_batch.runs.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -108,7 +107,7 @@ def probe_config(c: ConfigDict, concurrency: int) -> ConfigDict:
 
 def schedule_buckets(spec: RunSpec) -> tuple[int, ...]:
     """The P values a configuration's batch schedule can take (empty: a fixed batch)."""
-    schedule = BatchSchedule.from_config(spec.inputs)
+    schedule = spec.batch_schedule
     return () if schedule.kind == "fixed" else schedule.buckets
 
 
