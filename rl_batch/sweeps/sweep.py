@@ -160,9 +160,9 @@ def _leaves(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def variant_settings(base: ConfigDict, name: str, where: str = "") -> dict[str, Any]:
-    """The settings ``sweep.variants[name]`` puts on a point's run config, as
-    ``{"dotted.field": value}``; a ValueError that names the problem when the variant is
-    not defined, or sets a field the base config lacks or a field the point owns."""
+    """The settings ``sweep.variants[name]`` puts on a point's run config (nested like
+    it); a ValueError that names the problem when the variant is not defined, or sets a
+    field the base config lacks or a field the point owns."""
     variants = base.sweep.get("variants") or {}
     variants = variants.to_dict() if hasattr(variants, "to_dict") else dict(variants)
     at = f"sweep point {where!r}: " if where else ""
@@ -170,16 +170,16 @@ def variant_settings(base: ConfigDict, name: str, where: str = "") -> dict[str, 
         raise ValueError(
             f"{at}no variant {name!r} in sweep.variants (defined: {sorted(variants) or 'none'})"
         )
-    leaves = _leaves(variants[name] or {})
+    settings = variants[name] or {}
     flat = _leaves(base.to_dict())
-    for path in leaves:
+    for path in _leaves(settings):
         if path.split(".")[0] in POINT_FIELDS or path.startswith(("sweep.", "ppo.critic_")):
             raise ValueError(
                 f"sweep.variants.{name}.{path}: the point's key sets this, not a variant"
             )
-        if path not in flat and not any(f.startswith(path + ".") for f in flat):
+        if path not in flat:
             raise ValueError(f"sweep.variants.{name}.{path}: no such field in the run config")
-    return leaves
+    return settings
 
 
 def reference_key(base: ConfigDict, points: list[Point]) -> str:
@@ -208,12 +208,7 @@ def point_config(base: ConfigDict, point: Point, sweep_dir: str) -> ConfigDict:
             point.critic
         )
     if point.variant:
-        for path, value in variant_settings(base, point.variant).items():
-            *parents, leaf = path.split(".")
-            node = c
-            for part in parents:
-                node = node[part]
-            node[leaf] = value
+        c.update(variant_settings(base, point.variant))  # (recursive: the named fields only)
     c.variant = point.variant
     c.name = point.name
     c.run_dir = os.path.join(sweep_dir, artifacts.RUNS_DIR, point.name)
