@@ -529,8 +529,9 @@ def scheduled_configurations(analysis: Analysis) -> list[Configuration]:
 
 
 def best_fixed_batch(analysis: Analysis) -> Configuration | None:
-    """The configuration without a schedule whose every seed reached with the smallest
-    mean T (the same algorithm as the reference); None when none did."""
+    """The configuration without a batch schedule (another variant, e.g. a hyperparameter
+    rule, counts) whose every seed reached with the smallest mean T (the same algorithm
+    as the reference); None when none did."""
     fixed = [
         k
         for k, s in analysis.stats.items()

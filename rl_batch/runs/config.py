@@ -765,18 +765,16 @@ def _hparam_rule_errors(c: ConfigDict) -> list[str]:
             f"hparam_rules.adam='sde' with lr={c.lr}: a fixed lr keeps the Adam settings as "
             "given; unset lr to derive both from the rules",
         )
-    scheduled = c.get("batch_schedule", {}).get("kind", "fixed") != "fixed"
+    kind = c.get("batch_schedule", {}).get("kind", "fixed")
     check(
-        not (scheduled and rules["clip"] != "fixed"),
-        f"hparam_rules.clip={rules['clip']!r} with batch_schedule.kind="
-        f"{c.get('batch_schedule', {}).get('kind')!r}: the clip range is set once per run; "
-        "use hparam_rules.clip='fixed' with a batch schedule",
+        kind == "fixed" or rules["clip"] == "fixed",
+        f"hparam_rules.clip={rules['clip']!r} with batch_schedule.kind={kind!r}: the clip "
+        "range is set once per run; use hparam_rules.clip='fixed' with a batch schedule",
     )
     check(
-        not (scheduled and _is_int(warmup) and warmup > 0),
-        f"lr_warmup_updates={warmup} with batch_schedule.kind="
-        f"{c.get('batch_schedule', {}).get('kind')!r}: the schedule sets the LR at each "
-        "batch itself; use lr_warmup_updates=0 with a batch schedule",
+        kind == "fixed" or not (_is_int(warmup) and warmup > 0),
+        f"lr_warmup_updates={warmup} with batch_schedule.kind={kind!r}: the schedule sets "
+        "the LR at each batch itself; use lr_warmup_updates=0 with a batch schedule",
     )
     return errors
 
