@@ -308,11 +308,10 @@ def scale_clip(rule: str, clip_low: float, clip_high: float, k: float) -> ClipHp
         raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low!r}, {clip_high!r}")
     values, capped = {"clip_low": clip_low, "clip_high": clip_high}, []
     if rule == "sqrt":
-        for name in values:
-            values[name] *= math.sqrt(k)
-            cap = max(CLIP_CAPS[name], values[name] / math.sqrt(k))  # (never below as given)
-            if values[name] > cap:
-                values[name] = cap
+        for name, given in tuple(values.items()):
+            cap = max(CLIP_CAPS[name], given)  # (never below the value as given)
+            values[name] = min(given * math.sqrt(k), cap)
+            if given * math.sqrt(k) > cap:
                 capped.append(name)
     return ClipHparams(
         **values, rule=rule, k=k, ref_low=clip_low, ref_high=clip_high, capped=tuple(capped)
