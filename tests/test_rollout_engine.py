@@ -72,6 +72,41 @@ def test_per_row_limits_end_each_row_at_its_own_length(params, sampler):
 GREEDY, TEMPERATURE = SamplingConfig(greedy=True), SamplingConfig(temperature=1.3, top_k=20)
 
 
+def slot_schedule(decode_lens, slots, min_slots):
+    """(decode steps, slot-steps) of the continuous engine, simulated in Python: queued
+    rows (decode tokens each, in queue order) fill free slots in slot order before each
+    step; once no row waits and at most half the slots are busy, the busy ones move to
+    the front of a loop of half the width, down to ``min_slots``."""
+    widths = [slots]
+    while widths[-1] // 2 >= min_slots:
+        widths.append(widths[-1] // 2)
+    queue, left = list(decode_lens), [0] * slots  # tokens left per slot
+    steps = slot_steps = 0
+    for i, width in enumerate(widths):
+        left = sorted(left, key=lambda x: x == 0)[:width]
+        last = i == len(widths) - 1
+        while queue or any(left):
+            if not queue and not last and sum(x > 0 for x in left) <= width // 2:
+                break
+            for j in range(width):
+                if left[j] == 0 and queue:
+                    left[j] = queue.pop(0)
+            steps, slot_steps = steps + 1, slot_steps + width
+            left = [max(x - 1, 0) for x in left]
+    return steps, slot_steps
+
+
+def test_slot_schedule_by_hand():
+    # 3 rows of 5, 1 and 2 decode tokens through 2 slots (no narrower loop: 2 // 2 < 2):
+    # steps 1-2 hold rows 0 and 1, row 2 takes row 1's slot at step 2 ... row 0 ends
+    # at step 5: 5 steps of 2 slots.
+    assert slot_schedule([5, 1, 2], 2, 2) == (5, 10)
+    # 4 slots, rows of 8, 1, 1, 1: after step 1 one slot is busy, the loop narrows to
+    # 2 slots for 7 steps: 4 + 14 slot-steps instead of 32.
+    assert slot_schedule([8, 1, 1, 1], 4, 2) == (8, 18)
+    assert slot_schedule([8, 1, 1, 1], 4, 4) == (8, 32)
+
+
 @pytest.mark.parametrize(
     "base,slots,block",
     [(GREEDY, 1, 0), (GREEDY, 3, 8), (TEMPERATURE, 2, 0), (TEMPERATURE, 64, 16), (GREEDY, 0, 0)],
@@ -93,7 +128,9 @@ def test_continuous_gives_each_row_the_static_tokens(params, sampler, base, slot
     # (6 prompts bucket to 8 rows; slots=0: all of them decode at once)
     assert stats["engine"] == "continuous" and stats["slots"] == (min(slots, 8) or 8)
     assert stats["decode_tokens"] == int(ref.lengths.sum()) - len(PROMPTS)
-    assert stats["slot_steps"] == stats["slots"] * stats["decode_steps"]
+    decode_lens = [int(n) - 1 for n in ref.lengths if n > 1]  # queued rows, in row order
+    expected = slot_schedule(decode_lens, stats["slots"], cont.min_slots)
+    assert (stats["decode_steps"], stats["slot_steps"]) == expected
     if slots == 1:  # one slot never idles while rows wait: every slot-step is useful
         assert stats["slot_steps"] == stats["decode_tokens"]
     if 0 < slots <= 3:
@@ -152,6 +189,10 @@ def test_continuous_config_errors(params):
         SamplingConfig(engine="continuous", slots=-1)
     with pytest.raises(ValueError, match="attn_block"):
         SamplingConfig(attn_block=-1)
+    with pytest.raises(ValueError, match="min_slots must be an int >= 2"):
+        SamplingConfig(engine="continuous", min_slots=1)
+    assert sampler_lib.slot_widths(64, 2) == [64, 32, 16, 8, 4, 2]
+    assert sampler_lib.slot_widths(6, 2) == [6, 3] and sampler_lib.slot_widths(8, 8) == [8]
     cfg = SamplingConfig.from_dict({"engine": "continuous", "slots": 4, "attn_block": 16})
     assert (cfg.engine, cfg.slots, cfg.attn_block) == ("continuous", 4, 16)
     cont = SamplingConfig(engine="continuous", slots=2)

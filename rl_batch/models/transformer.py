@@ -686,16 +686,16 @@ class Attention(nnx.Module):
         v_bkth = jnp.swapaxes(v_btkh, 1, 2)
         if cache is not None and jnp.ndim(cache_index) == 1:
             # One slot per row ([B] cache_index, T = 1): rows of a continuous batch sit
-            # at different steps. A select over the slots, not a scatter: XLA's CPU backend
-            # fuses the RoPE of the new key into a scatter with other rounding than into
-            # the one-slot dynamic_update_slice below, and the continuous engine must give
-            # the static engine's log-probs bit for bit (tests/test_rollout_engine.py).
-            # It rewrites the [B, K, S, H] cache per layer and step (in place), as
-            # much traffic as the einsum attention's read of it.
+            # at different steps; each row's new key/value is scattered into its slot.
+            # The static sampler decodes through this path too (its B slots all equal):
+            # XLA's CPU backend rounds a step's log-probs differently when the step's
+            # cache write is a dynamic_update_slice (other fusions, FMA contraction),
+            # and both engines must give the same log-probs bit for bit
+            # (tests/test_rollout_engine.py).
+            rows_b = jnp.arange(b)
             slot_b = jnp.asarray(cache_index, jnp.int32)
-            hot_b1s1 = (jnp.arange(cache["k"].shape[2]) == slot_b[:, None])[:, None, :, None]
-            k_bksh = jnp.where(hot_b1s1, k_bkth.astype(cache["k"].dtype), cache["k"])
-            v_bksh = jnp.where(hot_b1s1, v_bkth.astype(cache["v"].dtype), cache["v"])
+            k_bksh = cache["k"].at[rows_b, :, slot_b].set(k_bkth[:, :, 0].astype(cache["k"].dtype))
+            v_bksh = cache["v"].at[rows_b, :, slot_b].set(v_bkth[:, :, 0].astype(cache["v"].dtype))
             cache = {"k": k_bksh, "v": v_bksh}
         elif cache is not None:
             # Write the T new keys/values at slots [cache_index, cache_index + T).

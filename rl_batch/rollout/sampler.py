@@ -218,6 +218,11 @@ class SamplingConfig:
       attn_block: decode attention reads only the filled cache slots, in blocks of this
         many slots (flash-decoding; ``model.forward_with_cache``'s ``kv_block``); 0 reads
         all P + R slots with the einsum reference.
+      min_slots: the continuous engine halves its slots once no row waits and at most
+        half of them are busy, down to this many (>= 2; ``slots`` or more: never), so
+        that the last long rows do not decode beside idle slots. Each width is its own
+        loop in the program (compile time grows with log2(slots / min_slots)); the
+        tokens and log-probs do not change.
     """
 
     temperature: float = 1.0
@@ -227,6 +232,7 @@ class SamplingConfig:
     engine: str = "static"
     slots: int = 0
     attn_block: int = 0
+    min_slots: int = 2
 
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
@@ -239,6 +245,10 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.engine must be one of {ENGINES}, got {self.engine!r}")
         if not (isinstance(self.slots, int) and self.slots >= 0):
             raise ValueError(f"SamplingConfig.slots must be an int >= 0, got {self.slots!r}")
+        if not (isinstance(self.min_slots, int) and self.min_slots >= 2):
+            raise ValueError(
+                f"SamplingConfig.min_slots must be an int >= 2, got {self.min_slots!r}"
+            )
         if not (isinstance(self.attn_block, int) and self.attn_block >= 0):
             raise ValueError(
                 f"SamplingConfig.attn_block must be an int >= 0, got {self.attn_block!r}"
@@ -532,12 +542,15 @@ def _forward(
     last_only=False,
     kv_len=None,
     kv_block=0,
+    cache_index=None,
 ):
-    """``forward_with_cache`` (``last_only``, ``kv_len``, ``kv_block`` as there); with
+    """``forward_with_cache`` at slot ``slot`` (or ``cache_index``: [B] slots, one per
+    row, all equal to ``slot``; ``last_only``, ``kv_len``, ``kv_block`` as there); with
     ``experts_bslk`` (recording routing) also writes the router's choices for the T fed
     tokens at slots [slot, slot + T) (-1 where not ``real_bt``)."""
     kwargs = dict(last_only=last_only, kv_len=kv_len, kv_block=kv_block)
-    args = (config, params, tokens_bt, positions_bt, kv_mask_bs, cache, slot)
+    index = slot if cache_index is None else cache_index
+    args = (config, params, tokens_bt, positions_bt, kv_mask_bs, cache, index)
     if experts_bslk is None:
         logits, cache = model_lib.forward_with_cache(*args, **kwargs)
         return logits, cache, None
@@ -571,6 +584,9 @@ def _decode_step(config: ModelConfig, params: Params, state: SamplingState) -> S
         slot,
         kv_len=slot + 1,
         kv_block=state.sampling.attn_block,
+        # The slot once per row: the per-row write of the continuous engine, so that
+        # both engines round every log-prob alike (see ``sample_continuous``).
+        cache_index=jnp.full(token_b1.shape[:1], slot, jnp.int32),
     )
     state = state.replace(kv_mask_bs=kv_mask_bs, cache=cache, experts_bslk=experts_bslk)
     return _record(state, logits_b1v[:, 0])
@@ -712,6 +728,7 @@ class ContinuousState:
     """
 
     iterations: jax.Array  # [] int32 decode steps run (each feeds every slot once)
+    slot_steps: jax.Array  # [] int32 slots x decode steps, summed over the loop's widths
     next_q: jax.Array  # [] int32 position in ``queue_n`` of the next row to start
     num_queued: jax.Array  # [] int32 rows still to decode after prefill
     queue_n: jax.Array  # [N] int32 rows in start order (rows to decode first)
@@ -762,6 +779,26 @@ def _refill(state: ContinuousState) -> ContinuousState:
     )
 
 
+def slot_widths(slots: int, min_slots: int) -> list[int]:
+    """The continuous engine's loop widths: ``slots``, then halved while >= ``min_slots``."""
+    widths = [slots]
+    while widths[-1] // 2 >= min_slots:
+        widths.append(widths[-1] // 2)
+    return widths
+
+
+def _compact(state: ContinuousState, width: int) -> ContinuousState:
+    """Keeps ``width`` slots: the busy ones (at most ``width``), moved to the front."""
+    keep_w = jnp.argsort(state.done_c, stable=True)[:width]  # busy slots first
+    return state.replace(
+        row_c=state.row_c[keep_w],
+        step_c=state.step_c[keep_w],
+        done_c=state.done_c[keep_w],
+        kv_mask_cs=state.kv_mask_cs[keep_w],
+        cache=jax.tree.map(lambda x_cksh: x_cksh[keep_w], state.cache),
+    )
+
+
 def _continuous_step(config: ModelConfig, params: Params, state: ContinuousState):
     """Feeds each live slot's last token at its own slot P + step - 1, samples the next
     with its row's key at its row's step and writes it to the row's outputs."""
@@ -796,6 +833,7 @@ def _continuous_step(config: ModelConfig, params: Params, state: ContinuousState
     eos_c = functools.reduce(jnp.logical_or, [tokens_c == e for e in state.eos_ids])
     return state.replace(
         iterations=state.iterations + 1,
+        slot_steps=state.slot_steps + c,
         tokens_nr=state.tokens_nr.at[at].set(tokens_c, mode="drop"),
         logprobs_nr=state.logprobs_nr.at[at].set(logprobs_c, mode="drop"),
         mask_nr=state.mask_nr.at[at].set(True, mode="drop"),
@@ -827,10 +865,14 @@ def sample_continuous(
     All N prompts are prefilled at once into a P-slot cache, which samples every row's
     token 0 (as ``prefill``). Rows not done then wait in a queue. Each iteration of one
     ``lax.while_loop`` first starts queued rows in the free slots (``_refill``), then
-    runs one decode step for all slots, each at its own position. The loop ends when the
-    queue is empty and every slot is free. Row n draws its token i with
-    ``fold_in(row_keys(rng, N)[n], i)`` and its cache slots are laid out as in
-    ``decode``, so its tokens and log-probs are the static engine's.
+    runs one decode step for all slots, each at its own position. Once the queue is
+    empty and at most half the slots are busy, the busy ones move into a loop of half
+    the width (``_compact``; ``slot_widths`` down to ``sampling.min_slots``), so the
+    tail of long rows does not decode beside idle slots. The last loop ends when every
+    slot is free. Row n draws its token i with ``fold_in(row_keys(rng, N)[n], i)``, its
+    cache slots are laid out as in ``decode`` and both engines write a step's keys with
+    the same per-row scatter, so its tokens and log-probs are the static engine's bit
+    for bit (with >= 2 slots: XLA's CPU backend runs one-row matmuls with other kernels).
 
     Args:
       config, params: the model.
@@ -844,7 +886,8 @@ def sample_continuous(
 
     Returns:
       (``SampleOutput`` with N rows, stats: ``decode_steps`` (loop iterations),
-      ``slot_steps`` (C x iterations), ``slots_read`` (cache slots read by attention,
+      ``slot_steps`` (width x iterations, summed over the widths), ``slots_read``
+      (cache slots read by attention,
       summed over steps and slots)).
     """
     n, p = prompt_tokens_np.shape
@@ -868,6 +911,7 @@ def sample_continuous(
     waiting_n = ~first.done_b
     state = ContinuousState(
         iterations=jnp.zeros((), jnp.int32),
+        slot_steps=jnp.zeros((), jnp.int32),
         next_q=jnp.zeros((), jnp.int32),
         num_queued=jnp.sum(waiting_n, dtype=jnp.int32),
         queue_n=jnp.argsort(~waiting_n, stable=True).astype(jnp.int32),
@@ -889,15 +933,25 @@ def sample_continuous(
         sampling=sampling,
     )
 
-    def cond(s: ContinuousState) -> jax.Array:
-        return (s.next_q < s.num_queued) | ~jnp.all(s.done_c)
-
     def body(s: ContinuousState) -> ContinuousState:
         refill = jnp.any(s.done_c) & (s.next_q < s.num_queued)
         s = jax.lax.cond(refill, _refill, lambda x: x, s)
         return _continuous_step(config, params, s)
 
-    state = jax.lax.while_loop(cond, body, state)
+    widths = slot_widths(c, sampling.min_slots)
+    for i, width in enumerate(widths):
+        if i:
+            state = _compact(state, width)
+        last = i == len(widths) - 1
+
+        def cond(s: ContinuousState, width=width, last=last) -> jax.Array:
+            queued = s.next_q < s.num_queued
+            busy_c = ~s.done_c
+            # A narrower loop takes over once no row waits and half the slots hold all.
+            narrow = ~queued & (jnp.sum(busy_c) <= width // 2) & (not last)
+            return (queued | jnp.any(busy_c)) & ~narrow
+
+        state = jax.lax.while_loop(cond, body, state)
     out = SampleOutput(
         prompt_tokens=first.prompt_tokens_bp,
         prompt_mask=state.prompt_mask_np,
@@ -908,7 +962,7 @@ def sample_continuous(
     )
     stats = {
         "decode_steps": state.iterations,
-        "slot_steps": state.iterations * c,
+        "slot_steps": state.slot_steps,
         "slots_read": state.slots_read,
     }
     return out, stats
