@@ -48,10 +48,11 @@ from rl_batch.rollout import sampler as sampler_lib
 
 mc = model_lib.get_preset("tiny-1m", num_layers=2, vocab_size=64, max_seq_len=1024)
 out = {"slot_bytes": model_lib.kv_cache_bytes(mc, 1, 1)}
-for engine, slots in (("static", 0), ("continuous", 2)):
+for name, engine, slots in (("static", "static", 0), ("continuous", "continuous", 2),
+                           ("narrowing", "continuous", 4)):
     sampling = sampler_lib.SamplingConfig(engine=engine, slots=slots)
     m = memory_plan.sampler_call_memory(mc, sampling, batch=8, prompt_len=32, response_len=480)
-    out[engine] = {"peak": m.peak, "slots": sampler_lib.kv_cache_slots(sampling, 8, 32, 480)}
+    out[name] = {"peak": m.peak, "slots": sampler_lib.kv_cache_slots(sampling, 8, 32, 480)}
 print(json.dumps(out))
 """
 
@@ -177,7 +178,9 @@ def test_the_sampler_plan_follows_the_continuous_engines_cache_layout(compiled):
     # The compiled programs hold those caches: each peak covers its cache, and the
     # continuous program (sample_continuous, not the static prefill + decode) saves at
     # least half of the 2816 slots' bytes it does not allocate.
-    for m in (static, cont):
+    # 4 slots narrow to 2 (``_compact``): both caches at once, 8 x 32 + (4 + 2) x 512.
+    assert out["narrowing"]["slots"] == 8 * 32 + 6 * 512
+    for m in (static, cont, out["narrowing"]):
         assert m["peak"] >= m["slots"] * out["slot_bytes"]
     saved = (static["slots"] - cont["slots"]) * out["slot_bytes"]
     assert static["peak"] - cont["peak"] >= saved / 2

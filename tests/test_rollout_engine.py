@@ -182,6 +182,39 @@ def test_continuous_matches_static_through_gen_batch(params, sampler):
         assert_same_samples(out, ref, exact=True)
 
 
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+def test_continuous_on_a_sharded_batch_gives_the_static_samples(params, mesh_shape):
+    # 12 prompts in a 16-row bucket: each data shard runs its own loop over its 16 / D
+    # rows with 16 / D slots; rows keep their keys. Log-probs within fp32 rounding of the
+    # unsharded engine's, as for the static engine on a mesh: a shard's matmuls have
+    # fewer rows (its prefill too) and fsdp / tensor sharding sums them in another order.
+    kwargs = dict(eos_id=(9, 30), pad_id=PAD, max_prompt_len=8, max_new_tokens=32)
+    prompts, limits = PROMPTS * 2, [1, 4, 32, 7, 2, 32] * 2
+    ref = sampler_lib.Sampler(CONFIG, **kwargs)(
+        params, prompts, rng=jax.random.key(3), sampling=TEMPERATURE, max_new_tokens=limits
+    )
+    mesh = sharding.make_mesh(*mesh_shape)
+    sharded = sampler_lib.Sampler(CONFIG, mesh=mesh, **kwargs)
+    cont = dataclasses.replace(TEMPERATURE, engine="continuous", slots=16)
+    out = sharded(
+        jax.device_put(params, sharding.param_shardings(CONFIG, mesh)),
+        prompts,
+        rng=jax.random.key(3),
+        sampling=cont,
+        max_new_tokens=limits,
+    )
+    assert_same_samples(out, ref)
+    stats = sharded.last_stats
+    assert stats["slots"] == 16 and stats["decode_tokens"] == int(ref.lengths.sum()) - 12
+    # Shard i holds bucket rows [i * 16 / D, (i + 1) * 16 / D) (rows 12-15: padding).
+    lens = [int(n) - 1 for n in ref.lengths] + [0] * 4
+    per = 16 // mesh_shape[0]
+    parts = [[x for x in lens[i : i + per] if x > 0] for i in range(0, 16, per)]
+    steps = [slot_schedule(part, per, 2) for part in parts]
+    assert stats["decode_steps"] == max(s for s, _ in steps)
+    assert stats["slot_steps"] == sum(s for _, s in steps)
+
+
 def test_continuous_config_errors(params):
     with pytest.raises(ValueError, match="engine must be one of"):
         SamplingConfig(engine="paged")
@@ -197,9 +230,6 @@ def test_continuous_config_errors(params):
     assert (cfg.engine, cfg.slots, cfg.attn_block) == ("continuous", 4, 16)
     cont = SamplingConfig(engine="continuous", slots=2)
     kwargs = dict(eos_id=5, pad_id=PAD, max_prompt_len=8, max_new_tokens=8)
-    meshed = sampler_lib.Sampler(CONFIG, mesh=sharding.make_mesh(2, 2, 2), **kwargs)
-    with pytest.raises(ValueError, match="does not shard over a mesh"):
-        meshed(params, PROMPTS, rng=jax.random.key(0), sampling=cont)
     moe = model.get_preset("tiny-moe")
     routed = sampler_lib.Sampler(moe, record_routing=True, **kwargs)
     with pytest.raises(ValueError, match="does not record MoE routing"):

@@ -968,6 +968,60 @@ def sample_continuous(
     return out, stats
 
 
+def sample_continuous_sharded(
+    config: ModelConfig,
+    params: Params,
+    prompt_tokens_np: jax.Array,
+    prompt_mask_np: jax.Array,
+    rng: jax.Array,
+    max_new_tokens: jax.Array | int,
+    *,
+    mesh: jax.sharding.Mesh,
+    slots: int,
+    axis: str = sharding_lib.SAMPLER_BATCH_AXIS,
+    **kwargs,
+) -> tuple[SampleOutput, dict[str, jax.Array]]:
+    """``sample_continuous`` with the N rows split over ``mesh`` axis ``axis``.
+
+    Each of the D shards runs its own loop over its N / D rows with ``slots`` / D decode
+    slots (at least 1; 0: all its rows). Row keys are taken for the whole batch first
+    (``row_keys(rng, N)``), so every row draws the tokens it draws unsharded. Other mesh
+    axes (fsdp, tensor) stay automatic, as in ``decode_sharded``.
+
+    Returns:
+      (``SampleOutput``, batch-sharded over ``axis``; stats: ``decode_steps`` the largest
+      over shards, ``slot_steps`` and ``slots_read`` summed over them).
+    """
+    n = prompt_tokens_np.shape[0]
+    d = mesh.shape[axis]
+    rng_n = row_keys(rng, n)
+    limit_n = jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (n,))
+    local_slots = max(1, slots // d) if slots > 0 else 0
+    P = jax.sharding.PartitionSpec
+
+    def local(params, tokens_np, mask_np, rng_n, limit_n):
+        out, stats = sample_continuous(
+            config, params, tokens_np, mask_np, rng_n, limit_n, slots=local_slots, **kwargs
+        )
+        stats = {
+            "decode_steps": jax.lax.pmax(stats["decode_steps"], axis),
+            "slot_steps": jax.lax.psum(stats["slot_steps"], axis),
+            "slots_read": jax.lax.psum(stats["slots_read"], axis),
+        }
+        return out, stats
+
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(P(), P(axis), P(axis), P(axis), P(axis)),
+        out_specs=(P(axis), P()),
+        axis_names={axis},
+        # The loop state starts from constants (unvarying over ``axis``) and becomes
+        # varying in the refill branch; every output is per shard or reduced above.
+        check_vma=False,
+    )(params, prompt_tokens_np, prompt_mask_np, rng_n, limit_n)
+
+
 # ---------------------------------------------------------------------------------- buckets
 
 
@@ -1064,6 +1118,7 @@ class Sampler:
         self.batch_bucket_min = batch_bucket_min
         self.batch_granule = batch_granule
         self.mesh = mesh
+        self._shards = 1 if mesh is None else mesh.shape[sharding_lib.SAMPLER_BATCH_AXIS]
         self.cache_dtype = cache_dtype
         self.record_routing = record_routing
         self.last_stats: dict[str, float] = {}
@@ -1096,7 +1151,9 @@ class Sampler:
 
         def counted_continuous(*args, **kwargs):
             self._num_traces += 1
-            return sample_continuous(*args, **kwargs)
+            if mesh is None:
+                return sample_continuous(*args, **kwargs)
+            return sample_continuous_sharded(*args, mesh=mesh, **kwargs)
 
         self._continuous = jax.jit(
             counted_continuous,
@@ -1196,11 +1253,11 @@ class Sampler:
             if rng.shape[0] != n:
                 raise ValueError(f"{rng.shape[0]} row keys for {n} prompts")
             rng = jnp.concatenate([rng, jnp.broadcast_to(rng[:1], (b - n,))])
-        if sampling.engine == "continuous":
-            return self._call_continuous(params, tokens_bp, mask_bp, rng, n, limit, r, sampling)
         if self.mesh is not None:
             batch_sharding = sharding_lib.sampler_batch_sharding(self.mesh)
             tokens_bp, mask_bp = jax.device_put((tokens_bp, mask_bp), batch_sharding)
+        if sampling.engine == "continuous":
+            return self._call_continuous(params, tokens_bp, mask_bp, rng, n, limit, r, sampling)
         start = time.perf_counter()
         state = self._prefill(
             self.config,
@@ -1255,11 +1312,6 @@ class Sampler:
         """Raises ValueError for what the continuous engine does not do (yet)."""
         if sampling.engine != "continuous":
             return
-        if self.mesh is not None:
-            raise ValueError(
-                "SamplingConfig.engine='continuous' does not shard over a mesh yet; "
-                "use engine='static' with a multi-device mesh"
-            )
         if self.record_routing:
             raise ValueError(
                 "SamplingConfig.engine='continuous' does not record MoE routing yet; "
@@ -1276,17 +1328,18 @@ class Sampler:
             mask_bp,
             rng,
             limit,
-            slots=decode_slots(sampling, tokens_bp.shape[0]),
+            slots=decode_slots(sampling, tokens_bp.shape[0], self._shards),
             response_len=r,
             eos_id=self.eos_ids,
             pad_id=self.pad_id,
             sampling=sampling,
             cache_dtype=self.cache_dtype,
         )
-        out, stats = jax.device_get((out, stats))
+        # Every process gets all rows (a gather when the mesh spans several processes).
+        out, stats = distributed.to_host((out, stats))
         end = time.perf_counter()
         b, p = tokens_bp.shape
-        real = int(mask_bp[:n].any(axis=1).sum())
+        real = int(out.prompt_mask[:n].any(axis=1).sum())
         self.last_stats = {
             "prefill_s": 0.0,  # one program: prefill and decode are not timed apart
             "decode_s": end - start,
@@ -1296,7 +1349,7 @@ class Sampler:
             "prompt_bucket": p,
             "response_bucket": r,
             "engine": "continuous",
-            "slots": decode_slots(sampling, b),
+            "slots": decode_slots(sampling, b, self._shards),
             "slot_steps": int(stats["slot_steps"]),
             "decode_tokens": int(out.response_mask[:n].sum()) - real,
             "slots_read": float(stats["slots_read"]),
@@ -1311,11 +1364,12 @@ class Sampler:
         )
 
 
-def decode_slots(sampling: SamplingConfig, rows: int) -> int:
+def decode_slots(sampling: SamplingConfig, rows: int, shards: int = 1) -> int:
     """Rows that decode at once in a call of ``rows`` (bucketed) rows: all of them with the
-    static engine; ``sampling.slots`` clipped to ``rows`` (0: all) with the continuous."""
+    static engine; ``sampling.slots`` clipped to ``rows`` (0: all) with the continuous,
+    split evenly over ``shards`` data shards (at least one slot each)."""
     if sampling.engine == "continuous" and sampling.slots > 0:
-        return min(sampling.slots, rows)
+        return max(1, min(sampling.slots, rows) // shards) * shards
     return rows
 
 
@@ -1323,11 +1377,14 @@ def kv_cache_slots(sampling: SamplingConfig, rows: int, prompt_len: int, respons
     """Cache slots (one K and one V vector per layer and KV head each) that a call of
     ``rows`` bucketed rows holds: static, the [B, K, P + R, H] decode cache (B x (P + R));
     continuous, every row's prompt cache [N, K, P, H] plus the [C, K, P + R, H] slot cache
-    (N x P + C x (P + R), C = ``decode_slots``)."""
+    (N x P + C x (P + R), C = ``decode_slots``), and while the loop narrows to C / 2
+    slots (``_compact``) the narrower cache beside the wider one (+ C / 2 x (P + R))."""
     s = prompt_len + response_len
     if sampling.engine != "continuous":
         return rows * s
-    return rows * prompt_len + decode_slots(sampling, rows) * s
+    c = decode_slots(sampling, rows)
+    narrowed = c // 2 if len(slot_widths(c, sampling.min_slots)) > 1 else 0
+    return rows * prompt_len + (c + narrowed) * s
 
 
 def static_slots_read(batch: int, prompt_len: int, response_len: int, steps: int, block: int):

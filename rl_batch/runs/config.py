@@ -611,11 +611,6 @@ def _layout_errors(c: ConfigDict, model_config, device_count: int) -> list[str]:
         check(_is_int(expert) and expert >= 1, f"mesh.expert={expert!r}: must be a positive int")
     if c.sampling.get("engine", "static") == "continuous":
         check(
-            device_count == 1,
-            f'sampling.engine="continuous" runs on one device (the continuous engine does not '
-            f'shard over a mesh yet; {device_count} devices): use sampling.engine="static"',
-        )
-        check(
             not records_routing(c, model_config),
             'sampling.engine="continuous" does not record MoE routing (grpo.record_routing / '
             'grpo.routing_replay): use sampling.engine="static"',

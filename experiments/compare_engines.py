@@ -1,0 +1,91 @@
+r"""Times a sweep's configurations under two rollout engines side by side.
+
+  python -m experiments.compare_engines --sweep_dir=sweeps/grpo_cpu [--rounds=5] \
+      [--engine=continuous --slots=0 --attn_block=0]
+
+Each configuration (its first run's ``config.json``, as ``experiments.calibrate`` takes
+it) is built twice, once as its runs ran and once with the rollout engine of the flags,
+and every training step is timed in one process, the two interleaved round by round
+(``rl_batch.sweeps.calibrate.calibrate``). The table gives each engine's median step and
+generation seconds and the per-round ratio new / as-run (median, with the range over
+rounds), beside the host load: the measurement behind the choice of a study's engine.
+Nothing in the sweep directory is written.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from absl import flags
+from ml_collections import ConfigDict
+
+from experiments import cli
+from rl_batch import provenance
+from rl_batch.runs import config as config_lib
+from rl_batch.sweeps import calibrate
+
+_SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved visits per configuration and engine.")
+_STEPS = flags.DEFINE_integer("steps", 2, "Timed training steps per visit.")
+_ENGINE = flags.DEFINE_string("engine", "continuous", "The engine to compare: sampling.engine.")
+_SLOTS = flags.DEFINE_integer("slots", 0, "Its sampling.slots (0: every row of a call).")
+_ATTN_BLOCK = flags.DEFINE_integer("attn_block", 0, "Its sampling.attn_block.")
+
+
+def with_engine(spec, engine: str, slots: int, attn_block: int):
+    """The spec of the same run config with another rollout engine."""
+    c = ConfigDict(spec.inputs.to_dict())
+    c.sampling.engine, c.sampling.slots, c.sampling.attn_block = engine, slots, attn_block
+    return config_lib.resolve(c)
+
+
+def ratio_rows(record: dict, keys: list[str], new: str) -> list[dict]:
+    """Per configuration: median step / generation seconds of both engines and the
+    per-round ratios new / as-run (median, min, max)."""
+    rows = []
+    for key in keys:
+        old_r, new_r = record["configs"][key], record["configs"][key + new]
+        row = {"config": key, "engine": calibrate.engine_label(new_r)}
+        for field in ("step_s", "generate_s"):
+            ratios = [b / a for a, b in zip(old_r[field], new_r[field])]
+            row[field] = (statistics.median(old_r[field]), statistics.median(new_r[field]))
+            row[field + "_ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
+        rows.append(row)
+    return rows
+
+
+def format_rows(rows: list[dict], as_run: str) -> str:
+    """The comparison as a markdown table."""
+    lines = [
+        f"| config | step s ({as_run}) | step s (new) | step ratio [min, max] "
+        f"| gen s ({as_run}) | gen s (new) | gen ratio [min, max] |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        (s0, s1), (g0, g1) = r["step_s"], r["generate_s"]
+        sr, gr = r["step_s_ratio"], r["generate_s_ratio"]
+        lines.append(
+            f"| {r['config']} | {s0:.3f} | {s1:.3f} | {sr[0]:.2f} [{sr[1]:.2f}, {sr[2]:.2f}] "
+            f"| {g0:.3f} | {g1:.3f} | {gr[0]:.2f} [{gr[1]:.2f}, {gr[2]:.2f}] |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv):
+    del argv
+    configs = calibrate.sweep_configs(_SWEEP_DIR.value)
+    new = f"@{_ENGINE.value}"
+    specs = dict(configs)
+    for key, spec in configs.items():
+        specs[key + new] = with_engine(spec, _ENGINE.value, _SLOTS.value, _ATTN_BLOCK.value)
+    # One process, every configuration under both engines interleaved round by round.
+    record = calibrate.calibrate(specs, rounds=_ROUNDS.value, steps=_STEPS.value)
+    first = record["configs"][next(iter(configs))]
+    print(f"host: {provenance.hardware()}")
+    print(f"load: {record['load_start']} at the start, {record['load_end']} at the end")
+    print(f"new engine: {calibrate.engine_label(record['configs'][next(iter(configs)) + new])}")
+    print(format_rows(ratio_rows(record, list(configs), new), calibrate.engine_label(first)))
+
+
+if __name__ == "__main__":
+    cli.run(main)
