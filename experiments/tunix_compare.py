@@ -31,8 +31,9 @@ What it does, per batch size B (``--batches``, a list):
    ``--min_time_s`` seconds; each call is the sampler's whole public call (prompt lists
    in, host tokens out). The median wall time of each is reported with tokens/s
    (B x R / time), the ratio to tunix's tokens/s at the same B, and the median 1-minute
-   load average (``os.getloadavg``) read before each timed call. Each call is timed
-   with ``experiments.throughput.time_calls``.
+   load average (``os.getloadavg``) read before each timed call, and the median process
+   CPU seconds of a call (all threads). Each call is timed with
+   ``experiments.throughput.time_calls``.
 
 Both sides do the same model work per call except that tunix's decode loop runs one
 forward more (R decode forwards after the prefill; the last one's token falls outside
@@ -521,16 +522,18 @@ def run(settings: Settings) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    """Markdown: one line per sampler and batch; ratio = tokens/s over tunix's."""
+    """Markdown: one line per sampler and batch. ratio: tokens/s over tunix's at the same
+    batch (wall time); cpu s: median process CPU seconds of a call (all threads), less
+    sensitive than wall time to other processes on the cores."""
     lines = [
-        "| sampler | batch | P | R | time s | tok/s | ratio | load1 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| sampler | batch | P | R | time s | tok/s | ratio | load1 | cpu s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['sampler']} | {r['batch']} | {r['prompt_len']} | {r['new_tokens']} "
             f"| {r['time_s']:.3f} | {r['tokens_per_s']:.0f} | {r['ratio_to_tunix']:.2f} "
-            f"| {r['load1']:.2f} |"
+            f"| {r['load1']:.2f} | {r['cpu_s']:.3f} |"
         )
     return "\n".join(lines)
 
