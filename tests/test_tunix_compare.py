@@ -1,4 +1,5 @@
-"""The weight mapping of experiments/tunix_compare.py onto tunix's Qwen3 (tiny model).
+"""The weight mapping of experiments/tunix_compare.py onto tunix's Qwen3 (tiny model),
+and its greedy-token agreement report.
 
 Needs tunix (``google-tunix``), which the project does not install: skipped without it
 (as in CI). See the script's docstring for the install.
@@ -82,3 +83,26 @@ def test_mapping_shape_mismatch_is_a_value_error():
     params["layers"][0]["mlp"]["gate_df"] = jnp.zeros((3, 3))
     with pytest.raises(ValueError, match="gate_proj"):
         tunix_compare.tunix_qwen3(config, params)
+
+
+def test_agreement_reports_the_first_differing_step_and_its_logit_gap():
+    config = tunix_compare.model_config(SETTINGS)
+    params = tunix_compare.random_params(config, 0)
+    prompts_bp = _tokens(config, (3, 5), seed=1)
+    ours_br = _tokens(config, (3, 4), seed=2)
+    theirs_br = ours_br.copy()
+    theirs_br[1, 2] = (ours_br[1, 2] + 7) % config.vocab_size
+    theirs_br[1, 3] = (ours_br[1, 3] + 1) % config.vocab_size  # after the first difference
+    got = tunix_compare.agreement(config, params, prompts_bp, ours_br, theirs_br)
+    assert got["rows_equal"] == pytest.approx(2 / 3)
+    assert got["tokens_equal"] == pytest.approx(10 / 12)
+    [row] = got["diverged"]
+    assert (row["row"], row["step"]) == (1, 2)
+    # Response token 2 is predicted by the logits at prompt length - 1 + 2 = 6.
+    seq = np.concatenate([prompts_bp[1], ours_br[1]])[None]
+    logits_v = np.asarray(model_lib.forward(config, params, jnp.asarray(seq)))[0, 6]
+    want = logits_v[ours_br[1, 2]] - logits_v[theirs_br[1, 2]]
+    assert row["logit_gap"] == pytest.approx(float(want), abs=1e-6)
+    assert row["logit_max"] == pytest.approx(float(np.abs(logits_v).max()))
+    same = tunix_compare.agreement(config, params, prompts_bp, ours_br, ours_br)
+    assert same == {"rows_equal": 1.0, "tokens_equal": 1.0, "diverged": []}
