@@ -55,7 +55,7 @@ padding, so the pad id is outside the vocabulary (a generated token can never be
 ``--out`` writes ``{"device", "rows": [...], "parity", "agreement", "settings",
 "software", "git"}`` as JSON (overwritten).
 
-Installed for the measurements (a venv of its own, /work/venv_tunix, Python 3.11.7):
+Installed for the measurements (a venv of its own, Python 3.11.7):
 ``pip install -e . -c requirements/lock.txt``; then ``pip install --no-deps
 google-tunix==0.1.7`` (its ``safetensors<0.8`` pin conflicts with the lock's
 ``safetensors==0.8.0``, which ``transformers==5.24.0`` needs) and its other requirements
@@ -73,9 +73,9 @@ Against tunix's sampler
 -----------------------
 On the CPU, niced (other timed work may share the cores), tiny-5m at V=512:
 
-  nice -n 15 /work/venv_tunix/bin/python -m experiments.tunix_compare \
+  nice -n 15 python -m experiments.tunix_compare \
       --batches=16,64 --min_repeats=5 --out=tunix_compare.json
-  nice -n 15 /work/venv_tunix/bin/python -m experiments.tunix_compare \
+  nice -n 15 python -m experiments.tunix_compare \
       --batches=256 --min_repeats=5 --out=tunix_compare_256.json
 
 Measured 2026-12-05 at 74391ee (rl_batch/ as at 4502057), 2 shared cores, tunix 0.1.7,

@@ -344,6 +344,7 @@ def test_the_rollout_engine_fields_are_checked_before_any_compute():
         "sampling.engine": ("paged", "sampling.engine='paged': SamplingConfig.engine must be"),
         "sampling.slots": (-1, "sampling.slots=-1: SamplingConfig.slots must be an int >= 0"),
         "sampling.attn_block": (-8, "sampling.attn_block=-8: SamplingConfig.attn_block must"),
+        "sampling.min_slots": (1, "sampling.min_slots=1: SamplingConfig.min_slots must be"),
     }
     for key, (value, message) in cases.items():
         with pytest.raises(ValueError, match=re.escape(message)):
@@ -366,13 +367,14 @@ def test_a_run_dir_from_before_the_engine_fields_resumes_with_the_static_engine(
 
     new = config_lib.resolve(_config(), 1).to_json()
     old = json.loads(json.dumps(new))
-    for key in ("engine", "slots", "attn_block"):
+    for key in ("engine", "slots", "attn_block", "min_slots"):
         del old["sampling"][key]
     assert config_lib.resume_diffs(old, new) == []
     # Its config.json loads and resolves again, and its rollouts use the static engine.
     for spec in (config_lib.load_spec(old), config_lib.resolve(ConfigDict(old), 1)):
         sampling = sources.sampling_config(spec.config)
         assert (sampling.engine, sampling.slots, sampling.attn_block) == ("static", 0, 0)
+        assert sampling.min_slots == 2
     changed = config_lib.resolve(_config(**{"sampling.engine": "continuous"}), 1).to_json()
     assert config_lib.resume_diffs(old, changed) == ["sampling.engine: 'static' -> 'continuous'"]
 

@@ -105,6 +105,27 @@ def test_sampler_records_the_routing_of_every_fed_token():
     assert fed.sum() > 40
 
 
+def test_continuous_engine_records_the_static_engines_routing():
+    # 8 rows through 3 slots, refilled as rows end: each row's record (prompt slots from
+    # the prefill, response slots from whichever slot decoded it) is the static
+    # engine's, -1 where no token was fed.
+    params, ref = _samples()
+    sampler = sampler_lib.Sampler(
+        MOE_MODEL,
+        eos_id=MOE_MODEL.vocab_size - 1,
+        pad_id=0,
+        max_prompt_len=8,
+        max_new_tokens=8,
+        record_routing=True,
+    )
+    cont = sampler_lib.SamplingConfig(temperature=1.0, engine="continuous", slots=3)
+    out = sampler(params, PROMPTS, rng=KEY, sampling=cont)
+    np.testing.assert_array_equal(out.response_tokens, ref.response_tokens)
+    np.testing.assert_array_equal(out.response_logprobs, ref.response_logprobs)
+    np.testing.assert_array_equal(out.routed_experts, ref.routed_experts)
+    assert sampler.last_stats["decode_steps"] > 7  # 3 slots took more steps than 8 rows
+
+
 def test_routing_disagreement_metric_and_replay():
     params, out = _samples()
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])

@@ -228,12 +228,6 @@ def test_continuous_config_errors(params):
     assert sampler_lib.slot_widths(6, 2) == [6, 3] and sampler_lib.slot_widths(8, 8) == [8]
     cfg = SamplingConfig.from_dict({"engine": "continuous", "slots": 4, "attn_block": 16})
     assert (cfg.engine, cfg.slots, cfg.attn_block) == ("continuous", 4, 16)
-    cont = SamplingConfig(engine="continuous", slots=2)
-    kwargs = dict(eos_id=5, pad_id=PAD, max_prompt_len=8, max_new_tokens=8)
-    moe = model.get_preset("tiny-moe")
-    routed = sampler_lib.Sampler(moe, record_routing=True, **kwargs)
-    with pytest.raises(ValueError, match="does not record MoE routing"):
-        routed(model.init_params(moe, 0), PROMPTS, rng=jax.random.key(0), sampling=cont)
 
 
 # ------------------------------------------------------------------- blocked attention

@@ -212,6 +212,9 @@ def run_config() -> ConfigDict:
     # ``slots`` rows at a time (0 = the chunk) and refills a slot when its row ends.
     c.sampling.engine = "static"
     c.sampling.slots = 0
+    # The continuous engine halves its slots once no row waits and half are idle, down
+    # to this many (>= 2; = slots: never): each width compiles its own loop.
+    c.sampling.min_slots = 2
     # Decode attention reads the filled cache in blocks of this many slots (either
     # engine); 0 = the einsum reference over all prompt + response slots.
     c.sampling.attn_block = 0

@@ -23,6 +23,7 @@ from rl_batch.rollout.sampler import (
     decode_slots,
     is_row_keys,
     kv_cache_slots,
+    slot_widths,
 )
 from rl_batch.tasks.rewards import (
     greedy_accuracy,
@@ -224,7 +225,9 @@ def check_kv_memory(
         layout = f"{b} bucketed rows x {p + r} slots"
         if sampling.engine == "continuous":
             c = decode_slots(sampling, b)
-            layout = f"{b} rows x {p} prompt slots + {c} decode slots x {p + r}"
+            narrowing = len(slot_widths(c, sampling.min_slots)) > 1
+            c_text = f"{c} decode slots" + (f" (+ {c // 2} narrowing)" if narrowing else "")
+            layout = f"{b} rows x {p} prompt slots + {c_text} x {p + r}"
         raise ValueError(
             f"{what}: a generation chunk of {chunk} sequences ({layout}) needs {need} "
             f"KV-cache bytes > max_kv_bytes={max_kv_bytes}; lower gen_batch={gen_batch} "

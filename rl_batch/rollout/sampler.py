@@ -746,6 +746,9 @@ class ContinuousState:
     kv_mask_cs: jax.Array  # [C, S] bool
     cache: model_lib.Cache  # per layer {"k", "v"}: [C, K, S, H]
     slots_read: jax.Array  # [] float32 cache slots attention read, summed over steps
+    # [N, S, L, k] int16 expert choices of each row's fed tokens at their slots (as
+    # ``SamplingState.experts_bslk``), or None when routing is not recorded.
+    experts_nslk: Any
     eos_ids: tuple[int, ...] = flax.struct.field(pytree_node=False)
     sampling: SamplingConfig = flax.struct.field(pytree_node=False)
 
@@ -813,7 +816,7 @@ def _continuous_step(config: ModelConfig, params: Params, state: ContinuousState
     kv_mask_cs = state.kv_mask_cs.at[slots_c, slot_c].set(live_c)
     kv_len = jnp.max(jnp.where(live_c, slot_c + 1, 1))
     block = state.sampling.attn_block
-    logits_c1v, cache = model_lib.forward_with_cache(
+    args = (
         config,
         params,
         token_c[:, None],
@@ -821,9 +824,19 @@ def _continuous_step(config: ModelConfig, params: Params, state: ContinuousState
         kv_mask_cs,
         state.cache,
         slot_c,
-        kv_len=kv_len,
-        kv_block=block,
     )
+    experts_nslk = state.experts_nslk
+    if experts_nslk is None:
+        logits_c1v, cache = model_lib.forward_with_cache(*args, kv_len=kv_len, kv_block=block)
+    else:  # each live slot's fed token's experts, at its row and slot
+        logits_c1v, cache, router_lte = model_lib.forward_with_cache_and_router(
+            *args, kv_len=kv_len, kv_block=block
+        )
+        experts_clk = moe_lib.top_experts(router_lte, config.num_experts_per_tok, c)[:, 0]
+        at_row_c = jnp.where(live_c, row_c, n)  # n: out of bounds, dropped
+        experts_nslk = experts_nslk.at[at_row_c, slot_c].set(
+            experts_clk.astype(_EXPERT_DTYPE), mode="drop"
+        )
     s = kv_mask_cs.shape[1]
     read = c * (s if block <= 0 else jnp.minimum(-(-kv_len // block) * block, s))
     rng_c = jax.vmap(jax.random.fold_in)(state.rng_n[row_c], state.step_c)
@@ -842,6 +855,7 @@ def _continuous_step(config: ModelConfig, params: Params, state: ContinuousState
         kv_mask_cs=kv_mask_cs,
         cache=cache,
         slots_read=state.slots_read + jnp.asarray(read, jnp.float32),
+        experts_nslk=experts_nslk,
     )
 
 
@@ -859,6 +873,7 @@ def sample_continuous(
     pad_id: int,
     sampling: SamplingConfig = SamplingConfig(),
     cache_dtype: str | None = None,
+    record_routing: bool = False,
 ) -> tuple[SampleOutput, dict[str, jax.Array]]:
     """Continuous batching: N rows through ``slots`` decode slots; pure and jittable.
 
@@ -882,7 +897,8 @@ def sample_continuous(
       max_new_tokens: token limit (traced), [] or [N] one per row; clipped to
         ``response_len``.
       slots: decode slots C (static, clipped to N; 0: N).
-      response_len, eos_id, pad_id, sampling, cache_dtype: as ``prefill``.
+      response_len, eos_id, pad_id, sampling, cache_dtype, record_routing: as
+        ``prefill`` (the expert choices of every row's fed tokens at their slots).
 
     Returns:
       (``SampleOutput`` with N rows, stats: ``decode_steps`` (loop iterations),
@@ -905,7 +921,7 @@ def sample_continuous(
         pad_id=pad_id,
         sampling=sampling,
         cache_dtype=cache_dtype,
-        record_routing=False,
+        record_routing=record_routing,
         pad_cache=False,
     )
     waiting_n = ~first.done_b
@@ -929,6 +945,7 @@ def sample_continuous(
         kv_mask_cs=jnp.zeros((c, p + r), bool),
         cache=model_lib.init_cache(config, c, p + r, cache_dtype),
         slots_read=jnp.zeros((), jnp.float32),
+        experts_nslk=first.experts_bslk,
         eos_ids=first.eos_ids,
         sampling=sampling,
     )
@@ -959,6 +976,7 @@ def sample_continuous(
         response_mask=state.mask_nr,
         response_logprobs=state.logprobs_nr,
         lengths=jnp.sum(state.mask_nr, axis=1, dtype=jnp.int32),
+        routed_experts=state.experts_nslk,
     )
     stats = {
         "decode_steps": state.iterations,
@@ -1165,6 +1183,7 @@ class Sampler:
                 "pad_id",
                 "sampling",
                 "cache_dtype",
+                "record_routing",
             ),
         )
 
@@ -1241,7 +1260,6 @@ class Sampler:
             raise ValueError(f"max_new_tokens={list(max_new_tokens)} has a limit < 1")
         max_new = int(np.max(max_new_tokens))
         self._validate(prompts, max_new)
-        self._check_engine(sampling)
         n = len(prompts)
         b, p, r = self.buckets(n, max(len(x) for x in prompts), max_new)
         tokens_bp, mask_bp = self.pad_prompts(prompts, b, p)
@@ -1308,16 +1326,6 @@ class Sampler:
             routed_experts=None if experts is None else experts[:n],
         )
 
-    def _check_engine(self, sampling: SamplingConfig) -> None:
-        """Raises ValueError for what the continuous engine does not do (yet)."""
-        if sampling.engine != "continuous":
-            return
-        if self.record_routing:
-            raise ValueError(
-                "SamplingConfig.engine='continuous' does not record MoE routing yet; "
-                "use engine='static' with record_routing / routing_replay"
-            )
-
     def _call_continuous(self, params, tokens_bp, mask_bp, rng, n, limit, r, sampling):
         """``__call__`` with the continuous engine (``sample_continuous``), one program."""
         start = time.perf_counter()
@@ -1334,6 +1342,7 @@ class Sampler:
             pad_id=self.pad_id,
             sampling=sampling,
             cache_dtype=self.cache_dtype,
+            record_routing=self.record_routing,
         )
         # Every process gets all rows (a gather when the mesh spans several processes).
         out, stats = distributed.to_host((out, stats))
@@ -1361,6 +1370,7 @@ class Sampler:
             response_mask=out.response_mask[:n],
             response_logprobs=out.response_logprobs[:n],
             lengths=out.lengths[:n],
+            routed_experts=None if out.routed_experts is None else out.routed_experts[:n],
         )
 
 

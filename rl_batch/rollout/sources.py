@@ -100,6 +100,7 @@ def sampling_config(c: ConfigDict) -> SamplingConfig:
         engine=s.get("engine", "static"),
         slots=s.get("slots", 0),
         attn_block=s.get("attn_block", 0),
+        min_slots=s.get("min_slots", 2),
     )
 
 

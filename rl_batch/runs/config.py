@@ -41,7 +41,7 @@ GRPO_FIELDS = grpo.GRPOConfig.config_fields()
 
 # The ``SamplingConfig`` fields a run config's ``sampling`` section sets (``greedy`` is
 # validation's own; ``stop_strings`` is host-side, not the sampler's).
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "engine", "slots", "attn_block")
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "engine", "slots", "attn_block", "min_slots")
 
 # The ``ppo.PPOConfig`` field behind each key of a PPO run's ``ppo`` section (``value_clip``
 # 0 = off is None there, ``temperature`` comes from ``sampling``).
@@ -609,12 +609,6 @@ def _layout_errors(c: ConfigDict, model_config, device_count: int) -> list[str]:
         )
     else:
         check(_is_int(expert) and expert >= 1, f"mesh.expert={expert!r}: must be a positive int")
-    if c.sampling.get("engine", "static") == "continuous":
-        check(
-            not records_routing(c, model_config),
-            'sampling.engine="continuous" does not record MoE routing (grpo.record_routing / '
-            'grpo.routing_replay): use sampling.engine="static"',
-        )
     grpo = c.get("grpo") or {}
     if grpo.get("record_routing", False) or grpo.get("routing_replay", False):
         check(
@@ -842,6 +836,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "sampling.engine": "static",
     "sampling.slots": 0,
     "sampling.attn_block": 0,
+    "sampling.min_slots": 2,  # (narrowing changes no token or log-prob, only speed)
     "batch_schedule": lambda old: dict(batch_schedule.FIXED),
     "grpo.group_noise": False,
     "lr_rule_noise_scale": 0.0,
