@@ -17,9 +17,11 @@ checkpoint. Per batch size B (P + R = prompt + response tokens):
 - **Long-tail lengths** (``--length_sigma`` > 0): both engines (``SamplingConfig.engine``
   static and continuous with ``--slots``, blocked attention ``--attn_block``) through a
   ``Sampler`` with log-normal per-row lengths forced as per-row limits: generated
-  tokens/s and the useful-token fraction (decode tokens / slot-steps). The filled-KV
-  roofline counts P + R / 2 cache slots per row and step (attention reading only the
-  filled cache) instead of P + R.
+  tokens/s and the useful-token fraction (decode tokens / slot-steps), and each engine's
+  own roofline: its decode tokens over the time to read the params once per decode step
+  plus the cache slots its attention read (``last_stats``' ``slots_read``) at
+  ``--bandwidth``. The filled-KV roofline counts P + R / 2 cache slots per row and step
+  (attention reading only the filled cache) instead of P + R.
 - **Update**: ``rl_batch.algorithms.grpo.make_update_fn`` with ``B / micro_batch_seqs``
   micro-batches on random tokens, every response token real. MFU = the model FLOPs
   ``rl_batch.models.flops.update_flops`` (3x the forward, remat's recomputation not counted)
@@ -198,8 +200,10 @@ def sample_point(mc, params, batch: int, settings: Settings) -> dict:
 
 def engine_point(mc, params, batch: int, settings: Settings) -> dict:
     """Both engines at long-tail lengths (``sampler.long_tail_lengths``, forced as per-row
-    limits): wall seconds of a whole ``Sampler`` call (median), generated tokens/s and
-    the useful-token fraction (decode tokens / slot-steps) of each."""
+    limits): wall seconds of a whole ``Sampler`` call (median), generated tokens/s, the
+    useful-token fraction (decode tokens / slot-steps) and each engine's own HBM roofline
+    (decode tokens over the time to read the params once per decode step and the cache
+    slots its attention read, at ``--bandwidth``)."""
     p, r = settings.prompt_len, settings.response_len
     lengths = sampler_lib.long_tail_lengths(batch, r, settings.length_sigma, settings.seed)
     sampler = sampler_lib.Sampler(
@@ -214,6 +218,8 @@ def engine_point(mc, params, batch: int, settings: Settings) -> dict:
         ),
     }
     key = jax.random.key(settings.seed)
+    params_bytes = memory_plan.tree_bytes(params)
+    slot_bytes = model_lib.kv_cache_bytes(mc, 1, 1)
     row = {"tail_max_over_mean": float(lengths.max() / lengths.mean()), "slots": slots}
     for name, cfg in engines.items():
 
@@ -225,6 +231,11 @@ def engine_point(mc, params, batch: int, settings: Settings) -> dict:
         st = sampler.last_stats
         row[f"{name}_tokens_per_s"] = float(lengths.sum()) / time_s
         row[f"{name}_useful"] = st["decode_tokens"] / max(st["slot_steps"], 1)
+        row.update({f"{name}_{k}": st[k] for k in ("decode_steps", "decode_tokens", "slots_read")})
+        # This engine's own HBM roofline: every decode step reads the params once, and
+        # attention reads the cache slots it did read (``slots_read``).
+        read = st["decode_steps"] * params_bytes + st["slots_read"] * slot_bytes
+        row[f"{name}_roofline_tokens_per_s"] = st["decode_tokens"] / (read / settings.bandwidth)
     return row
 
 
@@ -342,15 +353,19 @@ def format_table(rows: list[dict]) -> str:
 def format_engine_table(rows: list[dict]) -> str:
     """Markdown: both engines at long-tail lengths per batch."""
     lines = [
-        "| B | max/mean | static tok/s | static useful | slots | continuous tok/s "
-        "| continuous useful | x static | filled-KV roofline tok/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| B | max/mean | static tok/s | static useful | static % roofline | slots "
+        "| continuous tok/s | continuous useful | continuous % roofline | x static "
+        "| filled-KV roofline tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in rows:
         lines.append(
             f"| {x['batch']} | {x['tail_max_over_mean']:.2f} | {x['static_tokens_per_s']:.0f} "
-            f"| {x['static_useful']:.3f} | {x['slots']} | {x['continuous_tokens_per_s']:.0f} "
+            f"| {x['static_useful']:.3f} "
+            f"| {100 * x['static_tokens_per_s'] / x['static_roofline_tokens_per_s']:.1f} "
+            f"| {x['slots']} | {x['continuous_tokens_per_s']:.0f} "
             f"| {x['continuous_useful']:.3f} "
+            f"| {100 * x['continuous_tokens_per_s'] / x['continuous_roofline_tokens_per_s']:.1f} "
             f"| {x['continuous_tokens_per_s'] / x['static_tokens_per_s']:.2f} "
             f"| {x['filled_roofline_tokens_per_s']:.0f} |"
         )
