@@ -17,7 +17,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
-PROGRAMS = ("python -m ", "pip ", "bash ", "ruff ", "tensorboard ", "JAX=")
+PROGRAMS = ("python -m ", "pip ", "bash ", "ruff ", "tensorboard ", "JAX=", "launch/")
 CI_TEST = (
     'pip install -e ".[test]" -c requirements/lock.txt && '
     "python -m pytest -q -n 2 --dist loadfile tests"
@@ -92,6 +92,8 @@ def kind(command: str) -> str:
         "python -m venv .venv && source .venv/bin/activate": "venv",
         "bash requirements/lock.sh": "lock refresh",
         "ruff check . && ruff format --check .": "ci lint",
+        # tests/test_gpu_check.py runs it at tiny shapes.
+        "launch/gpu_check.sh out/": "gpu launcher",
     }.get(command, "unchecked")
 
 
@@ -188,3 +190,8 @@ def test_each_python_command_parses_with_its_programs_flags():
     assert out.returncode == 0, out.stderr[-3000:]
     errors = json.loads(out.stdout.strip().splitlines()[-1])
     assert not errors, "\n".join(errors)
+
+
+def test_the_gpu_launcher_is_an_executable_script():
+    assert "launch/gpu_check.sh out/" in COMMANDS
+    assert os.access(os.path.join(ROOT, "launch", "gpu_check.sh"), os.X_OK)
