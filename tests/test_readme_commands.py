@@ -17,7 +17,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
-PROGRAMS = ("python -m ", "pip ", "bash ", "ruff ", "tensorboard ", "JAX=", "launch/")
+PROGRAMS = ("python -m ", "pip ", "bash ", "ruff ", "tensorboard ", "JAX=")
 CI_TEST = (
     'pip install -e ".[test]" -c requirements/lock.txt && '
     "python -m pytest -q -n 2 --dist loadfile tests"
