@@ -58,9 +58,8 @@ def test_replayed_choices_equal_a_dense_mix_of_those_experts():
 
 
 @functools.cache
-def _samples():
-    params = jax.tree.map(jnp.asarray, _params())
-    sampler = sampler_lib.Sampler(
+def _routing_sampler():
+    return sampler_lib.Sampler(
         MOE_MODEL,
         eos_id=MOE_MODEL.vocab_size - 1,
         pad_id=0,
@@ -68,8 +67,12 @@ def _samples():
         max_new_tokens=8,
         record_routing=True,
     )
-    out = sampler(params, PROMPTS, rng=KEY, sampling=sampler_lib.SamplingConfig(temperature=1.0))
-    return params, out
+
+
+def _samples():
+    params = jax.tree.map(jnp.asarray, _params())
+    sampling = sampler_lib.SamplingConfig(temperature=1.0)
+    return params, _routing_sampler()(params, PROMPTS, rng=KEY, sampling=sampling)
 
 
 def _batch(out, advantages=None):
@@ -110,14 +113,7 @@ def test_continuous_engine_records_the_static_engines_routing():
     # the prefill, response slots from whichever slot decoded it) is the static
     # engine's, -1 where no token was fed.
     params, ref = _samples()
-    sampler = sampler_lib.Sampler(
-        MOE_MODEL,
-        eos_id=MOE_MODEL.vocab_size - 1,
-        pad_id=0,
-        max_prompt_len=8,
-        max_new_tokens=8,
-        record_routing=True,
-    )
+    sampler = _routing_sampler()
     cont = sampler_lib.SamplingConfig(temperature=1.0, engine="continuous", slots=3)
     out = sampler(params, PROMPTS, rng=KEY, sampling=cont)
     np.testing.assert_array_equal(out.response_tokens, ref.response_tokens)
