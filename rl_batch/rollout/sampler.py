@@ -903,8 +903,7 @@ def sample_continuous(
     Returns:
       (``SampleOutput`` with N rows, stats: ``decode_steps`` (loop iterations),
       ``slot_steps`` (width x iterations, summed over the widths), ``slots_read``
-      (cache slots read by attention,
-      summed over steps and slots)).
+      (cache slots read by attention, summed over steps and slots)).
     """
     n, p = prompt_tokens_np.shape
     r = response_len
