@@ -24,12 +24,16 @@ from rl_batch import provenance
 from rl_batch.runs import config as config_lib
 from rl_batch.sweeps import calibrate
 
-_SWEEP_DIR = flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
-_ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved visits per configuration and engine.")
-_STEPS = flags.DEFINE_integer("steps", 2, "Timed training steps per visit.")
-_ENGINE = flags.DEFINE_string("engine", "continuous", "The engine to compare: sampling.engine.")
-_SLOTS = flags.DEFINE_integer("slots", 0, "Its sampling.slots (0: every row of a call).")
-_ATTN_BLOCK = flags.DEFINE_integer("attn_block", 0, "Its sampling.attn_block.")
+
+# The command line, defined only when run as a program (``_define_flags``): tests import
+# this module beside ``experiments.throughput``, whose flags share some of these names.
+def _define_flags() -> None:
+    flags.DEFINE_string("sweep_dir", None, "The sweep directory.", required=True)
+    flags.DEFINE_integer("rounds", 5, "Interleaved visits per configuration and engine.")
+    flags.DEFINE_integer("steps", 2, "Timed training steps per visit.")
+    flags.DEFINE_string("engine", "continuous", "The engine to compare: sampling.engine.")
+    flags.DEFINE_integer("slots", 0, "Its sampling.slots (0: every row of a call).")
+    flags.DEFINE_integer("attn_block", 0, "Its sampling.attn_block.")
 
 
 def with_engine(spec, engine: str, slots: int, attn_block: int):
@@ -73,13 +77,14 @@ def format_rows(rows: list[dict], as_run: str) -> str:
 
 def main(argv):
     del argv
-    configs = calibrate.sweep_configs(_SWEEP_DIR.value)
-    new = f"@{_ENGINE.value}"
+    f = flags.FLAGS
+    configs = calibrate.sweep_configs(f.sweep_dir)
+    new = f"@{f.engine}"
     specs = dict(configs)
     for key, spec in configs.items():
-        specs[key + new] = with_engine(spec, _ENGINE.value, _SLOTS.value, _ATTN_BLOCK.value)
+        specs[key + new] = with_engine(spec, f.engine, f.slots, f.attn_block)
     # One process, every configuration under both engines interleaved round by round.
-    record = calibrate.calibrate(specs, rounds=_ROUNDS.value, steps=_STEPS.value)
+    record = calibrate.calibrate(specs, rounds=f.rounds, steps=f.steps)
     first = record["configs"][next(iter(configs))]
     print(f"host: {provenance.hardware()}")
     print(f"load: {record['load_start']} at the start, {record['load_end']} at the end")
@@ -88,4 +93,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _define_flags()
     cli.run(main)

@@ -291,7 +291,7 @@ def test_generated_and_launch_scripts_pass_bash_syntax_check(tmp_path):
         path.write_text(text)
         _bash_syntax_ok(path)
     shell_files = [f for f in os.listdir(LAUNCH) if f.endswith(".sh")]
-    assert sorted(shell_files) == ["local.sh", "slurm_single_node.sh", "tpu_vm.sh"]
+    assert sorted(shell_files) == ["gpu_check.sh", "local.sh", "slurm_single_node.sh", "tpu_vm.sh"]
     for f in shell_files:
         _bash_syntax_ok(os.path.join(LAUNCH, f))
         assert os.access(os.path.join(LAUNCH, f), os.X_OK), f"{f} is not executable"
