@@ -242,6 +242,14 @@ def test_run_loop_on_a_moe_policy_with_replay(tmp_path):
     assert summary["status"] == "finished"
     updates = artifacts.read_metrics(str(tmp_path / "run"), "update")
     assert len(updates) == 2
+    # The continuous engine records the same routing: the replayed run learns the same.
+    c.run_dir, c.sampling.engine, c.sampling.slots = str(tmp_path / "cont"), "continuous", 3
+    assert run_lib.run(c, progress=False)["status"] == "finished"
+    saved = artifacts.read_json(str(tmp_path / "cont" / artifacts.CONFIG_FILE))["sampling"]
+    assert (saved["engine"], saved["slots"]) == ("continuous", 3)
+    learned = ("loss", "moe_routing_disagreement", "moe_aux_loss", "ratio_mean", "reward_mean")
+    for u, v in zip(updates, artifacts.read_metrics(str(tmp_path / "cont"), "update")):
+        assert [u[k] for k in learned] == [v[k] for k in learned]
     for u in updates:
         assert u["moe_aux_loss"] > 0 and u["moe_load_max"] >= 1.0
         # Same params in the sampler and the update (fp32): the record is the update's
