@@ -23,7 +23,7 @@ from rl_batch.rollout.sampler import (
     decode_slots,
     is_row_keys,
     kv_cache_slots,
-    slot_widths,
+    narrowed_slots,
 )
 from rl_batch.tasks.rewards import (
     greedy_accuracy,
@@ -225,8 +225,8 @@ def check_kv_memory(
         layout = f"{b} bucketed rows x {p + r} slots"
         if sampling.engine == "continuous":
             c = decode_slots(sampling, b)
-            narrowing = len(slot_widths(c, sampling.min_slots)) > 1
-            c_text = f"{c} decode slots" + (f" (+ {c // 2} narrowing)" if narrowing else "")
+            narrowed = narrowed_slots(sampling, c)
+            c_text = f"{c} decode slots" + (f" (+ {narrowed} narrowing)" if narrowed else "")
             layout = f"{b} rows x {p} prompt slots + {c_text} x {p + r}"
         raise ValueError(
             f"{what}: a generation chunk of {chunk} sequences ({layout}) needs {need} "

@@ -1392,8 +1392,13 @@ def kv_cache_slots(sampling: SamplingConfig, rows: int, prompt_len: int, respons
     if sampling.engine != "continuous":
         return rows * s
     c = decode_slots(sampling, rows)
-    narrowed = c // 2 if len(slot_widths(c, sampling.min_slots)) > 1 else 0
-    return rows * prompt_len + (c + narrowed) * s
+    return rows * prompt_len + (c + narrowed_slots(sampling, c)) * s
+
+
+def narrowed_slots(sampling: SamplingConfig, slots: int) -> int:
+    """Slots of the continuous engine's first narrower loop (C / 2), made while the
+    C-slot cache still lives; 0 when ``slots`` never narrow (``slot_widths``)."""
+    return slots // 2 if len(slot_widths(slots, sampling.min_slots)) > 1 else 0
 
 
 def static_slots_read(batch: int, prompt_len: int, response_len: int, steps: int, block: int):
