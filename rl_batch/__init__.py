@@ -18,6 +18,7 @@ run artifacts and imports none of the JAX layers):
 
 Top-level modules are the shared base, imported by every layer: ``artifacts`` (the run
 and sweep directory contract), ``targets`` (the definition of N*, q and T),
-``provenance``, ``tokenizers``, ``distributed``, ``locks`` and ``gradient_noise`` (the
-noise-scale estimator that a batch schedule and the analysis share).
+``provenance``, ``tokenizers``, ``distributed``, ``locks``, ``gradient_noise`` (the
+noise-scale estimator that a batch schedule and the analysis share) and ``bench`` (the
+benchmark harness: timed rounds, host load, medians, tables).
 """
