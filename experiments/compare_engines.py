@@ -8,19 +8,17 @@ it) is built twice, once as its runs ran and once with the rollout engine of the
 and every training step is timed in one process, the two interleaved round by round
 (``rl_batch.sweeps.calibrate.calibrate``). The table gives each engine's median step and
 generation seconds and the per-round ratio new / as-run (median, with the range over
-rounds), beside the host load: the measurement behind the choice of a study's engine.
-Nothing in the sweep directory is written.
+rounds; ``rl_batch.bench.ratio_summary``), beside the host load: the measurement behind
+the choice of a study's engine. Nothing in the sweep directory is written.
 """
 
 from __future__ import annotations
-
-import statistics
 
 from absl import flags
 from ml_collections import ConfigDict
 
 from experiments import cli
-from rl_batch import provenance
+from rl_batch import bench, provenance
 from rl_batch.runs import config as config_lib
 from rl_batch.sweeps import calibrate
 
@@ -51,28 +49,30 @@ def ratio_rows(record: dict, keys: list[str], new: str) -> list[dict]:
         old_r, new_r = record["configs"][key], record["configs"][key + new]
         row = {"config": key, "engine": calibrate.engine_label(new_r)}
         for field in ("step_s", "generate_s"):
-            ratios = [b / a for a, b in zip(old_r[field], new_r[field])]
-            row[field] = (statistics.median(old_r[field]), statistics.median(new_r[field]))
-            row[field + "_ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
+            row[field] = (bench.median(old_r[field]), bench.median(new_r[field]))
+            row[field + "_ratio"] = bench.ratio_summary(old_r[field], new_r[field])
         rows.append(row)
     return rows
 
 
 def format_rows(rows: list[dict], as_run: str) -> str:
     """The comparison as a markdown table."""
-    lines = [
-        f"| config | step s ({as_run}) | step s (new) | step ratio [min, max] "
-        f"| gen s ({as_run}) | gen s (new) | gen ratio [min, max] |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    columns = [
+        "config", f"step s ({as_run})", "step s (new)", "step ratio [min, max]",
+        f"gen s ({as_run})", "gen s (new)", "gen ratio [min, max]",
+    ]  # fmt: skip
+
+    def ratio(x: tuple[float, float, float]) -> str:
+        return f"{x[0]:.2f} [{x[1]:.2f}, {x[2]:.2f}]"
+
+    cells = []
     for r in rows:
         (s0, s1), (g0, g1) = r["step_s"], r["generate_s"]
-        sr, gr = r["step_s_ratio"], r["generate_s_ratio"]
-        lines.append(
-            f"| {r['config']} | {s0:.3f} | {s1:.3f} | {sr[0]:.2f} [{sr[1]:.2f}, {sr[2]:.2f}] "
-            f"| {g0:.3f} | {g1:.3f} | {gr[0]:.2f} [{gr[1]:.2f}, {gr[2]:.2f}] |"
+        cells.append(
+            [r["config"], f"{s0:.3f}", f"{s1:.3f}", ratio(r["step_s_ratio"])]
+            + [f"{g0:.3f}", f"{g1:.3f}", ratio(r["generate_s_ratio"])]
         )
-    return "\n".join(lines)
+    return bench.markdown_table(columns, cells)
 
 
 def main(argv):

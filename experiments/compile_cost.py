@@ -5,7 +5,7 @@ decode loop) ahead of time for abstract shapes (no weights), once per layer layo
 layouts alternating (loop, scan, loop, scan, ...) so host load falls on both alike, and
 prints a table: StableHLO and optimized-HLO characters, lowering and compile seconds,
 XLA's memory analysis (temporaries and peak), and the host's 1-minute load beside each
-compile::
+compile (the load and the table are ``rl_batch.bench``'s)::
 
   python -m experiments.compile_cost --preset=qwen3-0.6b --prompt_len=512 \
       --response_len=2048 --micro_seqs=1 --repeats=2
@@ -33,6 +33,7 @@ import time  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from experiments import cli  # noqa: E402
+from rl_batch import bench  # noqa: E402
 
 _PRESET = flags.DEFINE_string("preset", "qwen3-0.6b", "Model preset (shape only).")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 512, "Prompt tokens P.")
@@ -74,7 +75,7 @@ def compile_cost(lowered, lower_s: float) -> Cost:
         compile_s=compile_s,
         temp=memory.temp,
         peak=memory.peak,
-        load=os.getloadavg()[0],
+        load=bench.load_1min(),
     )
 
 
@@ -129,11 +130,17 @@ def sampler_lowered(config):
     return _lower(prefill, *prefill_args), _lower(decode, *decode_args)
 
 
+COLUMNS = [
+    "layout", "program", "round", "StableHLO M chars", "HLO M chars", "lower s", "compile s",
+    "temp GB", "peak GB", "load 1m",
+]  # fmt: skip
+
+
 def _row(layout: str, part: str, round_: int, cost: Cost) -> str:
-    return (
-        f"| {layout} | {part} | {round_} | {cost.stablehlo_chars / 1e6:.2f} | "
-        f"{cost.hlo_chars / 1e6:.2f} | {cost.lower_s:.1f} | {cost.compile_s:.1f} | "
-        f"{cost.temp / 1e9:.2f} | {cost.peak / 1e9:.2f} | {cost.load:.1f} |"
+    return bench.markdown_row(
+        [layout, part, round_, f"{cost.stablehlo_chars / 1e6:.2f}", f"{cost.hlo_chars / 1e6:.2f}"]
+        + [f"{cost.lower_s:.1f}", f"{cost.compile_s:.1f}", f"{cost.temp / 1e9:.2f}"]
+        + [f"{cost.peak / 1e9:.2f}", f"{cost.load:.1f}"]
     )
 
 
@@ -158,11 +165,7 @@ def main(argv):
         f"gen_batch {_GEN_BATCH.value}; jax {jax.__version__}, {jax.default_backend()}",
         flush=True,
     )
-    print(
-        "| layout | program | round | StableHLO M chars | HLO M chars | lower s | "
-        "compile s | temp GB | peak GB | load 1m |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    print(bench.markdown_header(COLUMNS), flush=True)
     for round_ in range(1, _REPEATS.value + 1):
         for layout in _LAYOUTS.value:
             config = model_config(layout)

@@ -35,7 +35,8 @@ checkpoint. Per batch size B (P + R = prompt + response tokens):
   so far of its phase, and an update's reading is at least the sampling phase's.
 
 Each point runs once to compile and warm up, then ``--repeats`` times; the median
-counts. The timed programs are the ones whose memory is read (compiled once each).
+counts (``rl_batch.bench``, which also formats the tables). The timed programs are the
+ones whose memory is read (compiled once each).
 """
 
 from __future__ import annotations
@@ -43,8 +44,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +51,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import cli
+from rl_batch import bench
 from rl_batch.algorithms import grpo as grpo_lib
 from rl_batch.algorithms import learner
 from rl_batch.models import flops
@@ -131,13 +131,8 @@ def peak_bytes_in_use() -> int | None:
 
 
 def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up (first allocations)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Median wall seconds of ``repeats`` calls of ``fn()`` after one warm-up call."""
+    return bench.time_calls(lambda _: fn(), min_repeats=repeats, min_time_s=0.0).median_s
 
 
 def sample_point(mc, params, batch: int, settings: Settings) -> dict:
@@ -165,22 +160,18 @@ def sample_point(mc, params, batch: int, settings: Settings) -> dict:
         .compile()
     )
     estimate = max(memory_plan.Compiled.of(prefill).peak, memory_plan.Compiled.of(decode).peak)
-    times = {"prefill": [], "decode": []}
+    prefill_t, decode_t = bench.Timings(), bench.Timings()
 
     def run_once():
-        t0 = time.perf_counter()
-        s = jax.block_until_ready(prefill(params, tokens, mask, key, r))
-        t1 = time.perf_counter()
-        s = jax.block_until_ready(decode(params, s))
-        times["prefill"].append(t1 - t0)
-        times["decode"].append(time.perf_counter() - t1)
+        s = prefill_t.record(lambda: jax.block_until_ready(prefill(params, tokens, mask, key, r)))
+        s = decode_t.record(lambda: jax.block_until_ready(decode(params, s)))
         assert int(sampler_lib.outputs(s).lengths.min()) == r
 
     del state
     for _ in range(settings.repeats + 1):  # the first is the warm-up
         run_once()
-    prefill_s = statistics.median(times["prefill"][1:])
-    decode_s = statistics.median(times["decode"][1:])
+    prefill_s = bench.median(prefill_t.time_s[1:])
+    decode_s = bench.median(decode_t.time_s[1:])
     step_bytes = memory_plan.tree_bytes(params) + model_lib.kv_cache_bytes(mc, batch, p + r)
     roofline = batch / (step_bytes / settings.bandwidth)
     # Reading only the filled cache: P + R / 2 slots per row on average over the steps.
@@ -332,44 +323,57 @@ def _gb(x: int | None) -> str:
 
 def format_table(rows: list[dict]) -> str:
     """Markdown: per batch, decode vs roofline, update tokens/s and MFU, memory (GB)."""
-    lines = [
-        "| B | prefill s | decode tok/s | roofline tok/s | % roofline | sample est / peak GB "
-        "| micro-batches | update s | update tok/s | MFU | update est / peak GB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for x in rows:
-        lines.append(
-            f"| {x['batch']} | {x['prefill_s']:.3f} | {x['decode_tokens_per_s']:.0f} "
-            f"| {x['roofline_tokens_per_s']:.0f} "
-            f"| {100 * x['decode_tokens_per_s'] / x['roofline_tokens_per_s']:.1f}% "
-            f"| {_gb(x['sample_estimate_bytes'])} / {_gb(x['sample_peak_bytes'])} "
-            f"| {x['micro_batches']} | {x['update_s']:.3f} | {x['update_tokens_per_s']:.0f} "
-            f"| {100 * x['mfu']:.1f}% "
-            f"| {_gb(x['update_estimate_bytes'])} / {_gb(x['update_peak_bytes'])} |"
-        )
-    return "\n".join(lines)
+    columns = [
+        "B", "prefill s", "decode tok/s", "roofline tok/s", "% roofline", "sample est / peak GB",
+        "micro-batches", "update s", "update tok/s", "MFU", "update est / peak GB",
+    ]  # fmt: skip
+    return bench.markdown_table(
+        columns,
+        [
+            [
+                x["batch"],
+                f"{x['prefill_s']:.3f}",
+                f"{x['decode_tokens_per_s']:.0f}",
+                f"{x['roofline_tokens_per_s']:.0f}",
+                f"{100 * x['decode_tokens_per_s'] / x['roofline_tokens_per_s']:.1f}%",
+                f"{_gb(x['sample_estimate_bytes'])} / {_gb(x['sample_peak_bytes'])}",
+                x["micro_batches"],
+                f"{x['update_s']:.3f}",
+                f"{x['update_tokens_per_s']:.0f}",
+                f"{100 * x['mfu']:.1f}%",
+                f"{_gb(x['update_estimate_bytes'])} / {_gb(x['update_peak_bytes'])}",
+            ]
+            for x in rows
+        ],
+    )
 
 
 def format_engine_table(rows: list[dict]) -> str:
     """Markdown: both engines at long-tail lengths per batch."""
-    lines = [
-        "| B | max/mean | static tok/s | static useful | static % roofline | slots "
-        "| continuous tok/s | continuous useful | continuous % roofline | x static "
-        "| filled-KV roofline tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for x in rows:
-        lines.append(
-            f"| {x['batch']} | {x['tail_max_over_mean']:.2f} | {x['static_tokens_per_s']:.0f} "
-            f"| {x['static_useful']:.3f} "
-            f"| {100 * x['static_tokens_per_s'] / x['static_roofline_tokens_per_s']:.1f} "
-            f"| {x['slots']} | {x['continuous_tokens_per_s']:.0f} "
-            f"| {x['continuous_useful']:.3f} "
-            f"| {100 * x['continuous_tokens_per_s'] / x['continuous_roofline_tokens_per_s']:.1f} "
-            f"| {x['continuous_tokens_per_s'] / x['static_tokens_per_s']:.2f} "
-            f"| {x['filled_roofline_tokens_per_s']:.0f} |"
-        )
-    return "\n".join(lines)
+    columns = [
+        "B", "max/mean", "static tok/s", "static useful", "static % roofline", "slots",
+        "continuous tok/s", "continuous useful", "continuous % roofline", "x static",
+        "filled-KV roofline tok/s",
+    ]  # fmt: skip
+    return bench.markdown_table(
+        columns,
+        [
+            [
+                x["batch"],
+                f"{x['tail_max_over_mean']:.2f}",
+                f"{x['static_tokens_per_s']:.0f}",
+                f"{x['static_useful']:.3f}",
+                f"{100 * x['static_tokens_per_s'] / x['static_roofline_tokens_per_s']:.1f}",
+                x["slots"],
+                f"{x['continuous_tokens_per_s']:.0f}",
+                f"{x['continuous_useful']:.3f}",
+                f"{100 * x['continuous_tokens_per_s'] / x['continuous_roofline_tokens_per_s']:.1f}",
+                f"{x['continuous_tokens_per_s'] / x['static_tokens_per_s']:.2f}",
+                f"{x['filled_roofline_tokens_per_s']:.0f}",
+            ]
+            for x in rows
+        ],
+    )
 
 
 def main(argv: list[str]) -> None:

@@ -11,10 +11,10 @@ attention) at forced long-tail response lengths; see ``run_engine``.
 batch sizes, plus the FLOP/s achieved while decoding against a large jitted matmul
 measured in the same run.
 
-Timing: ours runs once per batch size to warm up (the jit compile), HF once in total;
-then each is repeated until ``--min_repeats`` (``--hf_min_repeats``) runs and
-``--min_time_s`` seconds are reached and the median wall time is reported, with the
-median process CPU time (all threads) beside it: on a machine shared with other jobs
+Timing (``rl_batch.bench``): ours runs once per batch size to warm up (the jit compile),
+HF once in total; then each is repeated until ``--min_repeats`` (``--hf_min_repeats``)
+runs and ``--min_time_s`` seconds are reached and the median wall time is reported, with
+the median process CPU time (all threads) beside it: on a machine shared with other jobs
 CPU time per token says more about efficiency than wall time. HF runs with each of
 ``--hf_threads`` torch thread counts and the fastest counts. Each batch size runs ours
 then HF back to back so both see the same load. On a CPU host JAX gets one device per
@@ -43,7 +43,6 @@ import dataclasses
 import json
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable
 
@@ -53,6 +52,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import cli
+from rl_batch import bench
 from rl_batch.models import flops
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import sampler as sampler_lib
@@ -126,29 +126,6 @@ class Settings:
 
 
 # ---------------------------------------------------------------------------- measuring
-
-
-def time_calls(
-    fn: Callable[[int], object], *, min_repeats: int, min_time_s: float, warmup: bool = True
-) -> tuple[list[float], list[float]]:
-    """Calls ``fn(i)`` until ``min_repeats`` calls and ``min_time_s`` seconds.
-
-    With ``warmup``, ``fn(-1)`` runs first, untimed (jit compile, first allocations).
-
-    Returns:
-      (wall seconds, process CPU seconds) per call. CPU seconds (all threads) are less
-      sensitive than wall time to other processes sharing the cores.
-    """
-    if warmup:
-        fn(-1)
-    times: list[float] = []
-    cpu_times: list[float] = []
-    while len(times) < min_repeats or sum(times) < min_time_s:
-        start, cpu_start = time.perf_counter(), time.process_time()
-        fn(len(times))
-        times.append(time.perf_counter() - start)
-        cpu_times.append(time.process_time() - cpu_start)
-    return times, cpu_times
 
 
 def weight_matmul_seconds(
@@ -343,7 +320,7 @@ def run_sampler(settings: Settings) -> dict:
             for n in sorted(samplers, reverse=True)
         }
         time_s, cpu_s, stats, repeats = timed[data_devices]
-        decode_s = statistics.median(s["decode_s"] for s in stats)
+        decode_s = bench.median([s["decode_s"] for s in stats])
         # The same projections with nothing else: prefill's B x P rows once, then R - 1
         # decode steps of B rows (bucketed sizes, split over the same devices).
         rows, p_bucket, _ = sampler.buckets(batch, p_len, new)
@@ -361,7 +338,7 @@ def run_sampler(settings: Settings) -> dict:
                 "single_device_time_s": timed[1][0],
                 "matmul_floor_s": floor_s,
                 "cpu_s": cpu_s,
-                "prefill_s": statistics.median(s["prefill_s"] for s in stats),
+                "prefill_s": bench.median([s["prefill_s"] for s in stats]),
                 "decode_s": decode_s,
                 "decode_tokens_per_s": batch * (new - 1) / decode_s,
                 "decode_flops_per_s": batch * (new - 1) / decode_s * decode_flops,
@@ -381,23 +358,22 @@ def run_sampler(settings: Settings) -> dict:
             by_threads, cpu_by_threads, prefill_by_threads = {}, {}, {}
             for threads in dict.fromkeys(settings.hf_threads):
                 torch.set_num_threads(threads)
-                hf_times, hf_cpu_times = time_calls(
+                hf = bench.time_calls(
                     lambda i, x=prompts_bp: _hf_generate(hf_model, x, new, settings.seed + i),
                     min_repeats=settings.hf_min_repeats,
                     min_time_s=settings.min_time_s,
                     warmup=False,
                 )
-                by_threads[threads] = statistics.median(hf_times)
-                cpu_by_threads[threads] = statistics.median(hf_cpu_times)
+                by_threads[threads] = hf.median_s
+                cpu_by_threads[threads] = hf.median_cpu_s
                 # HF's prefill: the same call with one new token (prompt forward, one
                 # sample), the counterpart of our prefill_s.
-                hf_prefill_times, _ = time_calls(
+                prefill_by_threads[threads] = bench.time_calls(
                     lambda i, x=prompts_bp: _hf_generate(hf_model, x, 1, settings.seed + i),
                     min_repeats=max(3, settings.hf_min_repeats),
                     min_time_s=settings.min_time_s / 4,
                     warmup=False,
-                )
-                prefill_by_threads[threads] = statistics.median(hf_prefill_times)
+                ).median_s
             threads, hf_time_s = min(by_threads.items(), key=lambda item: item[1])
             hf_decode_s = hf_time_s - prefill_by_threads[threads]
             hf_generation.append(
@@ -463,10 +439,8 @@ def _time_sampler(
         if i >= 0:
             stats.append(dict(sampler.last_stats))
 
-    times, cpu_times = time_calls(
-        call, min_repeats=settings.min_repeats, min_time_s=settings.min_time_s
-    )
-    return statistics.median(times), statistics.median(cpu_times), stats, len(times)
+    timed = bench.time_calls(call, min_repeats=settings.min_repeats, min_time_s=settings.min_time_s)
+    return timed.median_s, timed.median_cpu_s, stats, timed.repeats
 
 
 def format_table(generation: list[dict], hf_generation: list[dict], details: list[dict]) -> str:
@@ -486,31 +460,38 @@ def format_table(generation: list[dict], hf_generation: list[dict], details: lis
     engines = dict.fromkeys(
         f"{d.get('engine', 'static')} (attn_block {d.get('attn_block', 0)})" for d in details
     )
-    lines = [
-        f"sampler engine: {', '.join(engines) or 'static'}",
-        f"{'batch':>6} {'ours tok/s':>11} {'1-dev tok/s':>11} {'matmuls tok/s':>13} "
-        f"{'HF tok/s':>9} {'thr':>3} {'ratio':>6} "
-        f"{'decode tok/s':>12} {'HF decode':>9} {'dec ratio':>9} "
-        f"{'ours tok/cpu-s':>14} {'HF tok/cpu-s':>12} {'ratio':>6} "
-        f"{'decode GFLOP/s':>14} {'% matmul':>8}",
-    ]
+    columns = [
+        "batch", "ours tok/s", "1-dev tok/s", "matmuls tok/s", "HF tok/s", "thr", "ratio",
+        "decode tok/s", "HF decode", "dec ratio", "ours tok/cpu-s", "HF tok/cpu-s", "ratio",
+        "decode GFLOP/s", "% matmul",
+    ]  # fmt: skip
+    rows = []
     for row, detail in zip(generation, details):
         theirs = hf.get(row["batch"], nan_row)
         tokens = row["batch"] * row["new_tokens"]
         ours_cpu, hf_cpu = tokens / detail["cpu_s"], tokens / theirs["cpu_s"]
         ours_dec, hf_dec = detail["decode_tokens_per_s"], theirs["decode_tokens_per_s"]
-        lines.append(
-            f"{row['batch']:>6} {row['tokens_per_s']:>11.0f} "
-            f"{tokens / detail['single_device_time_s']:>11.0f} "
-            f"{tokens / detail['matmul_floor_s']:>13.0f} "
-            f"{theirs['tokens_per_s']:>9.0f} "
-            f"{theirs['threads']:>3} {row['tokens_per_s'] / theirs['tokens_per_s']:>6.2f} "
-            f"{ours_dec:>12.0f} {hf_dec:>9.0f} {ours_dec / hf_dec:>9.2f} "
-            f"{ours_cpu:>14.0f} {hf_cpu:>12.0f} {ours_cpu / hf_cpu:>6.2f} "
-            f"{detail['decode_flops_per_s'] / 1e9:>14.1f} "
-            f"{100 * detail['fraction_of_matmul_peak']:>7.1f}%"
+        rows.append(
+            [
+                row["batch"],
+                f"{row['tokens_per_s']:.0f}",
+                f"{tokens / detail['single_device_time_s']:.0f}",
+                f"{tokens / detail['matmul_floor_s']:.0f}",
+                f"{theirs['tokens_per_s']:.0f}",
+                theirs["threads"],
+                f"{row['tokens_per_s'] / theirs['tokens_per_s']:.2f}",
+                f"{ours_dec:.0f}",
+                f"{hf_dec:.0f}",
+                f"{ours_dec / hf_dec:.2f}",
+                f"{ours_cpu:.0f}",
+                f"{hf_cpu:.0f}",
+                f"{ours_cpu / hf_cpu:.2f}",
+                f"{detail['decode_flops_per_s'] / 1e9:.1f}",
+                f"{100 * detail['fraction_of_matmul_peak']:.1f}%",
+            ]
         )
-    return "\n".join(lines)
+    engine_line = f"sampler engine: {', '.join(engines) or 'static'}"
+    return engine_line + "\n" + bench.markdown_table(columns, rows)
 
 
 def _hf_generate(hf_model, prompts_bp: np.ndarray, new_tokens: int, seed: int) -> None:
@@ -580,10 +561,10 @@ def run_update(settings: Settings) -> dict:
             state, metrics = update_fn(state, data, jax.random.key(max(i, 0)))
             jax.block_until_ready(metrics)
 
-        times, cpu_times = time_calls(
+        timed = bench.time_calls(
             step, min_repeats=settings.min_repeats, min_time_s=settings.min_time_s
         )
-        time_s = statistics.median(times)
+        time_s = timed.median_s
         tokens = batch * (p_len + r_len)
         upd_flops = flops.update_flops(config, tokens=tokens, seq_len=p_len + r_len)
         rows.append(
@@ -592,10 +573,10 @@ def run_update(settings: Settings) -> dict:
                 "time_s": time_s,
                 "tokens": tokens,
                 "tokens_per_s": tokens / time_s,
-                "cpu_s": statistics.median(cpu_times),
+                "cpu_s": timed.median_cpu_s,
                 "flops_per_s": upd_flops / time_s,
                 "fraction_of_matmul_peak": upd_flops / time_s / peak,
-                "repeats": len(times),
+                "repeats": timed.repeats,
             }
         )
         print(f"batch {batch}: {time_s:.3f} s, {tokens / time_s:.0f} tok/s", flush=True)
@@ -611,17 +592,22 @@ def run_update(settings: Settings) -> dict:
 
 def format_update_table(rows: list[dict]) -> str:
     """The update table: time, tokens/s and FLOP/s against the matmul rate per batch."""
-    lines = [
-        f"{'batch':>6} {'time s':>8} {'tokens':>8} {'tok/s':>9} {'tok/cpu-s':>9} "
-        f"{'GFLOP/s':>8} {'% matmul':>8}"
-    ]
-    for row in rows:
-        lines.append(
-            f"{row['batch']:>6} {row['time_s']:>8.3f} {row['tokens']:>8} "
-            f"{row['tokens_per_s']:>9.0f} {row['tokens'] / row['cpu_s']:>9.0f} "
-            f"{row['flops_per_s'] / 1e9:>8.1f} {100 * row['fraction_of_matmul_peak']:>7.1f}%"
-        )
-    return "\n".join(lines)
+    columns = ["batch", "time s", "tokens", "tok/s", "tok/cpu-s", "GFLOP/s", "% matmul"]
+    return bench.markdown_table(
+        columns,
+        [
+            [
+                row["batch"],
+                f"{row['time_s']:.3f}",
+                row["tokens"],
+                f"{row['tokens_per_s']:.0f}",
+                f"{row['tokens'] / row['cpu_s']:.0f}",
+                f"{row['flops_per_s'] / 1e9:.1f}",
+                f"{100 * row['fraction_of_matmul_peak']:.1f}%",
+            ]
+            for row in rows
+        ],
+    )
 
 
 def run_all(settings: Settings) -> dict:
@@ -653,12 +639,12 @@ def run_engine(settings: Settings) -> dict:
 
     ``engine_rows`` responses with log-normal lengths (``long_tail_lengths``; the longest
     is ``new_tokens``) are sampled by every engine of ``engine_configs``, interleaved in
-    one process: each round calls every engine once, and each engine's median wall time
-    over the rounds is reported. Every engine must give the static engine's tokens.
-    Columns: generated tokens/s (all tokens of the call over its wall time), the
-    useful-token fraction (tokens of decode steps / slot-steps), cache bytes read by
-    decode attention per generated token, and the 1-minute host load (os.getloadavg)
-    read before each engine's timed calls.
+    one process (``bench.time_interleaved``): each round calls every engine once, and each
+    engine's median wall time over the rounds is reported. Every engine must give the
+    static engine's tokens. Columns: generated tokens/s (all tokens of the call over its
+    wall time), the useful-token fraction (tokens of decode steps / slot-steps), cache
+    bytes read by decode attention per generated token, and the median 1-minute host load
+    (``bench.load_1min``) read before each engine's timed calls.
     """
     rows, p_len, r_len = settings.engine_rows, settings.prompt_len, settings.new_tokens
     config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
@@ -685,23 +671,21 @@ def run_engine(settings: Settings) -> dict:
         if reference is None:
             reference = out.response_tokens
         np.testing.assert_array_equal(out.response_tokens, reference, err_msg=label)
-    times: dict[str, list[float]] = {label: [] for label, _ in configs}
-    loads: dict[str, list[float]] = {label: [] for label, _ in configs}
     stats: dict[str, dict] = {}
-    start = time.perf_counter()
-    while min(map(len, times.values())) < settings.min_repeats or (
-        time.perf_counter() - start < settings.min_time_s
-    ):
-        for label, cfg in configs:
-            loads[label].append(os.getloadavg()[0])
-            t0 = time.perf_counter()
-            sampler(params, prompts, rng=key, sampling=cfg, max_new_tokens=lengths.tolist())
-            times[label].append(time.perf_counter() - t0)
-            stats[label] = dict(sampler.last_stats)
+
+    def call(label: str, cfg: sampler_lib.SamplingConfig) -> None:
+        sampler(params, prompts, rng=key, sampling=cfg, max_new_tokens=lengths.tolist())
+        stats[label] = dict(sampler.last_stats)
+
+    timed = bench.time_interleaved(
+        {label: (lambda _, label=label, cfg=cfg: call(label, cfg)) for label, cfg in configs},
+        min_repeats=settings.min_repeats,
+        min_time_s=settings.min_time_s,
+    )
     generated = int(lengths.sum())
     table = []
     for label, cfg in configs:
-        st, time_s = stats[label], statistics.median(times[label])
+        st, time_s = stats[label], timed[label].median_s
         decode_tokens = max(st["decode_tokens"], 1)
         table.append(
             {
@@ -715,8 +699,8 @@ def run_engine(settings: Settings) -> dict:
                 * slot_bytes
                 / max(st["decode_tokens"], 1),
                 "decode_steps": st["decode_steps"],
-                "load_1min": statistics.median(loads[label]),
-                "repeats": len(times[label]),
+                "load_1min": timed[label].median_load1,
+                "repeats": timed[label].repeats,
             }
         )
     print(format_engine_table(table))
@@ -730,18 +714,26 @@ def run_engine(settings: Settings) -> dict:
 
 def format_engine_table(rows: list[dict]) -> str:
     """The engine table, with the speedup over the first (static) row."""
-    lines = [
-        f"{'engine':<22} {'slots':>5} {'time s':>8} {'tok/s':>8} {'x static':>8} "
-        f"{'useful':>6} {'KV B/tok':>10} {'steps':>6} {'load1':>5}"
-    ]
-    for row in rows:
-        lines.append(
-            f"{row['engine']:<22} {row['slots']:>5} {row['time_s']:>8.3f} "
-            f"{row['tokens_per_s']:>8.0f} {row['tokens_per_s'] / rows[0]['tokens_per_s']:>8.2f} "
-            f"{row['useful_fraction']:>6.3f} {row['cache_bytes_per_token']:>10.0f} "
-            f"{row['decode_steps']:>6} {row['load_1min']:>5.2f}"
-        )
-    return "\n".join(lines)
+    columns = [
+        "engine", "slots", "time s", "tok/s", "x static", "useful", "KV B/tok", "steps", "load1"
+    ]  # fmt: skip
+    return bench.markdown_table(
+        columns,
+        [
+            [
+                row["engine"],
+                row["slots"],
+                f"{row['time_s']:.3f}",
+                f"{row['tokens_per_s']:.0f}",
+                f"{row['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}",
+                f"{row['useful_fraction']:.3f}",
+                f"{row['cache_bytes_per_token']:.0f}",
+                row["decode_steps"],
+                f"{row['load_1min']:.2f}",
+            ]
+            for row in rows
+        ],
+    )
 
 
 PARTS: dict[str, Callable[[Settings], dict]] = {

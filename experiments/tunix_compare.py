@@ -31,9 +31,9 @@ What it does, per batch size B (``--batches``, a list):
    ``--min_time_s`` seconds; each call is the sampler's whole public call (prompt lists
    in, host tokens out). The median wall time of each is reported with tokens/s
    (B x R / time), the ratio to tunix's tokens/s at the same B, the median 1-minute load
-   average (``os.getloadavg``) read before each timed call and the median process CPU
-   seconds of a call (all threads). Each call is timed with
-   ``experiments.throughput.time_calls``.
+   average read before each timed call and the median process CPU seconds of a call
+   (all threads). The rounds, the load record and the table are ``rl_batch.bench``'s
+   (``time_interleaved``, ``markdown_table``).
 
 Both sides do the same model work per call except that tunix's decode loop runs one
 forward more (R decode forwards after the prefill; the last one's token falls outside
@@ -41,7 +41,7 @@ its buffer) than ours (R - 1), a 1/R difference that is part of its sampler's co
 Both decode steps attend over all P + R cache slots (our ``attn_block`` = 0 default).
 
 Flags: the ones this script shares with ``experiments.throughput`` (imported for
-``time_calls``, ``device_description`` and the sampler it builds) are that module's
+``device_description`` and the sampler it builds) are that module's
 flags, with this script's defaults: ``--preset``, ``--vocab_size``, ``--batches`` (here
 default 64), ``--prompt_len``, ``--new_tokens`` (here 128), ``--min_repeats`` (here 3),
 ``--min_time_s``, ``--seed``, ``--out``. Its other flags (``--part``, ``--hf``, ...) are
@@ -92,9 +92,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
-import statistics
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +99,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import cli, throughput
-from rl_batch import provenance
+from rl_batch import bench, provenance
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import sampler as sampler_lib
 
@@ -407,34 +404,6 @@ def agreement(
     }
 
 
-# ---------------------------------------------------------------------------- timing
-
-
-def time_interleaved(
-    calls: dict[str, Callable[[int], object]], *, min_repeats: int, min_time_s: float
-) -> dict[str, dict[str, list[float]]]:
-    """Rounds of one call of each of ``calls`` in order until ``min_repeats`` rounds and
-    ``min_time_s`` seconds; no warm-up here (the caller warms up).
-
-    Returns:
-      per label {"time_s", "cpu_s", "load1"}: one value per round; load1 is the 1-minute
-      load average read just before that call.
-    """
-    out = {label: {"time_s": [], "cpu_s": [], "load1": []} for label in calls}
-    rounds, spent = 0, 0.0
-    while rounds < min_repeats or spent < min_time_s:
-        for label, fn in calls.items():
-            out[label]["load1"].append(os.getloadavg()[0])
-            times, cpu_times = throughput.time_calls(
-                lambda _, fn=fn, r=rounds: fn(r), min_repeats=1, min_time_s=0.0, warmup=False
-            )
-            out[label]["time_s"].append(times[0])
-            out[label]["cpu_s"].append(cpu_times[0])
-            spent += times[0]
-        rounds += 1
-    return out
-
-
 # ------------------------------------------------------------------------------- run
 
 
@@ -489,7 +458,7 @@ def run(settings: Settings) -> dict:
             ),
             flush=True,
         )
-        timed = time_interleaved(
+        timed = bench.time_interleaved(
             {
                 "ours": lambda _, x=prompts_bp: ours_generate(ours, params, x, new),
                 "tunix": lambda _, x=prompts_bp: tunix_generate(theirs, x, new),
@@ -497,9 +466,9 @@ def run(settings: Settings) -> dict:
             min_repeats=settings.min_repeats,
             min_time_s=settings.min_time_s,
         )
-        tunix_tps = batch * new / statistics.median(timed["tunix"]["time_s"])
+        tunix_tps = batch * new / timed["tunix"].median_s
         for label, t in timed.items():
-            time_s = statistics.median(t["time_s"])
+            time_s = t.median_s
             rows.append(
                 {
                     "sampler": label,
@@ -509,10 +478,10 @@ def run(settings: Settings) -> dict:
                     "time_s": time_s,
                     "tokens_per_s": batch * new / time_s,
                     "ratio_to_tunix": batch * new / time_s / tunix_tps,
-                    "cpu_s": statistics.median(t["cpu_s"]),
-                    "load1": statistics.median(t["load1"]),
-                    "repeats": len(t["time_s"]),
-                    "times_s": t["time_s"],
+                    "cpu_s": t.median_cpu_s,
+                    "load1": t.median_load1,
+                    "repeats": t.repeats,
+                    "times_s": t.time_s,
                 }
             )
         print("\n".join(format_table(rows[-2:]).splitlines()[2:]), flush=True)
@@ -535,17 +504,24 @@ def format_table(rows: list[dict]) -> str:
     """Markdown: one line per sampler and batch. ratio: tokens/s over tunix's at the same
     batch (wall time); cpu s: median process CPU seconds of a call (all threads), less
     sensitive than wall time to other processes on the cores."""
-    lines = [
-        "| sampler | batch | P | R | time s | tok/s | ratio | load1 | cpu s |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['sampler']} | {r['batch']} | {r['prompt_len']} | {r['new_tokens']} "
-            f"| {r['time_s']:.3f} | {r['tokens_per_s']:.0f} | {r['ratio_to_tunix']:.2f} "
-            f"| {r['load1']:.2f} | {r['cpu_s']:.3f} |"
-        )
-    return "\n".join(lines)
+    columns = ["sampler", "batch", "P", "R", "time s", "tok/s", "ratio", "load1", "cpu s"]
+    return bench.markdown_table(
+        columns,
+        [
+            [
+                r["sampler"],
+                r["batch"],
+                r["prompt_len"],
+                r["new_tokens"],
+                f"{r['time_s']:.3f}",
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['ratio_to_tunix']:.2f}",
+                f"{r['load1']:.2f}",
+                f"{r['cpu_s']:.3f}",
+            ]
+            for r in rows
+        ],
+    )
 
 
 # ------------------------------------------------------------------------------ main

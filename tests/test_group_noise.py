@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 
 from rl_batch import gradient_noise
-from rl_batch.algorithms import learner
+from rl_batch.algorithms import noise_statistics as noise_lib
+from rl_batch.algorithms import update_step
 from rl_batch.analysis import noise_scale as ns
 
 
 def test_group_pair_order_layout_by_hand():
     # P = 4 prompts x G = 4, M = 4 micro-batches (2 pairs). Pair 0 holds prompts 0, 2,
     # pair 1 prompts 1, 3; micro-batch 2k takes members 0, 1, micro-batch 2k + 1 members 2, 3.
-    order = learner.group_pair_order(4, 4, 4)
+    order = noise_lib.group_pair_order(4, 4, 4)
     pieces = order.reshape(-1, 4).T  # [M, rows]: micro-batch m, row i = order[i * M + m]
     np.testing.assert_array_equal(pieces[0], [0, 1, 8, 9])
     np.testing.assert_array_equal(pieces[1], [2, 3, 10, 11])
@@ -33,7 +34,7 @@ def test_group_pair_order_layout_by_hand():
 )
 def test_group_pair_order_rejects_bad_layouts(p, g, m, match):
     with pytest.raises(ValueError, match=match):
-        learner.group_pair_order(p, g, m)
+        noise_lib.group_pair_order(p, g, m)
 
 
 class _Rows(NamedTuple):
@@ -58,7 +59,7 @@ def _learner_stats(x_sbd, mask_sb, group_size, micro_batches):
         num_seqs = jnp.maximum(jnp.sum(mask_b.astype(jnp.float32)), 1.0)
         batch = _Rows(x=x_bd, response_mask=mask_b[:, None])
         loss_fn = functools.partial(_linear_loss, num_seqs=num_seqs)
-        _, _, metrics = learner.accumulate_gradients(
+        _, _, metrics = update_step.accumulate_gradients(
             loss_fn, params, batch, micro_batches, group_size=group_size
         )
         return metrics
@@ -77,7 +78,7 @@ def test_learner_statistics_match_a_direct_computation():
     mask_b = np.repeat(keep_p, g)
     got = jax.tree.map(lambda v: float(v[0]), _learner_stats(x_bd[None], mask_b[None], g, m))
     # Direct: each half's own mean gradient over its real rows.
-    order = learner.group_pair_order(p, g, m)
+    order = noise_lib.group_pair_order(p, g, m)
     pieces = order.reshape(-1, m).T  # [M, rows]
     half = [x_bd[r][mask_b[r]].mean(axis=0) for r in pieces]
     assert got["grad_sq_micro"] == pytest.approx(np.mean([h @ h for h in half]), rel=1e-5)

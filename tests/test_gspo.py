@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch.algorithms import grpo, learner, losses
+from rl_batch.algorithms import forward, grpo, learner, losses
 from rl_batch.models import sharding
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 from tests.test_learner import ADV, make_batch
@@ -85,7 +85,7 @@ def test_gspo_update_loss_matches_direct_computation():
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     params = jax.tree.map(jnp.asarray, numpy_params(cfg))
     batch = make_batch()
-    logp = learner.compute_logprobs(cfg, params, batch)
+    logp = forward.compute_logprobs(cfg, params, batch)
     # A behaviour policy off by +-0.15 per token so some sequences clip at 0.1.
     rs = np.random.RandomState(3)
     old = jnp.where(batch.response_mask, logp + jnp.asarray(rs.uniform(-0.15, 0.15, logp.shape)), 0)

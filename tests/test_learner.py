@@ -12,7 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from rl_batch.algorithms import grpo, learner, losses
+from rl_batch.algorithms import batch as batch_lib
+from rl_batch.algorithms import forward, grpo, learner, losses, update_step
 from rl_batch.models import sharding
 from rl_batch.models import transformer as model_lib
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
@@ -77,8 +78,8 @@ def fresh_state(params, optimizer, mesh):
 
 
 KEY = jax.random.key(0)
-_logprobs = jax.jit(functools.partial(learner.compute_logprobs, CFG))
-response_logits_fn = jax.jit(functools.partial(learner.response_outputs, CFG))
+_logprobs = jax.jit(functools.partial(forward.compute_logprobs, CFG))
+response_logits_fn = jax.jit(functools.partial(forward.response_outputs, CFG))
 forward_fn = jax.jit(functools.partial(model_lib.forward, CFG))
 
 
@@ -179,14 +180,14 @@ def test_micro_batched_logprobs_equal_full_batch(params, mesh, temperature):
     expected = np.asarray(logprobs_fn(params, batch, temperature))
     results = {}
     for m in (1, 2, 4, 8):
-        fn = learner.make_logprobs_fn(CFG, mesh, temperature, micro_batches=m)
+        fn = forward.make_logprobs_fn(CFG, mesh, temperature, micro_batches=m)
         results[m] = np.asarray(fn(params, batch))
         assert results[m].shape == (B, R)
         np.testing.assert_allclose(results[m], expected, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(results[m], results[1], rtol=1e-6, atol=1e-6)
         assert np.all(results[m][~np.asarray(batch.response_mask)] == 0.0)
     with pytest.raises(ValueError, match="cannot be split into 3 pieces"):
-        learner.make_logprobs_fn(CFG, mesh, temperature, micro_batches=3)(params, batch)
+        forward.make_logprobs_fn(CFG, mesh, temperature, micro_batches=3)(params, batch)
 
 
 # ---------------------------------------------------------------------------- updates
@@ -346,7 +347,7 @@ def _own_grad(p, micro):
 
 def own_micro_grads(params, batch, micro_batches=4):
     """Each strided micro-batch's own gradient g_m, in micro-batch order."""
-    micros = learner.split_batch(batch, micro_batches)
+    micros = batch_lib.split_batch(batch, micro_batches)
     return [
         _own_grad(params, jax.tree.map(lambda x, m=m: x[m], micros)) for m in range(micro_batches)
     ]
@@ -436,7 +437,7 @@ def test_minibatches_and_epochs_equal_sequential_updates(params, optimizer, mesh
     assert int(state.step) == 4 and float(metrics["num_updates"]) == 4
 
     old = logprobs_fn(params, batch, 1.0)
-    halves = learner.split_batch(batch.replace(old_logprobs=old), 2)
+    halves = batch_lib.split_batch(batch.replace(old_logprobs=old), 2)
     ref_state = fresh_state(params, optimizer, mesh)
     single = update_fn_for(mesh, optimizer)
     grad_norms = []
@@ -462,6 +463,6 @@ def test_an_update_that_makes_params_nonfinite_is_skipped(params, mesh):
 
 
 def test_all_finite():
-    assert bool(learner.all_finite({"a": jnp.ones(3), "n": jnp.arange(3)}))
-    assert not bool(learner.all_finite({"a": jnp.array([1.0, jnp.inf]), "b": jnp.ones(2)}))
-    assert not bool(learner.all_finite([jnp.array(jnp.nan)]))
+    assert bool(update_step.all_finite({"a": jnp.ones(3), "n": jnp.arange(3)}))
+    assert not bool(update_step.all_finite({"a": jnp.array([1.0, jnp.inf]), "b": jnp.ones(2)}))
+    assert not bool(update_step.all_finite([jnp.array(jnp.nan)]))

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl_batch.algorithms import forward, learner, losses
 from rl_batch.algorithms import grpo as grpo_lib
-from rl_batch.algorithms import learner, losses
 from rl_batch.models import logprobs as logprobs_lib
 from rl_batch.models import sharding
 from rl_batch.models import transformer as model_lib
@@ -132,7 +132,7 @@ def test_response_logprobs_equal_full_forward(tie, chunk):
     logp, ent = jax.jit(functools.partial(logprobs_lib.response_logprobs, config))(
         params, batch, 0.8
     )
-    logits_brv = learner.response_outputs(config, params, batch) / 0.8
+    logits_brv = forward.response_outputs(config, params, batch) / 0.8
     mask = np.asarray(batch.response_mask)
     want_logp = model_lib.token_logprobs(logits_brv, batch.response_tokens)
     np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(want_logp)[mask], atol=1e-5)
@@ -210,5 +210,5 @@ def test_prefill_computes_only_last_logits():
     shapes = _shapes(jax.make_jaxpr(fn)(params, tokens, mask, jax.random.key(0)).jaxpr)
     assert (b, 1, config.vocab_size) in shapes
     assert (b, p, config.vocab_size) not in shapes
-    forward = functools.partial(model_lib.forward, config)
-    assert (b, p, config.vocab_size) in _shapes(jax.make_jaxpr(forward)(params, tokens).jaxpr)
+    forward_fn = functools.partial(model_lib.forward, config)
+    assert (b, p, config.vocab_size) in _shapes(jax.make_jaxpr(forward_fn)(params, tokens).jaxpr)

@@ -10,7 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from rl_batch.algorithms import grpo, learner
+from rl_batch.algorithms import batch as batch_lib
+from rl_batch.algorithms import forward, grpo, learner, update_step
 from rl_batch.models import moe, sharding
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 from tests.test_learner import ADV, make_batch
@@ -52,7 +53,7 @@ def _run(mesh, optimizer=SGD, advantages=ADV, **config):
 
 def _router(params, batch):
     """Router logits [L, B * (P + R), E] and the token mask, straight from the model."""
-    _, router_lte, mask_t = learner.response_outputs(MOE_MODEL, params, batch, with_router=True)
+    _, router_lte, mask_t = forward.response_outputs(MOE_MODEL, params, batch, with_router=True)
     return router_lte, mask_t
 
 
@@ -121,7 +122,7 @@ def test_memory_settings_keep_the_moe_update(mesh):
     loss, router metrics and update as the plain path; scan_layers is refused."""
     batch = make_batch()
     params = jax.tree.map(jnp.asarray, _params())
-    num_tokens, num_seqs = learner.loss_normalisers(batch.response_mask)
+    num_tokens, num_seqs = batch_lib.loss_normalisers(batch.response_mask)
     config = grpo.GRPOConfig(router_aux_loss_coef=0.1)
 
     def loss_and_grads(model_config):
@@ -133,7 +134,7 @@ def test_memory_settings_keep_the_moe_update(mesh):
             num_seqs=num_seqs,
             max_len=batch.response_tokens.shape[1],
         )
-        grads, loss, metrics = learner.accumulate_gradients(loss_fn, params, batch, 1)
+        grads, loss, metrics = update_step.accumulate_gradients(loss_fn, params, batch, 1)
         return jax.tree.map(np.asarray, (grads, loss, metrics))
 
     want = loss_and_grads(MOE_MODEL)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_batch.algorithms import grpo, learner
+from rl_batch.algorithms import forward, grpo, learner
 from rl_batch.models import moe, sharding, transformer
 from rl_batch.rollout import groups as rollout
 from rl_batch.rollout import sampler as sampler_lib
@@ -98,7 +98,7 @@ def test_sampler_records_the_routing_of_every_fed_token():
     assert routed.shape == (b, p + r, MOE_MODEL.num_moe_layers, K)
     # Teacher-forced full forward over the same tokens routes every token identically.
     batch = _batch(out)
-    _, router_lte, mask_t = learner.response_outputs(MOE_MODEL, params, batch, with_router=True)
+    _, router_lte, mask_t = forward.response_outputs(MOE_MODEL, params, batch, with_router=True)
     own = np.asarray(moe.top_experts(router_lte, K, b))
     fed = np.concatenate([out.prompt_mask, out.response_mask], axis=1)
     lengths = out.response_mask.sum(1)
@@ -174,7 +174,7 @@ def test_routing_disagreement_metric_and_replay():
     mask = np.asarray(moved.response_mask)
     np.testing.assert_allclose(mr["logprob_mean"], logp[mask].mean(), rtol=1e-5)
     # compute_logprobs(replay=True) (the behaviour log-probs of multi-update batches).
-    got = np.asarray(learner.compute_logprobs(MOE_MODEL, params, moved, replay=True))
+    got = np.asarray(forward.compute_logprobs(MOE_MODEL, params, moved, replay=True))
     np.testing.assert_allclose(got[mask], logp[mask], atol=1e-5)
     # Under replay the disagreement compares the router's own top-k with the record; the
     # rewritten layer-0 choices also change later layers' inputs, so it is >= 5 / fed.

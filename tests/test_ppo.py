@@ -16,7 +16,7 @@ import pytest
 
 from experiments.configs import base
 from rl_batch import artifacts
-from rl_batch.algorithms import learner, ppo
+from rl_batch.algorithms import forward, learner, ppo
 from rl_batch.analysis import curves
 from rl_batch.models import sharding
 from rl_batch.models import transformer as model_lib
@@ -121,7 +121,7 @@ def test_whitened_advantages_and_explained_variance():
 
 def test_value_of_token_j_is_read_before_token_j():
     """V_j (the value for response token j) sees the prompt and y_<j, never y_j."""
-    values_fn = jax.jit(functools.partial(learner.response_outputs, CRITIC_CFG))
+    values_fn = jax.jit(functools.partial(forward.response_outputs, CRITIC_CFG))
     params = numpy_params(CRITIC_CFG)
     params["value_d"] = np.random.default_rng(3).normal(0, 1, (CFG.hidden_size,)).astype(np.float32)
     batch = make_batch()

@@ -24,13 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_batch.algorithms import learner
+from rl_batch.algorithms import forward
 from rl_batch.models import transformer as model_lib
 from rl_batch.tokenizers import encode_prompt
 
 
 class ReferenceBatch(NamedTuple):
-    """Teacher-forced prompts and reference responses (the ``learner.Batch`` input fields)."""
+    """Teacher-forced prompts and reference responses (the ``batch.Batch`` input fields)."""
 
     prompt_tokens: np.ndarray  # [N, P] int32, left-padded
     prompt_mask: np.ndarray  # [N, P] bool
@@ -100,7 +100,7 @@ class ReferenceScorer:
         self.batch = reference_batch(tokenizer, examples, rows)
 
         def seq_logp(params, piece: ReferenceBatch) -> jax.Array:  # -> [C]
-            logp_cr = learner.compute_logprobs(model_config, params, piece, temperature)
+            logp_cr = forward.compute_logprobs(model_config, params, piece, temperature)
             return logp_cr.sum(axis=1)
 
         self._seq_logp = jax.jit(seq_logp)

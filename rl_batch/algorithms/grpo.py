@@ -11,14 +11,17 @@ The maths of one update:
 1. Advantages per group of G responses to one prompt (``losses.group_advantages``:
    ``grpo``, ``drgrpo`` or ``rloo``), one per sequence, in prompt-major row order
    (row p * G + g); groups dropped by the filter get advantage 0 and an all-False
-   response mask (``learner.rollout_fields``), so every batch keeps one shape.
-2. Loss: the clipped surrogate ``learner.policy_loss`` with those per-sequence
-   advantages, plus ``kl_coef`` x k3-KL to a frozen reference (the initial policy) when
-   ``kl_coef > 0``; its log-probs are computed before the update (``GRPO.make_batch``).
+   response mask (``batch.rollout_fields``), so every batch keeps one shape.
+2. Loss: ``grpo_loss`` below, which is ``rl_batch.algorithms.policy_loss.policy_loss``
+   (the clipped surrogate, its aggregation, KL and MoE terms, all in that one module)
+   with those per-sequence advantages, plus ``kl_coef`` x k3-KL to a frozen reference
+   (the initial policy) when ``kl_coef > 0``; the reference log-probs are computed before
+   the update (``GRPO.make_batch``).
 
-The update skeleton (shape checks, masks, gradient accumulation, the non-finite guard,
-common metrics, jit with shardings and donation) is ``rl_batch.algorithms.learner``'s, shared with
-``rl_batch.algorithms.ppo``; both implement ``learner.Algorithm`` for ``rl_batch.runs.run``.
+The update skeleton is shared with ``rl_batch.algorithms.ppo``: shape checks, masks and
+splitting (``batch``), gradient accumulation, the non-finite guard and jit with shardings
+and donation (``update_step``), the train state (``train_state``) and the optimizer
+(``optimizer``); both implement ``learner.Algorithm`` for ``rl_batch.runs.run``.
 
 Shape letters (docs/glossary.md): B sequences, P prompts, G group size, I prompt tokens,
 R response tokens.
@@ -38,7 +41,12 @@ import optax
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from rl_batch.algorithms import learner, losses
+from rl_batch.algorithms import batch as batch_lib
+from rl_batch.algorithms import forward, losses, update_step
+from rl_batch.algorithms import noise_statistics as noise_lib
+from rl_batch.algorithms import optimizer as optimizer_lib
+from rl_batch.algorithms import policy_loss as policy_loss_lib
+from rl_batch.algorithms import train_state as train_state_lib
 from rl_batch.models import flops
 from rl_batch.models import sharding as sharding_lib
 from rl_batch.models import transformer as model_lib
@@ -46,8 +54,8 @@ from rl_batch.rollout import groups as rollout_lib
 
 Params = Any
 Metrics = dict[str, jax.Array]
-TrainState = learner.TrainState
-Batch = learner.Batch
+TrainState = train_state_lib.TrainState
+Batch = batch_lib.Batch
 
 
 # ---------------------------------------------------------------------------- config
@@ -84,7 +92,7 @@ class GRPOConfig:
         Qwen3-MoE configs carry 0.001 for pre-training). With micro-batches each one's
         loss counts 1 / micro_batches.
       group_noise: order each update's micro-batches as half-group pairs
-        (``learner.group_pair_order``) and log the inter-/intra-prompt split of the
+        (``noise_statistics.group_pair_order``) and log the inter-/intra-prompt split of the
         gradient noise (``grad_dot_pair``, ``gns_prompts_pair``, ``gns_prompts_full``;
         ``rl_batch.analysis.noise_scale.group_noise_terms``). Needs ``micro_batches``
         even and >= 4, an even ``group_size``, prompts divisible by micro_batches / 2
@@ -114,7 +122,7 @@ class GRPOConfig:
                 f"GRPOConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
             )
 
-        learner.check_policy_loss_fields(self, bad)
+        policy_loss_lib.check_policy_loss_fields(self, bad)
         if not self.kl_coef >= 0.0:
             bad("kl_coef", ">= 0")
         if self.advantage not in losses.ADVANTAGE_MODES:
@@ -133,7 +141,7 @@ class GRPOConfig:
             if self.updates_per_batch != 1:
                 bad("group_noise", "False with num_minibatches or num_epochs > 1")
             try:  # (the prompts' part is checked where P is known: resolve, the update)
-                learner.check_group_pairs(
+                noise_lib.check_group_pairs(
                     self.micro_batches // 2, self.group_size, self.micro_batches
                 )
             except ValueError as e:
@@ -181,9 +189,9 @@ def grpo_loss(
     max_len: int,
 ) -> tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]:
     """GRPO loss of one (micro-)batch, normalised by the *full* batch's totals
-    (``learner.policy_loss`` with GRPO's clip, aggregation, KL weight, surrogate and,
+    (``policy_loss.policy_loss`` with GRPO's clip, aggregation, KL weight, surrogate and,
     for a MoE policy, load-balancing weight and routing replay)."""
-    return learner.policy_loss(
+    return policy_loss_lib.policy_loss(
         model_config,
         params,
         batch,
@@ -247,10 +255,10 @@ def make_update_fn(
     Args:
       model_config: the policy's shape.
       config: GRPO hyperparameters.
-      optimizer: from ``learner.make_optimizer`` (the one used for the train state).
+      optimizer: from ``optimizer.make_optimizer`` (the one used for the train state).
       mesh: the device mesh.
       state_sharding: a ``TrainState`` of shardings (default
-        ``learner.train_state_shardings``).
+        ``train_state.train_state_shardings``).
       shuffle_minibatches: reshuffle the batch each epoch (only with minibatches or
         epochs; off to reproduce sequential updates in tests).
 
@@ -258,16 +266,16 @@ def make_update_fn(
       The jitted update function.
     """
     if state_sharding is None:
-        state_sharding = learner.train_state_shardings(model_config, optimizer, mesh)
+        state_sharding = train_state_lib.train_state_shardings(model_config, optimizer, mesh)
     n_shards = sharding_lib.batch_shard_count(mesh)
 
     def one_update(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         r = batch.response_tokens.shape[1]
-        num_tokens, num_seqs = learner.loss_normalisers(batch.response_mask)
+        num_tokens, num_seqs = batch_lib.loss_normalisers(batch.response_mask)
         loss_fn = functools.partial(
             grpo_loss, model_config, config, num_tokens=num_tokens, num_seqs=num_seqs, max_len=r
         )
-        grads, loss, metrics = learner.accumulate_gradients(
+        grads, loss, metrics = update_step.accumulate_gradients(
             loss_fn,
             state.params,
             batch,
@@ -275,7 +283,7 @@ def make_update_fn(
             mesh,
             group_size=config.group_size if config.group_noise else 0,
         )
-        state, update_metrics = learner.apply_update(state, grads, loss, optimizer)
+        state, update_metrics = update_step.apply_update(state, grads, loss, optimizer)
         return state, {**metrics, **update_metrics}
 
     def several_updates(state: TrainState, batch: Batch, rng: jax.Array):
@@ -284,7 +292,7 @@ def make_update_fn(
             # Later updates need the behaviour policy, i.e. the params before any.
             batch = batch.replace(
                 old_logprobs=jax.lax.stop_gradient(
-                    learner.compute_logprobs(
+                    forward.compute_logprobs(
                         model_config,
                         state.params,
                         batch,
@@ -300,30 +308,30 @@ def make_update_fn(
                 shuffled = jax.tree.map(lambda x: x[perm], batch)
             else:
                 shuffled = batch
-            minibatches = learner.split_batch(shuffled, config.num_minibatches, mesh)
+            minibatches = batch_lib.split_batch(shuffled, config.num_minibatches, mesh)
             return jax.lax.scan(one_update, state, minibatches)
 
         state, metrics = jax.lax.scan(epoch, state, jax.random.split(rng, config.num_epochs))
         return state, {k: _combine(k)(v) for k, v in metrics.items()}
 
     def update_fn(state: TrainState, batch: Batch, rng: jax.Array):
-        learner.check_batch(batch)
-        learner.check_split(batch.size, config.num_minibatches, config.micro_batches, n_shards)
+        batch_lib.check_batch(batch)
+        batch_lib.check_split(batch.size, config.num_minibatches, config.micro_batches, n_shards)
         old_params = state.params
         if config.updates_per_batch == 1:
             state, metrics = one_update(state, batch)
         else:
             state, metrics = several_updates(state, batch, rng)
         metrics.update(
-            update_norm=learner.delta_norm(state.params, old_params),
+            update_norm=update_step.delta_norm(state.params, old_params),
             param_norm=optax.tree.norm(state.params),
-            lr=learner.current_lr(state.opt_state),
+            lr=optimizer_lib.current_lr(state.opt_state),
             num_updates=jnp.asarray(config.updates_per_batch, jnp.float32),
-            **learner.sequence_metrics(batch.response_mask),
+            **batch_lib.sequence_metrics(batch.response_mask),
         )
         return state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
-    return learner.jit_update(update_fn, state_sharding, mesh)
+    return update_step.jit_update(update_fn, state_sharding, mesh)
 
 
 # ------------------------------------------------------------------ batch assembly
@@ -339,7 +347,7 @@ def rollout_batch(
     """
     s = ro.samples
     batch = Batch(
-        **learner.rollout_fields(ro, keep_p),
+        **batch_lib.rollout_fields(ro, keep_p),
         advantages=jnp.asarray(advantages_b, jnp.float32),
         # [B, I + R, L, A] the sampler's MoE expert choices, when it recorded them.
         routed_experts=None if s.routed_experts is None else jnp.asarray(s.routed_experts),
@@ -373,7 +381,7 @@ class GRPO:
         """Args:
         config: the algorithm's settings (``RunSpec.algorithm``).
         model_config, mesh: the policy's shape and the device mesh.
-        optimizer: the policy's optimizer (``learner.make_optimizer`` at the run's batch).
+        optimizer: the policy's optimizer (``optimizer.make_optimizer`` at the run's batch).
         prompt_len: every batch's prompts are padded to this many tokens (the longest the
           run accepts): one update shape.
         filter_groups: drop groups whose rewards are all equal (dynamic sampling).
@@ -391,7 +399,7 @@ class GRPO:
         self.ref_params = None
         self._ref_logprobs_fn = None
         if self.grpo_config.kl_coef:
-            self._ref_logprobs_fn = learner.make_logprobs_fn(
+            self._ref_logprobs_fn = forward.make_logprobs_fn(
                 model_config,
                 mesh,
                 self.grpo_config.temperature,
@@ -404,7 +412,9 @@ class GRPO:
         A resumed run calls this with the same initial policy before restoring its
         checkpoint, so its reference is the same as the uninterrupted run's.
         """
-        state = learner.init_train_state(self.model_config, params, self.optimizer, mesh=self.mesh)
+        state = train_state_lib.init_train_state(
+            self.model_config, params, self.optimizer, mesh=self.mesh
+        )
         if self._ref_logprobs_fn is not None:  # a copy: updates donate the state's buffers
             self.ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), state.params)
         return state

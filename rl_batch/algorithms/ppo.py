@@ -17,13 +17,13 @@ The maths of one update (every piece from ``rl_batch.algorithms.losses``):
    ``j`` is read from the hidden state at index ``I - 1 + j`` of the ``[prompt |
    response]`` sequence, i.e. the state *before* token ``j`` (prompt and ``y_<j``), the
    same slice ``[I - 1 : I + R - 1]`` that gives the logits predicting token ``j``
-   (``learner.response_outputs``). ``V_j = V(s_j)`` is the value of the state in which
+   (``forward.response_outputs``). ``V_j = V(s_j)`` is the value of the state in which
    the policy chose ``y_j``; the state after the last real token (after EOS) is
    terminal with value 0.
 3. GAE (``gae_advantages``, gamma and lambda default 1.0): with the terminal reward and
    gamma = lambda = 1, ``A_j = score - V_j`` and every return is the score.
 4. Advantages are whitened over the batch's real response tokens (``masked_whiten``).
-5. Actor: the clipped surrogate ``learner.policy_loss`` with per-token advantages.
+5. Actor: the clipped surrogate ``policy_loss.policy_loss`` with per-token advantages.
    Critic: ``clipped_value_loss`` (``value_clip``; 0/None = off), token mean over the
    batch. With one update per batch both ratios are 1 at the update point, so neither
    clip changes the gradient; they matter only with reuse (not offered here).
@@ -60,7 +60,11 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from rl_batch import artifacts
-from rl_batch.algorithms import learner, losses
+from rl_batch.algorithms import batch as batch_lib
+from rl_batch.algorithms import forward, losses, update_step
+from rl_batch.algorithms import optimizer as optimizer_lib
+from rl_batch.algorithms import policy_loss as policy_loss_lib
+from rl_batch.algorithms import train_state as train_state_lib
 from rl_batch.models import sharding as sharding_lib
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import groups as rollout_lib
@@ -130,7 +134,7 @@ class PPOConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 bad(name, f"an int >= {low}")
-        learner.check_policy_loss_fields(self, bad)  # the actor's clip, aggregation, ...
+        policy_loss_lib.check_policy_loss_fields(self, bad)  # the actor's clip, aggregation, ...
 
     @classmethod
     def from_config(cls, c: ConfigDict, micro_batches: int) -> PPOConfig:
@@ -173,8 +177,8 @@ class PPOState:
         actor training starts at ``updates == warmup_updates``.
     """
 
-    actor: learner.TrainState
-    critic: learner.TrainState
+    actor: train_state_lib.TrainState
+    critic: train_state_lib.TrainState
     ref_params: Params | None
     updates: jax.Array
 
@@ -219,8 +223,8 @@ class ValueBatch:
 
 
 def check_batch(batch: PPOBatch) -> None:
-    """Shape check of a ``PPOBatch`` (see ``learner.check_rollout_shapes``)."""
-    learner.check_rollout_shapes(batch, ("rewards",), ("old_logprobs",), "PPOBatch")
+    """Shape check of a ``PPOBatch`` (see ``batch.check_rollout_shapes``)."""
+    batch_lib.check_rollout_shapes(batch, ("rewards",), ("old_logprobs",), "PPOBatch")
 
 
 # ------------------------------------------------------------------------- critic
@@ -267,9 +271,9 @@ def make_critic_optimizer(
     max_grad_norm: float | None = None,
     batch_scale: int = 1,
 ) -> optax.GradientTransformation:
-    """``learner.make_optimizer`` for the critic, stepping once every ``batch_scale``
+    """``optimizer.make_optimizer`` for the critic, stepping once every ``batch_scale``
     calls on the mean of the accumulated gradients (``optax.MultiSteps``)."""
-    opt = learner.make_optimizer(
+    opt = optimizer_lib.make_optimizer(
         lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm
     )
     if batch_scale == 1:
@@ -277,7 +281,7 @@ def make_critic_optimizer(
     return optax.MultiSteps(opt, every_k_schedule=batch_scale).gradient_transformation()
 
 
-current_lr = learner.current_lr  # (it looks inside an ``optax.MultiSteps`` state)
+current_lr = optimizer_lib.current_lr  # (it looks inside an ``optax.MultiSteps`` state)
 
 
 # ---------------------------------------------------------------------- train state
@@ -292,8 +296,8 @@ def ppo_state_shardings(
 ) -> PPOState:
     """A ``PPOState`` of ``NamedSharding`` (each network by the rule table)."""
     return PPOState(
-        actor=learner.train_state_shardings(model_config, actor_optimizer, mesh),
-        critic=learner.train_state_shardings(
+        actor=train_state_lib.train_state_shardings(model_config, actor_optimizer, mesh),
+        critic=train_state_lib.train_state_shardings(
             critic_model_config(model_config), critic_optimizer, mesh
         ),
         ref_params=sharding_lib.param_shardings(model_config, mesh) if with_ref else None,
@@ -327,8 +331,10 @@ def init_ppo_state(
       A ``PPOState`` with ``updates = 0``.
     """
     ref = jax.tree.map(lambda x: jnp.array(x, copy=True), policy_params) if with_ref else None
-    actor = learner.init_train_state(model_config, policy_params, actor_optimizer, mesh=mesh)
-    critic = learner.init_train_state(
+    actor = train_state_lib.init_train_state(
+        model_config, policy_params, actor_optimizer, mesh=mesh
+    )
+    critic = train_state_lib.init_train_state(
         critic_model_config(model_config), critic_params, critic_optimizer, mesh=mesh
     )
     updates = jnp.zeros((), jnp.int32)
@@ -390,10 +396,10 @@ def value_loss(
     """Clipped value loss of one (micro-)batch, a token mean over the *full* batch.
 
     Returns:
-      (loss, (sums, maxes, own_scale)) in the form ``learner.accumulate_gradients`` takes.
+      (loss, (sums, maxes, own_scale)) in the form ``update_step.accumulate_gradients`` takes.
     """
     mask_br = batch.response_mask.astype(bool)
-    values_br = learner.response_outputs(critic_config, params, batch)
+    values_br = forward.response_outputs(critic_config, params, batch)
     clip = config.value_clip if config.value_clip else None
     loss_br, clipped_br = losses.clipped_value_loss(
         values_br, batch.old_values, batch.returns, clip_range=clip
@@ -437,8 +443,8 @@ def _train_actor(
     config: PPOConfig,
     actor_optimizer: optax.GradientTransformation,
     mesh: Mesh,
-    actor: learner.TrainState,
-    batch: learner.Batch,
+    actor: train_state_lib.TrainState,
+    batch: batch_lib.Batch,
     critic_ok: jax.Array,
     counts: tuple[jax.Array, jax.Array, int],
 ):
@@ -452,7 +458,7 @@ def _train_actor(
     # The clipped surrogate with per-token advantages; its own KL term is off (PPO puts
     # the KL into the rewards), the KL to the reference is still reported.
     loss_fn = functools.partial(
-        learner.policy_loss,
+        policy_loss_lib.policy_loss,
         model_config,
         clip_low=config.clip_low,
         clip_high=config.clip_high,
@@ -464,14 +470,14 @@ def _train_actor(
         max_len=r,
         micro_batches=m,  # a MoE actor's load-balancing loss metric, per micro-batch
     )
-    grads, loss, metrics = learner.accumulate_gradients(loss_fn, actor.params, batch, m, mesh)
+    grads, loss, metrics = update_step.accumulate_gradients(loss_fn, actor.params, batch, m, mesh)
     grad_norm = optax.tree.norm(grads)
     actor_ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    new, update_metrics = learner.apply_update(
+    new, update_metrics = update_step.apply_update(
         actor, grads, jnp.where(critic_ok, loss, jnp.nan), actor_optimizer
     )
     metrics = {**metrics, "grad_norm": update_metrics["grad_norm"]}
-    metrics["update_norm"] = learner.delta_norm(new.params, actor.params)
+    metrics["update_norm"] = update_step.delta_norm(new.params, actor.params)
     metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
     return new, metrics, actor_ok
 
@@ -482,7 +488,7 @@ def _rollout_outputs(model_config, critic_config, config: PPOConfig, state, batc
     The log-probs run in the update's micro-batches: [B / M, R, V] logits at a time."""
 
     def logprobs(params):
-        return learner.compute_logprobs_micro(
+        return forward.compute_logprobs_micro(
             model_config,
             params,
             batch,
@@ -496,7 +502,7 @@ def _rollout_outputs(model_config, critic_config, config: PPOConfig, state, batc
     else:
         old_logp_br = jnp.where(mask_br, batch.old_logprobs.astype(jnp.float32), 0.0)
     ref_logp_br = None if state.ref_params is None else logprobs(state.ref_params)
-    values_br = learner.response_outputs(critic_config, state.critic.params, batch)
+    values_br = forward.response_outputs(critic_config, state.critic.params, batch)
     values_br = jnp.where(mask_br, jax.lax.stop_gradient(values_br), 0.0)
     return old_logp_br, ref_logp_br, values_br
 
@@ -553,7 +559,7 @@ def make_update_fn(
     Args:
       model_config: the policy's shape.
       config: PPO hyperparameters.
-      actor_optimizer: ``learner.make_optimizer(...)``.
+      actor_optimizer: ``optimizer.make_optimizer(...)``.
       critic_optimizer: ``make_critic_optimizer(...)``.
       mesh: the device mesh.
       with_ref: whether states carry ``ref_params`` (``kl_coef > 0``).
@@ -606,13 +612,13 @@ def make_update_fn(
         # Critic gradient.
         critic_loss_fn = functools.partial(value_loss, critic_config, config, num_tokens=num_tokens)
         value_batch = ValueBatch(**seqs, returns=returns_br, old_values=values_br)
-        c_grads, c_loss, c_metrics = learner.accumulate_gradients(
+        c_grads, c_loss, c_metrics = update_step.accumulate_gradients(
             critic_loss_fn, state.critic.params, value_batch, m, mesh
         )
         critic_ok = jnp.isfinite(c_loss) & jnp.isfinite(optax.tree.norm(c_grads))
 
         # Actor gradient and update, only after the warm-up.
-        actor_batch = learner.Batch(
+        actor_batch = batch_lib.Batch(
             **seqs, advantages=adv_br, old_logprobs=old_logp_br, ref_logprobs=ref_logp_br
         )
         args = (state.actor, actor_batch, critic_ok, (num_tokens, num_seqs, r))
@@ -624,7 +630,7 @@ def make_update_fn(
 
         actor_on = state.updates >= config.warmup_updates
         actor, a_metrics, actor_ok = jax.lax.cond(actor_on, train_actor, skip_actor, *args)
-        critic, c_update = learner.apply_update(
+        critic, c_update = update_step.apply_update(
             state.critic, c_grads, jnp.where(actor_ok, c_loss, jnp.nan), critic_optimizer
         )
         new_state = PPOState(
@@ -638,23 +644,23 @@ def make_update_fn(
             updates=new_state.updates.astype(jnp.float32),
             skipped=c_update["skipped"],
             param_norm=optax.tree.norm(actor.params),
-            lr=learner.current_lr(actor.opt_state),
+            lr=optimizer_lib.current_lr(actor.opt_state),
             critic_grad_norm=c_update["grad_norm"],
-            critic_update_norm=learner.delta_norm(critic.params, state.critic.params),
+            critic_update_norm=update_step.delta_norm(critic.params, state.critic.params),
             critic_param_norm=optax.tree.norm(critic.params),
             critic_lr=current_lr(critic.opt_state),
             explained_variance=explained_variance(values_br, returns_br, mask_br),
             **_target_metrics(
                 batch, mask_br, real_b, num_seqs, num_tokens, (raw_adv_br, returns_br, rewards_br)
             ),
-            **learner.sequence_metrics(mask_br),
+            **batch_lib.sequence_metrics(mask_br),
         )
         return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
     state_sharding = ppo_state_shardings(
         model_config, actor_optimizer, critic_optimizer, mesh, with_ref
     )
-    return learner.jit_update(update_fn, state_sharding, mesh)
+    return update_step.jit_update(update_fn, state_sharding, mesh)
 
 
 # -------------------------------------------------------------- run-loop adapter
@@ -744,5 +750,5 @@ class PPO:
         g = ro.rewards_pg.shape[1]
         keep_b = np.repeat(np.asarray(keep_p, bool), g)
         rewards_b = np.asarray(ro.rewards_pg, np.float32).reshape(-1) * keep_b
-        batch = PPOBatch(**learner.rollout_fields(ro, keep_p), rewards=jnp.asarray(rewards_b))
+        batch = PPOBatch(**batch_lib.rollout_fields(ro, keep_p), rewards=jnp.asarray(rewards_b))
         return sharding_lib.shard_batch(batch, self.mesh)

@@ -16,9 +16,9 @@ Metric fields read from update lines (written by a learner that measures them; a
 optional), first scheme found wins:
 
 1. ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``, ``gns_batch_full`` (what
-   ``rl_batch.algorithms.learner`` logs with micro-batches: the mean over micro-batches of each
-   micro-batch gradient's squared norm, the full batch's, and the two sizes in
-   sequences). Averaging ``|g_b|^2`` over the micro-batches keeps it unbiased.
+   an update logs with micro-batches, ``rl_batch.algorithms.noise_statistics``: the mean
+   over micro-batches of each micro-batch gradient's squared norm, the full batch's, and
+   the two sizes in sequences). Averaging ``|g_b|^2`` over the micro-batches keeps it unbiased.
 2. ``grad_sq_small``, ``grad_sq_big``, ``noise_batch_small``, ``noise_batch_big`` (the
    big size defaults to the update's ``batch_responses``).
 3. ``noise_scale``: a per-update ``B_simple`` already computed in the step.
@@ -39,7 +39,7 @@ independent across prompts, exchangeable within one. A set of b responses holdin
 which is why micro-batches that cut every group alike, the default strided ones with G
 divisible by M, give B_simple the trace ``tr(Sigma_intra)`` alone and a ``|G|^2`` that
 carries ``tr(Sigma_inter) / P``). With ``grpo.group_noise`` the learner
-splits the batch into M / 2 pairs of micro-batches (``learner.group_pair_order``): the
+splits the batch into M / 2 pairs of micro-batches (``noise_statistics.group_pair_order``): the
 two micro-batches of a pair hold the two halves of the same ``n`` whole groups, b = n G
 / 2 responses each, and pairs share no prompt. Three measurements then have::
 

@@ -95,7 +95,7 @@ def response_hidden(model_config: model_lib.ModelConfig, params: Any, batch: Any
       model_config: the policy's shape.
       params: its parameters.
       batch: anything with ``prompt_tokens`` / ``prompt_mask`` [B, I] (left-padded) and
-        ``response_tokens`` / ``response_mask`` [B, R] (see ``learner.Batch``).
+        ``response_tokens`` / ``response_mask`` [B, R] (see ``rl_batch.algorithms.batch.Batch``).
     """
     p = batch.prompt_tokens.shape[1]
     r = batch.response_tokens.shape[1]

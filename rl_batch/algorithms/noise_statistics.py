@@ -1,0 +1,170 @@
+"""The gradient-noise statistics an update logs: micro-batch layout and the sums.
+
+With ``micro_batches`` M > 1, ``update_step.accumulate_gradients`` computes each
+micro-batch's gradient anyway; these functions turn them into the statistics that
+``rl_batch.gradient_noise`` (the McCandlish et al. 2018 estimator) and
+``rl_batch.analysis.noise_scale`` (pooled over updates and runs; the run's adaptive
+batch schedule reads the same) invert into ``|G|^2``, ``tr(Sigma)`` and the noise scale.
+This module only measures; the estimator lives there. docs/noise_scale.md derives both.
+
+Counted in real sequences: rows whose ``response_mask`` is all False (padding of
+filtered groups) are not examples, and micro-batches holding none are left out.
+
+- ``grad_sq_micro``: mean over the non-empty micro-batches of the squared norm of
+  each one's own gradient ``|g_m|^2`` (the gradient of its own normalised loss:
+  ``own_m`` times its share of the full-batch gradient, ``policy_loss.own_gradient_scale``);
+- ``grad_sq_full``: the full batch's ``|g_B|^2``;
+- ``gns_batch_micro``: the harmonic mean of the non-empty micro-batches' sequence
+  counts ``b_m`` (B / M without padding), the size b for which
+  ``E[grad_sq_micro] = |G|^2 + tr(Sigma) / b``; 0 when every row is padding;
+- ``gns_batch_full``: real sequences in the batch.
+
+With the group split (``grpo.group_noise``: P prompts x G responses, rows reordered by
+``group_pair_order`` so that micro-batches 2k and 2k + 1 hold the two halves of the same
+whole groups) also (see ``rl_batch.analysis.noise_scale.group_noise_terms``):
+
+- ``grad_dot_pair``: mean over the pairs whose micro-batches hold real sequences
+  of an unbiased estimate of ``<g_2k, g_2k+1>``, the inner product of the two
+  halves' own gradients, ``E = |G|^2 + tr(Sigma_inter) / n_k`` with ``n_k`` the
+  real prompts of pair k. It is read off the running sum of the gradients (no
+  gradient is kept): with ``d_m = <g_m, sum_{m' < m} grad_m'>`` (``grad_m'`` the
+  full-batch-normalised gradient, ``g_m = own_m grad_m``),
+  ``own_2k (d_2k+1 - d_2k) = <g_2k+1, g_2k> + own_2k <g_2k+1 - g_2k, sum_{m' < 2k}
+  grad_m'>`` and the last term has mean 0 (the halves share their prompts; the
+  earlier pairs hold other prompts);
+- ``gns_prompts_pair``: the harmonic mean of those pairs' real prompts ``n_k``;
+- ``gns_prompts_full``: real prompts in the batch (groups with a real sequence).
+
+Shape letters (docs/glossary.md): B sequences, P prompts, G group size, R response
+tokens, M micro-batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Metrics = dict[str, jax.Array]
+
+
+def check_group_pairs(prompts: int, group_size: int, micro_batches: int) -> None:
+    """Raises ValueError unless a batch of ``prompts`` x ``group_size`` rows splits into
+    ``micro_batches`` half-group pairs (``group_pair_order``): M >= 4 and even (two pairs
+    at least: one pair cannot tell the prompt means' spread from the mean gradient), G
+    even, and P divisible by M / 2."""
+    if micro_batches < 4 or micro_batches % 2:
+        raise ValueError(
+            f"the group noise split needs an even micro_batches >= 4, got {micro_batches}"
+        )
+    if group_size < 2 or group_size % 2:
+        raise ValueError(f"the group noise split needs an even group_size, got {group_size}")
+    if prompts % (micro_batches // 2):
+        raise ValueError(
+            f"the group noise split needs prompts ({prompts}) divisible by micro_batches / 2 "
+            f"({micro_batches // 2})"
+        )
+
+
+def group_pair_order(prompts: int, group_size: int, micro_batches: int) -> np.ndarray:
+    """[B] row order that makes ``split_batch``'s micro-batches half-group pairs.
+
+    Rows are prompt-major (row ``p * G + g``). With K = M / 2 pairs, pair k holds the
+    groups p = k, k + K, k + 2K, ... (P / K of them, whole); its micro-batch 2k holds
+    their members g < G / 2 and micro-batch 2k + 1 their members g >= G / 2. So the two
+    micro-batches of a pair share all their prompts and two micro-batches of different
+    pairs share none (the layout ``rl_batch.analysis.noise_scale.group_noise_terms``
+    assumes). ``batch[order]`` then ``split_batch(., M)`` gives that layout: micro-batch
+    m, row i is reordered row ``i * M + m``.
+
+    Raises:
+      ValueError: from ``check_group_pairs``.
+    """
+    check_group_pairs(prompts, group_size, micro_batches)
+    k_pairs, half = micro_batches // 2, group_size // 2
+    rows = prompts * group_size // micro_batches  # per micro-batch
+    i = np.arange(rows)[:, None]  # [rows, 1] row within a micro-batch
+    m = np.arange(micro_batches)[None, :]  # [1, M]
+    prompt = m // 2 + k_pairs * (i // half)  # [rows, M]
+    member = (m % 2) * half + i % half  # [rows, M]
+    return (prompt * group_size + member).reshape(-1)  # index i * M + m
+
+
+def real_sequences(response_mask_mbr: jax.Array) -> jax.Array:
+    """[M] float32 real sequences per micro-batch: rows with at least one response token
+    (``response_mask_mbr`` [M, B / M, R], ``batch.split_batch``'s layout)."""
+    seqs_m = jnp.sum(jnp.any(response_mask_mbr.astype(bool), axis=2), axis=1)
+    return seqs_m.astype(jnp.float32)
+
+
+def micro_batch_terms(
+    grads: Any, grads_before: Any, own_scale: jax.Array, pairs: bool
+) -> tuple[jax.Array, jax.Array]:
+    """One micro-batch's terms, computed inside the accumulation loop.
+
+    Args:
+      grads: micro-batch m's gradient under the full batch's normalisers (``grad_m``).
+      grads_before: the running sum of the earlier micro-batches' ``grad_m'`` (m' < m).
+      own_scale: ``own_m`` (``|g_m| = own_m |grad_m|``).
+      pairs: the group split is on (else the inner product is not computed).
+
+    Returns:
+      (``|g_m|^2``, ``d_m = own_m <grad_m, sum_{m' < m} grad_m'>``, or 0 without pairs).
+    """
+    own_sq = jnp.square(own_scale) * tree_sq_norm(grads)
+    dot = own_scale * tree_dot(grads, grads_before) if pairs else jnp.float32(0.0)
+    return own_sq, dot
+
+
+def micro_batch_statistics(seqs_m: jax.Array, own_sq_m: jax.Array, grads: Any) -> Metrics:
+    """``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``, ``gns_batch_full``
+    (module docstring) from the [M] real sequences ``seqs_m``, the [M] ``|g_m|^2``
+    ``own_sq_m`` and the full batch's gradient ``grads``."""
+    # E|g_m|^2 = |G|^2 + tr(Sigma) / b_m, so the mean over non-empty micro-batches goes
+    # with b = 1 / mean(1 / b_m), the harmonic mean (an empty one has no gradient).
+    nonempty_m = seqs_m > 0
+    n_nonempty = jnp.sum(nonempty_m.astype(jnp.float32))
+    inv_seqs = jnp.sum(jnp.where(nonempty_m, 1.0 / jnp.maximum(seqs_m, 1.0), 0.0))
+    grad_sq_micro = jnp.sum(jnp.where(nonempty_m, own_sq_m, 0.0)) / jnp.maximum(n_nonempty, 1.0)
+    seqs_micro = jnp.where(n_nonempty > 0, n_nonempty / jnp.maximum(inv_seqs, 1e-30), 0.0)
+    return {
+        "grad_sq_micro": grad_sq_micro,
+        "grad_sq_full": tree_sq_norm(grads),
+        "gns_batch_micro": seqs_micro,
+        "gns_batch_full": jnp.sum(seqs_m),
+    }
+
+
+def pair_statistics(
+    seqs_m: jax.Array, dot_m: jax.Array, own_m: jax.Array, group_size: int
+) -> Metrics:
+    """``grad_dot_pair``, ``gns_prompts_pair``, ``gns_prompts_full`` (module docstring)
+    from the half-group micro-batches' [M] real sequences ``seqs_m``, running-sum inner
+    products ``dot_m`` and own-gradient scales ``own_m`` (``micro_batch_terms``)."""
+    cross_k = own_m[0::2] * (dot_m[1::2] - dot_m[0::2])  # [M / 2]
+    # A dropped group empties its rows in both halves; count a pair's real prompts by
+    # its real sequences (a whole group is G of them).
+    prompts_k = (seqs_m[0::2] + seqs_m[1::2]) / group_size  # [M / 2]
+    real_k = (seqs_m[0::2] > 0) & (seqs_m[1::2] > 0)
+    n_real = jnp.sum(real_k.astype(jnp.float32))
+    inv_prompts = jnp.sum(jnp.where(real_k, 1.0 / jnp.maximum(prompts_k, 1e-30), 0.0))
+    return {
+        "grad_dot_pair": jnp.sum(jnp.where(real_k, cross_k, 0.0)) / jnp.maximum(n_real, 1.0),
+        "gns_prompts_pair": jnp.where(n_real > 0, n_real / jnp.maximum(inv_prompts, 1e-30), 0.0),
+        "gns_prompts_full": jnp.sum(seqs_m) / group_size,
+    }
+
+
+def tree_sq_norm(tree: Any) -> jax.Array:
+    """Squared global norm of ``tree`` in float32."""
+    return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
+
+
+def tree_dot(a: Any, b: Any) -> jax.Array:
+    """Inner product of two trees of one structure, in float32."""
+    return sum(
+        jnp.sum(x.astype(jnp.float32) * y.astype(jnp.float32))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )

@@ -1,0 +1,166 @@
+"""One optimizer update of a learner: accumulate the gradient, apply it, jit the step.
+
+``accumulate_gradients`` sums a loss's gradient over micro-batches in ``lax.scan`` (and
+hands each micro-batch's gradient to ``noise_statistics`` for the gradient-noise
+statistics), ``apply_update`` makes the optimizer step or skips it whole when anything
+is non-finite, ``delta_norm`` measures it, and ``jit_update`` jits a learner's
+``update_fn(state, batch, rng)`` with its shardings and the state donated. GRPO
+(``grpo.make_update_fn``) and PPO (``ppo.make_update_fn``) assemble their updates from
+these.
+
+Shape letters (docs/glossary.md): B sequences, R response tokens, M micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from rl_batch.algorithms import noise_statistics as noise_lib
+from rl_batch.algorithms.batch import split_batch
+from rl_batch.algorithms.train_state import TrainState
+from rl_batch.models import moe as moe_lib
+from rl_batch.models import sharding as sharding_lib
+
+Params = Any
+Metrics = dict[str, jax.Array]
+
+
+def accumulate_gradients(
+    loss_fn: Callable[[Params, Any], tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]],
+    params: Params,
+    batch: Any,
+    micro_batches: int,
+    mesh: Mesh | None = None,
+    group_size: int = 0,
+) -> tuple[Params, jax.Array, Metrics]:
+    """Gradient of ``sum_m loss_fn(params, micro_batch_m)`` via ``lax.scan``.
+
+    ``loss_fn`` must normalise by the full batch's totals (see ``grpo_loss``), so the
+    sum over micro-batches is the full-batch loss and its gradient.
+
+    Args:
+      loss_fn: ``(params, batch) -> (loss, (sums, maxes, own_scale))``.
+      params: differentiated parameters.
+      batch: the batch (leaves [B, ...], with a [B, R] ``response_mask``).
+      micro_batches: M; B must be divisible by M.
+      mesh: optional, to keep micro-batches sharded.
+      group_size: G > 0: the batch is P prompts x G responses, prompt-major; its rows
+        are reordered by ``group_pair_order`` (micro-batches 2k and 2k + 1 hold the two
+        halves of the same whole groups) and the statistics of the inter-/intra-prompt
+        noise split are added. 0: rows in order, no split.
+
+    Returns:
+      (grads, loss, metrics). With M > 1 the metrics include the gradient-noise-scale
+      statistics of ``rl_batch.algorithms.noise_statistics`` (``grad_sq_micro``,
+      ``grad_sq_full``, ``gns_batch_micro``, ``gns_batch_full``; with ``group_size`` > 0
+      also ``grad_dot_pair``, ``gns_prompts_pair``, ``gns_prompts_full``).
+    """
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if micro_batches == 1:
+        (loss, (sums, maxes, _)), grads = grad_fn(params, batch)
+        return grads, loss, moe_lib.finalize_router_metrics({**sums, **maxes})
+
+    if group_size:
+        rows = jax.tree.leaves(batch)[0].shape[0]
+        order = noise_lib.group_pair_order(rows // group_size, group_size, micro_batches)
+        batch = jax.tree.map(lambda x: x[order], batch)
+    stacked = split_batch(batch, micro_batches, mesh)
+    seqs_m = noise_lib.real_sequences(stacked.response_mask)  # [M]
+
+    def body(carry, micro):
+        grads_acc, sums_acc, maxes_acc = carry
+        (_, (sums, maxes, own_scale)), grads = grad_fn(params, micro)
+        sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
+        maxes_acc = jax.tree.map(jnp.maximum, maxes_acc, maxes)
+        # |g_m|^2 and <g_m, sum of the earlier micro-batches' grads> (before this one is added).
+        own_sq, dot = noise_lib.micro_batch_terms(grads, grads_acc, own_scale, bool(group_size))
+        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+        return (grads_acc, sums_acc, maxes_acc), (own_sq, dot, jnp.asarray(own_scale, jnp.float32))
+
+    first = jax.tree.map(lambda x: x[0], stacked)
+    _, (sums0, maxes0, _) = jax.eval_shape(loss_fn, params, first)
+    init = (
+        jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params),
+        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0),
+        jax.tree.map(lambda s: jnp.full(s.shape, -jnp.inf, s.dtype), maxes0),
+    )
+    (grads, sums, maxes), (own_sq_m, dot_m, own_m) = jax.lax.scan(body, init, stacked)
+    metrics = {
+        **moe_lib.finalize_router_metrics({**sums, **maxes}),
+        **noise_lib.micro_batch_statistics(seqs_m, own_sq_m, grads),
+    }
+    if group_size:
+        metrics.update(noise_lib.pair_statistics(seqs_m, dot_m, own_m, group_size))
+    # Accumulated in float32; hand back gradients in the parameters' dtype.
+    grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
+    return grads, sums["loss"], metrics
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """Scalar bool: every value of every floating-point leaf of ``tree`` is finite."""
+    leaves = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+    ]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def apply_update(
+    state: TrainState,
+    grads: Params,
+    loss: jax.Array,
+    optimizer: optax.GradientTransformation,
+) -> tuple[TrainState, Metrics]:
+    """One optimizer update, skipped (state unchanged) if the loss, the grads, or any
+    value of the new params or optimizer state is non-finite (an infinite or huge LR
+    makes finite grads into non-finite params).
+
+    Returns:
+      (new state, {"grad_norm": pre-clipping global norm, "skipped": 0. or 1.}).
+    """
+    grad_norm = optax.tree.norm(grads)
+    updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    ok = (
+        jnp.isfinite(loss)
+        & jnp.isfinite(grad_norm)
+        & all_finite(new_params)
+        & all_finite(new_opt_state)
+    )
+
+    def keep_if_ok(new, old):
+        return jnp.where(ok, new, old)
+
+    new_state = state.replace(
+        step=state.step + ok.astype(state.step.dtype),
+        params=jax.tree.map(keep_if_ok, new_params, state.params),
+        opt_state=jax.tree.map(keep_if_ok, new_opt_state, state.opt_state),
+    )
+    return new_state, {"grad_norm": grad_norm, "skipped": 1.0 - ok.astype(jnp.float32)}
+
+
+def delta_norm(new: Params, old: Params) -> jax.Array:
+    """Global norm of ``new - old`` in float32 (an update's size)."""
+    return optax.tree.norm(
+        jax.tree.map(lambda n, o: n.astype(jnp.float32) - o.astype(jnp.float32), new, old)
+    )
+
+
+def jit_update(update_fn: Callable, state_sharding: Any, mesh: Mesh) -> Callable:
+    """``jax.jit`` of ``update_fn(state, batch, rng)``: the state donated and kept on
+    ``state_sharding``, the batch split over the mesh's batch axes, rng and metrics
+    replicated."""
+    replicated = sharding_lib.replicated(mesh)
+    return jax.jit(
+        update_fn,
+        in_shardings=(state_sharding, sharding_lib.batch_sharding(mesh), replicated),
+        out_shardings=(state_sharding, replicated),
+        donate_argnums=0,
+    )
