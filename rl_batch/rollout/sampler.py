@@ -142,7 +142,10 @@ def top_p_filter(logits_bv: jax.Array, p: float) -> jax.Array:
     """
     if p >= 1.0:
         return logits_bv
-    sorted_bv = jnp.sort(logits_bv, axis=-1)[:, ::-1]  # descending
+    # Descending by sorting the negated logits (exact), never by reversing the sorted
+    # axis: on a vocab sharded over ``tensor`` a reverse is a collective-permute, which
+    # inside a per-shard decode loop deadlocks shards that run different step counts.
+    sorted_bv = -jnp.sort(-logits_bv, axis=-1)
     probs_bv = jax.nn.softmax(sorted_bv, axis=-1)
     mass_before_bv = jnp.cumsum(probs_bv, axis=-1) - probs_bv
     keep_bv = mass_before_bv < p
