@@ -185,8 +185,9 @@ def sample_continuous(
     tail of long rows does not decode beside idle slots. The last loop ends when every
     slot is free. Row b draws its token i with ``fold_in(row_keys(rng, B)[b], i)``, its
     cache slots are laid out as in ``decode`` and both engines write a step's keys with
-    the same per-row scatter, so its tokens and log-probs are the static engine's bit
-    for bit (with >= 2 slots: XLA's CPU backend runs one-row matmuls with other kernels).
+    the same per-row scatter, so its tokens are the static engine's and its log-probs
+    agree to fp32 rounding (bit for bit only on tiny models: XLA rounds matmuls of
+    other row counts differently; docs/rollout_engine.md gives the measured bound).
 
     Args:
       config, params: the model.
