@@ -13,7 +13,8 @@ Two checks:
 * the compiled programs of both engines (8 fake devices from ``tests/conftest.py``) have
   no collective-permute inside a loop, and every other collective in a loop stays within
   one ``data`` shard (checked on the HLO: it fails without hanging);
-* a subprocess with 4 fake devices samples on ``data`` x ``tensor`` and ``data`` x
+* a subprocess with 4 fake devices (``experiments.gpu_check --mesh_check``, the mesh case
+  of ``launch/gpu_check.sh``) samples on ``data`` x ``tensor`` and ``data`` x
   ``fsdp`` meshes with top-p and top-k + top-p at per-row lengths that differ across the
   shards, under a timeout, and its tokens equal the unsharded run's.
 """
@@ -29,6 +30,7 @@ import jax
 import numpy as np
 import pytest
 
+from experiments.gpu_check import MESH_LIMITS as LIMITS
 from rl_batch.models import sharding
 from rl_batch.models import transformer as model
 from rl_batch.rollout import sampler as sampler_lib
@@ -38,8 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = model.get_preset("tiny-1m")
 PAD = 0
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [3], [20, 21, 22, 23, 24], [1, 2], [7] * 6, [9, 8], [3] * 7]
-# Shard 0 (rows 0-3 on data = 2) runs 29 decode steps, shard 1 (rows 4-7) 19.
-LIMITS = [2, 30, 5, 11, 3, 7, 1, 20]
+
 METHODS = {
     "top_p": SamplingConfig(temperature=0.8, top_p=0.9),
     "top_k_top_p": SamplingConfig(temperature=0.8, top_k=20, top_p=0.9),
@@ -209,36 +210,6 @@ def test_moe_on_a_data_x_expert_x_tensor_mesh_keeps_loop_collectives_in_shards()
 # ------------------------------------------------------------------ run to the end
 
 
-def _worker() -> dict:
-    """Samples every case on 4 fake devices; returns {case: result} (run by the test)."""
-    kwargs = dict(eos_id=CONFIG.vocab_size, pad_id=PAD, max_prompt_len=8, max_new_tokens=32)
-    params = model.init_params(CONFIG, 0)
-    results = {}
-    for method, base in METHODS.items():
-        for engine in ("static", "continuous"):
-            sampling = dataclasses.replace(base, engine=engine, slots=4 * (engine == "continuous"))
-            ref = sampler_lib.Sampler(CONFIG, **kwargs)(
-                params, PROMPTS, rng=jax.random.key(1), sampling=sampling, max_new_tokens=LIMITS
-            )
-            for name, shape in (("data_x_tensor", (2, 1, 2)), ("data_x_fsdp", (2, 2, 1))):
-                mesh = sharding.make_mesh(*shape)
-                sampler = sampler_lib.Sampler(CONFIG, mesh=mesh, **kwargs)
-                out = sampler(
-                    jax.device_put(params, sharding.param_shardings(CONFIG, mesh)),
-                    PROMPTS,
-                    rng=jax.random.key(1),
-                    sampling=sampling,
-                    max_new_tokens=LIMITS,
-                )
-                results[f"{method}/{engine}/{name}"] = dict(
-                    lengths=out.lengths.tolist(),
-                    same_tokens=bool((out.response_tokens == ref.response_tokens).all()),
-                    same_mask=bool((out.response_mask == ref.response_mask).all()),
-                    logprob_diff=float(np.abs(out.response_logprobs - ref.response_logprobs).max()),
-                )
-    return results
-
-
 @pytest.mark.slow
 def test_top_p_on_data_x_tensor_and_data_x_fsdp_runs_to_the_end(tmp_path):
     env = dict(os.environ)
@@ -248,7 +219,7 @@ def test_top_p_on_data_x_tensor_and_data_x_fsdp_runs_to_the_end(tmp_path):
         PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
     )
     out_path = tmp_path / "results.json"
-    cmd = [sys.executable, "-m", "tests.test_mesh_sampling", str(out_path)]
+    cmd = [sys.executable, "-m", "experiments.gpu_check", "--mesh_check", f"--out={out_path}"]
     try:
         proc = subprocess.run(
             cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
@@ -258,15 +229,10 @@ def test_top_p_on_data_x_tensor_and_data_x_fsdp_runs_to_the_end(tmp_path):
     assert proc.returncode == 0, (
         f"rc {proc.returncode} (134: XLA rendezvous abort)\n{proc.stderr[-3000:]}"
     )
-    results = json.loads(out_path.read_text())
+    results = json.loads(out_path.read_text())["cases"]
     assert len(results) == 8
     for case, r in results.items():
         # Rows end at their own limits, so the two data shards run 29 and 19 steps.
         assert r["lengths"] == LIMITS, case
         assert r["same_tokens"] and r["same_mask"], case
         assert r["logprob_diff"] < 1e-5, case
-
-
-if __name__ == "__main__":
-    with open(sys.argv[1], "w") as f:
-        json.dump(_worker(), f)
