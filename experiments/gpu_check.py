@@ -37,6 +37,12 @@ checkpoint. Per batch size B (P + R = prompt + response tokens):
 Each point runs once to compile and warm up, then ``--repeats`` times; the median
 counts (``rl_batch.bench``, which also formats the tables). The timed programs are the
 ones whose memory is read (compiled once each).
+
+``--mesh_check`` runs only the mesh case instead (``mesh_sampling_check``): both engines
+with top-p and top-k + top-p on ``data`` x ``tensor`` and ``data`` x ``fsdp`` meshes of
+the first 4 devices, at per-row lengths that make the data shards run different numbers
+of decode steps; it prints one line per case and exits non-zero unless every case gave
+the one-device tokens (a collective inside a per-shard loop aborts it instead).
 """
 
 from __future__ import annotations
@@ -110,6 +116,7 @@ def _define_flags() -> None:
         else:
             define[type(f.default)](f.name, f.default, _FLAG_HELP[f.name])
     flags.DEFINE_string("out", None, "Write the rows as JSON here.")
+    flags.DEFINE_bool("mesh_check", False, "Run only the mesh sampling check (4 devices).")
 
 
 def model_config(settings: Settings) -> model_lib.ModelConfig:
@@ -376,9 +383,79 @@ def format_engine_table(rows: list[dict]) -> str:
     )
 
 
+MESH_PROMPTS = [
+    [5, 6, 7],
+    [8, 9, 10, 11],
+    [3],
+    [20, 21, 22, 23, 24],
+    [1, 2],
+    [7] * 6,
+    [9, 8],
+    [3] * 7,
+]
+# Shard 0 (rows 0-3 on data = 2) runs 29 decode steps, shard 1 (rows 4-7) 19.
+MESH_LIMITS = [2, 30, 5, 11, 3, 7, 1, 20]
+
+
+def mesh_sampling_check(preset: str = "tiny-1m") -> dict[str, dict]:
+    """Top-p and top-k + top-p with both engines on ``data`` x ``tensor`` and ``data`` x
+    ``fsdp`` meshes of the first 4 devices, against one device.
+
+    Returns:
+      {"method/engine/mesh": {lengths, same_tokens, same_mask, logprob_diff}}.
+    """
+    from rl_batch.models import sharding
+
+    devices = jax.devices()[:4]
+    if len(devices) < 4:
+        raise ValueError(f"--mesh_check needs 4 devices, found {len(devices)}")
+    mc = model_lib.get_preset(preset)
+    kwargs = dict(eos_id=mc.vocab_size, pad_id=0, max_prompt_len=8, max_new_tokens=32)
+    params = jax.device_put(model_lib.init_params(mc, 0), devices[0])
+    methods = {
+        "top_p": sampler_lib.SamplingConfig(temperature=0.8, top_p=0.9),
+        "top_k_top_p": sampler_lib.SamplingConfig(temperature=0.8, top_k=20, top_p=0.9),
+    }
+    results = {}
+    for method, base in methods.items():
+        for engine in ("static", "continuous"):
+            sampling = dataclasses.replace(base, engine=engine, slots=4 * (engine == "continuous"))
+            ref = sampler_lib.Sampler(mc, **kwargs)(
+                params, MESH_PROMPTS, rng=jax.random.key(1), sampling=sampling,
+                max_new_tokens=MESH_LIMITS,
+            )  # fmt: skip
+            for name, shape in (("data_x_tensor", (2, 1, 2)), ("data_x_fsdp", (2, 2, 1))):
+                mesh = sharding.make_mesh(*shape, devices=devices)
+                out = sampler_lib.Sampler(mc, mesh=mesh, **kwargs)(
+                    jax.device_put(params, sharding.param_shardings(mc, mesh)),
+                    MESH_PROMPTS, rng=jax.random.key(1), sampling=sampling,
+                    max_new_tokens=MESH_LIMITS,
+                )  # fmt: skip
+                results[f"{method}/{engine}/{name}"] = dict(
+                    lengths=out.lengths.tolist(),
+                    same_tokens=bool((out.response_tokens == ref.response_tokens).all()),
+                    same_mask=bool((out.response_mask == ref.response_mask).all()),
+                    logprob_diff=float(np.abs(out.response_logprobs - ref.response_logprobs).max()),
+                )
+                print(
+                    f"mesh_check {method}/{engine}/{name}: {results[f'{method}/{engine}/{name}']}"
+                )
+    return results
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if flags.FLAGS.mesh_check:
+        results = mesh_sampling_check()
+        if flags.FLAGS.out:
+            with open(flags.FLAGS.out, "w") as f:
+                json.dump({"device": jax.devices()[0].device_kind, "cases": results}, f, indent=1)
+        ok = all(r["same_tokens"] and r["same_mask"] for r in results.values())
+        print(f"mesh_check: {len(results)} cases, tokens {'equal' if ok else 'DIFFER'}")
+        if not ok:
+            raise SystemExit(1)
+        return
     values = {name: getattr(flags.FLAGS, name) for name in _FLAG_HELP}
     values["batches"] = tuple(int(b) for b in values["batches"])
     settings = Settings(**values)

@@ -14,6 +14,11 @@
 #   start-up); PARTS ["qwen3-0.6b:256:1792:16,64 qwen3-0.6b:256:7936:16
 #   qwen3-1.7b:256:1792:16,64 qwen3-1.7b:256:7936:16"]: preset:P:R:batches per part;
 #   EXTRA_FLAGS [--repeats=1]: passed to every part (e.g. --bandwidth=... --peak_flops=...).
+#   MESH_PLATFORM [cpu]: where the mesh case runs: `cpu` (4 fake host devices, any
+#   machine) or the accelerator's platform (e.g. `cuda`, `tpu`) on a host with >= 4 chips.
+# After the parts, the mesh case (experiments.gpu_check --mesh_check): both engines with
+# top-p and top-k + top-p on data x tensor and data x fsdp meshes at lengths that make the
+# data shards run different step counts; its lines (or "timed out" / "failed") in the md.
 # The budgets were not tried on an accelerator (none was lent while this was written):
 # a part that runs past PART_SECONDS is reported as timed out; lower its batches or R.
 set -u
@@ -55,4 +60,26 @@ for part in $parts; do
     fi
   } >> "$md"
 done
+mesh_platform=${MESH_PLATFORM:-cpu}
+echo "[gpu_check] mesh: both engines, top-p, data x tensor and data x fsdp on $mesh_platform"
+if [ "$mesh_platform" = cpu ]; then
+  mesh_env=(JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=4)
+else
+  mesh_env=(JAX_PLATFORMS="$mesh_platform")
+fi
+env "${mesh_env[@]}" timeout "$part_seconds" "$python" -m experiments.gpu_check --mesh_check \
+  --out="$out/mesh.json" > "$out/mesh.log" 2>&1
+rc=$?
+{
+  echo
+  echo "## mesh: both engines, top-p and top-k + top-p, data x tensor and data x fsdp ($mesh_platform)"
+  echo
+  if [ $rc -eq 0 ]; then
+    grep '^mesh_check' "$out/mesh.log"
+  elif [ $rc -eq 124 ]; then
+    echo "timed out after ${part_seconds}s (log: mesh.log)"
+  else
+    echo "failed with exit status $rc (134: an XLA rendezvous abort; log: mesh.log): $(tail -n 1 "$out/mesh.log")"
+  fi
+} >> "$md"
 echo "[gpu_check] wrote $md"

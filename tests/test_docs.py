@@ -55,7 +55,7 @@ def test_the_layout_table_reaches_the_key_functions_in_one_hop():
     table = _read("README.md").split("## Layout", 1)[1]
     for module, names in {
         "rl_batch/algorithms/grpo.py": ["grpo_loss"],
-        "rl_batch/rollout/sampler.py": ["decode"],
+        "rl_batch/rollout/static.py": ["decode"],
         "rl_batch/algorithms/lr_rules.py": ["scale_hparams"],
         "rl_batch/targets.py": ["time_to_target"],
         "rl_batch/analysis/time_to_target.py": ["analyze_sweep"],

@@ -73,6 +73,9 @@ def test_launch_gpu_check_writes_every_parts_tables_or_its_timeout(tmp_path):
     assert "| B | prefill s | decode tok/s |" in md and "\n\n| B | max/mean |" in md
     rows = json.loads((tmp_path / "ok" / "tiny-1m_16.json").read_text())["rows"]
     assert [r["batch"] for r in rows] == [2]
+    # The mesh case: 2 methods x 2 engines x 2 meshes, each with the one-device tokens.
+    assert "## mesh: both engines" in md
+    assert md.count("mesh_check top_") == 8 and "mesh_check: 8 cases, tokens equal" in md
     env["PART_SECONDS"] = "1"
     cmd[-1] = str(tmp_path / "late")
     subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)

@@ -233,7 +233,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(batch_axes(mesh)))
 
 
-# The sampler splits its batch over ``data`` only: ``sampler.decode_sharded`` runs one
+# The sampler splits its batch over ``data`` only: ``rollout.static.decode_sharded`` runs one
 # decode loop per ``data`` shard with the parameters as given. Where ``fsdp > 1`` the
 # learner's batch layout (``BATCH_AXES``) differs; the rollout comes back to the host and
 # ``shard_batch`` places the learner's batch anew (the reshard).
@@ -243,6 +243,22 @@ SAMPLER_BATCH_AXIS = "data"
 def sampler_batch_sharding(mesh: Mesh) -> NamedSharding:
     """Sharding of the sampler's prompt batch: dimension 0 split over ``data``."""
     return NamedSharding(mesh, P(SAMPLER_BATCH_AXIS))
+
+
+def replicated_spec() -> P:
+    """The spec of an array every shard of a ``shard_map`` sees whole (params, scalars)."""
+    return P()
+
+
+def sampler_shard_spec(axis: str = SAMPLER_BATCH_AXIS) -> P:
+    """The ``shard_map`` spec of a sampler array split over ``axis`` along dimension 0."""
+    return P(axis)
+
+
+def sampler_state_specs(state: Any, axis: str = SAMPLER_BATCH_AXIS) -> Any:
+    """``shard_map`` specs of a sampler state: arrays split over ``axis`` along dimension
+    0, scalars (the step counter) whole."""
+    return jax.tree.map(lambda x: P(axis) if x.ndim else P(), state)
 
 
 def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
