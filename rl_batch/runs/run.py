@@ -823,13 +823,13 @@ def _write_summary(s: _Setup, counters: Counters, status: str, error: str | None
 
 def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
     """The learner of ``spec``'s algorithm, with its optimizers at the run's batch."""
-    c = spec.inputs
-    max_grad_norm = c.max_grad_norm or None
+    c, optimizer = spec.inputs, spec.rules.optimizer
+    max_grad_norm = optimizer.max_grad_norm or None
     adam = dataclasses.asdict(spec.optimizer)
     adam["lr"] = learner.warmup_lr(adam["lr"], spec.lr_warmup_updates)  # (0: lr itself)
     actor_optimizer = learner.make_optimizer(
         **adam,
-        weight_decay=c.weight_decay,
+        weight_decay=optimizer.weight_decay,
         max_grad_norm=max_grad_norm,
     )
     if c.algo == "ppo":
@@ -837,9 +837,9 @@ def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
 
         critic_optimizer = ppo.make_critic_optimizer(
             **dataclasses.asdict(spec.critic_optimizer),
-            weight_decay=c.weight_decay,
+            weight_decay=optimizer.weight_decay,
             max_grad_norm=max_grad_norm,
-            batch_scale=c.ppo.critic_batch_scale,
+            batch_scale=spec.rules.critic.batch_scale,
         )
         return ppo.PPO(
             spec.algorithm,
