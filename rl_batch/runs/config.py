@@ -23,6 +23,7 @@ from rl_batch import targets
 from rl_batch.algorithms import grpo, learner, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout.sampler import Sampler, SamplingConfig
+from rl_batch.rollout.sources import AsyncRollout, RolloutSettings, Sampling
 from rl_batch.runs import batch_schedule, sections, tracking
 from rl_batch.runs.spec import RunSpec
 from rl_batch.tasks.custom_reward import WithReward
@@ -41,7 +42,7 @@ GRPO_FIELDS = grpo.GRPOConfig.config_fields()
 
 # The ``SamplingConfig`` fields a run config's ``sampling`` section sets (``greedy`` is
 # validation's own; ``stop_strings`` is host-side, not the sampler's).
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "engine", "slots", "attn_block", "min_slots")
+SAMPLING_FIELDS = Sampling.method_fields()
 
 # The ``ppo.PPOConfig`` field behind each key of a PPO run's ``ppo`` section (``value_clip``
 # 0 = off is None there, ``temperature`` comes from ``sampling``).
@@ -218,12 +219,10 @@ def _check_run_fields(c: ConfigDict, check) -> None:
         f"sampling.stop_strings={stops!r}: must be a tuple of non-empty strings, "
         "e.g. --config.sampling.stop_strings=\"('</answer>',)\"",
     )
+    sampling = Sampling.from_config(c.sampling)  # (fields it lacks at their defaults)
     errors = _dataclass_errors(
         SamplingConfig,
-        {
-            f"sampling.{name}": (name, c.sampling.get(name, ADDED_FIELDS.get(f"sampling.{name}")))
-            for name in SAMPLING_FIELDS
-        },
+        {f"sampling.{name}": (name, getattr(sampling, name)) for name in SAMPLING_FIELDS},
     )
     if c.algo == "grpo":
         errors += _dataclass_errors(
@@ -698,14 +697,15 @@ RESUME_ALLOWED = (
     "work_dir",
     "distributed",
     "derived.device_count",
-    # An async checkpoint may be resumed synchronously (its batches in flight are drawn
-    # again, rl_batch.rollout.sources): the steps already done are unchanged.
-    "async_rollout.enabled",
     "xla_cache",
     # Where copies of the metrics and the sampled generations go (rl_batch.runs.tracking).
     "tracking",
     "log_generations",
     "log_generations_every",
+    # The typed sections' fields marked so (e.g. async_rollout.enabled).
+    *sections.resumable(sections.Optimizer),
+    *sections.resumable(RolloutSettings),
+    *sections.resumable(AsyncRollout, "async_rollout."),
 )
 
 
@@ -716,18 +716,12 @@ RESUME_ALLOWED = (
 ROLLOUT_KEYS = ("rollout", "prompt")
 
 ADDED_FIELDS: dict[str, Any] = {
-    "rollout_keys": "rollout",
     "task.system_prompt": "",
     "task.drop_long_prompts": False,
     "task.reward_fn": "",
     "task.chat_template_kwargs": {},
     "task.eval_fraction": 0.0,
     "task.split_seed": lambda old: 0 if old["task"].get("name") in SYNTHETIC_TASKS else None,
-    "sampling.stop_strings": [],
-    "sampling.engine": "static",
-    "sampling.slots": 0,
-    "sampling.attn_block": 0,
-    "sampling.min_slots": 2,  # (narrowing changes no token or log-prob, only speed)
     "batch_schedule": lambda old: dict(batch_schedule.FIXED),
     "grpo.group_noise": False,
     "variant": "",
@@ -746,7 +740,9 @@ def _with_added_fields(old: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     old = copy.deepcopy(old)
-    _fill(old, sections.defaults(sections.Optimizer))  # (the typed top-level fields)
+    # The typed sections: each field a file lacks at its default.
+    _fill(old, sections.defaults(sections.Optimizer))
+    _fill(old, sections.defaults(RolloutSettings))
     for path, value in ADDED_FIELDS.items():
         *parents, leaf = path.split(".")
         node = old

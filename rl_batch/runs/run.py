@@ -411,7 +411,8 @@ class Evaluator:
         self.c, self.sampler, self.task, self.tokenizer = c, sampler, task, tokenizer
         self.examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
         self.rng = jax.random.fold_in(base_rng, 1)
-        self.sampling = rollout_source.sampling_config(c)
+        sampling = rollout_source.Sampling.from_config(c.sampling)
+        self.sampling, self.stop_strings = sampling.method, sampling.stop_strings
         # (step, rows) -> None: takes the sampled generations of the first
         # ``log_generations`` prompts of each validation (`MetricsLog.write_generations`).
         self.on_generations = None
@@ -438,7 +439,7 @@ class Evaluator:
             greedy=c.eval_greedy,
             gen_batch=c.gen_batch,
             on_rollout=keep if n_rows else None,
-            stop_strings=rollout_source.stop_strings(c),
+            stop_strings=self.stop_strings,
         )
         m["eval_mean_at_k"] = m["eval_accuracy"]
         if self.scorer is not None:
@@ -584,7 +585,7 @@ def _set_up(spec: RunSpec, resume: bool) -> _Setup:
 
     base_rng = jax.random.key(c.seed)
     source = rollout_source.RolloutSource(
-        c, sampler, model_config, task, tokenizer, train_data, base_rng, mesh
+        spec.rollout, sampler, model_config, task, tokenizer, train_data, base_rng, mesh
     )
     counters = Counters()
     ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR), cleanup_tmp=True)

@@ -24,9 +24,8 @@ from typing import Any
 
 from rl_batch.algorithms import lr_rules
 
-# Metadata of a field that may change when a run directory is resumed
-# (``rl_batch.runs.config.RESUME_ALLOWED`` collects them).
-RESUMABLE = {"resume": True}
+# A field that may change when a run directory is resumed carries ``metadata={"resume":
+# True}`` (``rl_batch.runs.config.RESUME_ALLOWED`` collects them with `resumable`).
 
 
 def _is_int(value) -> bool:
@@ -59,6 +58,29 @@ def defaults(cls) -> dict[str, Any]:
         elif f.default_factory is not dataclasses.MISSING:
             value = f.default_factory()
             out[f.name] = defaults(type(value)) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+# The type of an optional field's placeholder (set later from a flag).
+_PLACEHOLDERS = {"float | None": float, "int | None": int, "str | None": str}
+
+
+def config_fields(cls) -> dict[str, Any]:
+    """``{field: default}`` of a section class for a run ConfigDict
+    (``experiments/configs/base.py``): an optional field unset (None) as a typed
+    placeholder, so that ``--config.lr=1e-4`` works; nested sections as ConfigDicts."""
+    from ml_collections import ConfigDict, config_dict
+
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is None:
+            out[f.name] = config_dict.placeholder(_PLACEHOLDERS[f.type])
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            nested = dataclasses.is_dataclass(value)
+            out[f.name] = ConfigDict(config_fields(type(value))) if nested else value
     return out
 
 

@@ -21,6 +21,7 @@ from ml_collections import ConfigDict, FrozenConfigDict
 
 from rl_batch.algorithms import grpo, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
+from rl_batch.rollout.sources import RolloutSettings
 from rl_batch.runs.batch_schedule import BatchSchedule
 from rl_batch.runs.sections import Adam, BatchHparams, BatchRules
 
@@ -56,6 +57,8 @@ class RunSpec:
         under ``hparam_rules.warmup``; 0 = none).
       hparam_arithmetic: how the non-default ``hparam_rules`` got there, in words ("" when
         every rule keeps its default).
+      rollout: the rollout sections (``sources.RolloutSettings``: sampling, async and
+        partial rollout, gen_batch, rollout_keys), as ``RolloutSource`` reads them.
       rules: the optimizer section and the batch rules (``sections.BatchRules``): the one
         derivation of every batch-dependent value (``hparams_at``).
     """
@@ -79,6 +82,7 @@ class RunSpec:
     lr_warmup_updates: int
     hparam_arithmetic: str
     rules: BatchRules
+    rollout: RolloutSettings
 
     @classmethod
     def build(
@@ -124,6 +128,7 @@ class RunSpec:
             python=python,
             batch_schedule=BatchSchedule.from_config(inputs),
             rules=BatchRules.from_config(inputs),
+            rollout=RolloutSettings.from_config(inputs),
             clip_low=clip_low,
             clip_high=clip_high,
             lr_warmup_updates=lr_warmup_updates,
