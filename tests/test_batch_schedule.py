@@ -206,6 +206,60 @@ def test_the_lr_rule_is_applied_at_the_current_batch():
     assert fixed_lr.optimizer_at(32).lr == 1e-4  # an explicit lr overrides the rule
 
 
+def test_surge_with_a_schedule_derives_its_lr_at_every_scheduled_batch():
+    # lr_ref 5e-5 at B_ref 128, B_noise 32: f(x) = sqrt(32 / x) + sqrt(x / 32);
+    # f(128) = 0.5 + 2 = 2.5, f(32) = 1 + 1 = 2, f(64) = sqrt(1/2) + sqrt(2) = 2.12132.
+    spec = config_lib.resolve(_warmup(lr_rule="surge", lr_rule_noise_scale=32.0), 1)
+    assert spec.optimizer.lr == pytest.approx(5e-5)  # B = 16 x 8 = 128 = B_ref
+    assert spec.optimizer_at(32).lr == pytest.approx(5e-5 * 2.5 / 2)  # 6.25e-5, the peak
+    assert spec.optimizer_at(64).lr == pytest.approx(5e-5 * 2.5 / 2.1213203)
+    # Without its noise scale surge is refused at resolve, in one line, before compute.
+    with pytest.raises(ValueError, match="invalid config: lr_rule='surge': rule 'surge' needs"):
+        config_lib.resolve(_warmup(lr_rule="surge"), 1)
+
+
+def test_settings_a_schedule_cannot_serve_are_refused_in_one_line_before_compute():
+    for changes, message in [
+        ({"lr_warmup_updates": 3}, "lr_warmup_updates=3 with batch_schedule.kind='warmup'"),
+        ({"hparam_rules.clip": "sqrt"}, "hparam_rules.clip='sqrt' with batch_schedule.kind="),
+    ]:
+        with pytest.raises(ValueError, match="invalid config: .*" + re.escape(message)) as e:
+            config_lib.resolve(_warmup(**changes), 1)
+        assert "\n" not in str(e.value)
+    # Warm-up without a schedule still derives at B (the rules' "responses" form: by hand
+    # round(4 * 128 / 128) = 4).
+    fixed = config_lib.resolve(
+        _config(lr_warmup_updates=4, **{"hparam_rules.warmup": "responses"}), 1
+    )
+    assert fixed.hparams_at(128).warmup_updates == fixed.lr_warmup_updates == 4
+    assert fixed.hparams_at(32).warmup_updates == 16  # round(4 * 128 / 32)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"lr_rule": "sqrt"},
+        {"lr_rule": "linear"},
+        {"lr_rule": "fixed"},
+        {"lr_rule": "malladi"},
+        {"lr_rule": "surge", "lr_rule_noise_scale": 48.0},
+        {"lr_rule": "sqrt", "hparam_rules.adam": "sde"},
+        {"lr": 3e-4},
+    ],
+)
+def test_every_batch_dependent_value_at_a_scheduled_batch_is_the_resolved_one(changes):
+    """At each batch of a schedule the run trains with what ``resolve`` derives for a fixed
+    run of that batch: LR, betas, eps, clip range and warm-up (one derivation)."""
+    spec = config_lib.resolve(_warmup(**changes), 1)
+    for prompts in spec.batch_schedule.buckets:  # 2, 4, 8, 16 (x G = 8)
+        alone = config_lib.resolve(_config(prompts=prompts, **changes), 1)
+        at = spec.hparams_at(prompts * 8)
+        assert spec.optimizer_at(prompts * 8) == alone.optimizer == at.adam
+        assert (at.clip.clip_low, at.clip.clip_high) == (alone.clip_low, alone.clip_high)
+        assert at.warmup_updates == alone.lr_warmup_updates == 0
+        assert at.lr_arithmetic == alone.lr_arithmetic
+
+
 # --------------------------------------------------------------------------- tiny runs
 
 # P0 = 2 -> P = 8, G = 4, over 64 responses: stage floor(r / 32).
@@ -249,6 +303,20 @@ def test_warmup_run_follows_the_schedule_with_the_lr_rule_at_each_batch(warmup_r
     for u in updates:
         assert u["lr"] == pytest.approx(1e-3 * math.sqrt(u["batch_responses"] / 16), rel=1e-6)
     assert len(updates) == 8  # one optimizer update per rollout batch
+
+
+def test_surge_with_a_schedule_runs_with_its_lr_at_each_batch(work_dir, tmp_path):
+    # B_noise = 16 = B_ref: f(16) = 2, f(8) = sqrt(2) + sqrt(1/2) = 2.12132; lr_ref 1e-3.
+    config = tiny_run_config(
+        work_dir, str(tmp_path / "surge"), budget_responses=48, lr_rule="surge",
+        lr_rule_noise_scale=16.0, **WARMUP,
+    )  # fmt: skip
+    run_lib.run(config, progress=False)
+    updates = artifacts.read_metrics(str(tmp_path / "surge"), "update")
+    assert [u["batch_responses"] for u in updates] == [8, 8, 8, 8, 16]
+    want = {8: 1e-3 * 2 / 2.1213203, 16: 1e-3}
+    for u in updates:
+        assert u["lr"] == pytest.approx(want[u["batch_responses"]], rel=1e-6)
 
 
 def test_a_schedule_compiles_each_batch_shape_once_before_training(warmup_run):

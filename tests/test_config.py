@@ -390,3 +390,34 @@ def test_a_config_json_written_at_62017dd_resumes_under_todays_defaults():
     c = base.run_config()
     c.run_dir, c.work_dir = "/tmp/r", "/tmp/w"  # (as the file was written)
     assert config_lib.resume_diffs(old, config_lib.resolve(c, 1).to_json()) == []
+
+
+@pytest.mark.parametrize(
+    "name, module, overrides",
+    [
+        ("grpo", "grpo_cpu", {"prompts": 8, "group_size": 8, "lr_rule": "sqrt"}),
+        ("ppo", "ppo_cpu", {}),
+    ],
+)
+def test_a_config_json_written_at_35add6f_loads_and_resumes(name, module, overrides):
+    """config.json files written by 35add6f (the behaviour check's reference and ppo_cpu
+    runs, before the typed sections) read back as their specs and resume under today's
+    config of the same point."""
+    import importlib
+
+    path = os.path.join(os.path.dirname(__file__), "data", f"config_35add6f_{name}.json")
+    with open(path) as f:
+        old = json.load(f)
+    c = importlib.import_module(f"experiments.configs.{module}").get_config()
+    c.run_dir, c.budget_responses, c.stop_at_target = old["run_dir"], 1024, False
+    for key, value in overrides.items():
+        c[key] = value
+    new = config_lib.resolve(c, 1)
+    if old["init"]["source"] == "params":  # (the same base policy file, in this checkout)
+        assert os.path.basename(old["init"]["path"]) == os.path.basename(c.init.path)
+        old["init"]["path"] = c.init.path
+    assert config_lib.resume_diffs(old, new.to_json()) == []
+    spec = config_lib.load_spec(old)
+    assert spec.optimizer == new.optimizer and spec.rules == new.rules
+    assert spec.critic_optimizer == new.critic_optimizer
+    assert spec.derived() == new.derived() | {"python": old["derived"]["python"]}

@@ -11,6 +11,8 @@ import dataclasses
 from ml_collections import ConfigDict, config_dict
 
 from rl_batch.models.transformer import ModelConfig
+from rl_batch.rollout import sources
+from rl_batch.runs import sections
 
 
 def model_overrides() -> ConfigDict:
@@ -112,39 +114,10 @@ def run_config() -> ConfigDict:
     c.batch_schedule.responses = 0  # warmup: retained responses to reach prompts
     c.batch_schedule.window = 4  # adaptive: updates B_simple is pooled over
 
-    # Learning rate: lr = rule(lr_ref, B / batch_ref).
-    # "sqrt" | "linear" | "fixed" | "malladi" | "surge" (rl_batch/algorithms/lr_rules.py).
-    c.lr_rule = "sqrt"
-    c.lr_ref = 5e-5
-    c.batch_ref = 128  # responses (P x G) at which lr_ref was tuned
-    # "surge": the noise scale B_noise in responses where its LR peaks (> 0; measure it in
-    # a pilot: B_simple in the report). Unused by the other rules.
-    c.lr_rule_noise_scale = 0.0
-    # None (unset): derived from the rule (resolve writes the effective LR, and the Adam
-    # settings the rule implies, to derived.lr/b1/b2/eps); a value > 0 overrides the rule.
-    c.lr = config_dict.placeholder(float)
-    c.b1 = 0.9
-    c.b2 = 0.999
-    c.eps = 1e-8
-    c.weight_decay = 0.0
-    c.max_grad_norm = 1.0  # 0 = off
-    # Policy LR warm-up: update i (from 0) trains at lr * min(1, (i + 1) / W), W the
-    # effective warm-up (derived.lr_warmup_updates, see hparam_rules.warmup); 0 = none.
-    # Not with a batch_schedule (which sets the LR at each batch itself).
-    c.lr_warmup_updates = 0
-    # Batch-tied rules for hyperparameters beyond the LR, each at k = B / batch_ref
-    # (rl_batch/algorithms/lr_rules.py; the effective values go to derived.b1/b2/eps,
-    # derived.clip_low/clip_high, derived.lr_warmup_updates). The defaults keep them fixed.
-    c.hparam_rules = ConfigDict()
-    # "fixed" | "sde": Malladi et al.'s 1 - b -> k (1 - b), eps -> eps / sqrt(k) beside
-    # lr_rule (not with "malladi", which already does it, nor with a fixed lr).
-    c.hparam_rules.adam = "fixed"
-    # "fixed" | "sqrt": clip_low / clip_high (grpo or ppo section) times sqrt(k), capped
-    # at 0.5 / 1.0 (ratio bounds no wider than [1/2, 2]). Not with a batch_schedule.
-    c.hparam_rules.clip = "fixed"
-    # "updates": the warm-up lasts lr_warmup_updates updates at any batch; "responses": as
-    # many responses as at batch_ref, round(lr_warmup_updates * batch_ref / B) updates.
-    c.hparam_rules.warmup = "updates"
+    # The optimizer, its LR rule lr = rule(lr_ref, B / batch_ref) and the batch rules of
+    # the Adam settings, clip range and warm-up (hparam_rules): top-level fields, each
+    # with its default and meaning in rl_batch.runs.sections.Optimizer.
+    c.update(sections.config_fields(sections.Optimizer))
 
     c.grpo = ConfigDict()
     c.grpo.clip_low = 0.2
@@ -199,25 +172,9 @@ def run_config() -> ConfigDict:
     c.ppo.loss_agg = "token_mean"  # actor; the value loss is always a token mean
     c.ppo.micro_batches = 1  # gradient accumulation for both networks; same maths
 
-    c.sampling = ConfigDict()
-    c.sampling.temperature = 1.0
-    c.sampling.top_k = 0
-    c.sampling.top_p = 1.0
-    # Texts that end a response besides the tokenizer's stop ids (kept as its last
-    # tokens; the rest is padding): --config.sampling.stop_strings='</answer>' for one,
-    # --config.sampling.stop_strings="('</answer>', 'Question:')" for several.
-    c.sampling.stop_strings = ()
-    # Rollout engine (docs/rollout_engine.md; the same tokens either way): "static" decodes
-    # a generation chunk's rows together until the longest ends; "continuous" decodes
-    # ``slots`` rows at a time (0 = the chunk) and refills a slot when its row ends.
-    c.sampling.engine = "static"
-    c.sampling.slots = 0
-    # The continuous engine halves its slots once no row waits and half are idle, down
-    # to this many (>= 2; = slots: never): each width compiles its own loop.
-    c.sampling.min_slots = 2
-    # Decode attention reads the filled cache in blocks of this many slots (either
-    # engine); 0 = the einsum reference over all prompt + response slots.
-    c.sampling.attn_block = 0
+    # Sampling method and rollout engine (rl_batch.rollout.sources.Sampling: each field
+    # and its default), e.g. --config.sampling.stop_strings="('</answer>', 'Question:')".
+    c.sampling = ConfigDict(sections.config_fields(sources.Sampling))
     c.max_new_tokens = 0  # 0 = the task's max response length + EOS
     # Sequences generated concurrently; 0 = the whole batch at once. Independent of the
     # training batch (the rollout is generated in chunks): sweep it by running the batch
@@ -227,17 +184,11 @@ def run_config() -> ConfigDict:
     # layers x 2 x kv heads x head dim x bytes); 0 = unchecked. The run stops at start-up
     # when a chunk (training or validation) would exceed it: lower gen_batch.
     c.max_kv_bytes = 0
-    # Asynchronous rollout: a background thread generates batch k+1 with the params of the
-    # last finished update while the learner updates on batch k. The update then uses the
-    # behaviour policy's log-probs (the sampler's) in its ratio, so clipping matters.
-    c.async_rollout = ConfigDict()
-    c.async_rollout.enabled = False
-    c.async_rollout.max_staleness = 1  # updates between the generating and the updated policy
-    # Partial rollout: at most tokens_per_iter new tokens per response and iteration;
-    # unfinished responses continue in the next iteration under the updated policy.
-    c.partial_rollout = ConfigDict()
-    c.partial_rollout.enabled = False
-    c.partial_rollout.tokens_per_iter = 16
+    # Asynchronous rollout (a background thread generates batch k+1 while the learner
+    # updates on batch k) and partial rollout (at most tokens_per_iter new tokens per
+    # response and iteration): rl_batch.rollout.sources.AsyncRollout / PartialRollout.
+    c.async_rollout = ConfigDict(sections.config_fields(sources.AsyncRollout))
+    c.partial_rollout = ConfigDict(sections.config_fields(sources.PartialRollout))
 
     # How rollouts draw their random numbers: "rollout" (rollout i from fold_in(seed key,
     # i), row b of it from fold_in(that, b)) or "prompt" (each response from the

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import time
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from ml_collections import ConfigDict
 
 from rl_batch.rollout import groups as rollout_lib
 from rl_batch.rollout import partial as partial_rollout
@@ -89,31 +89,150 @@ def _done(ro: rollout_lib.Rollout) -> concurrent.futures.Future:
     return future
 
 
-def sampling_config(c: ConfigDict) -> SamplingConfig:
-    """The run's sampling method and rollout engine (training rollouts, partial rollout and
-    validation); a config written before the engine fields existed gets the static engine."""
-    s = c.sampling
-    return SamplingConfig(
-        temperature=s.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        engine=s.get("engine", "static"),
-        slots=s.get("slots", 0),
-        attn_block=s.get("attn_block", 0),
-        min_slots=s.get("min_slots", 2),
-    )
+# ------------------------------------------------------------- the config's sections
+
+# The sampler's own defaults (``SamplingConfig``, their one owner).
+_SAMPLER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingConfig)}
 
 
-def stop_strings(c: ConfigDict) -> tuple[str, ...]:
-    """The texts that end a response besides the stop ids (``sampling.stop_strings``)."""
-    return tuple(c.sampling.get("stop_strings", ()) or ())
+def _plain(given: Any) -> dict[str, Any]:
+    """A config section (ConfigDict, dict or None) as a plain dict."""
+    if given is None:
+        return {}
+    return dict(given.to_dict() if hasattr(given, "to_dict") else given)
+
+
+def _read(cls, given: Any):
+    """``cls`` from a config section: each field it has, each one it lacks (a config.json
+    written before the field existed) at its default; unknown keys are the validation's."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in _plain(given).items() if k in known})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """The run config's ``sampling`` section: the sampling method and rollout engine of
+    training rollouts, partial rollout and validation (``method``; defaults and checks are
+    ``SamplingConfig``'s, docs/rollout_engine.md) and the stop texts.
+
+    Attributes:
+      temperature, top_k, top_p: the sampling method.
+      stop_strings: texts that end a response besides the tokenizer's stop ids (kept as
+        its last tokens; the rest is padding), e.g. ``('</answer>',)``.
+      engine: ``"static"`` decodes a generation chunk's rows together until the longest
+        ends; ``"continuous"`` decodes ``slots`` rows at a time (0 = the chunk) and
+        refills a slot when its row ends (the same tokens either way).
+      slots: the continuous engine's rows at a time; 0 = the chunk.
+      attn_block: decode attention reads the filled cache in blocks of this many slots
+        (either engine); 0 = the einsum reference over all slots.
+      min_slots: the continuous engine halves its slots once no row waits and half are
+        idle, down to this many (>= 2; = slots: never); each width compiles its own loop.
+    """
+
+    temperature: float = _SAMPLER_DEFAULTS["temperature"]
+    top_k: int = _SAMPLER_DEFAULTS["top_k"]
+    top_p: float = _SAMPLER_DEFAULTS["top_p"]
+    stop_strings: tuple[str, ...] = ()
+    engine: str = _SAMPLER_DEFAULTS["engine"]
+    slots: int = _SAMPLER_DEFAULTS["slots"]
+    attn_block: int = _SAMPLER_DEFAULTS["attn_block"]
+    min_slots: int = _SAMPLER_DEFAULTS["min_slots"]
+
+    @classmethod
+    def from_config(cls, given: Any) -> Sampling:
+        """A ``sampling`` section (a config.json's list of stop strings as a tuple)."""
+        section = _plain(given)
+        if "stop_strings" in section:
+            section["stop_strings"] = tuple(section["stop_strings"] or ())
+        return _read(cls, section)
+
+    @classmethod
+    def method_fields(cls) -> tuple[str, ...]:
+        """The fields that are ``SamplingConfig``'s (validation's own ``greedy`` aside)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name in _SAMPLER_DEFAULTS)
+
+    @property
+    def method(self) -> SamplingConfig:
+        """The sampler's ``SamplingConfig`` (validates the fields)."""
+        return SamplingConfig(**{name: getattr(self, name) for name in self.method_fields()})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AsyncRollout:
+    """The ``async_rollout`` section: a background thread generates batch k+1 with the
+    params of the last finished update while the learner updates on batch k (the update
+    then uses the behaviour policy's log-probs in its ratio).
+
+    Attributes:
+      enabled: on or off. May change on resume (an async checkpoint resumed synchronously
+        draws its batches in flight again: the steps done are unchanged).
+      max_staleness: updates between the generating and the updated policy (>= 1).
+    """
+
+    enabled: bool = dataclasses.field(default=False, metadata={"resume": True})
+    max_staleness: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PartialRollout:
+    """The ``partial_rollout`` section: at most ``tokens_per_iter`` new tokens per response
+    and iteration; unfinished responses continue in the next under the updated policy."""
+
+    enabled: bool = False
+    tokens_per_iter: int = 16
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutSettings:
+    """What a run's rollouts are made from (the run config's rollout fields, resolved).
+
+    Attributes:
+      prompts, group_size: P and G of a rollout batch (a batch schedule passes its own P
+        to ``RolloutSource.next``).
+      seed: the run's seed (the training data order).
+      gen_batch: sequences generated concurrently; 0 = the whole batch at once.
+      rollout_keys: ``"rollout"`` (rollout i from fold_in(seed key, i)) or ``"prompt"``
+        (each response from its prompt's position in the training stream and its member
+        index: common random numbers across P x G).
+      sampling, async_rollout, partial_rollout: the sections above.
+    """
+
+    prompts: int
+    group_size: int
+    seed: int
+    gen_batch: int = 0
+    rollout_keys: str = "rollout"
+    sampling: Sampling = dataclasses.field(default_factory=Sampling)
+    async_rollout: AsyncRollout = dataclasses.field(default_factory=AsyncRollout)
+    partial_rollout: PartialRollout = dataclasses.field(default_factory=PartialRollout)
+
+    @classmethod
+    def from_config(cls, c: Any) -> RolloutSettings:
+        """The rollout settings of a (validated) run config; a config.json written before a
+        field existed reads it at its default (e.g. the static engine, min_slots 2)."""
+        return cls(
+            prompts=c["prompts"],
+            group_size=c["group_size"],
+            seed=c["seed"],
+            gen_batch=c.get("gen_batch", 0),
+            rollout_keys=c.get("rollout_keys", "rollout"),
+            sampling=Sampling.from_config(c.get("sampling")),
+            async_rollout=_read(AsyncRollout, c.get("async_rollout")),
+            partial_rollout=_read(PartialRollout, c.get("partial_rollout")),
+        )
+
+
+def sampling_config(c: Any) -> SamplingConfig:
+    """The sampling method of a run config (``Sampling.from_config(c.sampling).method``;
+    code with a ``RunSpec`` reads ``spec.rollout.sampling.method``)."""
+    return Sampling.from_config(c["sampling"]).method
 
 
 class RolloutSource:
     """The training rollouts of one run (see the module docstring).
 
     Args:
-      c: the resolved run config.
+      settings: the run's ``RolloutSettings`` (``RunSpec.rollout``).
       sampler: the run's sampler (whole responses).
       model_config: the policy's model config (partial rollout builds its own sampler).
       task, tokenizer: the task's scorer and tokenizer.
@@ -122,13 +241,16 @@ class RolloutSource:
       mesh: the device mesh.
     """
 
-    def __init__(self, c, sampler, model_config, task, tokenizer, train_data, base_rng, mesh):
-        self.c, self.sampler, self.task, self.tokenizer = c, sampler, task, tokenizer
+    def __init__(
+        self, settings: RolloutSettings, sampler, model_config, task, tokenizer, train_data,
+        base_rng, mesh,
+    ):  # fmt: skip
+        self.settings, self.sampler, self.task, self.tokenizer = settings, sampler, task, tokenizer
         self.train_data, self.base_rng = train_data, base_rng
-        self.sampling = sampling_config(c)
-        async_cfg = c.get("async_rollout", {}) or {}
-        enabled = async_cfg.get("enabled", False)
-        self.depth = int(async_cfg.get("max_staleness", 1)) if enabled else 0
+        self.sampling = settings.sampling.method
+        c = settings
+        async_rollout = settings.async_rollout
+        self.depth = int(async_rollout.max_staleness) if async_rollout.enabled else 0
         self.executor = concurrent.futures.ThreadPoolExecutor(1, "rollout") if self.depth else None
         # Async: the rollouts drawn and not yet trained on, oldest first.
         self.pending: collections.deque[Job] = collections.deque()
@@ -201,7 +323,7 @@ class RolloutSource:
         the next one, so that it overlaps the update that follows.
         """
         t0 = time.perf_counter()
-        if prompts is not None and prompts != self.c.prompts and self.executor is not None:
+        if prompts is not None and prompts != self.settings.prompts and self.executor is not None:
             raise ValueError("a batch schedule's prompts need synchronous rollouts")
         if self.executor is None:
             job = self._start(params, counters, prompts)
@@ -229,7 +351,7 @@ class RolloutSource:
     def _draw(self, counters, n: int) -> tuple[int, int, np.ndarray]:
         """(rollout index, data position, prompt indices) of the next ``n`` prompts."""
         index, position = counters.rollouts, counters.data_position
-        idx = training_order(len(self.train_data), self.c.seed, position, n)
+        idx = training_order(len(self.train_data), self.settings.seed, position, n)
         counters.data_position += n
         counters.rollouts += 1
         return index, position, idx
@@ -239,12 +361,12 @@ class RolloutSource:
         (async: submits them to the thread)."""
         if self.partial_sampler is not None:
             return self._start_partial(params, counters)
-        c = self.c
+        c = self.settings
         index, position, idx = self._draw(counters, prompts or c.prompts)
         examples = [self.train_data[int(i)] for i in idx]
         if self.executor is not None:  # The update donates its state: generate from a copy.
             params = jax.block_until_ready(jax.tree.map(jnp.copy, params))
-        if c.get("rollout_keys", "rollout") == "prompt":
+        if c.rollout_keys == "prompt":
             rng = prompt_row_keys(self.base_rng, position, len(idx), c.group_size)
         else:
             rng = jax.random.fold_in(jax.random.fold_in(self.base_rng, index), 0)
@@ -253,7 +375,7 @@ class RolloutSource:
             rng=rng,
             sampling=self.sampling,
             gen_batch=c.gen_batch,
-            stop_strings=stop_strings(c),
+            stop_strings=c.sampling.stop_strings,
         )
         if self.executor is None:
             return Job(index, position, counters.step, rollout_lib.rollout(*args, **kwargs))
@@ -262,7 +384,7 @@ class RolloutSource:
 
     def _start_partial(self, params, counters) -> Job:
         """Continues the carried groups and starts new ones (gen_step: the oldest finished)."""
-        c, tokenizer, sampler = self.c, self.tokenizer, self.partial_sampler
+        c, tokenizer, sampler = self.settings, self.tokenizer, self.partial_sampler
         index, position, idx = self._draw(counters, c.prompts - len(self.carry))
         groups = self.carry + [
             partial_rollout.new_group(

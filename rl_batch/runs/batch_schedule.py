@@ -2,7 +2,8 @@
 
 A run's ``batch_schedule`` config section (``experiments/configs/base.py``) chooses P per
 rollout batch; every batch still makes one optimizer update, with the LR rule applied at
-the batch it has (``RunSpec.optimizer_at``), and the sample axis (``responses_cum``)
+the batch it has (``RunSpec.optimizer_at``: ``rl_batch.runs.sections.BatchRules.at``, the
+derivation ``resolve`` uses at the configured batch), and the sample axis (``responses_cum``)
 counts its retained responses as before.
 
 - ``fixed`` (the default; configs written before the section existed load as it):
@@ -90,6 +91,11 @@ class BatchSchedule:
             out.append(p)
             p *= 2
         return (*out, self.prompts)
+
+    @property
+    def batches(self) -> tuple[int, ...]:
+        """Every rollout batch P x G the schedule can take, smallest first."""
+        return tuple(p * self.group_size for p in self.buckets)
 
     @property
     def doublings(self) -> int:

@@ -23,8 +23,9 @@ from rl_batch import targets
 from rl_batch.algorithms import grpo, learner, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout.sampler import Sampler, SamplingConfig
-from rl_batch.runs import batch_schedule, tracking
-from rl_batch.runs.spec import Adam, RunSpec
+from rl_batch.rollout.sources import AsyncRollout, RolloutSettings, Sampling
+from rl_batch.runs import batch_schedule, sections, tracking
+from rl_batch.runs.spec import RunSpec
 from rl_batch.tasks.custom_reward import WithReward
 from rl_batch.tasks.plugin import is_plugin, make_plugin_task
 from rl_batch.tasks.registry import TASKS, get_task
@@ -41,7 +42,7 @@ GRPO_FIELDS = grpo.GRPOConfig.config_fields()
 
 # The ``SamplingConfig`` fields a run config's ``sampling`` section sets (``greedy`` is
 # validation's own; ``stop_strings`` is host-side, not the sampler's).
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "engine", "slots", "attn_block", "min_slots")
+SAMPLING_FIELDS = Sampling.method_fields()
 
 # The ``ppo.PPOConfig`` field behind each key of a PPO run's ``ppo`` section (``value_clip``
 # 0 = off is None there, ``temperature`` comes from ``sampling``).
@@ -187,12 +188,7 @@ def _dataclass_errors(cls, fields: dict[str, tuple[str, object]]) -> list[str]:
 
 
 def _check_run_fields(c: ConfigDict, check) -> None:
-    """Validates the optimizer, run-loop and rollout fields (their 0 sentinels kept)."""
-    for name in ("b1", "b2"):
-        check(0.0 <= c[name] < 1.0, f"{name}={c[name]}: must be in [0, 1)")
-    check(c.eps >= 0, f"eps={c.eps}: must be >= 0")
-    check(c.weight_decay >= 0, f"weight_decay={c.weight_decay}: must be >= 0")
-    check(c.max_grad_norm >= 0, f"max_grad_norm={c.max_grad_norm}: must be >= 0 (0 = off)")
+    """Validates the run-loop and rollout fields (their 0 sentinels kept)."""
     for name in (
         "checkpoint_every",
         "confirm_evals",
@@ -223,12 +219,10 @@ def _check_run_fields(c: ConfigDict, check) -> None:
         f"sampling.stop_strings={stops!r}: must be a tuple of non-empty strings, "
         "e.g. --config.sampling.stop_strings=\"('</answer>',)\"",
     )
+    sampling = Sampling.from_config(c.sampling)  # (fields it lacks at their defaults)
     errors = _dataclass_errors(
         SamplingConfig,
-        {
-            f"sampling.{name}": (name, c.sampling.get(name, ADDED_FIELDS.get(f"sampling.{name}")))
-            for name in SAMPLING_FIELDS
-        },
+        {f"sampling.{name}": (name, getattr(sampling, name)) for name in SAMPLING_FIELDS},
     )
     if c.algo == "grpo":
         errors += _dataclass_errors(
@@ -347,25 +341,32 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> RunSpec:
     errors += _layout_errors(c, model_config, device_count)
     _raise_if(errors)
     batch = c.prompts * c.group_size  # B: derived here once, then read as spec.batch
-    policy, lr_arithmetic, critic_optimizer, critic_rule = _optimizer_settings(c, batch)
-    clip, warmup_updates, hparam_arithmetic = _hparam_settings(c, batch)
+    # Every batch-dependent value from one derivation: at B here, at each batch of a
+    # batch schedule in the run loop (whose every bucket is derived here, before compute).
+    rules = sections.BatchRules.from_config(c)
+    try:
+        at = rules.at(batch)
+    except ValueError as e:
+        raise ValueError(f"invalid config: {e}") from e
+    schedule = batch_schedule.BatchSchedule.from_config(c)
+    _raise_if(rules.schedule_errors(schedule.kind, schedule.batches))
     return RunSpec.build(
         c,
         batch=batch,
-        policy=policy,
-        lr_arithmetic=lr_arithmetic,
-        critic_optimizer=critic_optimizer,
-        critic_rule=critic_rule,
+        policy=at.adam,
+        lr_arithmetic=at.lr_arithmetic,
+        critic_optimizer=at.critic_adam,
+        critic_rule=at.critic_rule,
         micro_batches=_micro_batches(c, batch, device_count),
         max_prompt_len=max_prompt_len,
         max_new_tokens=max_new_tokens,
         model=model_config,
         device_count=device_count,
         python=platform.python_version(),
-        clip_low=clip.clip_low,
-        clip_high=clip.clip_high,
-        lr_warmup_updates=warmup_updates,
-        hparam_arithmetic=hparam_arithmetic,
+        clip_low=at.clip.clip_low,
+        clip_high=at.clip.clip_high,
+        lr_warmup_updates=at.warmup_updates,
+        hparam_arithmetic=at.hparam_arithmetic,
     )
 
 
@@ -389,6 +390,15 @@ class _Errors(list):
             self.append(message)
 
 
+def _section_errors(build) -> list[str]:
+    """The validation message of a section ``build()`` refuses (``[]`` when it builds)."""
+    try:
+        build()
+    except ValueError as e:
+        return [str(e)]
+    return []
+
+
 def _raise_if(errors: list[str]) -> None:
     if errors:
         raise ValueError("invalid config: " + "; ".join(errors))
@@ -410,14 +420,9 @@ def _field_errors(c: ConfigDict) -> list[str]:
         )
     if c.algo == "ppo":
         _check_ppo(c, check)
-    check(c.lr_ref > 0 and math.isfinite(c.lr_ref), f"lr_ref={c.lr_ref}: must be finite and > 0")
-    check(c.batch_ref >= 1, f"batch_ref={c.batch_ref}: must be >= 1")
-    check(
-        c.lr is None or (c.lr > 0 and math.isfinite(c.lr)),
-        f"lr={c.lr}: must be > 0, or None (unset) to derive it from lr_rule",
-    )
+    errors.extend(sections.HparamRules.unknown_errors(c.get("hparam_rules")))
+    errors.extend(_section_errors(lambda: sections.Optimizer.from_config(c)))
     _check_run_fields(c, check)
-    errors.extend(_hparam_rule_errors(c))
     check(c.budget_responses >= 1, f"budget_responses={c.budget_responses}: must be >= 1")
     check(
         c.eval_every_responses >= 1,
@@ -673,121 +678,6 @@ def _micro_batches(c: ConfigDict, batch: int, device_count: int) -> int:
     return micro_batches
 
 
-def _optimizer_settings(c: ConfigDict, batch: int):
-    """The policy's Adam settings from its rule (or the fixed ``lr`` with the Adam settings
-    as given), the rule's arithmetic in words, and PPO's critic settings and rule result
-    (None, None for GRPO)."""
-    try:
-        hp = lr_rules.scale_hparams(
-            rule=c.lr_rule,
-            ref_lr=c.lr_ref,
-            batch=batch,
-            ref_batch=c.batch_ref,
-            b1=c.b1,
-            b2=c.b2,
-            eps=c.eps,
-            noise_scale=c.get("lr_rule_noise_scale", 0.0),
-            adam_rule=_hparam_rules(c)["adam"],
-        )
-    except ValueError as e:
-        raise ValueError(f"invalid config: lr_rule={c.lr_rule!r}: {e}") from e
-    policy = hp if c.lr is None else Adam(lr=c.lr, b1=c.b1, b2=c.b2, eps=c.eps)
-    if c.algo != "ppo":
-        return policy, hp.describe(), None, None
-    # The critic's own rule and reference LR, at its effective batch k x B (it steps
-    # once per critic_batch_scale rollout batches on their mean gradient).
-    critic_lr_rule = c.ppo.critic_lr_rule or c.lr_rule
-    critic_hp = lr_rules.scale_hparams(
-        rule=critic_lr_rule,
-        ref_lr=c.ppo.critic_lr_ref,
-        batch=batch * c.ppo.critic_batch_scale,
-        ref_batch=c.batch_ref,
-        b1=c.b1,
-        b2=c.b2,
-        eps=c.eps,
-        noise_scale=c.get("lr_rule_noise_scale", 0.0),
-        # (a malladi critic already scales its betas and eps)
-        adam_rule="fixed" if critic_lr_rule == "malladi" else _hparam_rules(c)["adam"],
-    )
-    critic_lr = critic_hp.lr if c.ppo.critic_lr is None else c.ppo.critic_lr
-    critic = Adam(lr=critic_lr, b1=critic_hp.b1, b2=critic_hp.b2, eps=critic_hp.eps)
-    return policy, hp.describe(), critic, critic_hp
-
-
-def _hparam_rules(c: ConfigDict) -> dict[str, str]:
-    """The run's ``hparam_rules`` (each missing field at its default: a config written
-    before the section existed)."""
-    given = c.get("hparam_rules") or {}
-    return {name: given.get(name, default) for name, default in lr_rules.HPARAM_DEFAULTS.items()}
-
-
-def _hparam_rule_errors(c: ConfigDict) -> list[str]:
-    """The ``hparam_rules`` section and ``lr_warmup_updates``, alone and beside the LR
-    rule, a fixed ``lr`` and a batch schedule."""
-    errors = _Errors()
-    check = errors.check
-    given = c.get("hparam_rules") or {}
-    for name in given:
-        check(
-            name in lr_rules.HPARAM_RULES,
-            f"hparam_rules.{name}: no such rule (rules: {sorted(lr_rules.HPARAM_RULES)})",
-        )
-    rules = _hparam_rules(c)
-    for name, choices in lr_rules.HPARAM_RULES.items():
-        check(
-            rules[name] in choices,
-            f"hparam_rules.{name}={rules[name]!r}: expected one of {choices}",
-        )
-    warmup = c.get("lr_warmup_updates", 0)
-    check(
-        _is_int(warmup) and warmup >= 0,
-        f"lr_warmup_updates={warmup!r}: must be an int >= 0 (0 = no warm-up)",
-    )
-    if rules["adam"] == "sde":
-        check(
-            c.lr_rule != "malladi",
-            "hparam_rules.adam='sde' with lr_rule='malladi': malladi already scales the "
-            "betas and eps (use lr_rule='sqrt' with hparam_rules.adam='sde' for the same)",
-        )
-        check(
-            c.lr is None,
-            f"hparam_rules.adam='sde' with lr={c.lr}: a fixed lr keeps the Adam settings as "
-            "given; unset lr to derive both from the rules",
-        )
-    kind = c.get("batch_schedule", {}).get("kind", "fixed")
-    check(
-        kind == "fixed" or rules["clip"] == "fixed",
-        f"hparam_rules.clip={rules['clip']!r} with batch_schedule.kind={kind!r}: the clip "
-        "range is set once per run; use hparam_rules.clip='fixed' with a batch schedule",
-    )
-    check(
-        kind == "fixed" or not (_is_int(warmup) and warmup > 0),
-        f"lr_warmup_updates={warmup} with batch_schedule.kind={kind!r}: the schedule sets "
-        "the LR at each batch itself; use lr_warmup_updates=0 with a batch schedule",
-    )
-    return errors
-
-
-def _hparam_settings(c: ConfigDict, batch: int) -> tuple[lr_rules.ClipHparams, int, str]:
-    """The clip range and the LR warm-up (updates) at ``batch`` under ``hparam_rules``,
-    and the arithmetic of the rules off their defaults ("" when none is)."""
-    rules = _hparam_rules(c)
-    section = c.ppo if c.algo == "ppo" else c.grpo
-    k = batch / c.batch_ref
-    clip = lr_rules.scale_clip(rules["clip"], section.clip_low, section.clip_high, k)
-    given = c.get("lr_warmup_updates", 0)
-    warmup = lr_rules.scale_warmup(rules["warmup"], given, batch, c.batch_ref)
-    words = []
-    if rules["clip"] != lr_rules.HPARAM_DEFAULTS["clip"]:
-        words.append(clip.describe())
-    if rules["warmup"] != lr_rules.HPARAM_DEFAULTS["warmup"]:
-        words.append(
-            f"warmup=responses: lr_warmup_updates = round(W * B_ref / B) = "
-            f"round({given} * {c.batch_ref} / {batch}) = {warmup}"
-        )
-    return clip, warmup, "; ".join(words)
-
-
 # Settings that may differ when a run directory is resumed (every other field of the
 # resolved config, ``derived`` included, must match): the runway and when to stop
 # (extending a run), checkpoint cadence, the stuck-run guards, where things live, the
@@ -807,14 +697,15 @@ RESUME_ALLOWED = (
     "work_dir",
     "distributed",
     "derived.device_count",
-    # An async checkpoint may be resumed synchronously (its batches in flight are drawn
-    # again, rl_batch.rollout.sources): the steps already done are unchanged.
-    "async_rollout.enabled",
     "xla_cache",
     # Where copies of the metrics and the sampled generations go (rl_batch.runs.tracking).
     "tracking",
     "log_generations",
     "log_generations_every",
+    # The typed sections' fields marked so (e.g. async_rollout.enabled).
+    *sections.resumable(sections.Optimizer),
+    *sections.resumable(RolloutSettings),
+    *sections.resumable(AsyncRollout, "async_rollout."),
 )
 
 
@@ -825,24 +716,15 @@ RESUME_ALLOWED = (
 ROLLOUT_KEYS = ("rollout", "prompt")
 
 ADDED_FIELDS: dict[str, Any] = {
-    "rollout_keys": "rollout",
     "task.system_prompt": "",
     "task.drop_long_prompts": False,
     "task.reward_fn": "",
     "task.chat_template_kwargs": {},
     "task.eval_fraction": 0.0,
     "task.split_seed": lambda old: 0 if old["task"].get("name") in SYNTHETIC_TASKS else None,
-    "sampling.stop_strings": [],
-    "sampling.engine": "static",
-    "sampling.slots": 0,
-    "sampling.attn_block": 0,
-    "sampling.min_slots": 2,  # (narrowing changes no token or log-prob, only speed)
     "batch_schedule": lambda old: dict(batch_schedule.FIXED),
     "grpo.group_noise": False,
-    "lr_rule_noise_scale": 0.0,
     "variant": "",
-    "lr_warmup_updates": 0,
-    "hparam_rules": lambda old: dict(lr_rules.HPARAM_DEFAULTS),
     # The derived values the rules set: before them, the clip range as configured, no
     # warm-up, no arithmetic, and a critic's betas by its LR rule alone.
     "derived.clip_low": lambda old: (old.get(old.get("algo", "grpo")) or {}).get("clip_low"),
@@ -858,6 +740,9 @@ def _with_added_fields(old: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     old = copy.deepcopy(old)
+    # The typed sections: each field a file lacks at its default.
+    _fill(old, sections.defaults(sections.Optimizer))
+    _fill(old, sections.defaults(RolloutSettings))
     for path, value in ADDED_FIELDS.items():
         *parents, leaf = path.split(".")
         node = old
@@ -868,6 +753,17 @@ def _with_added_fields(old: dict[str, Any]) -> dict[str, Any]:
             if value is not None:
                 node[leaf] = value
     return old
+
+
+def _fill(node: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Sets each key of ``defaults`` that ``node`` lacks (recursively into sections)."""
+    import copy
+
+    for key, value in defaults.items():
+        if key not in node:
+            node[key] = copy.deepcopy(value)
+        elif isinstance(value, dict) and isinstance(node[key], dict):
+            _fill(node[key], value)
 
 
 def resume_diffs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -27,7 +27,6 @@ from rl_batch.algorithms import learner
 from rl_batch.models import sharding
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import sampler as sampler_lib
-from rl_batch.rollout import sources as rollout_source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +282,7 @@ def check_run_specs(specs: dict[str, Any], device_memory: float) -> list[str]:
             cache[key] = update_memory(
                 mc, grpo, optimizer, batch=seqs * min(m, 2), prompt_len=p, response_len=r
             ).peak
-        sampling = rollout_source.sampling_config(c)
+        sampling = spec.rollout.sampling.method
         key_s = ("sampler", mc, gen, p, r, sampling)
         if key_s not in cache:
             m_s = sampler_call_memory(mc, sampling, batch=gen, prompt_len=p, response_len=r)

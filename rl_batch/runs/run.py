@@ -17,14 +17,13 @@ seed; the rollouts in flight or carried at a save are part of the checkpoint, se
 The pieces: ``rollout_source.RolloutSource`` (sync, async or partial rollout behind one
 ``next``), ``accounting.StepAccounting`` (one step's timings and counts into the
 counters and its metrics line), ``Evaluator`` (validation) and ``MetricsLog``
-(metrics.jsonl); ``run`` reads top to bottom: set up, compile, then
+(metrics.jsonl, ``rl_batch.runs.metrics_log``); ``run`` reads top to bottom: set up, compile, then
 rollout -> update -> book -> validate -> checkpoint until the budget is spent.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -57,6 +56,7 @@ from rl_batch.runs.accounting import (
     stuck_error,
 )
 from rl_batch.runs.checkpoint import Checkpointer, CheckpointMismatchError
+from rl_batch.runs.metrics_log import MetricsLog
 from rl_batch.runs.spec import RunSpec
 from rl_batch.tasks.plugin import is_plugin, plugin_splits
 from rl_batch.tasks.tfds_builders import load_split
@@ -82,44 +82,6 @@ def _check_resumable(run_dir: str, spec: RunSpec) -> None:
             f"{', '.join(config_lib.RESUME_ALLOWED)} may change on resume: use a new run_dir "
             "or delete it"
         )
-
-
-def _truncate_metrics(path: str, step: int) -> None:
-    """Drops metrics written after the checkpoint at ``step`` (they will be redone)."""
-    if not os.path.exists(path):
-        return
-    _rewrite_metrics(path, [r for r in artifacts.iter_jsonl(path) if r.get("step", 0) <= step])
-
-
-def _rewrite_metrics(path: str, records: list[dict]) -> None:
-    """Replaces the metrics file with ``records``, atomically."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r, sort_keys=True, default=artifacts.json_default) + "\n")
-    os.replace(tmp, path)
-
-
-def _metrics_damage(path: str, step: int, saved: list[dict]) -> str:
-    """What is wrong with the metrics file up to ``step`` against the checkpoint's copy
-    (``""`` when it holds exactly those lines)."""
-    if not os.path.exists(path):
-        return "missing"
-    try:
-        lines = [r for r in artifacts.iter_jsonl(path) if r.get("step", 0) <= step]
-    except ValueError as e:  # a malformed line, named with its number
-        return str(e).removeprefix(f"{path}:").strip()
-
-    def text(records):  # (NaN != NaN: compare the JSON text)
-        return [json.dumps(r, sort_keys=True) for r in records]
-
-    lines, saved = text(lines), text(saved)
-    if lines == saved:
-        return ""
-    if len(lines) != len(saved):
-        return f"{len(lines)} lines up to step {step} where the checkpoint has {len(saved)}"
-    first = next(i for i, (a, b) in enumerate(zip(lines, saved)) if a != b)
-    return f"line {first + 1} differs from the checkpoint's copy"
 
 
 def load_task_data(spec: RunSpec, tokenizer) -> tuple[Any, Any]:
@@ -332,74 +294,6 @@ def _run_throughput(counters: Counters) -> dict[str, Any]:
     }
 
 
-class MetricsLog:
-    """The run's metrics lines: appended to ``metrics.jsonl`` (process 0) and kept in memory.
-
-    Every process holds the same lines: they decide when validation (a collective) runs
-    and give ``summary.json`` its N*, T and q. A resumed run starts with the lines up to its
-    checkpoint (process 0 may still be cutting later ones away). Process 0 also sends each
-    new line to the ``tracker``'s dashboards and writes sampled validation generations to
-    ``generations.jsonl`` (cut back to the checkpoint on resume, like the metrics).
-    """
-
-    def __init__(
-        self,
-        run_dir: str,
-        is_writer: bool,
-        resumed_step: int | None,
-        saved: list[dict] | None = None,
-        tracker: tracking.Tracker | None = None,
-    ):
-        """``saved``: the checkpoint's copy of the lines up to ``resumed_step`` (older
-        checkpoints have none: the file is then cut back to that step and trusted)."""
-        self.path = os.path.join(run_dir, artifacts.METRICS_FILE)
-        self.generations_path = os.path.join(run_dir, artifacts.GENERATIONS_FILE)
-        self.is_writer = is_writer
-        self.tracker = tracker if is_writer else None
-        self.records: list[dict] = []
-        if is_writer:
-            _truncate_metrics(self.generations_path, -1 if resumed_step is None else resumed_step)
-        if resumed_step is not None and saved is not None:
-            self.records = list(saved)
-            if is_writer:
-                damage = _metrics_damage(self.path, resumed_step, saved)
-                if damage:
-                    log.warning(
-                        "%s: %s; rebuilt from checkpoint %d", self.path, damage, resumed_step
-                    )
-                _rewrite_metrics(self.path, saved)
-        elif resumed_step is not None:
-            if is_writer:
-                _truncate_metrics(self.path, resumed_step)
-            self.records = [r for r in artifacts.read_metrics(run_dir) if r["step"] <= resumed_step]
-        elif is_writer and os.path.exists(self.path):
-            os.remove(self.path)  # A fresh start: stale metrics of a crashed first step.
-
-    def write(self, record: dict) -> None:
-        self.records.append(record)
-        if self.is_writer:
-            artifacts.append_jsonl(self.path, record)
-            if self.tracker is not None:
-                self.tracker.log_record(record)
-
-    def write_generations(self, step: int, rows: list[dict]) -> None:
-        """Appends one validation's (or training rollout's) sampled generations (process 0)."""
-        if not self.is_writer:
-            return
-        for row in rows:
-            artifacts.append_jsonl(self.generations_path, row)
-        if self.tracker is not None:
-            self.tracker.log_generations(step, rows)
-
-    def close(self) -> None:
-        if self.tracker is not None:
-            self.tracker.close()
-
-    @property
-    def last_eval(self) -> dict | None:
-        return next((r for r in reversed(self.records) if r["kind"] == "eval"), None)
-
-
 class Evaluator:
     """Validation, booked into the counters: sampled mean@k on ``eval_prompts`` held-out
     prompts and, with ``eval_metric="p_ref"``, the exact p(reference response) on
@@ -411,7 +305,8 @@ class Evaluator:
         self.c, self.sampler, self.task, self.tokenizer = c, sampler, task, tokenizer
         self.examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
         self.rng = jax.random.fold_in(base_rng, 1)
-        self.sampling = rollout_source.sampling_config(c)
+        sampling = rollout_source.Sampling.from_config(c.sampling)
+        self.sampling, self.stop_strings = sampling.method, sampling.stop_strings
         # (step, rows) -> None: takes the sampled generations of the first
         # ``log_generations`` prompts of each validation (`MetricsLog.write_generations`).
         self.on_generations = None
@@ -438,7 +333,7 @@ class Evaluator:
             greedy=c.eval_greedy,
             gen_batch=c.gen_batch,
             on_rollout=keep if n_rows else None,
-            stop_strings=rollout_source.stop_strings(c),
+            stop_strings=self.stop_strings,
         )
         m["eval_mean_at_k"] = m["eval_accuracy"]
         if self.scorer is not None:
@@ -584,7 +479,7 @@ def _set_up(spec: RunSpec, resume: bool) -> _Setup:
 
     base_rng = jax.random.key(c.seed)
     source = rollout_source.RolloutSource(
-        c, sampler, model_config, task, tokenizer, train_data, base_rng, mesh
+        spec.rollout, sampler, model_config, task, tokenizer, train_data, base_rng, mesh
     )
     counters = Counters()
     ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR), cleanup_tmp=True)
@@ -823,13 +718,13 @@ def _write_summary(s: _Setup, counters: Counters, status: str, error: str | None
 
 def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
     """The learner of ``spec``'s algorithm, with its optimizers at the run's batch."""
-    c = spec.inputs
-    max_grad_norm = c.max_grad_norm or None
+    c, optimizer = spec.inputs, spec.rules.optimizer
+    max_grad_norm = optimizer.max_grad_norm or None
     adam = dataclasses.asdict(spec.optimizer)
     adam["lr"] = learner.warmup_lr(adam["lr"], spec.lr_warmup_updates)  # (0: lr itself)
     actor_optimizer = learner.make_optimizer(
         **adam,
-        weight_decay=c.weight_decay,
+        weight_decay=optimizer.weight_decay,
         max_grad_norm=max_grad_norm,
     )
     if c.algo == "ppo":
@@ -837,9 +732,9 @@ def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
 
         critic_optimizer = ppo.make_critic_optimizer(
             **dataclasses.asdict(spec.critic_optimizer),
-            weight_decay=c.weight_decay,
+            weight_decay=optimizer.weight_decay,
             max_grad_norm=max_grad_norm,
-            batch_scale=c.ppo.critic_batch_scale,
+            batch_scale=spec.rules.critic.batch_scale,
         )
         return ppo.PPO(
             spec.algorithm,

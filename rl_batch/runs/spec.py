@@ -21,17 +21,11 @@ from ml_collections import ConfigDict, FrozenConfigDict
 
 from rl_batch.algorithms import grpo, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
+from rl_batch.rollout.sources import RolloutSettings
 from rl_batch.runs.batch_schedule import BatchSchedule
+from rl_batch.runs.sections import Adam, BatchHparams, BatchRules
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Adam:
-    """The Adam settings one network trains with (at the run's batch, after its rule)."""
-
-    lr: float
-    b1: float
-    b2: float
-    eps: float
+__all__ = ["Adam", "RunSpec"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,6 +57,10 @@ class RunSpec:
         under ``hparam_rules.warmup``; 0 = none).
       hparam_arithmetic: how the non-default ``hparam_rules`` got there, in words ("" when
         every rule keeps its default).
+      rollout: the rollout sections (``sources.RolloutSettings``: sampling, async and
+        partial rollout, gen_batch, rollout_keys), as ``RolloutSource`` reads them.
+      rules: the optimizer section and the batch rules (``sections.BatchRules``): the one
+        derivation of every batch-dependent value (``hparams_at``).
     """
 
     inputs: FrozenConfigDict
@@ -83,6 +81,8 @@ class RunSpec:
     clip_high: float
     lr_warmup_updates: int
     hparam_arithmetic: str
+    rules: BatchRules
+    rollout: RolloutSettings
 
     @classmethod
     def build(
@@ -127,25 +127,26 @@ class RunSpec:
             device_count=device_count,
             python=python,
             batch_schedule=BatchSchedule.from_config(inputs),
+            rules=BatchRules.from_config(inputs),
+            rollout=RolloutSettings.from_config(inputs),
             clip_low=clip_low,
             clip_high=clip_high,
             lr_warmup_updates=lr_warmup_updates,
             hparam_arithmetic=hparam_arithmetic,
         )
 
+    def hparams_at(self, batch: int) -> BatchHparams:
+        """Every batch-dependent value at a rollout batch of ``batch`` responses (a batch
+        schedule's current P x G), by the derivation ``resolve`` used at ``self.batch``."""
+        return self.rules.at(batch)
+
     def optimizer_at(self, batch: int) -> Adam:
-        """The policy's Adam settings at a rollout batch of ``batch`` responses (a batch
-        schedule's current P x G): ``optimizer`` itself at the configured batch, the fixed
-        ``lr`` when one is set, else ``lr_rule`` applied to ``lr_ref`` at ``batch``."""
-        c = self.inputs
-        if batch == self.batch or c.lr is not None:
+        """The policy's Adam settings at a rollout batch of ``batch`` responses:
+        ``optimizer`` itself (as resolved, or as a config.json recorded it) at the
+        configured batch, else ``hparams_at(batch).adam``."""
+        if batch == self.batch:
             return self.optimizer
-        adam_rule = c.get("hparam_rules", {}).get("adam", lr_rules.HPARAM_DEFAULTS["adam"])
-        hp = lr_rules.scale_hparams(
-            rule=c.lr_rule, ref_lr=c.lr_ref, batch=batch, ref_batch=c.batch_ref,
-            b1=c.b1, b2=c.b2, eps=c.eps, adam_rule=adam_rule,
-        )  # fmt: skip
-        return Adam(lr=hp.lr, b1=hp.b1, b2=hp.b2, eps=hp.eps)
+        return self.hparams_at(batch).adam
 
     # ------------------------------------------------------------ the JSON form
 

@@ -1,6 +1,6 @@
 """Experiment tracking: a run's metrics lines and sampled generations sent to dashboards.
 
-``metrics.jsonl`` (``rl_batch.runs.run.MetricsLog``) stays the source of truth: every line
+``metrics.jsonl`` (``rl_batch.runs.metrics_log.MetricsLog``) stays the source of truth: every line
 written there is also handed, once and in order, to the backends that ``config.tracking``
 names (a comma list), with the line's ``step``:
 

@@ -140,7 +140,7 @@ class _Stepper:
         self.rng = jax.random.key(c.seed)
         sampler = config_lib.make_sampler(spec, tokenizer, mesh)
         self.source = rollout_source.RolloutSource(
-            c, sampler, model_config, task, tokenizer, train_data, self.rng, mesh
+            spec.rollout, sampler, model_config, task, tokenizer, train_data, self.rng, mesh
         )
         self.counters = Counters()
 
