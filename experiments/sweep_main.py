@@ -15,6 +15,7 @@ import functools
 import os
 import sys
 import time
+from typing import Any
 
 from absl import app, flags, logging
 
@@ -63,9 +64,10 @@ def check_point_overrides(argv) -> None:
 
 
 def default_sweep_dir(config_path: str) -> str:
-    """``sweeps/<config file name without .py>``."""
+    """``sweeps/<config file name without .py>`` (under ``$RL_BATCH_DEFAULT_ROOT`` when
+    set: `artifacts.default_dir`)."""
     name = os.path.splitext(os.path.basename(config_path.split(":")[0]))[0]
-    return os.path.join("sweeps", name)
+    return artifacts.default_dir("sweeps", name)
 
 
 def _or_exit(fn, *args, **kwargs):
@@ -93,15 +95,69 @@ def extended_config(config, points: list[str]):
     return c
 
 
-def listed_config(config, sweep_dir: str):
-    """The config whose grid ``--list_runs`` prints: with ``sweep.extend_edges``, the
-    points recorded in ``<sweep>/extensions.json`` are added (`extended_config`)."""
+def grid_identity(config) -> dict:
+    """What an extension belongs to: the grid's point names, in order, and its reference
+    key (pinned as `extended_config` pins it)."""
+    from rl_batch.sweeps import sweep
+
+    points = sweep.expand_grid(config)
+    return {"points": [p.name for p in points], "reference": sweep.reference_key(config, points)}
+
+
+def _recorded_grid(ext: dict, sweep_dir: str, config) -> dict | None:
+    """The grid ``<sweep>/extensions.json`` extends. A file written before the grid was
+    recorded in it: the grid of ``sweep.json`` (the last pass's extended grid) less the
+    added points, when ``config`` extended by them is that grid; else None (unknown)."""
+    if ext.get("grid"):
+        return ext["grid"]
+    path = os.path.join(sweep_dir, artifacts.SWEEP_FILE)
+    if not os.path.exists(path):
+        return None
+    from rl_batch.sweeps import sweep
+
+    record = artifacts.read_json(path)
+    added = [p for r in ext["rounds"] for p in r["points"]]
+    try:
+        extended = sweep.expand_grid(extended_config(config, added))
+        ref_key = sweep.reference_key(config, sweep.expand_grid(config))
+    except ValueError:
+        return None
+    same = [r["name"] for r in record.get("runs", [])] == [p.name for p in extended] and (
+        record.get("reference") == next(p.name for p in extended if p.key == ref_key)
+    )
+    return grid_identity(config) if same else None
+
+
+def applied_extension(config, sweep_dir: str) -> tuple[Any, str]:
+    """The config with the points ``<sweep>/extensions.json`` added to this very grid
+    (`extended_config`), and a line that names them (or says why none apply).
+
+    Recorded points apply only to the grid they extend, in the directory they were
+    recorded in: another grid in the same directory (other prompts, group sizes, seeds,
+    rules, extra points or reference) gets none. ``sweep.extend_edges`` off: none.
+    """
     if not config.sweep.get("extend_edges", False):
-        return config
+        return config, ""
     from rl_batch.analysis import planner
 
-    added = [p for r in planner.read_extensions(sweep_dir)["rounds"] for p in r["points"]]
-    return extended_config(config, added)
+    ext = planner.read_extensions(sweep_dir)
+    added = [p for r in ext["rounds"] for p in r["points"]]
+    if not added:
+        return config, ""
+    path = os.path.join(sweep_dir, planner.EXTENSIONS_FILE)
+    if _recorded_grid(ext, sweep_dir, config) != grid_identity(config):
+        return config, f"{path} extends another grid: its points ({', '.join(added)}) not added"
+    rounds = len(ext["rounds"])
+    return extended_config(config, added), (
+        f"grid extension recorded in {path} ({rounds} round(s)): adds {', '.join(added)}"
+    )
+
+
+def listed_config(config, sweep_dir: str):
+    """The config whose grid ``--list_runs`` prints: with ``sweep.extend_edges``, the
+    points recorded in ``<sweep>/extensions.json`` for this grid are added
+    (`applied_extension`)."""
+    return applied_extension(config, sweep_dir)[0]
 
 
 def _too_big(config, sweep_dir: str, points: list[str], processes) -> list[str]:
@@ -159,6 +215,16 @@ def run_extending(config, sweep_dir: str, run_grid, processes, log=print) -> dic
     ext = planner.read_extensions(sweep_dir)
     added = [p for r in ext["rounds"] for p in r["points"]]
     path = os.path.join(sweep_dir, planner.EXTENSIONS_FILE)
+    grid = grid_identity(config)
+    if (ext["rounds"] or ext["stopped"]) and _recorded_grid(ext, sweep_dir, config) != grid:
+        raise ValueError(
+            f"{path} records the extension of another grid than this one (its points: "
+            f"{', '.join(added) or 'none'}); run this grid in a new --sweep_dir, or remove "
+            "the file to extend this grid from its start"
+        )
+    ext["grid"] = grid
+    if added:
+        log(f"[sweep] grid extension recorded in {path}: adds {', '.join(added)}")
     min_group = 1 if config.algo == "ppo" else 2
     while True:
         current = extended_config(config, added)
@@ -215,8 +281,14 @@ def main(argv, algo: str = "grpo"):
     if config.algo != algo:
         raise app.UsageError(f"--config is a {config.algo!r} config; this job runs {algo!r}")
     sweep_dir = f.sweep_dir or default_sweep_dir(f["config"].config_filename)
-    if f.list_runs:  # (with the points a grid extension added, when it is on)
-        print(_or_exit(sweep.list_runs, listed_config(config, sweep_dir), sweep_dir))
+    if f.list_runs or f.only is not None:
+        # The points a grid extension added to this grid in this directory, named
+        # (stderr: --list_runs prints JSON): a job of an array runs what was listed.
+        config, note = _or_exit(applied_extension, config, sweep_dir)
+        if note:
+            print(note, file=sys.stderr)
+    if f.list_runs:
+        print(_or_exit(sweep.list_runs, config, sweep_dir))
         return
     # A multi-process sweep joins jax.distributed before any JAX call (run_sweep's plan
     # counts the devices); after that, each process knows whether it is the writer. With

@@ -38,6 +38,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from rl_batch.artifacts import default_dir
+
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCHEDULERS = ("slurm", "tpu", "local")
@@ -137,6 +139,7 @@ def list_runs(
     sweep_config: str,
     python: str = sys.executable,
     overrides: Sequence[str] = (),
+    sweep_dir: str | None = None,
 ) -> list[dict[str, Any]]:
     """Asks the sweep program for its grid (``--list_runs``), without running anything.
 
@@ -146,6 +149,9 @@ def list_runs(
       python: the interpreter to run it with.
       overrides: ``--config.*`` flags every point runs with (`config_overrides`): the
         grid listed is the one the points see.
+      sweep_dir: the sweep directory the points run in (``--sweep_dir``): a grid
+        extension recorded there for this grid is listed, as the points will run it;
+        None: the sweep program's default directory.
 
     Returns:
       The grid points (see `parse_runs`).
@@ -154,7 +160,9 @@ def list_runs(
       ValueError: the sweep program refused the config (its one-line error, or the last
         line of what it wrote).
     """
-    cmd = [python, "-m", sweep_module, f"--config={sweep_config}", *overrides, "--list_runs"]
+    cmd = [python, "-m", sweep_module, f"--config={sweep_config}", *overrides]
+    cmd += [f"--sweep_dir={sweep_dir}"] if sweep_dir else []
+    cmd += ["--list_runs"]
     env = dict(os.environ)
     # Listing needs no accelerator; keep it from grabbing one a running job may hold.
     env.setdefault("JAX_PLATFORMS", "cpu")
@@ -581,7 +589,10 @@ def main(argv: Sequence[str]) -> None:
             runs = parse_runs(fh.read(), f.runs_json)
     else:
         python = f.list_python or sys.executable
-        runs = list_runs(sweep_module, f.sweep_config, python=python, overrides=overrides)
+        runs = list_runs(
+            sweep_module, f.sweep_config, python=python, overrides=overrides,
+            sweep_dir=f.sweep_dir,
+        )  # fmt: skip
 
     scheduler = f.scheduler
     # SLURM and local jobs see this filesystem: an absolute sweep directory lets the scripts
@@ -592,7 +603,7 @@ def main(argv: Sequence[str]) -> None:
     if f.out_dir:
         out_dir = os.path.abspath(f.out_dir)
     elif scheduler == "tpu":
-        out_dir = os.path.abspath(os.path.join("jobs", os.path.basename(sweep_dir.rstrip("/"))))
+        out_dir = os.path.abspath(default_dir("jobs", os.path.basename(sweep_dir.rstrip("/"))))
     else:
         out_dir = os.path.join(sweep_dir, "jobs")
 

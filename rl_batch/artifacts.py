@@ -83,6 +83,19 @@ CALIBRATION_VERSION = 1
 
 NOT_REACHED = "not reached"
 
+# Where the programs' default output directories lie (``sweeps/``, ``workdir/``, ``jobs/``):
+# the working directory, or this directory when the variable is set (the test suite sets
+# it to a temporary one, so that no test reads or writes a checkout's outputs).
+DEFAULT_ROOT_ENV = "RL_BATCH_DEFAULT_ROOT"
+
+
+def default_dir(*parts: str) -> str:
+    """A default output path: ``os.path.join(*parts)`` relative to the working
+    directory, or under ``$RL_BATCH_DEFAULT_ROOT`` when it is set."""
+    root = os.environ.get(DEFAULT_ROOT_ENV)
+    return os.path.normpath(os.path.join(root, *parts)) if root else os.path.join(*parts)
+
+
 # ``phase`` of an update line: PPO's critic-only warm-up, then actor training (GRPO: all).
 PHASE_CRITIC_WARMUP = "critic_warmup"
 PHASE_TRAIN = "train"

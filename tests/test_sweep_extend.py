@@ -155,3 +155,85 @@ def test_list_runs_includes_the_recorded_extension(tmp_path):
     ]  # fmt: skip
     off = _config(extend_edges=False)
     assert sweep_main.listed_config(off, sweep_dir) is off
+
+
+def _other_grid(**fields):
+    """The issue's grid: P = 2, 4 at G = 4, one seed, its own reference."""
+    c = _config(group_sizes="4", reference="4x4:sqrt", seeds="0", **fields)
+    c.sweep.prompts = "2,4"
+    return c
+
+
+def test_a_recorded_extension_applies_only_to_its_own_grid(tmp_path):
+    sweep_dir = str(tmp_path)
+    sweep_main.run_extending(_config(), sweep_dir, FakeGrid(sweep_dir), WRITER, log=lambda s: None)
+    # The same grid, same directory: the recorded points, named.
+    same, note = sweep_main.applied_extension(_config(), sweep_dir)
+    assert "4x8:sqrt" in same.sweep.extra_points and "2x8:sqrt" in same.sweep.extra_points
+    assert note.startswith("grid extension recorded in") and "4x8:sqrt, 2x8:sqrt" in note
+    # Another grid in that directory (other P and G; or only another seed): none of them.
+    for other in (_other_grid(), _config(seeds="0,1,2")):
+        listed, note = sweep_main.applied_extension(other, sweep_dir)
+        assert listed.sweep.extra_points == other.sweep.extra_points
+        assert "extends another grid" in note
+        with pytest.raises(ValueError, match="extension of another grid"):
+            sweep_main.run_extending(other, sweep_dir, FakeGrid(sweep_dir), WRITER)
+    # The grid's own points are listed for the other grid, and no point of the extension.
+    names = [p.name for p in sweep.expand_grid(sweep_main.listed_config(_other_grid(), sweep_dir))]
+    assert names == ["p2_g4_sqrt_s0", "p4_g4_sqrt_s0"]
+    # Another directory: nothing recorded there.
+    assert sweep_main.applied_extension(_config(), str(tmp_path / "new")) == (_config(), "")
+
+
+def test_an_extension_recorded_without_its_grid_is_matched_with_sweep_json(tmp_path):
+    # extensions.json as 35add6f wrote it (no "grid"): sweep.json holds the grid last run.
+    sweep_dir = str(tmp_path)
+    sweep_main.run_extending(_config(), sweep_dir, FakeGrid(sweep_dir), WRITER, log=lambda s: None)
+    path = os.path.join(sweep_dir, planner.EXTENSIONS_FILE)
+    old = {k: v for k, v in artifacts.read_json(path).items() if k != "grid"}
+    artifacts.write_json_atomic(path, old)
+    assert sweep_main.applied_extension(_config(), sweep_dir)[1].startswith("grid extension")
+    assert "extends another grid" in sweep_main.applied_extension(_other_grid(), sweep_dir)[1]
+    # A re-run of the study adopts the file (and records the grid in it).
+    again = FakeGrid(sweep_dir)
+    sweep_main.run_extending(_config(), sweep_dir, again, WRITER, log=lambda s: None)
+    assert again.written == [] and planner.read_extensions(sweep_dir)["grid"]["reference"] == (
+        "8x8:sqrt"
+    )
+
+
+def test_the_issue_listing_with_the_default_studys_extension_beside_it(tmp_path):
+    """The report: after the default study extended its grid to B = 8 in its directory,
+    the issue's grid listed there got ``p1_g8_sqrt_s0`` first."""
+    import json
+    import subprocess
+    import sys
+
+    from experiments.configs import grpo_cpu
+
+    sweep_dir = str(tmp_path / "grpo_cpu")
+    default = grpo_cpu.get_config()
+    ext = {"version": 1, "rounds": [{"points": ["1x8:sqrt"], "reason": "B = 16 is the smallest",
+           "best": "p2_g8_sqrt"}], "stopped": "limit: P = 1",
+           "grid": sweep_main.grid_identity(default)}  # fmt: skip
+    os.makedirs(sweep_dir)
+    artifacts.write_json_atomic(os.path.join(sweep_dir, planner.EXTENSIONS_FILE), ext)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def listed(*flags):
+        out = subprocess.run(
+            [sys.executable, "-m", "experiments.grpo_sweep", f"--sweep_dir={sweep_dir}", *flags,
+             "--list_runs"],
+            cwd=repo, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        return [r["name"] for r in json.loads(out.stdout)], out.stderr
+
+    names, err = listed(
+        "--config.sweep.prompts=2,4", "--config.sweep.group_sizes=4",
+        "--config.sweep.lr_rules=sqrt", "--config.sweep.seeds=0",
+        "--config.sweep.reference=4x4:sqrt", "--config.sweep.extra_points=",
+    )  # fmt: skip
+    assert names == ["p2_g4_sqrt_s0", "p4_g4_sqrt_s0"] and "extends another grid" in err
+    names, err = listed()  # the study's own grid: B = 8 first, and said so
+    assert names[0] == "p1_g8_sqrt_s0" and "adds 1x8:sqrt" in err

@@ -10,6 +10,7 @@ import dataclasses
 
 from ml_collections import ConfigDict, config_dict
 
+from rl_batch import artifacts
 from rl_batch.models.transformer import ModelConfig
 
 
@@ -32,7 +33,8 @@ def run_config() -> ConfigDict:
     c.variant = ""  # the sweep's named variant of the base config (sweep.variants), if any
     c.run_dir = ""  # output directory; required for experiments.train
     c.seed = 0
-    c.work_dir = "./workdir"  # caches: TFDS data, warm-start checkpoints
+    # caches: TFDS data, warm-start checkpoints ($RL_BATCH_DEFAULT_ROOT/workdir when set)
+    c.work_dir = artifacts.default_dir(".", "workdir")
     # Compiled programs cached in <work_dir>/xla_cache (JAX's persistent cache), so that
     # the seeds of a configuration compile once (6 s -> 2 s per run on a 2-core CPU).
     # $JAX_COMPILATION_CACHE_DIR, when set, wins.

@@ -807,7 +807,9 @@ def read_extensions(sweep_dir: str) -> dict[str, Any]:
     """``<sweep>/extensions.json`` (``{"rounds": [], "stopped": ""}`` when absent).
 
     Format: ``{"version": 1, "rounds": [{"points": ["PxG:rule", ...], "reason": str,
-    "best": config name}], "stopped": why the extension stopped ("" while it runs)}``.
+    "best": config name}], "stopped": why the extension stopped ("" while it runs),
+    "grid": {"points": run names, "reference": key} (the grid extended; absent in older
+    files)}``.
     """
     path = os.path.join(sweep_dir, EXTENSIONS_FILE)
     if not os.path.exists(path):
@@ -818,7 +820,8 @@ def read_extensions(sweep_dir: str) -> dict[str, Any]:
         isinstance(r, dict) and isinstance(r.get("points"), list) for r in rounds
     ):
         raise ValueError(f"{path}: expected {{'rounds': [{{'points': [...]}}, ...]}}")
-    return {"version": 1, "rounds": rounds, "stopped": str(obj.get("stopped", ""))}
+    out = {"version": 1, "rounds": rounds, "stopped": str(obj.get("stopped", ""))}
+    return {**out, "grid": obj["grid"]} if obj.get("grid") else out
 
 
 def extension_lines(sweep_dir: str) -> list[str]:
