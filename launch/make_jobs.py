@@ -38,8 +38,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rl_batch.artifacts import default_dir
-
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCHEDULERS = ("slurm", "tpu", "local")
@@ -603,7 +601,7 @@ def main(argv: Sequence[str]) -> None:
     if f.out_dir:
         out_dir = os.path.abspath(f.out_dir)
     elif scheduler == "tpu":
-        out_dir = os.path.abspath(default_dir("jobs", os.path.basename(sweep_dir.rstrip("/"))))
+        out_dir = os.path.abspath(os.path.join("jobs", os.path.basename(sweep_dir.rstrip("/"))))
     else:
         out_dir = os.path.join(sweep_dir, "jobs")
 

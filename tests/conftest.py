@@ -1,7 +1,7 @@
 """Shared test setup: CPU only, eight fake devices for sharding tests, and a suite that
 stays out of the checkout's outputs.
 
-The programs' default output directories (``sweeps/``, ``workdir/``, ``jobs/``) point at a
+The programs' default output directories (``sweeps/``, ``workdir/``) point at a
 temporary directory for the session (``$RL_BATCH_DEFAULT_ROOT``, inherited by the xdist
 workers and every process a test starts), so a finished study in the checkout neither
 leaks into a test nor is touched by one. A test that writes into the checkout's

@@ -333,7 +333,7 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # other. Their measured q then shares the host; the calibration below does not.
     run.sweep.concurrent = 1
     # With concurrent > 1 (one process): each of the `concurrent` child processes runs
-    # one point after another (rl_batch.sweeps.sweep.Worker), keeping its imports; False starts
+    # one point after another (rl_batch.sweeps.processes.Worker), keeping its imports; False starts
     # a process per point.
     run.sweep.reuse_workers = True
     # A reused worker keeps the learner, sampler and scorer of this many configurations
