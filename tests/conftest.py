@@ -80,7 +80,9 @@ def _checkout_untouched():
     if changed:
         pytest.fail(
             f"this test wrote into the checkout's output directories: {changed[:5]}; write "
-            "under tmp_path, or let the default directories ($RL_BATCH_DEFAULT_ROOT) be used"
+            "under tmp_path, or let the default directories ($RL_BATCH_DEFAULT_ROOT) be used "
+            "(or another process, e.g. a study, wrote there while the test ran: run the "
+            "suite after it, as the README orders them)"
         )
 
 

@@ -179,6 +179,7 @@ def test_both_sweep_programs_take_config_overrides(tmp_path, module, algo, group
     assert not os.listdir(tmp_path)  # listing the grid writes nothing
 
 
+@pytest.mark.slow  # 12-38 s on a loaded 2-core machine
 def test_isolated_point_runs_in_a_subprocess(tmp_path):
     c = _sweep_config(str(tmp_path / "work"), prompts="4", group_sizes="4")
     c.budget_responses = 16
@@ -317,6 +318,7 @@ def test_variant_points_are_checked_before_anything_starts():
             sweep.expand_grid(c)
 
 
+@pytest.mark.slow  # 23-29 s on a loaded 2-core machine
 def test_each_point_is_resolved_once_on_its_way_to_the_run(tmp_path, monkeypatch):
     # In process: plan() resolves each point, run.run receives its spec and resolves
     # nothing; the runs' config.json files are those specs.

@@ -37,6 +37,7 @@ def _non_timing(run_dir: str) -> list[dict]:
     ]
 
 
+@pytest.mark.slow  # 18 s on a loaded 2-core machine
 def test_a_worker_runs_points_one_after_another_and_survives_a_failed_one(tmp_path, in_repo):
     bad = _config_file(tmp_path, "bad", eval_metric="pass")
     good = [_config_file(tmp_path, f"s{s}", seed=s) for s in (0, 1)]
@@ -94,6 +95,7 @@ def test_a_worker_that_dies_fails_its_point_and_the_next_point_starts_a_new_one(
     assert summary["status"] == sweep.FINISHED
 
 
+@pytest.mark.slow  # 25 s on a loaded 2-core machine
 def test_a_concurrent_sweep_runs_its_points_in_workers(tmp_path, in_repo):
     from experiments.configs import base
 
