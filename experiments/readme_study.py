@@ -21,7 +21,7 @@ import sys
 from absl import flags
 
 from experiments import cli
-from rl_batch import provenance
+from rl_batch import artifacts, provenance
 from rl_batch.analysis import (
     analyze_sweep,
     critical_batch,
@@ -42,7 +42,9 @@ BEGIN, END = markers()
 # The study record (relative to the repository root) that holds each generated section.
 RECORDS = {"study": "docs/cpu_study.md", "ppo_study": "docs/ppo_study.md"}
 
-_SWEEP = flags.DEFINE_string("sweep", "sweeps/grpo_cpu", "A finished sweep directory.")
+_SWEEP = flags.DEFINE_string(
+    "sweep", artifacts.default_dir("sweeps", "grpo_cpu"), "A finished sweep directory."
+)
 _DOC = flags.DEFINE_string(
     "doc", None, "The markdown file to rewrite (default: the section's record in RECORDS)."
 )

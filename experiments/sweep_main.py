@@ -6,9 +6,10 @@ One definition of the flags (``--config`` with its ``--config.*`` overrides,
 with its own default config once, at import, so the override flags are registered for
 that config only.
 
-With ``sweep.extend_edges``, `run_extending` runs the grid, then extends it past an edge
-optimum (``rl_batch.analysis.planner.next_edge_points``) until the minimum of T is
-interior or a limit is reached; docs/study_design.md describes it.
+With ``sweep.extend_edges``, ``rl_batch.sweeps.extend.run_extending`` runs the grid, then
+extends it past an edge optimum (`next_edge_step`: the analysis's
+``planner.next_edge_points``) until the minimum of T is interior or a limit is reached;
+docs/study_design.md describes it.
 """
 
 import functools
@@ -20,16 +21,6 @@ from absl import app, flags, logging
 
 from experiments import cli
 from rl_batch import artifacts
-
-# Fields the sweep sets at every grid point, and where a sweep takes them instead.
-POINT_FIELDS = {
-    "prompts": "--config.sweep.prompts",
-    "group_size": "--config.sweep.group_sizes",
-    "lr_rule": "--config.sweep.lr_rules",
-    "seed": "--config.sweep.seeds",
-    "name": "--sweep_dir (points are named from the grid)",
-    "run_dir": "--sweep_dir",
-}
 
 
 def define_flags(default_config: str) -> None:
@@ -53,6 +44,8 @@ def check_point_overrides(argv) -> None:
     Raises:
       app.UsageError: naming the flag and the sweep field that sets it.
     """
+    from rl_batch.sweeps.sweep import POINT_FIELDS
+
     for arg in argv:
         field = arg.split("=", 1)[0].removeprefix("--config.")
         if arg.startswith("--config.") and field in POINT_FIELDS:
@@ -63,9 +56,10 @@ def check_point_overrides(argv) -> None:
 
 
 def default_sweep_dir(config_path: str) -> str:
-    """``sweeps/<config file name without .py>``."""
+    """``sweeps/<config file name without .py>`` (under ``$RL_BATCH_DEFAULT_ROOT`` when
+    set: `artifacts.default_dir`)."""
     name = os.path.splitext(os.path.basename(config_path.split(":")[0]))[0]
-    return os.path.join("sweeps", name)
+    return artifacts.default_dir("sweeps", name)
 
 
 def _or_exit(fn, *args, **kwargs):
@@ -78,120 +72,14 @@ def _or_exit(fn, *args, **kwargs):
         cli.fail(e)
 
 
-def extended_config(config, points: list[str]):
-    """The sweep config with ``points`` ("PxG:rule") added to ``sweep.extra_points`` and
-    the reference pinned (a smaller batch must not become the default reference)."""
-    from ml_collections import ConfigDict
-
-    from rl_batch.sweeps import sweep
-
-    c = ConfigDict(config.to_dict())
-    if not c.sweep.reference:
-        c.sweep.reference = sweep.reference_key(c, sweep.expand_grid(c))
-    extra = [p for p in str(c.sweep.extra_points).split(",") if p.strip()]
-    c.sweep.extra_points = ",".join(extra + [p for p in points if p not in extra])
-    return c
-
-
-def listed_config(config, sweep_dir: str):
-    """The config whose grid ``--list_runs`` prints: with ``sweep.extend_edges``, the
-    points recorded in ``<sweep>/extensions.json`` are added (`extended_config`)."""
-    if not config.sweep.get("extend_edges", False):
-        return config
-    from rl_batch.analysis import planner
-
-    added = [p for r in planner.read_extensions(sweep_dir)["rounds"] for p in r["points"]]
-    return extended_config(config, added)
-
-
-def _too_big(config, sweep_dir: str, points: list[str], processes) -> list[str]:
-    """Messages for the added ``points`` whose update or sampler would not fit
-    ``sweep.device_memory`` (none when it is 0): the planner's memory check."""
-    from rl_batch.sweeps import sweep
-
-    memory = float(config.sweep.get("device_memory", 0) or 0)
-    if not memory:
-        return []
-    pts, resolved = sweep.plan(config, sweep_dir, processes.device_count)
-    mine = {pt.name: resolved[pt.name] for pt in pts if pt.key in set(points)}
-    return sweep.check_memory(mine, memory, sweep_dir)
-
-
-def run_extending(config, sweep_dir: str, run_grid, processes, log=print) -> dict:
-    """Runs the grid, then extends it past an edge optimum (``sweep.extend_edges``).
-
-    After each pass, the sweep is analysed and `planner.next_edge_points` names the next
-    batch beyond the best configuration when it sits at an edge of its family; those
-    points (every seed) are added to ``sweep.extra_points`` and the grid runs again
-    (finished points are skipped, so only the new ones run, then the calibration
-    covers every configuration). Stops when the minimum of T is interior, or at a limit
-    (``sweep.extend_max_rounds``, ``sweep.extend_max_batch``, P = 1, memory), or when a
-    point failed. The added points and the reasons go to ``<sweep>/extensions.json``; a
-    re-run of the same command starts from them, so only new points run.
-
-    Args:
-      config: the sweep config.
-      sweep_dir: the sweep directory.
-      run_grid: runs one grid (``config -> record``; `sweep.run_sweep` bound to the
-        directory and this process's settings).
-      processes: this process's place (`sweep.join_processes`).
-      log: where progress lines go.
-
-    Returns:
-      The last pass's sweep record.
-
-    Raises:
-      ValueError: for a multi-process sweep (each process would have to agree on the
-        extension).
-    """
-    from rl_batch import artifacts, distributed
+def next_edge_step(sweep_dir: str, **limits):
+    """The grid extension's next step after a pass (``rl_batch.sweeps.extend.NextStep``):
+    the sweep analysed as the report does, then `planner.next_edge_points` with
+    ``limits`` (``rounds_done``, ``max_rounds``, ``max_batch``, ``min_group``)."""
     from rl_batch.analysis import curves, planner, time_to_target
-    from rl_batch.sweeps import sweep
 
-    if distributed.settings(config) is not None:
-        raise ValueError(
-            "sweep.extend_edges=True needs a single-process sweep (every process of a "
-            "multi-process one would have to agree on the added points); run the "
-            "extension's points with --config.sweep.extra_points instead"
-        )
-    if config.get("target") is None:
-        raise ValueError("sweep.extend_edges=True needs a target (T is time to the target)")
-    ext = planner.read_extensions(sweep_dir)
-    added = [p for r in ext["rounds"] for p in r["points"]]
-    path = os.path.join(sweep_dir, planner.EXTENSIONS_FILE)
-    min_group = 1 if config.algo == "ppo" else 2
-    while True:
-        current = extended_config(config, added)
-        record = run_grid(current)
-        if not processes.writer:
-            return record
-        if sweep.failed_points(record):
-            ext["stopped"] = "a point failed: no extension past an incomplete grid"
-            break
-        analysis = time_to_target.analyze_sweep(curves.load_sweep(sweep_dir))
-        step = planner.next_edge_points(
-            analysis,
-            rounds_done=len(ext["rounds"]),
-            max_rounds=int(config.sweep.get("extend_max_rounds", 2)),
-            max_batch=int(config.sweep.get("extend_max_batch", 0) or 0),
-            min_group=min_group,
-        )
-        points = list(step.points)
-        too_big = _too_big(extended_config(config, added + points), sweep_dir, points, processes)
-        if too_big:
-            ext["stopped"] = f"limit: memory ({'; '.join(too_big)}); {step.reason}"
-            break
-        if step.stop:
-            ext["stopped"] = step.reason
-            break
-        log(f"[sweep] extending the grid: {step.reason}")
-        ext["rounds"].append({"points": points, "reason": step.reason, "best": step.best.name})
-        ext["stopped"] = ""
-        artifacts.write_json_atomic(path, ext)
-        added += points
-    log(f"[sweep] grid extension stopped: {ext['stopped']}")
-    artifacts.write_json_atomic(path, ext)
-    return record
+    analysis = time_to_target.analyze_sweep(curves.load_sweep(sweep_dir))
+    return planner.next_edge_points(analysis, **limits)
 
 
 def main(argv, algo: str = "grpo"):
@@ -203,7 +91,8 @@ def main(argv, algo: str = "grpo"):
     """
     del argv
     from rl_batch import provenance
-    from rl_batch.sweeps import sweep
+    from rl_batch.sweeps import extend, sweep
+    from rl_batch.sweeps import processes as procs
 
     f = flags.FLAGS
     config = f.config
@@ -215,15 +104,21 @@ def main(argv, algo: str = "grpo"):
     if config.algo != algo:
         raise app.UsageError(f"--config is a {config.algo!r} config; this job runs {algo!r}")
     sweep_dir = f.sweep_dir or default_sweep_dir(f["config"].config_filename)
-    if f.list_runs:  # (with the points a grid extension added, when it is on)
-        print(_or_exit(sweep.list_runs, listed_config(config, sweep_dir), sweep_dir))
+    if f.list_runs or f.only is not None:
+        # The points a grid extension added to this grid in this directory, named
+        # (stderr: --list_runs prints JSON): a job of an array runs what was listed.
+        config, note = _or_exit(extend.applied_extension, config, sweep_dir)
+        if note:
+            print(note, file=sys.stderr)
+    if f.list_runs:
+        print(_or_exit(sweep.list_runs, config, sweep_dir))
         return
     # A multi-process sweep joins jax.distributed before any JAX call (run_sweep's plan
     # counts the devices); after that, each process knows whether it is the writer. With
     # --isolate this process never starts JAX's backend: its children need the devices.
     logging.set_verbosity(logging.WARNING)
     t0, started_at, load_start = time.perf_counter(), provenance.now(), provenance.load_average()
-    processes = sweep.join_processes(config, isolate=f.isolate)
+    processes = procs.join_processes(config, isolate=f.isolate)
     run_fn = None
     if f.quiet and not f.isolate:
         from rl_batch.runs import run as run_lib
@@ -234,7 +129,9 @@ def main(argv, algo: str = "grpo"):
         processes=processes, run_fn=run_fn,
     )  # fmt: skip
     if config.sweep.get("extend_edges", False) and f.only is None:
-        record = _or_exit(run_extending, config, sweep_dir, run_grid, processes)
+        record = _or_exit(
+            extend.run_extending, config, sweep_dir, run_grid, processes, next_edge_step
+        )
     else:
         record = _or_exit(run_grid, config)
     if not processes.writer:

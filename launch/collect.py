@@ -678,25 +678,21 @@ def collect(
         _place(run, dest, symlink=symlink, exclude_checkpoints=exclude_checkpoints)
         actions.append((name, "replaced" if replacing else "linked" if symlink else "copied"))
 
-    # Top-level fields a sweep program added (e.g. "grid") are kept.
-    sweep = dict(old_sweep or (source_sweeps[0] if source_sweeps else {}))
-    sweep.update(fields)
-    sweep["name"] = (
+    # Top-level fields a sweep program added are kept; a reference_key would describe
+    # another reference than this one.
+    prior = dict(old_sweep or (source_sweeps[0] if source_sweeps else {}))
+    sweep = artifacts.sweep_record(
         sweep_name
         or old_sweep.get("name")
-        or os.path.basename(os.path.normpath(os.path.abspath(sweep_dir)))
+        or os.path.basename(os.path.normpath(os.path.abspath(sweep_dir))),
+        {**prior, **fields},
+        order_entries(entries, grid),
+        reference=reference,
+        reference_key=reference_key,
+        grid=prior["grid"] if prior.get("grid") is not None else agreed_grid(records, log),
+        **{k: v for k, v in prior.items() if k not in artifacts.SWEEP_RECORD_KEYS},
     )
-    sweep["reference"] = reference
-    if reference_key is not None:
-        sweep["reference_key"] = reference_key
-    else:
-        sweep.pop("reference_key", None)  # It would describe another reference.
-    if sweep.get("grid") is None:
-        recorded_grid = agreed_grid(records, log)
-        if recorded_grid is not None:
-            sweep["grid"] = recorded_grid
-    sweep["runs"] = order_entries(entries, grid)
-    artifacts.write_json_atomic(sweep_path, sweep)
+    artifacts.write_sweep(sweep_path, sweep)
     return CollectResult(sweep=sweep, actions=actions)
 
 

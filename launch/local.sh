@@ -6,7 +6,8 @@
 #   launch/local.sh [OPTIONS] train CONFIG RUN_DIR [FLAG ...]
 #   launch/local.sh [OPTIONS] sweep CONFIG SWEEP_DIR [FLAG ...]
 #   launch/local.sh [OPTIONS] point CONFIG SWEEP_DIR RUN_NAME [FLAG ...]
-#   launch/local.sh [OPTIONS] list  CONFIG
+#   launch/local.sh [OPTIONS] list  CONFIG [SWEEP_DIR] [FLAG ...]  (the grid the points of
+#                            SWEEP_DIR run: an extension recorded there for it included)
 #
 # Options:
 #   -n N, --num_processes=N  start N processes (default 1). For train, process i gets
@@ -102,8 +103,12 @@ case "$COMMAND" in
     CMD=("$PYTHON" -m "$(sweep_module "$1")" "--config=$1" "--sweep_dir=$2" "--only=$3" "${@:4}")
     ;;
   list)
-    [[ $# -ge 1 ]] || die "usage: list CONFIG"
-    CMD=("$PYTHON" -m "$(sweep_module "$1")" "--config=$1" --list_runs "${@:2}")
+    [[ $# -ge 1 ]] || die "usage: list CONFIG [SWEEP_DIR] [FLAG ...]"
+    if [[ $# -ge 2 && "$2" != -* ]]; then
+      CMD=("$PYTHON" -m "$(sweep_module "$1")" "--config=$1" "--sweep_dir=$2" --list_runs "${@:3}")
+    else
+      CMD=("$PYTHON" -m "$(sweep_module "$1")" "--config=$1" --list_runs "${@:2}")
+    fi
     NUM_PROCESSES=1
     ;;
   *) die "unknown COMMAND '$COMMAND' (train, sweep, point or list)" ;;

@@ -137,6 +137,7 @@ def list_runs(
     sweep_config: str,
     python: str = sys.executable,
     overrides: Sequence[str] = (),
+    sweep_dir: str | None = None,
 ) -> list[dict[str, Any]]:
     """Asks the sweep program for its grid (``--list_runs``), without running anything.
 
@@ -146,6 +147,9 @@ def list_runs(
       python: the interpreter to run it with.
       overrides: ``--config.*`` flags every point runs with (`config_overrides`): the
         grid listed is the one the points see.
+      sweep_dir: the sweep directory the points run in (``--sweep_dir``): a grid
+        extension recorded there for this grid is listed, as the points will run it;
+        None: the sweep program's default directory.
 
     Returns:
       The grid points (see `parse_runs`).
@@ -154,7 +158,9 @@ def list_runs(
       ValueError: the sweep program refused the config (its one-line error, or the last
         line of what it wrote).
     """
-    cmd = [python, "-m", sweep_module, f"--config={sweep_config}", *overrides, "--list_runs"]
+    cmd = [python, "-m", sweep_module, f"--config={sweep_config}", *overrides]
+    cmd += [f"--sweep_dir={sweep_dir}"] if sweep_dir else []
+    cmd += ["--list_runs"]
     env = dict(os.environ)
     # Listing needs no accelerator; keep it from grabbing one a running job may hold.
     env.setdefault("JAX_PLATFORMS", "cpu")
@@ -581,7 +587,10 @@ def main(argv: Sequence[str]) -> None:
             runs = parse_runs(fh.read(), f.runs_json)
     else:
         python = f.list_python or sys.executable
-        runs = list_runs(sweep_module, f.sweep_config, python=python, overrides=overrides)
+        runs = list_runs(
+            sweep_module, f.sweep_config, python=python, overrides=overrides,
+            sweep_dir=f.sweep_dir,
+        )  # fmt: skip
 
     scheduler = f.scheduler
     # SLURM and local jobs see this filesystem: an absolute sweep directory lets the scripts

@@ -12,7 +12,7 @@
 #   launch/tpu_vm.sh [OPTIONS] train CONFIG RUN_DIR [FLAG ...]
 #   launch/tpu_vm.sh [OPTIONS] sweep CONFIG SWEEP_DIR [FLAG ...]
 #   launch/tpu_vm.sh [OPTIONS] point CONFIG SWEEP_DIR RUN_NAME [FLAG ...]
-#   launch/tpu_vm.sh [OPTIONS] list  CONFIG              print the sweep grid (worker 0)
+#   launch/tpu_vm.sh [OPTIONS] list  CONFIG [SWEEP_DIR]  print the sweep grid (worker 0)
 #   launch/tpu_vm.sh [OPTIONS] exec  COMMAND ...         any command, in the checkout, on every worker
 #   launch/tpu_vm.sh [OPTIONS] fetch REMOTE_DIR LOCAL_DIR  copy a run/sweep directory from worker 0
 #
@@ -205,11 +205,12 @@ case "$COMMAND" in
       "$(sweep_module "$1")" "--config=$1" "--sweep_dir=$2" "--only=$3" "${@:4}")"
     ;;
   list)
-    [[ $# -ge 1 ]] || die "usage: list CONFIG"
+    [[ $# -ge 1 ]] || die "usage: list CONFIG [SWEEP_DIR] [FLAG ...]"
     WORKER=0
     DETACH=0
-    on_workers "list" "$(quote_words "$REMOTE_PYTHON" -m "$(sweep_module "$1")" "--config=$1" \
-      --list_runs "${@:2}")"
+    LIST_ARGS=(-m "$(sweep_module "$1")" "--config=$1")
+    if [[ $# -ge 2 && "$2" != -* ]]; then LIST_ARGS+=("--sweep_dir=$2"); shift; fi
+    on_workers "list" "$(quote_words "$REMOTE_PYTHON" "${LIST_ARGS[@]}" --list_runs "${@:2}")"
     ;;
   exec)
     [[ $# -ge 1 ]] || die "usage: exec COMMAND ..."

@@ -83,6 +83,19 @@ CALIBRATION_VERSION = 1
 
 NOT_REACHED = "not reached"
 
+# Where the programs' default output directories lie (``sweeps/``, ``workdir/``):
+# the working directory, or this directory when the variable is set (the test suite sets
+# it to a temporary one, so that no test reads or writes a checkout's outputs).
+DEFAULT_ROOT_ENV = "RL_BATCH_DEFAULT_ROOT"
+
+
+def default_dir(*parts: str) -> str:
+    """A default output path: ``os.path.join(*parts)`` relative to the working
+    directory, or under ``$RL_BATCH_DEFAULT_ROOT`` when it is set."""
+    root = os.environ.get(DEFAULT_ROOT_ENV)
+    return os.path.normpath(os.path.join(root, *parts)) if root else os.path.join(*parts)
+
+
 # ``phase`` of an update line: PPO's critic-only warm-up, then actor training (GRPO: all).
 PHASE_CRITIC_WARMUP = "critic_warmup"
 PHASE_TRAIN = "train"
@@ -201,6 +214,101 @@ def sweep_entry(
         "status": status,
         "error": error,
     }
+
+
+# ---------------------------------------------------------------------------- sweep.json
+
+# sweep.json's top-level fields in their order (`sweep_record`); a writer may add more
+# after them (the importer's ``imported``).
+SWEEP_RECORD_KEYS = ("name", *SWEEP_SETTING_KEYS, "reference", "reference_key", "grid", "runs")
+
+
+def sweep_record(
+    name: str,
+    settings: Any,
+    runs: list[dict[str, Any]],
+    *,
+    reference: str | None = None,
+    reference_key: str | None = None,
+    grid: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """sweep.json's contents (the one builder; `write_sweep` writes them).
+
+    Args:
+      name: the sweep's name (its directory's base name, unless given).
+      settings: a mapping with the sweep settings (`sweep_settings` of a config, or
+        collected from the runs); each of ``SWEEP_SETTING_KEYS`` is taken (None if absent).
+      runs: one `sweep_entry` per run (writers may add fields to an entry, e.g.
+        ``key``, ``wall_s``).
+      reference: the reference run's name (None: the analysis takes the smallest batch).
+      reference_key: its configuration (``"PxG:rule"``); left out when None.
+      grid: the sweep program's ``sweep`` section; left out when None.
+      **extra: further top-level fields, after the others.
+
+    Returns:
+      The record, its keys in the order of ``SWEEP_RECORD_KEYS``, then ``extra``.
+    """
+    record = {"name": name, **{k: settings.get(k) for k in SWEEP_SETTING_KEYS}}
+    record["reference"] = reference
+    if reference_key is not None:
+        record["reference_key"] = reference_key
+    if grid is not None:
+        record["grid"] = grid
+    record["runs"] = list(runs)
+    clash = sorted(set(extra) & set(SWEEP_RECORD_KEYS))
+    if clash:
+        raise ValueError(f"sweep_record: {clash} are sweep.json's own fields, not extras")
+    return {**record, **extra}
+
+
+def write_sweep(path: str, record: dict[str, Any]) -> None:
+    """Writes a `sweep_record` atomically to ``path`` (``<sweep>/sweep.json``, or a job's
+    ``<run>/sweep_point.json``): the one writer of the format.
+
+    Raises:
+      ValueError: a record without a name, the settings or a list of named runs with a
+        status (not what `sweep_record` builds).
+    """
+    missing = [k for k in ("name", *SWEEP_SETTING_KEYS, "reference", "runs") if k not in record]
+    runs = record.get("runs")
+    if missing or not isinstance(runs, list):
+        raise ValueError(f"{path}: not a sweep record (missing {missing or ['runs (a list)']})")
+    bad = [r for r in runs if not isinstance(r, dict) or "name" not in r or "status" not in r]
+    if bad:
+        raise ValueError(f"{path}: run entries without a name and status: {bad[:2]}")
+    write_json_atomic(path, record)
+
+
+# ----------------------------------------------------------------------- extensions.json
+
+EXTENSIONS_FILE = "extensions.json"  # <sweep>/extensions.json: the grid extension's rounds
+
+
+def read_extensions(sweep_dir: str) -> dict[str, Any]:
+    """``<sweep>/extensions.json`` (``{"rounds": [], "stopped": ""}`` when absent).
+
+    Format (written by ``rl_batch.sweeps.extend``, read by it and the report):
+    ``{"version": 1, "rounds": [{"points": ["PxG:rule", ...], "reason": str, "best":
+    config name}], "stopped": why the extension stopped ("" while it runs), "grid":
+    {"points": run names, "reference": key} (the grid extended; absent in older files)}``.
+    """
+    path = os.path.join(sweep_dir, EXTENSIONS_FILE)
+    if not os.path.exists(path):
+        return {"version": 1, "rounds": [], "stopped": ""}
+    obj = read_json(path)
+    rounds = obj.get("rounds") if isinstance(obj, dict) else None
+    if not isinstance(rounds, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("points"), list) for r in rounds
+    ):
+        raise ValueError(f"{path}: expected {{'rounds': [{{'points': [...]}}, ...]}}")
+    out = {"version": 1, "rounds": rounds, "stopped": str(obj.get("stopped", ""))}
+    return {**out, "grid": obj["grid"]} if obj.get("grid") else out
+
+
+def write_extensions(sweep_dir: str, ext: dict[str, Any]) -> None:
+    """Writes `read_extensions`'s record to ``<sweep>/extensions.json`` atomically."""
+    write_json_atomic(os.path.join(sweep_dir, EXTENSIONS_FILE), ext)
 
 
 def entry_batch(entry: dict[str, Any]) -> Any:

@@ -164,6 +164,7 @@ def test_a_malformed_calibration_names_the_file(tmp_path):
         artifacts.read_calibration(str(tmp_path))
 
 
+@pytest.mark.slow  # 27 s on a loaded 2-core machine
 def test_concurrent_sweep_runs_every_point_and_calibrates(tmp_path):
     """Two points at a time in child processes, then the interleaved calibration."""
     c = tiny_run_config(str(tmp_path / "work"))

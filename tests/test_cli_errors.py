@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import jax.numpy as jnp
+import pytest
 
 from rl_batch import artifacts
 from rl_batch.locks import DirectoryLock
@@ -105,6 +106,7 @@ def _cases(tmp):
     }
 
 
+@pytest.mark.slow  # 48 s on a loaded 2-core machine
 def test_every_command_says_a_mistake_in_one_line(tmp_path):
     tmp = str(tmp_path)
     cases = _cases(tmp)

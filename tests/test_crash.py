@@ -23,6 +23,9 @@ from rl_batch import artifacts
 from rl_batch.runs.checkpoint import Checkpointer
 from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
 
+# Training runs in subprocesses, crashed and resumed: the slow tier (-m slow).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 120  # per subprocess
 TMP_MARK = ".orbax-checkpoint-tmp"
@@ -288,6 +291,7 @@ import numpy as np
 from ml_collections import ConfigDict
 from rl_batch.rollout import groups as rollout_lib
 from rl_batch.runs import run as run_lib
+
 
 real_rollout, training_calls = rollout_lib.rollout, []
 

@@ -99,6 +99,7 @@ def test_a_checkpoint_that_does_not_fit_keeps_the_earlier_steps(tmp_path, monkey
     np.testing.assert_array_equal(restored["a"], np.arange(4.0))
 
 
+@pytest.mark.slow  # 13-48 s on a loaded 2-core machine
 def test_a_run_stops_on_a_full_disk_and_resumes(tmp_path, monkeypatch):
     run_dir = str(tmp_path / "run")
     config = tiny_run_config(str(tmp_path / "work"), run_dir)  # checkpoints at steps 2, 4

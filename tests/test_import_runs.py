@@ -220,6 +220,7 @@ def test_missing_accuracy_key_is_one_error_line(reference, tmp_path):
     assert not os.path.exists(tmp_path / "out" / "sweep.json")
 
 
+@pytest.mark.slow  # 18 s on a loaded 2-core machine
 def test_end_to_end_import_then_figures_and_plan(reference, tmp_path):
     """One command imports a folder of verl runs; figures and plan_batch run unchanged
     on it and recommend what they recommend on the reference sweep."""

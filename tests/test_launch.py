@@ -373,9 +373,12 @@ def test_a_points_config_overrides_list_the_grid_it_runs(tmp_path):
     extra = ["--config.sweep.prompts=2,4", "--quiet", "--config.eval_k=4"]
     overrides = make_jobs.config_overrides(extra)
     assert overrides == ["--config.sweep.prompts=2,4", "--config.eval_k=4"]
-    make_jobs.list_runs("experiments.grpo_sweep", "c.py", python=fake, overrides=overrides)
+    make_jobs.list_runs("experiments.grpo_sweep", "c.py", python=fake, overrides=overrides,
+                        sweep_dir="/s/grid")  # fmt: skip
+    # The sweep directory too: an extension recorded there is the points' grid.
     assert seen.read_text().split() == [
-        "-m", "experiments.grpo_sweep", "--config=c.py", *overrides, "--list_runs",
+        "-m", "experiments.grpo_sweep", "--config=c.py", *overrides, "--sweep_dir=/s/grid",
+        "--list_runs",
     ]  # fmt: skip
 
 
@@ -534,6 +537,16 @@ def test_local_sh_single_process_and_usage_errors(fakes):
         "--list_runs",
     ]
     assert env_seen["RL_BATCH_PROCESS_ID"] == ""  # One process: no coordinator at all.
+    # With its sweep directory: the grid the points of that directory run.
+    proc = subprocess.run(
+        [local_sh, "list", "experiments/configs/grpo_sweep.py", "/s", "--config.seed=1"],
+        env=fakes.env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [
+        "--config=experiments/configs/grpo_sweep.py", "--sweep_dir=/s", "--list_runs",
+        "--config.seed=1",
+    ] in [argv[2:] for argv, _ in _calls(fakes.out)]  # fmt: skip
     for bad, msg in [(["-n", "0", "train", "a", "b"], "positive integer"), (["fly"], "'fly'")]:
         proc = subprocess.run([local_sh] + bad, env=fakes.env, capture_output=True, text=True)
         assert proc.returncode == 2 and msg in proc.stderr

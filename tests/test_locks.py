@@ -51,7 +51,7 @@ def test_release_lets_the_next_writer_in(tmp_path):
     DirectoryLock(str(tmp_path / "d"), "b").acquire().release()
 
 
-# A sweep parent's child (sweep.run_child): it dies with the parent and gets its SIGTERM.
+# A sweep parent's child (processes.run_child): it dies with the parent and gets its SIGTERM.
 CHILD = """
 import os, signal, sys, time
 from rl_batch.locks import die_with_parent
@@ -67,9 +67,9 @@ time.sleep(60)
 PARENT = """
 import sys
 import time
-from rl_batch.sweeps import sweep
+from rl_batch.sweeps import processes
 print("parent up", flush=True)
-sys.exit(sweep.run_child([sys.executable, "-c", sys.argv[1], sys.argv[2]], sys.argv[3]))
+sys.exit(processes.run_child([sys.executable, "-c", sys.argv[1], sys.argv[2]], sys.argv[3]))
 """
 
 

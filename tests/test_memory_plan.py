@@ -89,6 +89,7 @@ def temps(compiled):
     return compiled[0]
 
 
+@pytest.mark.slow  # 52 s (setup) on a loaded 2-core machine
 def test_remat_and_chunking_lower_the_compiled_update_memory(temps):
     # [B/M=2, R=480, V=4096] fp32 logits are 16 MB; a 64-position block is 2 MB.
     logits_bytes = 2 * 480 * 4096 * 4
@@ -118,6 +119,7 @@ def _plan_cli(*flags, config="experiments/configs/grpo_cpu.py"):
     return proc.stdout
 
 
+@pytest.mark.slow  # 32 s on a loaded 2-core machine
 def test_plan_cli_tables_and_refusal():
     """One run with room to spare, one with a device smaller than the params: the sweep
     table says which points fit and refuses them all on the small device."""
@@ -160,6 +162,7 @@ def test_sweep_refuses_points_that_do_not_fit(tmp_path):
         ("grpo_tpu", ["--batch_shards=4", "--device_memory=95e9"]),
     ],
 )
+@pytest.mark.slow  # 6-38 s each on a loaded 2-core machine
 def test_study_configs_plan_every_point(name, flags):
     """The accelerator configs' own micro_batch_seqs / gen_batch, through the planner's
     sweep table (tiny shapes: the real ones are in docs/memory.md): every grid

@@ -16,6 +16,9 @@ from rl_batch.rollout.sampler import SampleOutput
 from rl_batch.runs import run as run_lib
 from tests.run_fixtures import assert_same_records, deterministic, tiny_run_config
 
+# Whole training runs, stopped and resumed: the slow tier (-m slow).
+pytestmark = pytest.mark.slow
+
 # Weight decay moves the params at every update even while a random policy earns no
 # reward (zero advantages), so samples drawn from the wrong params would show.
 ASYNC = {"async_rollout.enabled": True, "weight_decay": 1.0, "checkpoint_every": 2}

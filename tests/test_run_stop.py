@@ -17,6 +17,9 @@ from rl_batch.runs.accounting import STOP_TARGET, Counters, restored_counters
 from rl_batch.runs.checkpoint import Checkpointer
 from tests.run_fixtures import TIMING, tiny_run_config
 
+# Whole training runs, stopped and resumed: the slow tier (-m slow).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def work_dir(tmp_path_factory):

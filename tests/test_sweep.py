@@ -11,7 +11,7 @@ from ml_collections import ConfigDict
 from experiments.configs import base
 from rl_batch import artifacts
 from rl_batch.runs import config as config_lib
-from rl_batch.sweeps import sweep
+from rl_batch.sweeps import processes, sweep
 from tests.run_fixtures import tiny_run_config
 
 
@@ -179,6 +179,7 @@ def test_both_sweep_programs_take_config_overrides(tmp_path, module, algo, group
     assert not os.listdir(tmp_path)  # listing the grid writes nothing
 
 
+@pytest.mark.slow  # 12-38 s on a loaded 2-core machine
 def test_isolated_point_runs_in_a_subprocess(tmp_path):
     c = _sweep_config(str(tmp_path / "work"), prompts="4", group_sizes="4")
     c.budget_responses = 16
@@ -200,7 +201,7 @@ def test_only_process_zero_writes_sweep_files(tmp_path, monkeypatch):
         def device_count():
             return 1
 
-    monkeypatch.setattr(sweep, "jax", OtherProcess)
+    monkeypatch.setattr(processes, "jax", OtherProcess)
     c = _sweep_config(prompts="2", group_sizes="4")
     run_fn, calls = _fake_run(fail={"p2_g4_sqrt_s0"})
     printed = []
@@ -317,6 +318,7 @@ def test_variant_points_are_checked_before_anything_starts():
             sweep.expand_grid(c)
 
 
+@pytest.mark.slow  # 23-29 s on a loaded 2-core machine
 def test_each_point_is_resolved_once_on_its_way_to_the_run(tmp_path, monkeypatch):
     # In process: plan() resolves each point, run.run receives its spec and resolves
     # nothing; the runs' config.json files are those specs.
@@ -332,3 +334,36 @@ def test_each_point_is_resolved_once_on_its_way_to_the_run(tmp_path, monkeypatch
     for name, spec in specs.items():
         saved = artifacts.read_json(os.path.join(spec.inputs.run_dir, artifacts.CONFIG_FILE))
         assert config_lib.load_spec(saved) == spec, name
+
+
+def test_sweep_json_has_one_builder_and_one_writer(tmp_path):
+    """artifacts.sweep_record / write_sweep: the fields in order, extras after, a record
+    that is not one refused; and no other module writes a sweep.json itself."""
+    entry = artifacts.sweep_entry("p2_g4_sqrt_s0", prompts=2, group_size=4, lr_rule="sqrt",
+                                  lr=1e-3, seed=0, status="finished")  # fmt: skip
+    settings = {"algo": "grpo", "target": 0.5}
+    record = artifacts.sweep_record(
+        "s", settings, [entry], reference="p2_g4_sqrt_s0", imported={"framework": "x"}
+    )
+    assert list(record) == ["name", "algo", "target", "target_band_lo", "target_crossing",
+                            "budget_responses", "eval_every_responses", "reference", "runs",
+                            "imported"]  # fmt: skip
+    assert record["target_crossing"] is None and record["runs"][0]["batch"] == 8
+    path = str(tmp_path / artifacts.SWEEP_FILE)
+    artifacts.write_sweep(path, record)
+    assert artifacts.read_json(path) == record
+    with pytest.raises(ValueError, match="not a sweep record"):
+        artifacts.write_sweep(path, {"name": "s", "runs": []})
+    with pytest.raises(ValueError, match="without a name and status"):
+        artifacts.write_sweep(path, {**record, "runs": [{"name": "a"}]})
+    with pytest.raises(ValueError, match="own fields"):
+        artifacts.sweep_record("s", {}, [], algo="ppo")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    writers = []
+    for folder in ("rl_batch", "launch", "experiments"):
+        for dirpath, _, files in os.walk(os.path.join(root, folder)):
+            for f in files:
+                text = open(os.path.join(dirpath, f)).read() if f.endswith(".py") else ""
+                if "SWEEP_FILE" in text and "write_json_atomic(sweep" in text:
+                    writers.append(f)
+    assert writers == [], writers

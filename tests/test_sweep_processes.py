@@ -16,6 +16,7 @@ import pytest
 
 from experiments.configs import base
 from rl_batch import artifacts, distributed, provenance
+from rl_batch.sweeps import processes as procs
 from rl_batch.sweeps import sweep
 from tests.run_fixtures import free_port, tiny_run_config
 
@@ -122,7 +123,7 @@ def test_an_isolated_sweep_parent_takes_its_place_from_the_settings(monkeypatch)
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("RL_BATCH_DISTRIBUTED", raising=False)
     c = base.sweep_config(tiny_run_config("/tmp/unused"))
-    processes = sweep.join_processes(c, isolate=True)
+    processes = procs.join_processes(c, isolate=True)
     assert not processes.writer and processes.process_id == 1
     import jax
 
@@ -130,7 +131,7 @@ def test_an_isolated_sweep_parent_takes_its_place_from_the_settings(monkeypatch)
     assert processes.device_count == 2 * jax.local_device_count()
     assert not jax.distributed.is_initialized()
     monkeypatch.setenv("RL_BATCH_PROCESS_ID", "0")
-    assert sweep.join_processes(c, isolate=True).writer
+    assert procs.join_processes(c, isolate=True).writer
 
 
 # Run in a fresh interpreter (pytest's may have started JAX already): the sweep program
@@ -140,7 +141,7 @@ import sys
 from absl import app
 from experiments import grpo_sweep
 from rl_batch import artifacts
-from rl_batch.sweeps import sweep
+from rl_batch.sweeps import processes, sweep
 
 started = []
 
@@ -150,7 +151,7 @@ def fake_child(spec, log_path, worker=None):
         f"{spec.inputs.run_dir}/{artifacts.SUMMARY_FILE}", {"status": sweep.FINISHED}
     )
 
-sweep._run_subprocess = fake_child
+processes.run_point_process = fake_child
 try:
     app.run(grpo_sweep.main, argv=["grpo_sweep", *sys.argv[1:]])
 except SystemExit as e:

@@ -1,4 +1,4 @@
-"""A sweep's worker processes (``sweep.Worker``): several points, one process, same runs."""
+"""A sweep's worker processes (``processes.Worker``): several points, one process, same runs."""
 
 import os
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 
 from rl_batch import artifacts
 from rl_batch.runs import run as run_lib
-from rl_batch.sweeps import sweep
+from rl_batch.sweeps import processes, sweep
 from tests.run_fixtures import TIMING, tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,10 +37,11 @@ def _non_timing(run_dir: str) -> list[dict]:
     ]
 
 
+@pytest.mark.slow  # 18 s on a loaded 2-core machine
 def test_a_worker_runs_points_one_after_another_and_survives_a_failed_one(tmp_path, in_repo):
     bad = _config_file(tmp_path, "bad", eval_metric="pass")
     good = [_config_file(tmp_path, f"s{s}", seed=s) for s in (0, 1)]
-    worker = sweep.Worker(str(tmp_path / "workers.log"))
+    worker = processes.Worker(str(tmp_path / "workers.log"))
     try:
         with pytest.raises(RuntimeError, match="eval_metric=.pass.: expected one of"):
             worker.run(bad, str(tmp_path / "bad.log"))
@@ -70,8 +71,8 @@ def test_a_worker_that_dies_fails_its_point_and_the_next_point_starts_a_new_one(
     tmp_path, in_repo, monkeypatch
 ):
     path = _config_file(tmp_path, "s0")
-    worker = sweep.Worker(str(tmp_path / "workers.log"))
-    start = sweep.Worker._start
+    worker = processes.Worker(str(tmp_path / "workers.log"))
+    start = processes.Worker._start
 
     def dying(self):  # reads the request, then exits as a crashed child would
         return subprocess.Popen(
@@ -81,11 +82,11 @@ def test_a_worker_that_dies_fails_its_point_and_the_next_point_starts_a_new_one(
             text=True,
         )
 
-    monkeypatch.setattr(sweep.Worker, "_start", dying)
+    monkeypatch.setattr(processes.Worker, "_start", dying)
     with pytest.raises(RuntimeError, match="worker process exited with 3; see .*stdout.log"):
         worker.run(path, str(tmp_path / "runs" / "s0" / "stdout.log"))
     assert worker.proc is None
-    monkeypatch.setattr(sweep.Worker, "_start", start)
+    monkeypatch.setattr(processes.Worker, "_start", start)
     try:
         worker.run(path, str(tmp_path / "runs" / "s0" / "stdout.log"))
     finally:
@@ -94,6 +95,7 @@ def test_a_worker_that_dies_fails_its_point_and_the_next_point_starts_a_new_one(
     assert summary["status"] == sweep.FINISHED
 
 
+@pytest.mark.slow  # 25 s on a loaded 2-core machine
 def test_a_concurrent_sweep_runs_its_points_in_workers(tmp_path, in_repo):
     from experiments.configs import base
 

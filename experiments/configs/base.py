@@ -10,6 +10,7 @@ import dataclasses
 
 from ml_collections import ConfigDict, config_dict
 
+from rl_batch import artifacts
 from rl_batch.models.transformer import ModelConfig
 from rl_batch.rollout import sources
 from rl_batch.runs import sections
@@ -34,7 +35,8 @@ def run_config() -> ConfigDict:
     c.variant = ""  # the sweep's named variant of the base config (sweep.variants), if any
     c.run_dir = ""  # output directory; required for experiments.train
     c.seed = 0
-    c.work_dir = "./workdir"  # caches: TFDS data, warm-start checkpoints
+    # caches: TFDS data, warm-start checkpoints ($RL_BATCH_DEFAULT_ROOT/workdir when set)
+    c.work_dir = artifacts.default_dir(".", "workdir")
     # Compiled programs cached in <work_dir>/xla_cache (JAX's persistent cache), so that
     # the seeds of a configuration compile once (6 s -> 2 s per run on a 2-core CPU).
     # $JAX_COMPILATION_CACHE_DIR, when set, wins.
@@ -282,7 +284,7 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # other. Their measured q then shares the host; the calibration below does not.
     run.sweep.concurrent = 1
     # With concurrent > 1 (one process): each of the `concurrent` child processes runs
-    # one point after another (rl_batch.sweeps.sweep.Worker), keeping its imports; False starts
+    # one point after another (rl_batch.sweeps.processes.Worker), keeping its imports; False starts
     # a process per point.
     run.sweep.reuse_workers = True
     # A reused worker keeps the learner, sampler and scorer of this many configurations

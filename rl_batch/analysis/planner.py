@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -800,25 +799,9 @@ def next_edge_points(
     return Extension(keys_out, "; ".join([reason, *notes]), best, side)
 
 
-EXTENSIONS_FILE = "extensions.json"  # <sweep>/extensions.json: the grid extension's rounds
-
-
-def read_extensions(sweep_dir: str) -> dict[str, Any]:
-    """``<sweep>/extensions.json`` (``{"rounds": [], "stopped": ""}`` when absent).
-
-    Format: ``{"version": 1, "rounds": [{"points": ["PxG:rule", ...], "reason": str,
-    "best": config name}], "stopped": why the extension stopped ("" while it runs)}``.
-    """
-    path = os.path.join(sweep_dir, EXTENSIONS_FILE)
-    if not os.path.exists(path):
-        return {"version": 1, "rounds": [], "stopped": ""}
-    obj = artifacts.read_json(path)
-    rounds = obj.get("rounds") if isinstance(obj, dict) else None
-    if not isinstance(rounds, list) or not all(
-        isinstance(r, dict) and isinstance(r.get("points"), list) for r in rounds
-    ):
-        raise ValueError(f"{path}: expected {{'rounds': [{{'points': [...]}}, ...]}}")
-    return {"version": 1, "rounds": rounds, "stopped": str(obj.get("stopped", ""))}
+# <sweep>/extensions.json: its format is artifacts' (rl_batch.sweeps.extend writes it).
+EXTENSIONS_FILE = artifacts.EXTENSIONS_FILE
+read_extensions = artifacts.read_extensions
 
 
 def extension_lines(sweep_dir: str) -> list[str]:

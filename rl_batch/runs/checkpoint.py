@@ -9,6 +9,15 @@ here are synchronous: when ``save`` returns, the step is on disk.
 A save that fails because the disk is full raises ``artifacts.DiskFullError`` (one
 line naming the directory) and leaves the earlier steps as they were.
 
+Temporary directories (``<step>.orbax-checkpoint-tmp*``) are this module's to clean, not
+orbax's: a failed save can leave orbax's writer threads of its other items still writing
+into one after the error (orbax stops waiting at the first failed item), and orbax's
+own clean-up then races them (``OSError: Directory not empty``). So a failed save waits
+for the threads it started before raising, and the directory's writer
+(``cleanup_tmp``) removes every temporary entry, in whatever state it was left (empty,
+partly written, items complete but not renamed, a stray file, still being written),
+before orbax lists the directory (`remove_temporary`).
+
 Each step's metadata carries a CRC-32 of every array of the tree (``meta["checksums"]``,
 arrays this process holds whole). ``restore`` of the latest step checks them, and when a
 step cannot be read or its arrays do not match their checksums (damaged on disk), it
@@ -21,9 +30,14 @@ gets there, and the next resume neither warns nor redoes those steps).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
+import threading
+import time
 import zlib
+from concurrent.futures import thread as _pool_thread
 from typing import Any
 
 import jax
@@ -34,6 +48,11 @@ from rl_batch import artifacts
 
 log = logging.getLogger(__name__)
 CHECKSUMS = "checksums"  # meta key: array name -> CRC-32 of its bytes
+TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of every temporary entry orbax writes
+# How long a failed save waits for its writer threads, and the clean-up for a temporary
+# directory that keeps changing under it (a writer of a save that is ending).
+SETTLE_TIMEOUT_S = 120.0
+_pool_worker = _pool_thread._worker  # the target of a ThreadPoolExecutor's threads
 
 
 class CheckpointMismatchError(ValueError):
@@ -52,6 +71,57 @@ def checksums(tree: Any) -> dict[str, int]:
             continue
         out[path_name(path)] = zlib.crc32(np.ascontiguousarray(jax.device_get(x)).tobytes())
     return out
+
+
+def _join_threads_since(before: set[threading.Thread], timeout_s: float) -> None:
+    """Waits (at most ``timeout_s`` in all) for the threads started since ``before``,
+    less the workers of thread pools (orbax's metadata store keeps one for the manager's
+    life; they hold no write of the failed save once its other threads have ended)."""
+    deadline = time.monotonic() + timeout_s
+    started = set(threading.enumerate()) - before
+    for t in [t for t in started if getattr(t, "_target", None) is not _pool_worker]:
+        while t is not threading.current_thread() and time.monotonic() < deadline:
+            try:
+                t.join(max(0.0, deadline - time.monotonic()))
+                break
+            except RuntimeError:  # listed while starting: joinable once it has started
+                time.sleep(0.01)
+
+
+def remove_temporary(directory: str, timeout_s: float = SETTLE_TIMEOUT_S) -> list[str]:
+    """Removes orbax's temporary entries (names holding ``TMP_MARK``) under ``directory``.
+
+    An entry may be a directory in any state (empty, partly written, items complete but
+    the step not renamed) or a file. A directory a writer is still filling (a removal
+    that fails with "Directory not empty", or a file gone before it was removed) is
+    tried again until it is gone, for at most ``timeout_s``.
+
+    Returns:
+      The names removed.
+
+    Raises:
+      OSError: an entry still there after ``timeout_s``, or another error of removal.
+    """
+    if not os.path.isdir(directory):
+        return []
+    names = sorted(n for n in os.listdir(directory) if TMP_MARK in n)
+    deadline = time.monotonic() + timeout_s
+    for name in names:
+        path = os.path.join(directory, name)
+        pause = 0.01
+        while os.path.lexists(path):
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
+            except OSError as e:  # a writer of an ending save: wait for it, then again
+                if e.errno not in (errno.ENOTEMPTY, errno.ENOENT) or time.monotonic() > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(2 * pause, 0.5)
+        log.info("removed the temporary checkpoint entry %s", path)
+    return names
 
 
 def path_name(path) -> str:
@@ -92,8 +162,13 @@ class Checkpointer:
 
     def __init__(self, directory: str, max_to_keep: int = 2, cleanup_tmp: bool = False):
         self.directory = os.path.abspath(directory)
+        # Process 0 cleans, as orbax's own clean-up would (its primary host).
+        self._cleanup = cleanup_tmp and jax.process_index() == 0
+        if self._cleanup:
+            remove_temporary(self.directory)
+        # (orbax's clean-up off: done above, robustly; see the module doc.)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=cleanup_tmp
+            max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=False
         )
         # Named handlers let a fresh process read a step's tree metadata (shapes) before
         # restoring it; without them orbax reports no metadata and the shape check is lost.
@@ -127,12 +202,18 @@ class Checkpointer:
                 self._manager.delete(step)
             self._damaged.discard(step)
         args = ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta))
+        before = set(threading.enumerate())
         try:
             self._manager.save(step, args=args, force=True)
             self._manager.wait_until_finished()
         except Exception as e:
             # The step stays a temporary directory, which latest_step never returns; the
-            # earlier steps are kept (orbax prunes them only after a save completes).
+            # earlier steps are kept (orbax prunes them only after a save completes). The
+            # other items' writers may still run: waited for, then (one process) the
+            # temporary directory goes, so a resume in this process starts clean.
+            _join_threads_since(before, SETTLE_TIMEOUT_S)
+            if self._cleanup and jax.process_count() == 1:
+                remove_temporary(self.directory)
             if artifacts.is_disk_full(e):
                 raise artifacts.DiskFullError(self.directory) from e
             raise

@@ -16,8 +16,10 @@ failed point is recorded with its error and the sweep goes on (``failed_points``
 them, for the exit status of the sweep programs).
 
 A sweep launched as several processes (``launch/local.sh -n N``, SLURM, TPU VM pods)
-joins ``jax.distributed`` before anything else (``join_processes``); process 0 alone
-writes the sweep's files.
+joins ``jax.distributed`` before anything else (``processes.join_processes``); process 0
+alone writes the sweep's files. The processes a sweep starts (a point's child, a worker
+that runs points one after another, their protocol and signals) live in
+``rl_batch.sweeps.processes``.
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 import traceback
@@ -36,16 +36,15 @@ from collections.abc import Callable
 from concurrent import futures as concurrent_futures
 from typing import Any
 
-import jax
 from ml_collections import ConfigDict
 
 from rl_batch import artifacts, distributed, locks
 from rl_batch.runs import config as config_lib
 from rl_batch.runs.spec import RunSpec
+from rl_batch.sweeps import processes as procs
+from rl_batch.sweeps.processes import Processes
 
 FINISHED = "finished"
-# The processes a sweep starts (its points, their workers, calibration, the memory check).
-WORKER = (sys.executable, "-m", "rl_batch.sweeps.worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +145,19 @@ def _full_key(base: ConfigDict, text: str) -> tuple[int, int, str, str, str]:
     return p, g, r, critic, variant
 
 
-# Fields a variant may not set: the point's own identity (its key and run) sets them.
-POINT_FIELDS = ("prompts", "group_size", "lr_rule", "seed", "name", "run_dir", "lr", "variant")
+# The run config's fields a sweep sets at every point (its key and run), and where a
+# sweep takes each instead: a variant may not set them, nor a sweep program's
+# --config.<field> override (experiments.sweep_main.check_point_overrides).
+POINT_FIELDS = {
+    "prompts": "--config.sweep.prompts",
+    "group_size": "--config.sweep.group_sizes",
+    "lr_rule": "--config.sweep.lr_rules",
+    "seed": "--config.sweep.seeds",
+    "name": "--sweep_dir (points are named from the grid)",
+    "run_dir": "--sweep_dir",
+    "lr": "--config.lr_ref with --config.sweep.lr_rules (fixed: lr = lr_ref at every batch)",
+    "variant": "--config.sweep.variants and a point key's @variant",
+}
 
 
 def _leaves(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -299,7 +309,7 @@ def check_memory(resolved: dict[str, RunSpec], device_memory: float, work_dir: s
     artifacts.write_json_atomic(path, {k: spec.to_json() for k, spec in resolved.items()})
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
-        [*WORKER, "memory", path, f"--device_memory={device_memory}"],
+        [*procs.WORKER, "memory", path, f"--device_memory={device_memory}"],
         env=env,
         capture_output=True,
         text=True,
@@ -329,14 +339,14 @@ def _sweep_record(base: ConfigDict, points, resolved, ref_key, old: dict | None)
         )
         runs.append({**entry, "key": point.key, "wall_s": prev.get("wall_s")})
     ref_name = next(p.name for p in points if p.key == ref_key)
-    return {
-        "name": os.path.basename(os.path.normpath(base.get("sweep_dir", "") or "sweep")),
-        **artifacts.sweep_settings(base),
-        "reference": ref_name,
-        "reference_key": ref_key,
-        "grid": base.sweep.to_dict(),
-        "runs": runs,
-    }
+    return artifacts.sweep_record(
+        os.path.basename(os.path.normpath(base.get("sweep_dir", "") or "sweep")),
+        artifacts.sweep_settings(base),
+        runs,
+        reference=ref_name,
+        reference_key=ref_key,
+        grid=base.sweep.to_dict(),
+    )
 
 
 def _changed_settings(resolved: dict[str, RunSpec]) -> list[str]:
@@ -364,105 +374,6 @@ def _run_status(run_dir: str) -> str | None:
         return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Processes:
-    """This process's place in a (possibly multi-process) sweep; see ``join_processes``."""
-
-    writer: bool  # whether this process writes the sweep's files and prints progress
-    # Devices of each run, for ``plan``: None (count them with jax.device_count()) when
-    # the points run in this process; counted by a child process with ``isolate``.
-    device_count: int | None
-    process_id: int = 0  # this process's index (0 where unknown)
-
-
-def join_processes(base: ConfigDict, *, isolate: bool = False) -> Processes:
-    """Joins a multi-process sweep before any JAX call; says which process writes.
-
-    Settings come from ``base.distributed`` or the ``RL_BATCH_*`` environment (see
-    ``rl_batch.distributed``); a single process needs nothing. Points run in this
-    process (the default) join ``jax.distributed`` here, since ``plan`` counts the
-    devices, which starts the backend, and ``jax.distributed.initialize`` must come
-    first; ``run.run``'s own call then does nothing. With ``isolate``, this process
-    only starts each point's worker children (``rl_batch.sweeps.worker``), which inherit the
-    environment and join the run themselves: this one must not (it would hold the
-    coordinator's port), so its index and the process count come from the settings,
-    and nor may it start JAX's backend (it would hold the accelerators its children
-    need for the whole sweep): the device count comes from a short-lived child process
-    (``child_local_device_count``).
-
-    Args:
-      base: the sweep config.
-      isolate: the points run in child processes.
-
-    Returns:
-      Whether this process writes (process 0), its index, and the device count for
-      ``plan``.
-
-    Raises:
-      ValueError: for incomplete multi-process settings.
-    """
-    if not isolate:
-        distributed.maybe_initialize(base)
-        index = jax.process_index()  # (right only once jax.distributed has joined)
-        return Processes(writer=index == 0, device_count=None, process_id=index)
-    launched = distributed.launch_settings(base)
-    if launched is None:
-        logging.warning(
-            "RL_BATCH_DISTRIBUTED=auto but no cluster detected: this process cannot tell "
-            "whether it is process 0, so it writes the sweep's files"
-        )
-        launched = (1, 0)
-    num_processes, process_id = launched
-    # The children's mesh spans every process's devices (the same number on each host).
-    # Counted in a short-lived process: starting JAX's backend here would hold the
-    # accelerators (a TPU's chips, most of each GPU's memory) for the whole sweep.
-    return Processes(
-        writer=process_id == 0,
-        device_count=child_local_device_count() * num_processes,
-        process_id=process_id,
-    )
-
-
-_PROBE = "import jax; print(jax.local_device_count())"
-_PROBE_TIMEOUT_S = 600  # a TPU's or a cluster's backend can take minutes to start
-
-
-def child_local_device_count() -> int:
-    """The local device count a child process of this one sees, counted without
-    starting JAX's backend here.
-
-    For the parent of ``--isolate`` children, which must leave the accelerators to
-    them: a ``python -c`` child with this process's environment starts JAX, counts its
-    local devices and exits, releasing them. (Its GPU memory is not preallocated.)
-
-    Raises:
-      RuntimeError: when the counting process fails (with its output), as the runs'
-        processes would.
-    """
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _PROBE],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=_PROBE_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise RuntimeError(
-            f"counting the devices of the sweep's runs ({sys.executable} -c {_PROBE!r}) "
-            f"did not finish in {_PROBE_TIMEOUT_S}s"
-        ) from e
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines or not lines[-1].strip().isdigit():
-        raise RuntimeError(
-            f"counting the devices of the sweep's runs ({sys.executable} -c {_PROBE!r}) "
-            f"failed with exit {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
-        )
-    return int(lines[-1])
-
-
 def failed_points(record: dict[str, Any], only: str | None = None) -> list[str]:
     """The names of the requested points of a sweep record that did not finish.
 
@@ -476,162 +387,6 @@ def failed_points(record: dict[str, Any], only: str | None = None) -> list[str]:
         for r in record["runs"]
         if (only is None or r["name"] == only) and r["status"] != FINISHED
     ]
-
-
-def run_child(cmd: list[str], log_path: str) -> int:
-    """Runs ``cmd`` with its output appended to ``log_path``; returns its exit status.
-
-    The child gets SIGTERM if this process dies (even by SIGKILL) when it calls
-    `locks.die_with_parent` (``rl_batch.sweeps.worker`` does), and a SIGTERM sent to this
-    process is passed on to it (this process then waits for it and exits 143), so the
-    child is never left training a run that a rerun would start a second time.
-    """
-    env = {**os.environ, locks.PARENT_PID_ENV: str(os.getpid())}
-    with open(log_path, "a") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        forward = threading.current_thread() is threading.main_thread()
-        terminated = []
-        if forward:
-            previous = signal.getsignal(signal.SIGTERM)
-
-            def on_term(signum, frame):  # (no wait here: the main thread is in one)
-                terminated.append(signum)
-                proc.send_signal(signal.SIGTERM)
-
-            signal.signal(signal.SIGTERM, on_term)
-        try:
-            returncode = proc.wait()
-            if terminated:
-                raise SystemExit(128 + terminated[0])
-            return returncode
-        finally:
-            if forward:
-                signal.signal(signal.SIGTERM, previous)
-            if proc.poll() is None:  # (an exception here: the child must not outlive it)
-                proc.terminate()
-                proc.wait()
-
-
-def _run_subprocess(spec: RunSpec, log_path: str, worker: Worker | None = None) -> None:
-    """Runs one point in a child process (``rl_batch.sweeps.worker run``) from its spec
-    as JSON (in ``worker``, a process that runs points one after another, when one is
-    given)."""
-    cfg_path = os.path.join(spec.inputs.run_dir, "requested_config.json")
-    artifacts.write_json_atomic(cfg_path, spec.to_json())
-    if worker is not None:
-        worker.run(cfg_path, log_path)
-        return
-    cmd = [*WORKER, "run", cfg_path]
-    returncode = run_child(cmd, log_path)
-    if returncode != 0:
-        raise RuntimeError(f"subprocess exited with {returncode}; see {log_path}")
-
-
-class Worker:
-    """A child process (``rl_batch.sweeps.worker serve``) that runs points one at a time.
-
-    A sweep's concurrent points each used to start a process of their own; on a 2-core
-    CPU the import and the first-call compiles were a fifth of a short run's wall time.
-    A worker keeps both across the points it runs, and with ``keep_programs`` > 0 the
-    compiled programs of its last configurations (``rl_batch.runs.programs``). The protocol
-    (`serve_points` is the other end): one JSON line ``{"config_json": path, "log":
-    path, "keep_programs": n}`` per point on the child's stdin; one JSON line ``{"ok":
-    bool, "error": str}`` back on its stdout once the point has ended. The point's own
-    output (progress bar, warnings, a traceback) is appended to its log, as a child of
-    its own would write it. A child that dies takes only its current point with it
-    (recorded as failed, as before); the next point starts a new child. ``stderr_path``
-    receives what the child prints between points.
-    """
-
-    def __init__(self, stderr_path: str, keep_programs: int = 0):
-        self.stderr_path, self.keep_programs = stderr_path, keep_programs
-        self.proc: subprocess.Popen | None = None
-
-    def _start(self) -> subprocess.Popen:
-        env = {**os.environ, locks.PARENT_PID_ENV: str(os.getpid())}
-        with open(self.stderr_path, "a") as err:
-            return subprocess.Popen(
-                [*WORKER, "serve"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=env,
-                text=True,
-            )
-
-    def run(self, cfg_path: str, log_path: str) -> None:
-        """Runs one point; raises RuntimeError (naming ``log_path``) if it failed."""
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = self._start()
-        try:
-            request = {
-                "config_json": cfg_path,
-                "log": log_path,
-                "keep_programs": self.keep_programs,
-            }
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            reply = self.proc.stdout.readline()
-        except BrokenPipeError:
-            reply = ""
-        if not reply:  # the child died in the point
-            code = self.proc.wait()
-            self.proc = None
-            raise RuntimeError(f"worker process exited with {code}; see {log_path}")
-        answer = json.loads(reply)
-        if not answer["ok"]:
-            raise RuntimeError(f"{answer['error']}; see {log_path}")
-
-    def close(self) -> None:
-        """Ends the child (end of input: it exits after its current point)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait()
-        self.proc = None
-
-
-def serve_points(requests, replies) -> None:
-    """The child side of `Worker`: runs each requested point in this process.
-
-    Args:
-      requests: lines of ``{"config_json": path, "log": path, "keep_programs": n}`` (a
-        text stream; ``keep_programs``: ``rl_batch.runs.programs.keep``, 0 when absent).
-      replies: where each point's ``{"ok", "error"}`` line goes (a text stream that is
-        not this process's stdout: fds 1 and 2 are the point's log while it runs).
-    """
-    from rl_batch.runs import programs  # Imported late: jax reads XLA_FLAGS at import.
-    from rl_batch.runs import run as run_lib
-
-    for line in requests:
-        request = json.loads(line)
-        saved = [os.dup(1), os.dup(2)]
-        with open(request["log"], "a") as log_file:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(log_file.fileno(), 1)
-            os.dup2(log_file.fileno(), 2)
-            ok, error, stop = True, "", False
-            try:
-                spec = config_lib.load_spec(artifacts.read_json(request["config_json"]))
-                programs.keep(request.get("keep_programs", 0))
-                summary = run_lib.run(spec, resume=True, progress=True)
-                print(f"{summary['status']}: N*={summary['n_star']} q={summary['q']}")
-            except KeyboardInterrupt as e:  # a SIGTERM: the run recorded "interrupted"
-                ok, error, stop = False, f"interrupted ({e})", True
-            except Exception as e:  # noqa: BLE001 (the parent records it; the next point runs)
-                traceback.print_exc()
-                ok, error = False, f"{type(e).__name__}: {e}"
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os.dup2(saved[0], 1)
-                os.dup2(saved[1], 2)
-                for fd in saved:
-                    os.close(fd)
-        replies.write(json.dumps({"ok": ok, "error": error}) + "\n")
-        replies.flush()
-        if stop:
-            return
 
 
 def run_sweep(
@@ -655,7 +410,7 @@ def run_sweep(
       run_fn: runs one point's ``RunSpec`` in-process (default ``rl_batch.runs.run.run``).
       log: where progress lines go.
       processes: this process's place, if the caller has already joined
-        (``join_processes``); else this joins first.
+        (`procs.join_processes`); else this joins first.
 
     Returns:
       The sweep record (also in ``sweep.json``, or ``sweep_point.json`` with ``only``);
@@ -667,7 +422,7 @@ def run_sweep(
     """
     # Before any JAX call: plan() counts the devices (with isolate, in a child process:
     # this one never starts JAX's backend, which would hold its children's accelerators).
-    processes = processes or join_processes(base, isolate=isolate)
+    processes = processes or procs.join_processes(base, isolate=isolate)
     os.makedirs(sweep_dir, exist_ok=True)
     # One sweep program per sweep directory (the jobs of an array write only their points).
     lock = locks.DirectoryLock(sweep_dir, "sweep") if processes.writer and only is None else None
@@ -709,7 +464,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         sweep_path = os.path.join(resolved[only].inputs.run_dir, "sweep_point.json")
     # Other processes of a multi-process run compute but write and print nothing.
     writer = processes.writer
-    save = artifacts.write_json_atomic if writer else _discard
+    save = artifacts.write_sweep if writer else _discard
     log = log if writer else _discard
     save(sweep_path, record)
 
@@ -723,7 +478,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     isolate = isolate or concurrent > 1
     progress = _Progress(len(todo), log, concurrent)
     guard = threading.Lock()  # the record and its file, from concurrent points
-    workers = _Workers(
+    workers = procs.Workers(
         os.path.join(sweep_dir, "workers.log"),
         enabled=concurrent > 1 and bool(base.sweep.get("reuse_workers", False))
         and distributed.settings(base) is None,
@@ -781,28 +536,6 @@ class _Progress:
         return f", sweep ETA {remaining * sum(walls) / len(walls) / 60:.1f} min"
 
 
-class _Workers:
-    """One `Worker` per thread of a sweep's pool (None for every thread when disabled)."""
-
-    def __init__(self, stderr_path: str, enabled: bool, keep_programs: int = 0):
-        self.stderr_path, self.enabled, self.keep_programs = stderr_path, enabled, keep_programs
-        self._local, self._all, self._lock = threading.local(), [], threading.Lock()
-
-    def mine(self) -> Worker | None:
-        """This thread's worker (the main thread, which runs the first point, has none)."""
-        if not self.enabled or threading.current_thread() is threading.main_thread():
-            return None
-        if getattr(self._local, "worker", None) is None:
-            self._local.worker = Worker(self.stderr_path, self.keep_programs)
-            with self._lock:
-                self._all.append(self._local.worker)
-        return self._local.worker
-
-    def close(self) -> None:
-        for w in self._all:
-            w.close()
-
-
 def _run_point(
     i, point, spec, record, isolate, run_fn, processes, progress, save, guard, worker=None
 ):
@@ -834,7 +567,7 @@ def _run_point(
             log_name = (
                 "stdout.log" if processes.writer else f"stdout.process_{processes.process_id}.log"
             )
-            _run_subprocess(spec, os.path.join(config.run_dir, log_name), worker)
+            procs.run_point_process(spec, os.path.join(config.run_dir, log_name), worker)
             status = _run_status(config.run_dir) or "failed"
         else:
             status = run_fn(spec).get("status", FINISHED)
@@ -873,8 +606,9 @@ def _calibrate(
     parent; every configuration timed in one process); a failure is logged, not raised."""
     log(f"[sweep] calibrating the configurations' step times ({rounds} interleaved rounds)")
     probe_flag = "--gen_probe=" + ",".join(map(str, probe))
-    cmd = [*WORKER, "calibrate", sweep_dir, f"--rounds={rounds}", f"--steps={steps}", probe_flag]
-    code = run_child(cmd, os.path.join(sweep_dir, "calibration.log"))
+    cmd = [*procs.WORKER, "calibrate", sweep_dir, f"--rounds={rounds}", f"--steps={steps}"]
+    cmd.append(probe_flag)
+    code = procs.run_child(cmd, os.path.join(sweep_dir, "calibration.log"))
     if code != 0:
         log(f"[sweep] calibration failed (exit {code}); see {sweep_dir}/calibration.log")
 

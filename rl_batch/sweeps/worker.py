@@ -41,11 +41,11 @@ def _run(path: str) -> int:
 
 
 def _serve() -> int:
-    from rl_batch.sweeps import sweep
+    from rl_batch.sweeps import processes
 
     replies = os.fdopen(os.dup(1), "w")  # the protocol; stray output goes to stderr
     os.dup2(2, 1)
-    sweep.serve_points(sys.stdin, replies)
+    processes.serve_points(sys.stdin, replies)
     return 0
 
 

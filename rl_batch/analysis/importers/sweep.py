@@ -135,22 +135,25 @@ def import_runs(
     budget = max(
         (x["responses_cum"] for r in runs for x in r.records if x["kind"] == "update"), default=0
     )
-    artifacts.write_json_atomic(
+    settings = {
+        "algo": km.get("algo", "grpo"),
+        "target": target,
+        "budget_responses": budget,
+        "eval_every_responses": None,
+        "target_crossing": "update",
+    }
+    artifacts.write_sweep(
         sweep_file,
-        {
-            "name": name or os.path.basename(os.path.normpath(out_dir)),
-            "algo": km.get("algo", "grpo"),
-            "target": target,
-            "reference": reference,
-            "budget_responses": budget,
-            "eval_every_responses": None,
-            "target_crossing": "update",
-            "runs": entries,
-            "imported": {
+        artifacts.sweep_record(
+            name or os.path.basename(os.path.normpath(out_dir)),
+            settings,
+            entries,
+            reference=reference,
+            imported={
                 "framework": km.get("framework"),
                 "keymap": km.get("_path"),
                 "untimed_runs": [r.name for r in runs if not r.timed],
             },
-        },
+        ),
     )
     return ImportReport(out_dir, runs)
