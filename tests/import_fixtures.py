@@ -311,3 +311,82 @@ def write_trainer_state(sweep_dir: str, out_dir: str, step_time: bool = True) ->
         state.save_to_json(os.path.join(ckpt, "trainer_state.json"))
         paths.append(out)
     return paths
+
+
+# ------------------------------------------------------------------ a verl example by hand
+
+# Two verl runs worked by hand (docs/import.md walks the first). Per update: timing_s/gen,
+# timing_s/reward, timing_s/update_actor, timing_s/old_log_prob (no phase of ours:
+# idle/other) and timing_s/step, their sum; evaluations (val-core/.../acc/mean@4) by step
+# with timing_s/testing = 10 s after training starts.
+#   b32:  P = 8,  G = 4, B = 32,  LR 1e-6; 55 s per update = 30 + 2 + 12 + 11 (other)
+#         evals 0.2 (step 0), 0.5 (step 2, 64 responses), 0.8 (step 4, 128 responses)
+#         target 0.6: N* = 64 + 64 x (0.6 - 0.5) / (0.8 - 0.5) = 85.333 responses,
+#         T = N* x 55 s / 32 = 146.667 s; shares 30/55, 2/55, 12/55, 11/55.
+#   b128: P = 32, G = 4, B = 128, LR 2e-6 (sqrt rule: 1e-6 x sqrt(128 / 32)); 100 s per
+#         update = 40 + 4 + 40 + 16 (other); evals 0.2, 0.55 (step 1), 0.7 (step 2)
+#         N* = 128 + 128 x 0.05 / 0.15 = 170.667, T = N* x 100 / 128 = 133.333 s.
+EXAMPLE = {
+    "b32": {
+        "prompts": 8,
+        "n": 4,
+        "lr": 1e-6,
+        "phases": {"gen": 30.0, "reward": 2.0, "update_actor": 12.0, "old_log_prob": 11.0},
+        "evals": {0: 0.2, 2: 0.5, 4: 0.8},
+        "steps": 4,
+    },
+    "b128": {
+        "prompts": 32,
+        "n": 4,
+        "lr": 2e-6,
+        "phases": {"gen": 40.0, "reward": 4.0, "update_actor": 40.0, "old_log_prob": 16.0},
+        "evals": {0: 0.2, 1: 0.55, 2: 0.7},
+        "steps": 2,
+    },
+}
+EXAMPLE_TESTING_S = 10.0
+EXAMPLE_KEY = "val-core/gsm8k/acc/mean@4"
+
+
+def example_rows(run: str, testing_in_step: bool = False) -> list[tuple[int, dict]]:
+    """(step, data) of an `EXAMPLE` run as verl's fit() logs them (validation inside
+    timing_s/step for verl <= 0.5, outside for >= 0.6)."""
+    ex = EXAMPLE[run]
+    rows = [(0, {EXAMPLE_KEY: ex["evals"][0]})]  # the validation before training
+    for s in range(1, ex["steps"] + 1):
+        d = {f"timing_s/{k}": v for k, v in ex["phases"].items()}
+        d["timing_s/step"] = sum(ex["phases"].values())
+        d.update({"training/global_step": s, "actor/grad_norm": 0.5, "actor/lr": ex["lr"]})
+        if s in ex["evals"]:
+            d[EXAMPLE_KEY] = ex["evals"][s]
+            d["timing_s/testing"] = EXAMPLE_TESTING_S
+            if testing_in_step:
+                d["timing_s/step"] += EXAMPLE_TESTING_S
+        rows.append((s, d))
+    return rows
+
+
+def write_example(
+    root: str,
+    run: str,
+    name: str | None = None,
+    testing_in_step: bool = False,
+    config_extra: dict | None = None,
+    rows: list[tuple[int, dict]] | None = None,
+) -> str:
+    """An `EXAMPLE` run as verl's file logger writes it, with its config.json (the run's
+    resolved Hydra config, as the docs ask); returns the metrics.jsonl path."""
+    ex = EXAMPLE[run]
+    run_dir = os.path.join(root, name or f"{run}_s0")
+    os.makedirs(run_dir, exist_ok=True)
+    config = {
+        "data": {"train_batch_size": ex["prompts"], "seed": 0},
+        "actor_rollout_ref": {"rollout": {"n": ex["n"]}, "actor": {"optim": {"lr": ex["lr"]}}},
+        **(config_extra or {}),
+    }
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    path = os.path.join(run_dir, "metrics.jsonl")
+    with open(path, "w") as f:
+        f.writelines(verl_line(s, d) for s, d in (rows or example_rows(run, testing_in_step)))
+    return path

@@ -175,6 +175,21 @@ def test_trainer_state_gives_n_star_and_r_n_without_timing(reference):
     assert len(raw["imported"]["untimed_runs"]) == len(paths)
 
 
+def test_trl_step_time_gives_the_known_answer_timed(reference):
+    """TRL 1.16 logs step_time: trainer_state.json (transformers' TrainerState) with TRL's
+    own GRPOConfig arguments gives N*, T, r_N, r_q, the verdicts and the plan."""
+    d, ref, want = reference
+    paths = fx.write_trainer_state(ref, os.path.join(d, "trl_timed"))
+    km = importers.load_keymap("trl")
+    km["lr_rule"] = {"config": "lr_rule"}
+    out = os.path.join(d, "imp_trl_timed")
+    report = importers.import_runs(
+        paths, out, km, TARGET, overrides={"world_size": fx.TRL_WORLD_SIZE}
+    )
+    assert not report.untimed
+    assert_same(answer(report.sweep_dir), want)
+
+
 def test_trl_batch_needs_the_process_count(reference, tmp_path):
     """Without world_size the TRL batch is per-device x accumulation (1 process): a
     whole-number check catches a G that does not divide it, naming run, file and key."""

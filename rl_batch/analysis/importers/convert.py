@@ -253,6 +253,7 @@ def excluded_inside_step(
     tm: dict[str, Any],
     config: dict[str, Any],
     rows: dict[int, dict[str, float]],
+    keys: set[str],
     step_key: str | None,
     phase_keys: dict[str, str],
     exclude: list[str],
@@ -262,9 +263,10 @@ def excluded_inside_step(
     The key map's ``time.exclude_in_step`` is true, false, or a rule
     ``{"version_config": [config keys], "inside_before": "0.6.0"}``: the run's framework
     version (a config entry, or ``--set``) decides when recorded; else the log does. On
-    the steps that logged excluded time, a step timer that holds it has a residual (step
-    less phases) larger by about that time than on the other steps; without other steps,
-    it holds it when the step is at least the phases plus the excluded time.
+    the steps that logged excluded time, the step less every timer inside it (the key
+    map's ``time.step_timers``, else its phases) leaves the excluded time when the step
+    holds it, and about nothing when it does not: inside when the median of that rest
+    over the excluded time is at least one half.
 
     Returns:
       (inside, how it was decided: one phrase for the import's output).
@@ -279,28 +281,24 @@ def excluded_inside_step(
         version = km_lib.version_tuple(v) if v is not None else None
         if version is not None:
             inside = version < km_lib.version_tuple(rule["inside_before"])
-            return inside, f"by version ({key} = {v})"
+            return inside, f"by version: {key} = {v}"
     if step_key is None:
         return False, "no step timer"
-    with_excl, without = [], []
+    timers = [k for k in (km_lib.alternatives(tm.get("step_timers"))) if k in keys]
+    timers = timers or list(phase_keys.values())
+    fractions = []
     for r in rows.values():
-        if step_key not in r:
-            continue
-        resid = r[step_key] - sum(r.get(k, 0.0) for k in phase_keys.values())
         excl = sum(r.get(k, 0.0) for k in exclude)
-        (with_excl if excl > 0 else without).append((resid, excl))
-    if not with_excl:
+        if step_key in r and excl > 0:
+            rest = r[step_key] - sum(r.get(k, 0.0) for k in timers)
+            fractions.append(rest / excl)
+    if not fractions:
         return False, "no step logged excluded time"
-    if without:
-        gap = float(np.median([x for x, _ in with_excl]) - np.median([x for x, _ in without]))
-        excl = float(np.median([e for _, e in with_excl]))
-        inside = gap >= 0.5 * excl
-        return inside, (
-            "by evidence: steps that logged it are "
-            + ("longer by about that time" if inside else "not longer by it")
-        )
-    inside = all(x >= e - IDLE_TOLERANCE_S for x, e in with_excl)
-    return inside, "by evidence: the step >= its phases + the excluded time"
+    inside = float(np.median(fractions)) >= 0.5
+    return inside, (
+        "by evidence: on steps that logged it, the step less its timers "
+        + ("holds it" if inside else "does not hold it")
+    )
 
 
 def _per_update_values(
@@ -360,7 +358,9 @@ def train_time(
                         f"{_where(name, path)}: step {s}: {k} = {rows[s][k]:g} s is negative"
                     )
     if step_key is not None or phase_keys:
-        return _per_step_time(updates, rows, tm, config, step_key, phase_keys, exclude, name, path)
+        return _per_step_time(
+            updates, rows, tm, config, keys, step_key, phase_keys, exclude, name, path
+        )
     elapsed_key = _resolve("time.elapsed", tm.get("elapsed"), keys, name, path)
     if elapsed_key is not None:
         clock = {
@@ -398,6 +398,7 @@ def _per_step_time(
     rows: dict[int, dict[str, float]],
     tm: dict[str, Any],
     config: dict[str, Any],
+    keys: set[str],
     step_key: str | None,
     phase_keys: dict[str, str],
     exclude: list[str],
@@ -405,7 +406,7 @@ def _per_step_time(
     path: str,
 ) -> Timing:
     """`train_time` from per-step seconds (a step key, else the phases' sum)."""
-    inside, how = excluded_inside_step(tm, config, rows, step_key, phase_keys, exclude)
+    inside, how = excluded_inside_step(tm, config, rows, keys, step_key, phase_keys, exclude)
     rule = None
     if exclude:
         where = "inside" if inside else "outside"

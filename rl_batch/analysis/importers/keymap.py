@@ -18,7 +18,8 @@ metric names). Its fields:
 - ``time``: ``step`` (seconds of one step) or ``phases`` (``generate``, ``score``,
   ``update`` seconds, summed when there is no step key), minus ``exclude`` (validation,
   checkpoints) where those are timed inside the step (``exclude_in_step``: true, false,
-  or a rule by version and evidence, `exclude_in_step_rule`); the step's seconds that
+  or a rule by version and, where none is recorded, by evidence: ``step_timers`` names
+  every timer inside the step, `convert.excluded_inside_step`); the step's seconds that
   are no phase are idle/other (``time_idle_s``). ``step_window``: ``"row"`` (a step key's
   value is that update's) or ``"since_last_row"`` (the mean over the updates since the
   previous row that logged it, as the Hugging Face Trainer averages between logs). Or
@@ -53,6 +54,7 @@ TIME_FIELDS = {
     "phases",
     "exclude",
     "exclude_in_step",
+    "step_timers",
     "step_window",
     "elapsed",
     "timestamps",

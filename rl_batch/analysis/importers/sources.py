@@ -204,6 +204,8 @@ def _wandb_chunks(path: str):
             pos += _BLOCK - pos % _BLOCK if pos % _BLOCK else 0  # zero padding
         else:
             raise ImportProblem(f"{path}: malformed W&B record at byte {pos}")
+    if pos < len(data) and any(data[pos:]):
+        raise ImportProblem(f"{path}: truncated W&B record at byte {pos}")
 
 
 def wandb_records(path: str):
