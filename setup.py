@@ -41,6 +41,8 @@ TEST = [
     "wandb",
     # transformers.Trainer (a real trainer_state.json for the importer's tests) needs it.
     "accelerate",
+    # TRL's own GRPOConfig writes the training arguments of the importer's TRL tests.
+    "trl",
 ]
 
 # Readers of other frameworks' runs (rl_batch.analysis.importers, experiments.import_runs):

@@ -13,22 +13,30 @@ does; ``--noreport`` skips them), so one command gives the report.
 (TensorBoard event files, a W&B offline run, a Trainer output with trainer_state.json)
 or a log file (verl JSON lines, W&B history CSV / parquet). ``--keymap`` names a shipped
 key map (``--print_keymap=verl`` prints one to copy and edit) or a JSON file. Bad input
-is one ``error:`` line naming the run, the file and the key (exit status 1). See
-docs/import.md.
+(and a mistyped flag) is one ``error:`` line naming the run, the file and the key (exit
+status 1; ``experiments.cli.run``, as every command). See docs/import.md.
 """
 
 import glob
 import json
-import sys
 
-from absl import app, flags
+from absl import flags
+
+from experiments import cli
 
 _RUNS = flags.DEFINE_list("runs", None, "Run directories or log files (globs expand).")
 _OUT = flags.DEFINE_string("out", None, "Sweep directory to write.")
-_KEYMAP = flags.DEFINE_string("keymap", None, "Key map: verl, trl, generic, or a JSON file.")
+_KEYMAP = flags.DEFINE_string(
+    "keymap", None, "Key map: verl, trl, tunix, openrlhf, generic, or a JSON file."
+)
 _TARGET = flags.DEFINE_float("target", None, "Validation accuracy target (sweep.json's).")
 _REFERENCE = flags.DEFINE_string("reference", None, "Reference run or configuration name.")
-_SET = flags.DEFINE_multi_string("set", [], "Config entry for every run, key=value.")
+_SET = flags.DEFINE_multi_string(
+    "set",
+    [],
+    "key=value for every run: a config entry, or one of our fields (prompts, group_size, "
+    "batch, seed, lr, lr_rule) in place of what the key map reads.",
+)
 _SOURCE = flags.DEFINE_enum(
     "source",
     None,
@@ -74,32 +82,24 @@ def main(argv):
     del argv
     from rl_batch.analysis import importers
 
-    try:
-        if _PRINT.value:
-            with open(importers.keymap_path(_PRINT.value)) as f:
-                print(f.read(), end="")
-            return
-        for name, flag in (
-            ("runs", _RUNS),
-            ("out", _OUT),
-            ("keymap", _KEYMAP),
-            ("target", _TARGET),
-        ):
-            if flag.value is None:
-                raise ValueError(f"--{name} is required")
-        report = importers.import_runs(
-            expand(_RUNS.value),
-            _OUT.value,
-            _KEYMAP.value,
-            _TARGET.value,
-            reference=_REFERENCE.value,
-            overrides=parse_sets(_SET.value),
-            source=_SOURCE.value,
-            overwrite=_OVERWRITE.value,
-        )
-    except (ValueError, OSError) as e:  # ImportProblem is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    if _PRINT.value:
+        with open(importers.keymap_path(_PRINT.value)) as f:
+            print(f.read(), end="")
+        return
+    for name, flag in (("runs", _RUNS), ("out", _OUT), ("keymap", _KEYMAP), ("target", _TARGET)):
+        if flag.value is None:
+            raise ValueError(f"--{name} is required")
+    # ImportProblem is a ValueError: cli.run makes it one line, exit status 1.
+    report = importers.import_runs(
+        expand(_RUNS.value),
+        _OUT.value,
+        _KEYMAP.value,
+        _TARGET.value,
+        reference=_REFERENCE.value,
+        overrides=parse_sets(_SET.value),
+        source=_SOURCE.value,
+        overwrite=_OVERWRITE.value,
+    )
     for line in report.lines():
         print(line)
     print(f"wrote {report.sweep_dir}")
@@ -111,4 +111,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -152,10 +152,10 @@ def _same_records(a, b) -> bool:
 
 
 def test_trainer_state_gives_n_star_and_r_n_without_timing(reference):
-    """TRL's trainer_state.json keeps no per-step time: N* and r_N as the known answer,
-    no T or r_q, and the import and the report say so."""
+    """A trainer_state.json without step_time (TRL before the metric): N* and r_N as the
+    known answer, no T or r_q, and the import and the report say so."""
     d, ref, want = reference
-    paths = fx.write_trainer_state(ref, os.path.join(d, "trl"))
+    paths = fx.write_trainer_state(ref, os.path.join(d, "trl"), step_time=False)
     assert sources.detect_source(paths[0]) == "trainer_state"
     km = importers.load_keymap("trl")
     km["lr_rule"] = {"config": "lr_rule"}
@@ -173,6 +173,21 @@ def test_trainer_state_gives_n_star_and_r_n_without_timing(reference):
     assert all(v[1] is None and v[3] is None for v in got["keys"].values())
     raw = artifacts.read_json(os.path.join(report.sweep_dir, artifacts.SWEEP_FILE))
     assert len(raw["imported"]["untimed_runs"]) == len(paths)
+
+
+def test_trl_step_time_gives_the_known_answer_timed(reference):
+    """TRL 1.16 logs step_time: trainer_state.json (transformers' TrainerState) with TRL's
+    own GRPOConfig arguments gives N*, T, r_N, r_q, the verdicts and the plan."""
+    d, ref, want = reference
+    paths = fx.write_trainer_state(ref, os.path.join(d, "trl_timed"))
+    km = importers.load_keymap("trl")
+    km["lr_rule"] = {"config": "lr_rule"}
+    out = os.path.join(d, "imp_trl_timed")
+    report = importers.import_runs(
+        paths, out, km, TARGET, overrides={"world_size": fx.TRL_WORLD_SIZE}
+    )
+    assert not report.untimed
+    assert_same(answer(report.sweep_dir), want)
 
 
 def test_trl_batch_needs_the_process_count(reference, tmp_path):
@@ -277,7 +292,7 @@ def test_an_analysis_without_timing_says_n_star_and_r_n_only(reference):
     from rl_batch.analysis import report
 
     d, ref, _ = reference
-    paths = fx.write_trainer_state(ref, os.path.join(d, "trl_report"))
+    paths = fx.write_trainer_state(ref, os.path.join(d, "trl_report"), step_time=False)
     km = importers.load_keymap("trl")
     km["lr_rule"] = {"config": "lr_rule"}
     out = os.path.join(d, "imp_trl_report")
@@ -385,7 +400,7 @@ def test_elapsed_seconds_less_validation_give_the_training_time(reference, tmp_p
     name, entry, records = fx.reference_runs(ref)[0]
     startup_s, clock, rows = 5.0, 5.0, []
     for s, data in fx.verl_rows(records):
-        clock += data.get("timing_s/step", 0.0)
+        clock += data.get("timing_s/step", 0.0) + data.get("timing_s/testing", 0.0)
         rows.append({"step": s, "data": {**data, "_runtime": clock}})
         rows[-1]["data"].pop("timing_s/step", None)  # no per-step key: the clock is used
     path = tmp_path / "metrics.jsonl"

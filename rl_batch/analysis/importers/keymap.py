@@ -17,8 +17,16 @@ metric names). Its fields:
   retained, which replaces B per step when it is there.
 - ``time``: ``step`` (seconds of one step) or ``phases`` (``generate``, ``score``,
   ``update`` seconds, summed when there is no step key), minus ``exclude`` (validation,
-  checkpoints); or ``elapsed`` (cumulative seconds since the start); or ``timestamps``
-  (the rows' wall-clock times). None of them: no timing (N* and r_N only).
+  checkpoints) where those are timed inside the step (``exclude_in_step``: true, false,
+  or a rule by version and, where none is recorded, by evidence: ``step_timers`` names
+  every timer inside the step, `convert.excluded_inside_step`); the step's seconds that
+  are no phase are idle/other (``time_idle_s``). ``step_window``: ``"row"`` (a step key's
+  value is that update's) or ``"since_last_row"`` (the mean over the updates since the
+  previous row that logged it, as the Hugging Face Trainer averages between logs). Or
+  ``elapsed`` (cumulative seconds since the start); or ``timestamps`` (the rows'
+  wall-clock times). None of them: no timing (N* and r_N only).
+- ``versions``: the framework versions the map was checked against and how each times
+  a step (documentation for the reader; ``exclude_in_step`` is what the import uses).
 - ``lr`` (logged), ``lr_config`` (a config entry), ``lr_rule`` (our rule name, or
   ``"unknown"``; ``{"config": "dotted.key"}`` reads each run's from its config),
   ``seed`` (a `ValueSpec`), ``metrics``: our update-line field -> keys.
@@ -41,6 +49,19 @@ NATIVE_STEP = "__step__"
 PHASES = ("generate", "score", "update")
 REQUIRED_FIELDS = ("framework", "step", "eval_accuracy", "time")
 UPDATE_METRICS = ("grad_norm", "loss", "reward_mean", "kl", "clip_frac", "gen_tokens")
+TIME_FIELDS = {
+    "step",
+    "phases",
+    "exclude",
+    "exclude_in_step",
+    "step_timers",
+    "step_window",
+    "elapsed",
+    "timestamps",
+}
+STEP_WINDOWS = ("row", "since_last_row")
+# Fields of our own that ``--set name=value`` sets directly, whatever the key map reads.
+FIELD_OVERRIDES = ("prompts", "group_size", "batch", "seed", "lr", "lr_rule")
 
 
 class ImportProblem(ValueError):
@@ -81,12 +102,21 @@ def load_keymap(name_or_path: str) -> dict[str, Any]:
     for field in REQUIRED_FIELDS:
         if field not in km:
             raise ImportProblem(f"{path}: key map has no {field!r} field")
-    unknown = set(km.get("time") or {}) - {"step", "phases", "exclude", "elapsed", "timestamps"}
+    unknown = set(km.get("time") or {}) - TIME_FIELDS
     if unknown:
         raise ImportProblem(f"{path}: unknown 'time' fields {sorted(unknown)}")
     bad = set((km.get("time") or {}).get("phases") or {}) - set(PHASES)
     if bad:
         raise ImportProblem(f"{path}: unknown time phases {sorted(bad)}; expected {PHASES}")
+    window = (km.get("time") or {}).get("step_window", "row")
+    if window not in STEP_WINDOWS:
+        raise ImportProblem(f"{path}: time.step_window {window!r}: expected one of {STEP_WINDOWS}")
+    rule = (km.get("time") or {}).get("exclude_in_step", True)
+    if not isinstance(rule, bool) and not (isinstance(rule, dict) and "inside_before" in rule):
+        raise ImportProblem(
+            f"{path}: time.exclude_in_step {rule!r}: expected true, false or "
+            '{"version_config": [keys], "inside_before": "X.Y.Z"}'
+        )
     km["_path"] = path
     return km
 
@@ -155,3 +185,20 @@ def resolve_value(
                 return None, str(term)
             value = value * v if op == "product" else value / v
     return value, None
+
+
+def version_tuple(text: Any) -> tuple[int, ...] | None:
+    """``"0.5.0"`` -> (0, 5, 0); ``"0.6.0.dev"`` -> (0, 6, 0); None when no leading number."""
+    parts = []
+    for piece in str(text).lstrip("v").split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) < len(piece):
+            break
+    return tuple(parts) or None

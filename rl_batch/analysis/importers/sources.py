@@ -13,7 +13,12 @@ with the library made for it:
 - W&B exported history: CSV (``csv``) or parquet (``pyarrow``).
 - Hugging Face Trainer ``trainer_state.json`` (``log_history``; TRL's GRPOTrainer).
 - verl's file logger (``VERL_FILE_LOGGER_PATH``): JSON lines ``{"step": s, "data": {...}}``
-  (flat lines with a ``step`` key are read too).
+  (flat lines with a ``step`` key are read too). verl writes them with ``orjson``, which
+  writes NaN and inf as ``null`` (verl/utils/tracking.py ``FileLogger``, read at
+  b178a3c, 0.8.0.dev): a null is kept as NaN so that the import can refuse it by name.
+
+A damaged file of any source (truncated, not the format its name says, a record that
+does not decode) is one `ImportProblem` line naming the file (`read_source`).
 """
 
 from __future__ import annotations
@@ -71,11 +76,19 @@ def _number(v: Any) -> float | None:
 
 
 def _numeric_row(raw: dict[str, Any]) -> dict[str, float]:
-    """The scalar entries of a logged dict (nested dicts flattened with '/')."""
+    """The scalar entries of a logged dict (nested dicts flattened with '/').
+
+    A ``null`` is kept as NaN, not dropped: a logger that writes NaN or inf as null
+    (verl's file logger, through orjson; TRL for a metric with no valid value) logged
+    the key at that step, and the import refuses a non-finite value it uses, naming it.
+    """
     out: dict[str, float] = {}
     for k, v in raw.items():
         if isinstance(v, dict):
             out.update({f"{k}/{kk}": vv for kk, vv in _numeric_row(v).items()})
+            continue
+        if v is None:
+            out[str(k)] = math.nan
             continue
         x = _number(v)
         if x is not None and not (isinstance(v, str) and v.strip() == ""):
@@ -102,6 +115,7 @@ def read_tensorboard(path: str) -> Logged:
     rows: list[dict[str, float]] = []
     start = None
     for f in files:
+        check_event_file(f)
         acc = event_accumulator.EventAccumulator(
             f, size_guidance={tag_types.SCALARS: 0, tag_types.TENSORS: 0}
         )
@@ -124,6 +138,32 @@ def read_tensorboard(path: str) -> Logged:
                     )
     rows.sort(key=lambda r: (r[NATIVE_STEP], r[WALL]))
     return Logged(rows, {}, path, "tensorboard", start)
+
+
+def check_event_file(path: str) -> None:
+    """Walks an event file's records with their CRCs (TensorBoard's record reader).
+
+    ``EventAccumulator`` stops at a truncated or corrupt record and keeps what came
+    before it, without a word: a damaged file would lose its later steps silently.
+
+    Raises:
+      ImportProblem: a truncated record or a failed CRC, naming the file and record.
+    """
+    from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
+
+    reader = pywrap_tensorflow.PyRecordReader_New(path.encode(), 0, b"", None)
+    n = 0
+    while True:
+        try:
+            reader.GetNext()
+        except errors.OutOfRangeError:
+            return
+        except errors.DataLossError as e:
+            what = str(e.message).replace(repr(path.encode()), "").strip()  # "b'<path>' has ..."
+            raise ImportProblem(
+                f"{path}: damaged TensorBoard event file at record {n + 1} ({what})"
+            ) from None
+        n += 1
 
 
 # ------------------------------------------------------------------ W&B offline
@@ -149,6 +189,8 @@ def _wandb_chunks(path: str):
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         chunk = data[pos + 7 : pos + 7 + length]
+        if len(chunk) < length:
+            raise ImportProblem(f"{path}: truncated W&B record at byte {pos}")
         pos += 7 + length
         if kind == _FULL:
             yield chunk
@@ -162,6 +204,8 @@ def _wandb_chunks(path: str):
             pos += _BLOCK - pos % _BLOCK if pos % _BLOCK else 0  # zero padding
         else:
             raise ImportProblem(f"{path}: malformed W&B record at byte {pos}")
+    if pos < len(data) and any(data[pos:]):
+        raise ImportProblem(f"{path}: truncated W&B record at byte {pos}")
 
 
 def wandb_records(path: str):
@@ -270,11 +314,13 @@ def read_trainer_state(path: str) -> Logged:
             state = json.load(f)
         except json.JSONDecodeError as e:
             raise ImportProblem(f"{path}: malformed JSON: {e}") from None
-    history = state.get("log_history")
+    history = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(history, list):
         raise ImportProblem(f"{path}: no 'log_history' list")
     rows = []
-    for raw in history:
+    for i, raw in enumerate(history):
+        if not isinstance(raw, dict):
+            raise ImportProblem(f"{path}: log_history[{i}] is not a JSON object")
         row = _numeric_row(raw)
         if "step" in row:
             row[NATIVE_STEP] = row["step"]
@@ -361,4 +407,40 @@ def read_source(path: str, source: str | None = None) -> Logged:
     source = source or detect_source(path)
     if source not in READERS:
         raise ImportProblem(f"source {source!r}: expected one of {SOURCES}")
-    return READERS[source](path)
+    try:
+        return READERS[source](path)
+    except ImportProblem:
+        raise
+    except _damaged_input_errors() as e:
+        text = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ImportProblem(
+            f"{path}: damaged or unreadable {source} input ({type(e).__name__}: {text})"
+        ) from None
+
+
+def _damaged_input_errors() -> tuple[type[BaseException], ...]:
+    """What the readers' libraries raise on a damaged file (a truncated or corrupt
+    record, a file that is not what its name says): each is one line, not a traceback."""
+    types: list[type[BaseException]] = [
+        ValueError,  # JSON, CSV values, pyarrow's ArrowInvalid
+        OSError,
+        UnicodeDecodeError,
+        struct.error,
+        csv.Error,
+        KeyError,
+        IndexError,
+        TypeError,  # a record of another shape than the schema's
+    ]
+    try:
+        from google.protobuf.message import DecodeError
+
+        types.append(DecodeError)
+    except ImportError:
+        pass
+    try:
+        import pyarrow
+
+        types.append(pyarrow.ArrowException)
+    except ImportError:
+        pass
+    return tuple(types)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rl_batch import artifacts
-from rl_batch.analysis.importers import convert
+from rl_batch.analysis.importers import checks, convert
 from rl_batch.analysis.importers.keymap import ImportProblem, load_keymap
 from rl_batch.analysis.importers.sources import read_source
 
@@ -19,6 +19,7 @@ class ImportReport:
 
     sweep_dir: str
     runs: list[convert.ImportedRun]
+    messages: list[str] = dataclasses.field(default_factory=list)  # across runs
 
     @property
     def untimed(self) -> list[str]:
@@ -36,6 +37,18 @@ class ImportReport:
                 f"{r.name}: P={r.prompts} G={r.group_size} seed={r.seed} lr_rule={r.lr_rule} "
                 f"{n_upd} updates, {n_eval} evaluations, {timing} ({r.source_path})"
             )
+            if r.relogged:
+                out.append(
+                    f"{r.name}: steps {convert.step_ranges(r.relogged)} logged twice with "
+                    "different values (a resumed run?): the later values are used"
+                )
+        rules: dict[str, list[str]] = {}
+        for r in self.runs:
+            if r.timing_rule:
+                rules.setdefault(r.timing_rule, []).append(r.name)
+        for rule, names in rules.items():
+            out.append(f"timing: {rule} in {len(names)} of {len(self.runs)} runs")
+        out.extend(self.messages)
         if self.untimed:
             out.append(
                 f"partial: {len(self.untimed)} of {len(self.runs)} runs have no timing "
@@ -117,6 +130,8 @@ def import_runs(
     for run_name, path in zip(run_names(paths), paths):
         logged = read_source(path, source)
         runs.append(convert.convert_run(run_name, path, logged, km, overrides))
+    messages = [m for m in [checks.infer_lr_rule(runs)] if m]
+    checks.check_group_sizes(runs)
     assign_seeds(runs)  # every run read and checked before anything is written
     entries = []
     for r in runs:
@@ -156,4 +171,4 @@ def import_runs(
             },
         ),
     )
-    return ImportReport(out_dir, runs)
+    return ImportReport(out_dir, runs, messages)
