@@ -269,7 +269,10 @@ def plan_full(analysis: Analysis) -> Plan:
     ref_reached = ref_stats.reached
     for k, s in analysis.stats.items():
         ra = analysis.ratios[k]
-        if s.reached:
+        if s.reached and s.q is None and analysis.timed:
+            untimed = sum(r.q is None for r in s.runs)
+            note = f"{NO_TIMING} ({untimed}/{s.n_seeds} seeds untimed): not ranked by T"
+        elif s.reached:
             note = ""
         elif s.incomplete:
             note = (
@@ -292,7 +295,9 @@ def plan_full(analysis: Analysis) -> Plan:
             )
         )
     ranked = _rank(rows)
-    if ref_reached:
+    if ref_reached and ref_stats.q is None and analysis.timed:
+        note = "reference untimed (a seed logged no training time): ranked by mean T in s"
+    elif ref_reached:
         note = ""
     elif ref_stats.incomplete:
         note = "reference incomplete (seeds still running): ranked by mean T in s"

@@ -423,7 +423,8 @@ class ConfigStats:
     ``time_to_target_s`` and ``updates_to_target`` are ``None`` unless every seed
     reached the target: ``incomplete`` when a seed is still running without having
     reached it, else "not reached". ``q`` uses every seed (throughput to the target, or
-    over the run so far for seeds that did not reach it).
+    over the run so far for seeds that did not reach it); ``q`` and ``time_to_target_s``
+    are ``None`` when any seed logged no training time (the configuration is untimed).
     """
 
     key: Configuration
@@ -482,12 +483,14 @@ def config_stats(
     def boot(v):
         return mean_estimate(v, n_boot, level, seed, method)
 
-    qs = [r.q for r in runs if r.q is not None]
-    q = boot(qs) if qs else None
+    # One untimed seed makes the configuration untimed (N* and r_N only): a q or T over
+    # the timed seeds alone would rank it on a subset the other configurations do not share.
+    qs = [r.q for r in runs]
+    q = boot(qs) if all(v is not None and np.isfinite(v) for v in qs) else None
     if not all(r.reached for r in runs):
         return ConfigStats(key, tuple(runs), None, q, None, None)
     ts = [r.time_to_target_s for r in runs]
-    timed = all(t is not None and np.isfinite(t) for t in ts)  # else: no timing logged
+    timed = q is not None and all(t is not None and np.isfinite(t) for t in ts)
 
     return ConfigStats(
         key=key,
