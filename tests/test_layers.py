@@ -20,6 +20,7 @@ SHARED = {
     "distributed",
     "locks",
     "gradient_noise",
+    "bench",
 }
 LAYER = {"models": 1, "tasks": 1, "rollout": 2, "algorithms": 3, "runs": 4, "sweeps": 5}
 
