@@ -1,6 +1,8 @@
 r"""Algorithm 1: rank candidate batches by ``r_N / r_q`` and recommend the fastest.
 
-Full mode uses every run's whole curve; pilot mode predicts r_N from the first
+Full mode uses every run's whole curve and opens with one sentence: the set to use, how
+far apart its members are and how much faster than the next configuration, or how many
+more seeds would decide it (`rl_batch.analysis.equivalence`); pilot mode predicts r_N from the first
 ``--pilot_fraction`` of each run (simulated on a finished sweep by truncating the
 curves) and reports how its pick compares with the full sweep's best, and at what
 fraction of the sweep's training time. Full mode also prints how often each
@@ -36,6 +38,12 @@ _METHOD = flags.DEFINE_enum(
 _LEVEL_FRAC = flags.DEFINE_float(
     "level_frac", 0.8, "Pilot 'intermediate': position of the intermediate accuracy level."
 )
+_DELTA = flags.DEFINE_float(
+    "delta",
+    None,
+    "Equivalence margin: T ratios shown inside 1 +- delta are equivalent (default: the "
+    "sweep's equivalence_delta, else 0.05).",
+)
 _N_BOOT = flags.DEFINE_integer("n_boot", 2000, "Bootstrap replicates.")
 _OUT = flags.DEFINE_string("out", None, "Output JSON (default <sweep>/plan.json).")
 
@@ -45,8 +53,9 @@ def main(argv):
     from rl_batch.analysis import curves, planner, stability, time_to_target
 
     sweep = curves.load_sweep(_SWEEP.value)
+    delta = "sweep" if _DELTA.value is None else _DELTA.value
     full = time_to_target.analyze_sweep(
-        sweep, _TARGET.value, _REFERENCE.value, n_boot=_N_BOOT.value
+        sweep, _TARGET.value, _REFERENCE.value, n_boot=_N_BOOT.value, delta=delta
     )
     if _PILOT.value is None:
         plan = planner.plan_full(full)
@@ -61,6 +70,8 @@ def main(argv):
             full=full,
         )
         default_name = "plan_pilot.json"
+    print(plan.verdict)  # the plain recommendation first, then the table behind it
+    print()
     print(planner.format_plan_table(plan))
     if plan.mode == "full":  # how often other seeds would name the same set
         print(stability.recommendation_sentence(stability.seed_shares(full)))

@@ -223,6 +223,20 @@ def sweep_entry(
 SWEEP_RECORD_KEYS = ("name", *SWEEP_SETTING_KEYS, "reference", "reference_key", "grid", "runs")
 
 
+# sweep.json's grid field `equivalence_delta`: two configurations whose T ratio is shown
+# inside 1 +- delta are equivalent (rl_batch.analysis.equivalence).
+DEFAULT_EQUIVALENCE_DELTA = 0.05
+
+
+def check_equivalence_delta(delta: Any, where: str = "") -> float:
+    """``delta`` as a float in (0, 1), or a one-line ValueError naming it (and ``where``)."""
+    ok = isinstance(delta, (int, float)) and not isinstance(delta, bool)
+    if not ok or not (0 < delta < 1):
+        at = f"{where}." if where else ""
+        raise ValueError(f"{at}equivalence_delta must be a number in (0, 1), got {delta!r}")
+    return float(delta)
+
+
 def sweep_record(
     name: str,
     settings: Any,

@@ -45,7 +45,10 @@ def test_write_all_full_sweep(tmp_path):
     report = open(paths[-1]).read()
     assert "critical training batch: **256** responses" in report
     assert "plateau (90% of best measured): c = **1024**" in report
-    rec = "Recommendation: grpo-P32-G8-sqrt (batch 256): its interval excludes every other's."
+    rec = (
+        "Recommendation: Use B = 256 (grpo-P32-G8-sqrt): faster than the next, "
+        "grpo-P16-G8-sqrt, which takes 21 % longer"
+    )
     assert rec in report
     assert "Median actor B_simple over runs: 256 responses." in report
     # The never-reaching configuration reads "not reached", never a number.

@@ -270,6 +270,9 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     run.sweep.critic_batch_scales = ""
     run.sweep.critic_lr_rules = ""
     run.sweep.reference = ""  # run config key "PxG:rule"; default: smallest batch, first rule
+    # The analysis calls two configurations equivalent when the 90 % interval of their T
+    # ratio lies inside 1 +- this (two one-sided tests; rl_batch.analysis.equivalence).
+    run.sweep.equivalence_delta = 0.05
     # Named variants of the base config: name -> settings (nested like the run config),
     # e.g. {"warmup": {"batch_schedule": {"kind": "warmup", "start_prompts": 2,
     # "responses": 512}}}. A point "PxG:rule@name" in extra_points (or reference) runs

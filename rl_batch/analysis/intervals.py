@@ -239,3 +239,64 @@ def seeds_to_separate(
         if t_quantile(m - 1, level) * (sa + sb) / np.sqrt(m) < gap:
             return m
     return None
+
+
+def holm_level(level: float, k: int) -> float:
+    """The coverage at which each of ``k`` intervals is read when a finding holds if *any*
+    of them shows its effect: ``1 - (1 - level) / k``.
+
+    At least one of ``k`` hypotheses is rejected by Holm's step-down procedure at family
+    error ``1 - level`` exactly when the smallest p-value is below ``(1 - level) / k``, its
+    first step; so "some interval at this level excludes the null" is Holm's (and
+    Bonferroni's) decision on "any". A finding that needs *all* ``k`` (an intersection-union
+    test) reads each at ``level``, unadjusted.
+    """
+    if k < 1:
+        raise ValueError(f"holm_level: k must be >= 1, got {k}")
+    return 1.0 - (1.0 - level) / k
+
+
+def seeds_to_decide(
+    a: np.ndarray,
+    ref: np.ndarray,
+    weights: Sequence[float],
+    delta: float,
+    alpha: float = 0.05,
+    paired: bool = False,
+    max_seeds: int = 100,
+) -> int | None:
+    """Seeds per configuration at which the ratio ``a / ref`` (as in `t_log_ratio`, or
+    `t_log_ratio_paired` when ``paired``) would be decided at margin ``delta``: either
+    *equivalent* (its ``1 - 2 alpha`` interval inside ``[1 - delta, 1 + delta]``, two
+    one-sided tests at ``alpha``) or *different* (its ``1 - alpha`` interval excludes 1).
+
+    The point ratio and each side's per-seed variance of the log statistic are assumed
+    unchanged at ``m`` seeds; the calibration's timing spread is not included.
+
+    Returns:
+      The smallest ``m >= 2``; ``None`` when a side has fewer than two seeds (no spread to
+      extrapolate) or more than ``max_seeds`` would be needed.
+    """
+    a = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
+    ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
+    w = np.asarray(weights, dtype=np.float64)
+    point, _ = _welch_parts(a, ref, w)
+    if min(len(a), len(ref)) < 2 or not (np.isfinite(point) and point > 0):
+        return None
+    if paired:
+        s2 = [_log_mean_var(np.concatenate([a, ref], axis=1), np.concatenate([w, -w])) * len(a)]
+    else:
+        s2 = [_log_mean_var(a, w) * len(a), _log_mean_var(ref, w) * len(ref)]  # per seed
+    log_p, lo_edge, hi_edge = np.log(point), np.log1p(-delta), np.log1p(delta)
+    for m in range(2, max_seeds + 1):
+        var = sum(s2) / m
+        if var <= 0:
+            return m
+        df = var**2 / sum((s / m) ** 2 / (m - 1) for s in s2 if s > 0)
+        se = np.sqrt(var)
+        h_eq, h_diff = t_quantile(df, 1 - 2 * alpha) * se, t_quantile(df, 1 - alpha) * se
+        if lo_edge <= log_p - h_eq and log_p + h_eq <= hi_edge:
+            return m
+        if abs(log_p) > h_diff:
+            return m
+    return None

@@ -5,13 +5,20 @@ measured sample cost ``r_N`` and end-to-end throughput gain ``r_q`` against the 
 give ``T/T_ref = r_N / r_q``. The best is the smallest ``T/T_ref`` among the
 configurations whose every seed reached the target (step 3: confirm it reaches).
 
-Verdicts, not winners: the *candidates* are the best and every reached configuration
-whose T/T_ref interval overlaps the best's (or that has no interval, e.g. one seed). A
-single configuration is recommended only when it is the only candidate; otherwise the
-plan names the candidates ("undecided at this power") and about how many seeds per
-configuration would separate the best from each of them (`intervals.seeds_to_separate`:
-the same seed spreads at more seeds). When the reference did not reach the target, T in
-seconds takes the place of T/T_ref.
+Verdicts, not winners (`rl_batch.analysis.equivalence`): every other reached, timed
+configuration is compared with the best on ``T(k) / T(best)``: *equivalent* (its 90 %
+interval inside ``1 +- delta``, two one-sided tests), *slower* (its 95 % interval above
+1) or *undecided*. The *candidates* are the best and every configuration not shown
+slower; once none is undecided they are the recommended set, and the plan's first
+sentence (`Plan.sentence`) reads "Use B = 16 or 32: within x % of each other, both y %
+faster than B = 64"; otherwise it names the undecided comparisons and about how many more
+seeds per configuration would decide each (`intervals.seeds_to_decide`). When the
+reference did not reach the target, the pairwise ratios still hold; the table ranks by T
+in seconds.
+
+Pilot mode has predicted r_N only, no pairwise T: its candidates are the best and every
+configuration whose T/T_ref interval overlaps the best's (or that has none), and the seed
+count is `intervals.seeds_to_separate`'s.
 
 Pilot mode (``plan_pilot``): predicts each candidate's ``r_N`` from the first
 ``fraction`` of each run's runway (``fraction * budget_responses`` retained responses)
@@ -43,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from rl_batch import artifacts
-from rl_batch.analysis import intervals
+from rl_batch.analysis import equivalence, intervals
 from rl_batch.analysis.curves import RunData, Sweep, truncate_run
 from rl_batch.analysis.time_to_target import (
     DEFAULT_LEVEL,
@@ -159,6 +166,10 @@ class Plan:
         exclude every other candidate's (``None``: unknown, e.g. no interval, or > 100).
       edge: `edge_sentence` of the best (empty when it is interior): an edge optimum is
         the smallest (or largest) batch tried, not a shown optimum.
+      pairs: full mode: every other configuration with a T against the best
+        (`equivalence.PairVerdict`), best first.
+      sentence: full mode: the plain recommendation (`equivalence.sentence`).
+      delta: full mode: the equivalence margin the pairs were decided at.
     """
 
     mode: str
@@ -172,20 +183,39 @@ class Plan:
     candidates: tuple[Configuration, ...] = ()
     seeds_to_separate: int | None = None
     edge: str = ""
+    pairs: tuple[equivalence.PairVerdict, ...] = ()
+    sentence: str = ""
+    delta: float | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Full mode: every other configuration is equivalent to the best or slower."""
+        return self.best is not None and all(p.verdict != equivalence.UNDECIDED for p in self.pairs)
 
     @property
     def decided(self) -> bool:
-        """Whether a single configuration is recommended."""
+        """Whether the plan names what to use: a settled set (full mode), or a single
+        configuration (pilot mode)."""
+        if self.mode == "full":
+            return self.settled
         return self.recommendation is not None
 
     @property
+    def recommended_set(self) -> tuple[Configuration, ...]:
+        """The configurations to use (the best and those equivalent to it) once settled;
+        () otherwise."""
+        return self.candidates if self.decided else ()
+
+    @property
     def verdict(self) -> str:
-        """One sentence: the recommendation, or the candidates it cannot tell apart."""
+        """One sentence: the recommendation, or what it cannot tell apart."""
         if self.best is None and self.note.startswith(NO_TIMING):
             return f"none ({self.note})"
         if self.best is None:
             return "none (no configuration reached the target in every seed)"
-        if self.decided:
+        if self.sentence:
+            return self.sentence
+        if self.recommendation is not None:
             b = self.recommendation
             return f"{b.name} (batch {b.batch}): its interval excludes every other's"
         names = ", ".join(f"{k.name} (batch {k.batch})" for k in self.candidates)
@@ -305,7 +335,37 @@ def plan_full(analysis: Analysis) -> Plan:
         note = "reference did not reach the target: ranked by mean T in s"
     if not analysis.timed:
         note = f"{NO_TIMING} in the runs: no T to rank by (N* and r_N only)"
-    return _ranked_plan("full", analysis.target, analysis.reference, ranked, note=note)
+    return _full_plan(analysis, ranked, note)
+
+
+def _full_plan(analysis: Analysis, ranked: list[PlanRow], note: str) -> Plan:
+    """The plan of ranked rows with the pairwise verdicts against the best."""
+    first = ranked[0] if ranked else None
+    if first is None or not first.reached or _comparable(first) is None:
+        return _ranked_plan("full", analysis.target, analysis.reference, ranked, note=note)
+    best = first.key
+    pairs = equivalence.compare_all(analysis, best, [r.key for r in ranked])
+    candidates = (best, *(p.key for p in pairs if p.verdict != equivalence.SLOWER))
+    undecided = [p.seeds for p in pairs if p.verdict == equivalence.UNDECIDED]
+    seeds = None if (not undecided or None in undecided) else max(undecided)
+    keys = [r.key for r in ranked]
+    settled = not undecided
+    return Plan(
+        "full",
+        analysis.target,
+        analysis.reference,
+        tuple(ranked),
+        best if settled and len(candidates) == 1 else None,
+        None,
+        note,
+        best,
+        candidates,
+        seeds,
+        edge_sentence(keys, best),
+        pairs,
+        equivalence.sentence(analysis, best, pairs, keys),
+        analysis.delta,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -539,8 +599,23 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "recommended_batch": None if plan.recommendation is None else plan.recommendation.batch,
         "best": None if plan.best is None else plan.best.name,
         "candidates": [k.name for k in plan.candidates],
+        "recommended_set": [k.name for k in plan.recommended_set],
+        "recommended_batches": [k.batch for k in plan.recommended_set],
         "seeds_to_separate": plan.seeds_to_separate,
+        "sentence": plan.verdict,
         "verdict": plan.verdict,
+        "equivalence_delta": plan.delta,
+        "pairs": [
+            {
+                "config": p.key.name,
+                "against": p.best.name,
+                "verdict": p.verdict,
+                "t_ratio_90": p.ratio.to_json(),
+                "t_ratio_95": p.ratio_diff.to_json(),
+                "seeds_to_decide": p.seeds,
+            }
+            for p in plan.pairs
+        ],
         "edge": plan.edge,
         "note": plan.note,
         "rows": [
@@ -583,6 +658,27 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     return obj
 
 
+def _pairs_table(plan: Plan) -> list[str]:
+    """Each configuration against the best: T ratio at 90 % and 95 %, the verdict at
+    ``1 +- delta`` and the seeds that would decide it."""
+    if not plan.pairs:
+        return []
+    lines = [
+        "",
+        f"Against the best ({plan.best.name}), equivalence margin delta = {plan.delta:g}:",
+        "",
+        "| config | batch | T / T(best), 90 % | 95 % | verdict | seeds to decide |",
+        "|---|---:|---|---|---|---:|",
+    ]
+    for p in plan.pairs:
+        seeds = "-" if p.verdict != equivalence.UNDECIDED else (p.seeds or "> 100")
+        lines.append(
+            f"| {p.key.name} | {p.key.batch} | {p.ratio.fmt()} | {p.ratio_diff.fmt()} | "
+            f"{p.verdict} | {seeds} |"
+        )
+    return lines + [""]
+
+
 def _time_label(row: PlanRow) -> str:
     """What a missing T/T_ref reads: "no timing" when r_N is there but r_q is not."""
     return NO_TIMING if row.r_n is not None and row.r_q is None else row.missing_label
@@ -599,7 +695,7 @@ def format_plan_table(plan: Plan) -> str:
         r_n = fmt_estimate(r.r_n, missing=r.missing_label)
         if r.r_n is None and r.r_n_lower_bound is not None:
             r_n = f">= {r.r_n_lower_bound:.3g}"
-        star = " *" if r.key == plan.recommendation else (" ~" if r.key in plan.candidates else "")
+        star = " *" if r.key in plan.recommended_set else (" ~" if r.key in plan.candidates else "")
         r_q = fmt_estimate(r.r_q, missing="-")
         lines.append(
             f"| {i} | {r.key.name}{star} | {r.key.batch} | {r_n} | {r_q}"
@@ -608,9 +704,11 @@ def format_plan_table(plan: Plan) -> str:
     lines.append("")
     lines.append(
         f"Reference: {plan.reference.name} (batch {plan.reference.batch}); target {plan.target:g}."
-        " `*` the recommendation; `~` candidates that cannot be told apart from the best."
+        " `*` the recommended set; `~` candidates not yet told apart from the best."
     )
-    lines.append(f"Recommendation: {plan.verdict}.")
+    lines += _pairs_table(plan)
+    verdict = plan.verdict
+    lines.append(f"Recommendation: {verdict}{'' if verdict.endswith('.') else '.'}")
     if plan.edge:
         lines.append(f"**Edge of the grid:** {plan.edge}")
     if plan.note:

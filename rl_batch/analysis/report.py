@@ -471,8 +471,11 @@ def build_report(
     sw = analysis.sweep
     shares = study_shares(analysis, generation, tol, resamples)
     n_used = sum(len(v) for v in analysis.runs_by_key.values())
+    plan = plan or planner.plan_full(analysis)
     out = [
         f"# Batch-size scaling report: {sw.name}",
+        "",
+        f"**Recommendation.** {plan.verdict}",
         "",
         f"Sweep `{sw.sweep_dir}`, algorithm {sw.algo}; target validation accuracy "
         f"**{analysis.target:g}**; reference {analysis.reference.name} (B = "
@@ -516,7 +519,7 @@ def build_report(
         *_generation_section(generation, analysis, tol),
         "## Recommendation (Algorithm 1)",
         "",
-        planner.format_plan_table(plan or planner.plan_full(analysis)),
+        planner.format_plan_table(plan),
         "",
         *recommendation_shares_lines(shares, plan),
         *planner.extension_lines(sw.sweep_dir),

@@ -63,6 +63,7 @@ def reanalyze(analysis: Analysis, sweep: Sweep) -> Analysis:
         band_lo=analysis.band_lo,
         calibrated=analysis.calibrated,
         crossing=analysis.crossing,
+        delta=analysis.delta,
     )
 
 

@@ -64,6 +64,18 @@ DEFAULT_LEVEL = 0.95
 DEFAULT_SEED = 0
 INTERVAL_METHODS = ("t", "bootstrap")
 DEFAULT_METHOD = "t"
+# Two configurations whose T ratio is shown inside 1 +- DEFAULT_DELTA are equivalent
+# (the sweep's `sweep.equivalence_delta`; rl_batch.analysis.equivalence).
+DEFAULT_DELTA = artifacts.DEFAULT_EQUIVALENCE_DELTA
+check_delta = artifacts.check_equivalence_delta
+
+
+def sweep_delta(sweep: Sweep) -> float:
+    """The equivalence margin a sweep was run with (its grid's ``equivalence_delta``, as
+    sweep.json records the grid), `DEFAULT_DELTA` when it names none (e.g. imported runs)."""
+    grid = sweep.raw.get("grid") if isinstance(sweep.raw, dict) else None
+    value = grid.get("equivalence_delta") if isinstance(grid, dict) else None
+    return DEFAULT_DELTA if value is None else value
 
 
 def check_method(method: str) -> str:
@@ -589,6 +601,18 @@ def exact_one(n: int) -> Estimate:
     return dataclasses.replace(_ONE, n=n)
 
 
+def seed_values(stats: ConfigStats, name: str, paired: bool) -> list[float] | None:
+    """Per-seed values of a `RunTarget` field (``n_star``, ``q``, ...) of one
+    configuration, in seed order when ``paired`` (the rows of a matched pair); ``None``
+    when a seed has none, or, for a field at the target (all but ``q``), when not every
+    seed reached."""
+    if name != "q" and not stats.reached:
+        return None
+    runs = by_seed(stats.runs) if paired else stats.runs
+    v = [getattr(r, name) for r in runs]
+    return None if any(x is None for x in v) else v
+
+
 def config_ratios(
     stats: ConfigStats,
     ref: ConfigStats,
@@ -618,19 +642,12 @@ def config_ratios(
         )
 
     paired = matched_pair(stats.runs, ref.runs)
-
-    def vals(s: ConfigStats, name: str, need_reached: bool):
-        if need_reached and not s.reached:
-            return None
-        runs = by_seed(s.runs) if paired else s.runs
-        v = [getattr(r, name) for r in runs]
-        return None if any(x is None for x in v) else v
-
-    n_a, n_r = vals(stats, "n_star", True), vals(ref, "n_star", True)
-    q_a, q_r = vals(stats, "q", False), vals(ref, "q", False)
+    n_a, n_r = seed_values(stats, "n_star", paired), seed_values(ref, "n_star", paired)
+    q_a, q_r = seed_values(stats, "q", paired), seed_values(ref, "q", paired)
     timing = step_time_log_ratios(step_rounds, stats.key.key, ref.key.key)
     r_n, r_q, r_t = ratio_estimates(n_a, q_a, n_r, q_r, n_boot, level, seed, method, timing, paired)
-    u_a, u_r = vals(stats, "updates_to_target", True), vals(ref, "updates_to_target", True)
+    u_a = seed_values(stats, "updates_to_target", paired)
+    u_r = seed_values(ref, "updates_to_target", paired)
     r_u = None
     if u_a and u_r:
         r_u = ratio_estimate(u_a, u_r, [1.0], n_boot, level, seed, method, paired=paired)
@@ -687,6 +704,8 @@ class Analysis:
     step_rounds: dict[str, list[float]] | None = None  # calibrated step s per round
     # Run name -> its calibrated step seconds (a batch schedule's: [U] per update).
     run_step_s: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Equivalence margin of T ratios (planner: T(k) / T(best) within 1 +- delta).
+    delta: float = DEFAULT_DELTA
 
     @property
     def timed(self) -> bool:
@@ -694,10 +713,14 @@ class Analysis:
         analysis is then N* and r_N only)."""
         return any(s.q is not None for s in self.stats.values())
 
-    def ratio(self, key: Configuration, reference: Configuration) -> Ratios:
+    def ratio(
+        self, key: Configuration, reference: Configuration, level: float | None = None
+    ) -> Ratios:
         """Ratios of configuration ``key`` against ``reference`` (any configuration), with
-        this analysis' interval settings and calibration rounds."""
-        args = (self.n_boot, self.level, self.seed, self.method, self.step_rounds)
+        this analysis' interval settings and calibration rounds (``level``: another
+        coverage, e.g. a two-one-sided-tests 90 % or a multiplicity-adjusted one)."""
+        level = self.level if level is None else level
+        args = (self.n_boot, level, self.seed, self.method, self.step_rounds)
         return config_ratios(self.stats[key], self.stats[reference], *args)
 
     def ratios_against(self, reference: Configuration) -> dict[Configuration, Ratios]:
@@ -789,6 +812,7 @@ def analyze_sweep(
     band_lo: float | None | str = "sweep",
     calibrated: bool = True,
     crossing: str = "sweep",
+    delta: float | str = "sweep",
 ) -> Analysis:
     """Time-to-target analysis of a sweep.
 
@@ -804,11 +828,19 @@ def analyze_sweep(
         where it has them (every configuration, or none is used).
       crossing: how N* is read off the evaluations (`targets.CROSSINGS`); ``"sweep"``
         (default) takes ``sweep.json``'s ``target_crossing``.
+      delta: the equivalence margin of T ratios (`Analysis.delta`); ``"sweep"`` (default)
+        takes the grid's ``equivalence_delta`` in ``sweep.json`` (`DEFAULT_DELTA` without).
 
     Returns:
       The ``Analysis``.
+
+    Raises:
+      ValueError: no target, or a margin outside (0, 1).
     """
     check_method(method)
+    if delta == "sweep":
+        delta = sweep_delta(sweep)
+    check_delta(delta, sweep.sweep_dir)
     if target is None:
         target = sweep.target
     if target is None:
@@ -872,4 +904,5 @@ def analyze_sweep(
         crossing,
         rounds,
         run_step_s,
+        float(delta),
     )

@@ -279,6 +279,9 @@ def plan(
         points it applies to.
     """
     check_base_lr(base)
+    artifacts.check_equivalence_delta(
+        base.sweep.get("equivalence_delta", artifacts.DEFAULT_EQUIVALENCE_DELTA), "sweep"
+    )
     points = expand_grid(base)
     reference_key(base, points)
     gen_probe(base, points)
