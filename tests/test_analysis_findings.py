@@ -148,6 +148,26 @@ def test_generation_saturation_is_decided_on_the_visits_intervals(below_top, ver
     assert "tokens/s against c = 256: c=64: 0.4" in finding.measured
 
 
+def test_generation_saturation_any_of_k_is_read_at_holms_level():
+    # c = 128 at 0.95 of c = 256 with visits [93, 95, 97]: its 95 % interval's lower end is
+    # 0.909 (above 90 %), but two smaller concurrencies were tried (c = 64, 128): "some c
+    # reaches 90 %" is read at 1 - 0.05 / 2 = 97.5 %, where the lower end is 0.896.
+    finding = findings.generation_finding(_three_visits([93.0, 95.0, 97.0]))
+    assert finding.verdict == findings.UNDECIDED, finding
+    assert "c=128: 0.95 [0.909," in finding.measured
+    assert finding.verdict != findings.FAILS
+    strong = findings.generation_finding(_three_visits([95.0, 96.0, 94.0]))
+    assert strong.verdict == findings.HOLDS and "any of 2" in strong.note, strong
+
+
+def test_u_shape_any_interior_batch_is_holm_adjusted(tmp_path):
+    # Four sqrt batches: two interior candidates for the bottom; arms 1.9x, tight seeds.
+    configs = tuple((p, 8, "sqrt", t) for p, t in zip((8, 16, 32, 64), (1.9, 1.0, 1.3, 4.0)))
+    a, gen = _analysis(tmp_path / "s", configs=configs, seed_factors=(0.99, 1.0, 1.01))
+    f = _by_name(a, gen)["T is U-shaped in B"]
+    assert f.verdict == findings.HOLDS and "any of 2: each read at 97.50%, Holm" in f.note, f
+
+
 @pytest.mark.parametrize(
     "at_128, walk",
     [

@@ -25,12 +25,12 @@ def test_calibrated_seconds_by_hand():
     assert ttt.calibrated_seconds(ttt.np.array([1.0, 2.0, 4.0]), 2.5) == 5.0
 
 
-def _scheduled_sweep(tmp_path, step_at_p8=STEP[8]):
+def _scheduled_sweep(tmp_path, step_at_p8=STEP[8], seeds=SEEDS):
     d = str(tmp_path / "sweep")
-    fx.write_sweep(d, configs=FIXED, seed_factors=SEEDS, reference="P8_G8_sqrt_s0")
+    fx.write_sweep(d, configs=FIXED, seed_factors=seeds, reference="P8_G8_sqrt_s0")
     raw = artifacts.read_json(os.path.join(d, artifacts.SWEEP_FILE))
     schedule = {"kind": "warmup", "start_prompts": 8, "responses": 512}
-    for seed, factor in enumerate(SEEDS):
+    for seed, factor in enumerate(seeds):
         name = f"p16_g8_sqrt_warmup_s{seed}"
         fx.write_run(
             os.path.join(d, artifacts.RUNS_DIR, name),
@@ -111,3 +111,32 @@ def test_the_schedule_figure_is_written(tmp_path):
     _, _, batch = figures._batch_steps(scheduled[0], None)
     assert list(batch[:6]) == [64.0] * 5 + [128.0]
     assert math.isfinite(a.stats[findings.best_fixed_batch(a)].time_to_target_s.mean)
+
+
+def test_with_four_seeds_the_best_fixed_batch_is_picked_on_half_and_judged_on_the_rest(
+    tmp_path,
+):
+    cheap = [0.14, 0.15, 0.16]
+    seeds = (0.97, 1.0, 1.03, 0.99)
+    d = _scheduled_sweep(tmp_path, step_at_p8=cheap, seeds=seeds)
+    a = ttt.analyze_sweep(curves.load_sweep(d))
+    f = findings.schedule_finding(a)
+    assert "picked on seeds [0, 2] and compared on seeds [1, 3]" in f.note, f
+    assert f.verdict == findings.HOLDS, f
+    # The comparison's interval is over the two held-out seeds only.
+    held = findings._on_seeds(a, [1, 3])
+    assert {r.seed for rs in held.runs_by_key.values() for r in rs} == {1, 3}
+
+
+def test_under_four_seeds_every_fixed_batch_the_best_could_be_is_compared(tmp_path):
+    a = ttt.analyze_sweep(
+        curves.load_sweep(_scheduled_sweep(tmp_path, step_at_p8=[0.14, 0.15, 0.16]))
+    )
+    f = findings.schedule_finding(a)
+    # 8x8 is decidedly slower than 16x8 (T 0.0047 N against 0.0031 N); 32x8 (0.0033 N)
+    # is not, with the calibration rounds' spread: the set is 16x8 and 32x8, and the
+    # cheap warm-up must beat both.
+    best_could_be = "(grpo-P16-G8-sqrt, grpo-P32-G8-sqrt; under 4 seeds, none held out)"
+    assert best_could_be in f.note, f
+    assert f.measured.count("T / T(B = ") == 2, f
+    assert f.verdict == findings.HOLDS

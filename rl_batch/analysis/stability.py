@@ -28,7 +28,7 @@ import numpy as np
 from rl_batch.analysis import planner
 from rl_batch.analysis.curves import RunData, Sweep
 from rl_batch.analysis.findings import Finding
-from rl_batch.analysis.time_to_target import Analysis, analyze_sweep, run_is_usable
+from rl_batch.analysis.time_to_target import Analysis, reanalyze, run_is_usable
 from rl_batch.artifacts import Configuration
 
 DEFAULT_RESAMPLES = 200  # share's standard error <= 3.5 points
@@ -47,24 +47,6 @@ def resample_seeds(sweep: Sweep, drawn: Sequence[int]) -> Sweep:
         for run in by_seed[seed]
     ]
     return dataclasses.replace(sweep, runs=tuple(runs))
-
-
-def reanalyze(analysis: Analysis, sweep: Sweep) -> Analysis:
-    """``sweep`` analysed with ``analysis``'s settings (target, reference, band, crossing,
-    interval method, calibration)."""
-    return analyze_sweep(
-        sweep,
-        target=analysis.target,
-        reference=analysis.reference.key,
-        n_boot=analysis.n_boot,
-        level=analysis.level,
-        seed=analysis.seed,
-        method=analysis.method,
-        band_lo=analysis.band_lo,
-        calibrated=analysis.calibrated,
-        crossing=analysis.crossing,
-        delta=analysis.delta,
-    )
 
 
 def resampled(analysis: Analysis, resamples: int, seed: int = 0) -> Iterator[Analysis]:

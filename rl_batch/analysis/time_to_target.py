@@ -906,3 +906,22 @@ def analyze_sweep(
         run_step_s,
         float(delta),
     )
+
+
+def reanalyze(analysis: Analysis, sweep: Sweep) -> Analysis:
+    """``sweep`` (e.g. a resample or a subset of the seeds of ``analysis.sweep``) analysed
+    with ``analysis``' settings (target, reference, band, crossing, interval method,
+    calibration, equivalence margin)."""
+    return analyze_sweep(
+        sweep,
+        target=analysis.target,
+        reference=analysis.reference.key,
+        n_boot=analysis.n_boot,
+        level=analysis.level,
+        seed=analysis.seed,
+        method=analysis.method,
+        band_lo=analysis.band_lo,
+        calibrated=analysis.calibrated,
+        crossing=analysis.crossing,
+        delta=analysis.delta,
+    )
