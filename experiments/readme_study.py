@@ -73,6 +73,8 @@ def study_section(sweep_dir: str, section: str = "study") -> str:
         "Another machine or day gives other numbers; what should survive a rerun are the "
         "verdicts, and only those the intervals decide.",
         "",
+        f"**Recommendation.** {plan.verdict}",
+        "",
         f"- command: `{cmd}`",
         f"- {timing}",
         f"- {'/'.join(map(str, seeds))} seed(s) per configuration, {len(runs)} runs; target "

@@ -113,10 +113,9 @@ def test_plan_batch_cli_writes_plan_json(sweep_dir):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert (
-        "Recommendation: grpo-P32-G8-sqrt (batch 256): its interval excludes every other's."
-        in out.stdout
-    )
+    # The plain sentence first, then the table (and again under it).
+    assert out.stdout.startswith("Use B = 256 (grpo-P32-G8-sqrt): faster than the next"), out.stdout
+    assert "Recommendation: Use B = 256 (grpo-P32-G8-sqrt)" in out.stdout
     assert "the recommendation set held grpo-P32-G8-sqrt (batch 256) 100%" in out.stdout
     plan = json.load(open(os.path.join(sweep_dir, "plan.json")))
     assert plan["mode"] == "full" and plan["recommended_batch"] == 256
@@ -252,8 +251,8 @@ def test_overlapping_intervals_give_candidates_not_a_winner(tmp_path):
     assert rows[b128].r_t.lo <= rows[b256].r_t.hi  # why they cannot be told apart
     assert plan.seeds_to_separate is not None and plan.seeds_to_separate > 3
     text = planner.format_plan_table(plan)
-    assert "Recommendation: undecided at this power between grpo-P32-G8-sqrt" in text
-    assert f"about {plan.seeds_to_separate} seeds per configuration" in text
+    assert "Recommendation: Undecided at this power: B = 256 has the smallest mean T" in text
+    assert "more seeds per configuration would tell B = 256 from B = 128" in text
     obj = planner.plan_to_json(plan)
     assert obj["recommendation"] is None and obj["best"] == "grpo-P32-G8-sqrt"
     assert obj["candidates"][0] == "grpo-P32-G8-sqrt" and "grpo-P16-G8-sqrt" in obj["candidates"]
@@ -271,4 +270,5 @@ def test_one_seed_names_no_winner(tmp_path):
         plan.best == artifacts.Configuration("grpo", 32, 8, "sqrt") and plan.recommendation is None
     )
     assert len(plan.candidates) == 3 and plan.seeds_to_separate is None  # (no interval)
-    assert "more seeds would be needed" in plan.verdict
+    assert "an interval first (2+ seeds per configuration) would tell B = 256 from" in plan.verdict
+    assert "nan" not in plan.verdict

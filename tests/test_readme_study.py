@@ -30,7 +30,8 @@ def test_study_section_from_a_sweep(tmp_path):
     assert "10.0 min wall, started 2026-12-01T10:00:00+00:00" in section
     assert "3 seed(s) per configuration, 24 runs" in section
     assert "| T is U-shaped in B |" in section and "Cost structure" in section
-    assert "Recommendation: undecided at this power" in section  # 10% seed spread
+    assert "Recommendation: Undecided at this power" in section  # 10% seed spread
+    assert "**Recommendation.** Undecided at this power" in section  # first, in one line
     assert "- hardware.cpu_model: Some CPU" in section
     text = f"# x\n\nbefore\n{readme_study.BEGIN}\nOLD-SECTION\n{readme_study.END}\nafter\n"
     new = readme_study.replace_section(text, section)

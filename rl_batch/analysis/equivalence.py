@@ -131,6 +131,8 @@ def _pct(x: float) -> str:
 
 
 def _interval(e: Estimate, level: str) -> str:
+    if not e.has_interval:
+        return e.fmt()
     return f"{e.mean:.3g}, {level} interval [{e.lo:.3g}, {e.hi:.3g}]"
 
 
@@ -185,8 +187,10 @@ def _undecided_sentence(best, equal, open_, label, delta) -> str:
     parts = []
     for p in open_:
         ratio = f"T({label(p.key)}) / T({label(best)}) = {_interval(p.ratio, '90 %')}"
-        if p.seeds is None:
-            more = "more seeds than 100 (or an interval first: 2+ seeds each)"
+        if p.n_seeds < 2:
+            more = "an interval first (2+ seeds per configuration)"
+        elif p.seeds is None:
+            more = "more than 100 seeds per configuration"
         else:
             n = max(p.seeds - p.n_seeds, 1)
             more = f"about {n} more seed{'s' if n > 1 else ''} per configuration"
