@@ -318,6 +318,46 @@ def test_variant_points_are_checked_before_anything_starts():
             sweep.expand_grid(c)
 
 
+def test_a_variant_named_like_a_critic_part_is_refused_not_trained_in_its_place():
+    # 64x1:sqrt@k2 and 64x1:sqrt:k2 would both run in p8_g1_sqrt_k2_s0 (issue 48 D3).
+    c = _sweep_config(prompts="8", group_sizes="1", seeds="0")
+    c.algo, c.group_size, c.ppo.warmup_updates = "ppo", 1, 0
+    c.sweep.variants = {"k2": {"grpo": {"clip_high": 0.3}}}
+    c.sweep.extra_points = "8x1:sqrt:k2,8x1:sqrt@k2"
+    with pytest.raises(ValueError, match="'8x1:sqrt:k2' and '8x1:sqrt@k2' share the run dir"):
+        sweep.expand_grid(c)
+    c.sweep.extra_points = "8x1:sqrt@k2"  # alone it has its own directory
+    assert [p.name for p in sweep.expand_grid(c)] == ["p8_g1_sqrt_s0", "p8_g1_sqrt_k2_s0"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("target", 0.45),
+        ("target_band_lo", 0.4),
+        ("target_crossing", "eval"),
+        ("eval_every_responses", 64),
+        ("budget_responses", 512),
+    ],
+)
+def test_a_variant_may_not_set_a_field_every_point_shares(field, value):
+    # The analysis compares the points at the sweep's target and budget (issue 48 D4).
+    c = _sweep_config(prompts="2", group_sizes="4", seeds="0")
+    c.sweep.variants = {"lowtgt": {field: value}}
+    c.sweep.extra_points = "2x4:sqrt@lowtgt"
+    with pytest.raises(ValueError, match=f"sweep.variants.lowtgt.{field}: every point of a sweep"):
+        sweep.expand_grid(c)
+
+
+def test_the_failure_line_names_errors_log_only_when_it_exists(tmp_path):
+    from experiments import sweep_main
+
+    line = sweep_main.failed_message(["p2_g4_sqrt_s0"], str(tmp_path))
+    assert "errors.log" not in line and f"{tmp_path}/sweep.json" in line
+    (tmp_path / "errors.log").write_text("== p2_g4_sqrt_s0\n")
+    assert f"see {tmp_path}/errors.log" in sweep_main.failed_message(["x"], str(tmp_path))
+
+
 @pytest.mark.slow  # 23-29 s on a loaded 2-core machine
 def test_each_point_is_resolved_once_on_its_way_to_the_run(tmp_path, monkeypatch):
     # In process: plan() resolves each point, run.run receives its spec and resolves

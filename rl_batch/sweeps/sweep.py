@@ -128,7 +128,24 @@ def expand_grid(base: ConfigDict) -> list[Point]:
     ]
     keys += [_full_key(base, k) for k in _strs(sweep.extra_points)]
     unique = sorted(set(keys), key=lambda k: (k[0] * k[1], k[0], keys.index(k)))
-    return [Point(p, g, r, s, critic, v) for p, g, r, critic, v in unique for s in seeds]
+    points = [Point(p, g, r, s, critic, v) for p, g, r, critic, v in unique for s in seeds]
+    check_distinct_run_dirs(points)
+    return points
+
+
+def check_distinct_run_dirs(points: list[Point]) -> None:
+    """Refuses two configurations whose runs would share a directory (a variant named
+    like a PPO critic part: ``64x1:sqrt@k2`` and ``64x1:sqrt:k2`` are both
+    ``p64_g1_sqrt_k2_s0``), which would train one of them only."""
+    seen: dict[str, str] = {}
+    for point in points:
+        other = seen.setdefault(point.name, point.key)
+        if other != point.key:
+            raise ValueError(
+                f"sweep points {other!r} and {point.key!r} share the run directory "
+                f"{point.name}: rename the variant (a variant may not read as a critic part "
+                "'k<scale>[-<rule>]')"
+            )
 
 
 def _full_key(base: ConfigDict, text: str) -> tuple[int, int, str, str, str]:
@@ -160,6 +177,13 @@ POINT_FIELDS = {
 }
 
 
+# The run config's fields every point of a sweep shares: the analysis (N*, T, r_N, the
+# plan) and launch.collect read them once per sweep, so a variant may not set them.
+SWEEP_LEVEL_FIELDS = frozenset(
+    {"target", "target_band_lo", "target_crossing", "eval_every_responses", "budget_responses"}
+)
+
+
 def _leaves(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A nested mapping as ``{"a.b": leaf}``."""
     out = {}
@@ -186,6 +210,12 @@ def variant_settings(base: ConfigDict, name: str, where: str = "") -> dict[str, 
         if path.split(".")[0] in POINT_FIELDS or path.startswith(("sweep.", "ppo.critic_")):
             raise ValueError(
                 f"sweep.variants.{name}.{path}: the point's key sets this, not a variant"
+            )
+        if path in SWEEP_LEVEL_FIELDS:
+            raise ValueError(
+                f"sweep.variants.{name}.{path}: every point of a sweep shares it (the "
+                "analysis compares the points at one target and budget); set "
+                f"--config.{path} for the whole sweep"
             )
         if path not in flat:
             raise ValueError(f"sweep.variants.{name}.{path}: no such field in the run config")
