@@ -123,6 +123,26 @@ def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert all(r["status"] == "finished" for r in record["runs"])
 
 
+def test_a_point_another_program_trains_is_refused_not_recorded_failed(tmp_path):
+    # --only on a point another sweep is training was a traceback and booked "failed"
+    # for a healthy run (issue 48 D10).
+    from rl_batch.locks import DirectoryLock, DirectoryLocked
+
+    c = _sweep_config(prompts="2,4", group_sizes="4", seeds="0")
+    run_fn, calls = _fake_run()
+    busy = tmp_path / "runs" / "p4_g4_sqrt_s0"
+    with DirectoryLock(str(busy), "run"):
+        with pytest.raises(DirectoryLocked, match=f"--only=p4_g4_sqrt_s0: {busy} is in use"):
+            sweep.run_sweep(c, str(tmp_path), only="p4_g4_sqrt_s0", run_fn=run_fn, log=print)
+        assert not (busy / "sweep_point.json").exists()
+        # A whole sweep stops there too, and its record does not call the point failed.
+        with pytest.raises(DirectoryLocked, match=f"p4_g4_sqrt_s0: {busy} is in use"):
+            sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, log=print)
+    assert calls == ["p2_g4_sqrt_s0"] and not (tmp_path / "errors.log").exists()
+    status = {r["name"]: r["status"] for r in artifacts.read_json(tmp_path / "sweep.json")["runs"]}
+    assert status["p4_g4_sqrt_s0"] not in ("failed", "running"), status
+
+
 def test_only_runs_one_point_and_unknown_names_are_errors(tmp_path):
     c = _sweep_config(prompts="2,4", group_sizes="4")
     run_fn, calls = _fake_run()

@@ -491,6 +491,10 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     record = _sweep_record(base, points, resolved, ref_key, old)
     record["name"] = os.path.basename(os.path.normpath(sweep_dir))
     if only is not None:
+        # A point another program is training is refused before its directory is touched
+        # (by the writer: the processes of one multi-process run share the directory).
+        if processes.writer:
+            check_not_in_use(resolved[only].inputs.run_dir, f"--only={only}")
         sweep_path = os.path.join(resolved[only].inputs.run_dir, "sweep_point.json")
     # Other processes of a multi-process run compute but write and print nothing.
     writer = processes.writer
@@ -586,8 +590,10 @@ def _run_point(
         f"={spec.batch}, lr={spec.optimizer.lr:.3g} ({point.lr_rule})"
         f"{' (resuming)' if resume else ''}{progress.eta()}"
     )
+    if processes.writer:
+        check_not_in_use(config.run_dir, point.name)
     with guard:
-        entry["status"] = "running"
+        before, entry["status"] = entry["status"], "running"
         save()
     t0 = time.time()
     try:
@@ -607,6 +613,12 @@ def _run_point(
             entry["status"] = "interrupted"
             save()
         raise
+    except locks.DirectoryLocked:
+        # Another program trains this point: its run is not this sweep's to call failed.
+        with guard:
+            entry["status"] = before
+            save()
+        raise
     except Exception as e:  # A failed point is recorded; the sweep goes on.
         logging.exception("run %s failed", point.name)
         status, error = "failed", f"{type(e).__name__}: {e}"
@@ -619,6 +631,17 @@ def _run_point(
         progress.walls.append(entry["wall_s"])
         save()
     log(f"[sweep {i + 1}/{n}] {point.name}: {entry['status']} in {entry['wall_s']:.0f}s")
+
+
+def check_not_in_use(run_dir: str, what: str) -> None:
+    """Raises `locks.DirectoryLocked` (``what: <dir> is in use by ...``) when another
+    process holds ``run_dir``'s lock; takes and gives it back otherwise."""
+    if not os.path.isdir(run_dir):
+        return
+    try:
+        locks.DirectoryLock(run_dir, "sweep").acquire().release()
+    except locks.DirectoryLocked as e:
+        raise locks.DirectoryLocked(f"{what}: {e}") from None
 
 
 def _budget_of(run_dir: str) -> float:
