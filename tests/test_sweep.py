@@ -427,3 +427,46 @@ def test_sweep_json_has_one_builder_and_one_writer(tmp_path):
                 if "SWEEP_FILE" in text and "write_json_atomic(sweep" in text:
                     writers.append(f)
     assert writers == [], writers
+
+
+_CHILD = """
+import json, os, signal, sys, time
+run_dir, seconds = sys.argv[1], float(sys.argv[2])
+def write(status):
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump({"status": status}, f)
+def stop(signum, frame):
+    write("interrupted")
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+write("running")
+time.sleep(seconds)
+write("finished")
+"""
+
+
+def test_ctrl_c_stops_a_concurrent_sweep_as_sigterm_does(tmp_path, monkeypatch):
+    # SIGINT left the pool's points running to their end and started the next ones
+    # (issue 48): now the running children get SIGTERM and no other point starts.
+    import signal
+    import threading
+    import time
+
+    def fake_point_process(spec, log_path, worker=None):
+        seconds = 0 if spec.inputs.prompts == 2 else 30  # the first point, then slow ones
+        cmd = [sys.executable, "-c", _CHILD, spec.inputs.run_dir, str(seconds)]
+        processes.run_child(cmd, log_path)
+
+    monkeypatch.setattr(processes, "run_point_process", fake_point_process)
+    c = _sweep_config(prompts="2,4,8,16", group_sizes="4", seeds="0")
+    c.sweep.concurrent, c.sweep.reuse_workers = 2, False
+    threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # as Ctrl-C
+    t0 = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(c, str(tmp_path), log=lambda s: None)
+    assert time.time() - t0 < 15  # not the 30 s the slow points sleep
+    status = {r["name"]: r["status"] for r in artifacts.read_json(tmp_path / "sweep.json")["runs"]}
+    assert status["p2_g4_sqrt_s0"] == "finished"
+    assert status["p4_g4_sqrt_s0"] == status["p8_g4_sqrt_s0"] == "interrupted", status
+    assert status["p16_g4_sqrt_s0"] == "pending", status  # never started
+    assert not (tmp_path / "errors.log").exists()

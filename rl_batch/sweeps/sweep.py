@@ -453,6 +453,7 @@ def run_sweep(
     # Before any JAX call: plan() counts the devices (with isolate, in a child process:
     # this one never starts JAX's backend, which would hold its children's accelerators).
     processes = processes or procs.join_processes(base, isolate=isolate)
+    procs.stopping.clear()
     os.makedirs(sweep_dir, exist_ok=True)
     # One sweep program per sweep directory (the jobs of an array write only their points).
     lock = locks.DirectoryLock(sweep_dir, "sweep") if processes.writer and only is None else None
@@ -533,8 +534,18 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         run_one(0, todo[0])
         with concurrent_futures.ThreadPoolExecutor(concurrent) as pool:
             try:
-                for f in [pool.submit(run_one, i, p) for i, p in enumerate(todo) if i > 0]:
+                futures = [pool.submit(run_one, i, p) for i, p in enumerate(todo) if i > 0]
+                pending = set(futures)
+                while pending:  # (a timed wait: the main thread takes Ctrl-C while it waits)
+                    _, pending = concurrent_futures.wait(pending, timeout=0.5)
+                for f in futures:
                     f.result()
+            except KeyboardInterrupt:
+                # Ctrl-C stops the sweep as SIGTERM does: no further point starts, and the
+                # running ones stop (each records "interrupted") before this one exits.
+                pool.shutdown(wait=False, cancel_futures=True)
+                procs.terminate_children()
+                raise
             finally:  # (before the pool's threads end: a worker stops with its thread)
                 workers.close()
     log(f"sweep finished in {(time.time() - progress.t_start) / 60:.1f} min: {sweep_path}")
@@ -620,6 +631,11 @@ def _run_point(
             save()
         raise
     except Exception as e:  # A failed point is recorded; the sweep goes on.
+        if procs.stopping.is_set() and _run_status(config.run_dir) == "interrupted":
+            with guard:
+                entry["status"], entry["error"] = "interrupted", None
+                save()
+            return
         logging.exception("run %s failed", point.name)
         status, error = "failed", f"{type(e).__name__}: {e}"
         if processes.writer:
