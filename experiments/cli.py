@@ -81,12 +81,54 @@ def one_line_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], A
     return wrapped
 
 
+def packaged_config(value: str) -> str:
+    """A ``--config`` value with its file found from any directory.
+
+    ``grpo_cpu`` (a name) and ``experiments/configs/grpo_cpu.py`` (the README's path, from
+    outside the checkout) both name the packaged ``experiments/configs/grpo_cpu.py``; a
+    file that exists from the working directory is taken as given, as is anything else
+    (the loader then says it is missing). The ``:argument`` part is kept.
+    """
+    from experiments import configs
+
+    path, sep, argument = value.partition(":")
+    if not path or os.path.exists(path):
+        return value
+    name = os.path.basename(path)
+    name = name if name.endswith(".py") else name + ".py"
+    bare = os.sep not in path and "/" not in path
+    packaged = configs.path(name)
+    if os.path.isfile(packaged) and (bare or path.endswith(os.path.join("configs", name))):
+        return packaged + sep + argument
+    return value
+
+
+def _with_packaged_configs(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--config=VALUE`` as `packaged_config` resolves it."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--config="):
+            arg = "--config=" + packaged_config(arg.removeprefix("--config="))
+        out.append(arg)
+    return out
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing with a bad flag (or value) as `fail`, not usage text."""
+    """absl's flag parsing with a bad flag (or value) as `fail`, not usage text.
+
+    ``--config=NAME`` is found as `packaged_config` says. An unknown ``--config.<field>``
+    with an explicit ``--config`` is found here (ml_collections loads that file while the
+    flags are parsed, not at import) and is the one line `unknown_field_message`.
+    """
+    argv = _with_packaged_configs(argv)
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
         fail(e)
+    except (AttributeError, KeyError) as e:
+        if not any(a.startswith("--config.") for a in argv):
+            raise
+        fail(unknown_field_message(e, argv))
 
 
 def run(main: Callable[[list[str]], Any]) -> NoReturn:

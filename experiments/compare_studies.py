@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 import sys
+from typing import Any, NamedTuple
 
 from absl import flags
 
@@ -74,9 +75,19 @@ def stop_time(sweep, target: float) -> tuple[float, float]:
     return to_target, spent
 
 
-def study(sweep_dir: str, sweep=None, target: float | None = None):
-    """(findings, plan, half-widths, text) of one sweep at ``target`` (default: the
-    sweep's; ``sweep``: a pooled one, whose calibration and command are ``sweep_dir``'s)."""
+class Study(NamedTuple):
+    """One sweep's answer: its findings, plan, half-widths, text and target."""
+
+    found: list
+    plan: Any
+    hw: dict[str, float]
+    text: str
+    target: float
+
+
+def study(sweep_dir: str, sweep=None, target: float | None = None) -> Study:
+    """`Study` of one sweep at ``target`` (default: the sweep's; ``sweep``: a pooled one,
+    whose calibration and command are ``sweep_dir``'s)."""
     pooled = sweep is not None
     sweep = sweep or load_sweep(sweep_dir)
     analysis = analyze_sweep(sweep, target)
@@ -110,7 +121,7 @@ def study(sweep_dir: str, sweep=None, target: float | None = None):
     lines += [f"- planner: {plan.verdict}", ""]
     lines += ["| finding | measured | verdict |", "|---|---|---|"]
     lines += [f"| {f.name} | {f.measured} | {f.verdict} |" for f in found]
-    return found, plan, hw, "\n".join(lines) + "\n"
+    return Study(found, plan, hw, "\n".join(lines) + "\n", analysis.target)
 
 
 def recommendation_set(plan) -> set[str]:
@@ -127,29 +138,68 @@ def agreeing_pairs(verdicts: list[list[str]]) -> tuple[int, int]:
     return sum(a == b for a, b in pairs), len(pairs)
 
 
+def compare_findings(found: list[list]) -> tuple[list[str], bool, list[list[str]]]:
+    """The findings of several sweeps paired by name (not by position: a PPO study's
+    table has findings a GRPO study's lacks).
+
+    Args:
+      found: per sweep, its findings (each with ``name`` and ``verdict``).
+
+    Returns:
+      (one line per finding name, whether every finding that all sweeps have has one
+      verdict, per sweep the verdicts of those shared findings in one order). A finding
+      that only some sweeps have is listed as not compared.
+    """
+    names = list(dict.fromkeys(f.name for fs in found for f in fs))
+    by_name = [{f.name: f.verdict for f in fs} for fs in found]
+    shared = [n for n in names if all(n in v for v in by_name)]
+    lines = []
+    for name in names:
+        verdicts = [v.get(name, "-") for v in by_name]
+        if name not in shared:
+            mark = "not in every sweep: not compared"
+        else:
+            mark = "same" if len(set(verdicts)) == 1 else "DIFFERENT"
+        lines.append(f"- {name}: {' / '.join(verdicts)} ({mark})")
+    agree = bool(shared) and all(len({v[n] for v in by_name}) == 1 for n in shared)
+    if not shared:
+        lines.append("- no finding is in every sweep: nothing to compare")
+    return lines, agree, [[v[n] for n in shared] for v in by_name]
+
+
+def target_line(targets: list[float]) -> str | None:
+    """A line saying the sweeps' targets differ (their N*, T and verdicts are then
+    answers to different questions), or None when they are one."""
+    if len(set(targets)) == 1:
+        return None
+    return (
+        "- targets differ: " + " / ".join(f"{t:g}" for t in targets) + " (the findings answer "
+        "different questions; --target re-reads every sweep at one)"
+    )
+
+
 def main(argv):
     del argv
     results = [study(d, target=_TARGET.value) for d in _SWEEPS.value]
-    for _, _, _, text in results:
-        print(text)
-    names = [f.name for f in results[0][0]]
-    agree = all([f.verdict for f in r[0]] == [f.verdict for f in results[0][0]] for r in results)
-    sets = [recommendation_set(r[1]) for r in results]
+    for result in results:
+        print(result.text)
+    lines, agree, verdicts = compare_findings([r.found for r in results])
+    sets = [recommendation_set(r.plan) for r in results]
     overlap = set.intersection(*sets)
     print("## Across sweeps\n")
-    for i, name in enumerate(names):
-        verdicts = [r[0][i].verdict for r in results]
-        mark = "same" if len(set(verdicts)) == 1 else "DIFFERENT"
-        print(f"- {name}: {' / '.join(verdicts)} ({mark})")
+    differ = target_line([r.target for r in results])
+    if differ:
+        print(differ)
+    print("\n".join(lines))
     print("- recommendation sets: " + " / ".join(", ".join(sorted(s)) for s in sets))
     print(f"- overlap: {', '.join(sorted(overlap)) or 'none'}")
     print(f"- findings verdicts agree: {agree}")
     if len(results) > 2:
-        same, pairs = agreeing_pairs([[f.verdict for f in r[0]] for r in results])
+        same, pairs = agreeing_pairs(verdicts)
         print(f"- pairs of sweeps with every verdict the same: {same} of {pairs}")
     if _POOL.value:
         pooled = pool_sweeps([load_sweep(d) for d in _SWEEPS.value])
-        print("\n" + study(_SWEEPS.value[0], pooled, _TARGET.value)[3])
+        print("\n" + study(_SWEEPS.value[0], pooled, _TARGET.value).text)
     sys.exit(0 if agree and overlap else 1)
 
 

@@ -72,6 +72,18 @@ def _or_exit(fn, *args, **kwargs):
         cli.fail(e)
 
 
+def failed_message(failed: list[str], sweep_dir: str) -> str:
+    """The line naming the points that did not finish, and where their errors are:
+    ``errors.log`` only when a point wrote one (else sweep.json's statuses)."""
+    errors_log = os.path.join(sweep_dir, "errors.log")
+    where = (
+        f"see {errors_log}"
+        if os.path.exists(errors_log)
+        else f"their status is in {os.path.join(sweep_dir, artifacts.SWEEP_FILE)}"
+    )
+    return f"{len(failed)} run(s) failed: {failed}; {where}"
+
+
 def next_edge_step(sweep_dir: str, **limits):
     """The grid extension's next step after a pass (``rl_batch.sweeps.extend.NextStep``):
     the sweep analysed as the report does, then `planner.next_edge_points` with
@@ -158,9 +170,6 @@ def main(argv, algo: str = "grpo"):
     if refused:
         print(refused, file=sys.stderr)
     if failed:
-        print(
-            f"{len(failed)} run(s) failed: {failed}; see {sweep_dir}/errors.log",
-            file=sys.stderr,
-        )
+        print(failed_message(failed, sweep_dir), file=sys.stderr)
     if failed or refused:
         sys.exit(1)

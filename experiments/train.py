@@ -49,8 +49,29 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def refuse_ignored_flags() -> None:
+    """Refuses flags a run would ignore: ``--config`` beside ``--config_json`` (the JSON
+    file is the config), and ``--config.sweep.*`` (one run has no sweep section).
+
+    Raises:
+      app.UsageError: naming the flag.
+    """
+    if _CONFIG_JSON.value and flags.FLAGS["config"].present:
+        raise app.UsageError(
+            "--config and --config_json both give the run config; give one "
+            "(--config.* flags apply on top of either)"
+        )
+    swept = sorted(k for k in flags.FLAGS["config"].override_values if k.startswith("sweep."))
+    if swept and not _CONFIG_JSON.value:
+        raise app.UsageError(
+            f"--config.{swept[0]}: train runs one configuration, which has no sweep section; "
+            "a sweep is experiments.grpo_sweep or experiments.ppo_sweep"
+        )
+
+
 def main(argv):
     del argv
+    refuse_ignored_flags()
     if _CONFIG_JSON.value:
         config = ConfigDict(artifacts.read_json(_CONFIG_JSON.value))
         overrides = flags.FLAGS["config"].override_values

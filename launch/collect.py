@@ -19,6 +19,10 @@ directories, unless ``--prefer=newest`` picks the one most recently written. A r
 status ``"missing"`` (``"incomplete"`` if its directory exists without ``config.json``).
 ``--analyze`` then calls ``rl_batch.analysis.write_all(sweep_dir)``.
 
+A source sweep's ``calibration.json`` (the step times the analysis takes T and q from)
+comes along when the sweep directory has none and the sources hold one calibration; a
+line on stderr says it was carried, or why not (`carry_calibration`).
+
 The reference configuration (what every ratio of the analysis is relative to) is
 ``--reference``, else the existing ``sweep.json``'s, else the one the sweep config set
 (``sweep.reference``) as the jobs recorded it: a source's ``sweep.json`` or, for the jobs
@@ -693,7 +697,40 @@ def collect(
         **{k: v for k, v in prior.items() if k not in artifacts.SWEEP_RECORD_KEYS},
     )
     artifacts.write_sweep(sweep_path, sweep)
+    carry_calibration(sweep_dir, sources, log)
     return CollectResult(sweep=sweep, actions=actions)
+
+
+def carry_calibration(sweep_dir: str, sources: Sequence[str], log: Log = _stderr_log) -> None:
+    """Carries a source sweep's ``calibration.json`` (the step times T and q come from)
+    into ``sweep_dir``, and says what it did.
+
+    The sweep's own calibration is kept; a source's that differs from it, or sources whose
+    calibrations differ from each other, are not carried, and the line says so.
+    """
+    own = os.path.join(sweep_dir, artifacts.CALIBRATION_FILE)
+    found = {
+        source: artifacts.read_json(path)
+        for source in sources
+        if os.path.isfile(path := os.path.join(source, artifacts.CALIBRATION_FILE))
+    }
+    if not found:
+        return
+    if os.path.isfile(own):
+        mine = artifacts.read_json(own)
+        differ = sorted(source for source, record in found.items() if record != mine)
+        if differ:
+            log(f"kept {own}; the calibration.json of {_names(differ)} differs and was not carried")
+        return
+    if any(record != next(iter(found.values())) for record in found.values()):
+        log(
+            f"calibration.json not carried: {_names(sorted(found))} hold different ones "
+            f"(copy the one to use to {own})"
+        )
+        return
+    source = sorted(found)[0]
+    artifacts.write_json_atomic(own, found[source])
+    log(f"calibration.json carried from {source} (T and q use its step times)")
 
 
 def _choose_reference(

@@ -523,6 +523,13 @@ def _umask() -> int:
     return mask
 
 
+def give_default_mode(path: str) -> None:
+    """Sets ``path``'s mode to what ``open()`` would have given it (0666 less the umask:
+    0644 as a rule): a library that writes 0600 (safetensors) leaves files others of
+    the group cannot read."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
     """Writes JSON so that a reader (or a crash) never sees a half-written file.
 

@@ -199,3 +199,40 @@ def test_a_sweep_whose_points_all_fail_prints_two_lines(tmp_path):
     error, failed = out.stderr.strip().splitlines()[-2:]
     assert error.startswith("error: analysis not written: sweep ") and "no usable runs" in error
     assert failed.startswith("2 run(s) failed: ['p4_g4_sqrt_s0', 'p4_g4_fixed_s0']"), failed
+
+
+def _cut_without_summary(sweep_dir, edit):
+    """The damaged run's metrics edited and its summary.json removed; its config.json
+    has the budget a real run's has."""
+    _edit_lines(sweep_dir, edit)
+    run_dir = os.path.dirname(_metrics_path(sweep_dir))
+    os.remove(os.path.join(run_dir, artifacts.SUMMARY_FILE))
+    config = artifacts.read_json(os.path.join(run_dir, artifacts.CONFIG_FILE))
+    config["budget_responses"] = fx.BUDGET
+    artifacts.write_json_atomic(os.path.join(run_dir, artifacts.CONFIG_FILE), config)
+
+
+def _first_eval_at_target(lines):
+    evals = _eval_indices(lines)
+    return next(i for i in evals if json.loads(lines[i])["eval_accuracy"] >= fx.TARGET)
+
+
+def test_a_run_cut_short_without_its_summary_is_incomplete_not_unreached(sweep_dir):
+    # Without summary.json, a run whose metrics end (at an evaluation: the cadence holds)
+    # before its budget (config.json) and below the target read as "not reached" and took
+    # its configuration's N* away (issue 48 D9): it is excluded as incomplete.
+    def before_the_target(lines):
+        evals = _eval_indices(lines)
+        return lines[: evals[evals.index(_first_eval_at_target(lines)) - 1] + 1]
+
+    _cut_without_summary(sweep_dir, before_the_target)
+    why = _assert_excluded_in_report(sweep_dir, "incomplete: no summary.json, and the metrics")
+    assert "before the budget of" in why and "without reaching the target" in why
+
+
+def test_a_run_without_its_summary_cut_after_the_target_keeps_its_n_star(sweep_dir):
+    # Cut at an evaluation past the target: N* is in the file, the run is used.
+    whole = ttt.analyze_sweep(curves.load_sweep(sweep_dir), n_boot=20).targets[DAMAGED]
+    _cut_without_summary(sweep_dir, lambda lines: lines[: _first_eval_at_target(lines) + 1])
+    analysis, excluded, _ = _excluded(sweep_dir)
+    assert excluded == {} and analysis.targets[DAMAGED].n_star == whole.n_star

@@ -85,3 +85,63 @@ def test_compare_studies_rereads_at_another_target(tmp_path):
     to_target, spent = compare_studies.stop_time(sweep, target)
     assert 0 < to_target < spent
     assert f"would take {to_target:.0f} s of the {spent:.0f} s" in out.stdout
+
+
+def _compare(*dirs):
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.compare_studies", f"--sweeps={','.join(dirs)}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+PPO_CONFIGS = [(8, 1, "sqrt", 1.0), (16, 1, "sqrt", 1.0), (32, 1, "sqrt", 1.1)]
+PPO_CONFIGS += [(16, 1, "fixed", 1.3)]
+
+
+def test_findings_are_paired_by_name_whichever_sweep_comes_first(tmp_path):
+    # A PPO study's table has a finding (the critic's batch scale) a GRPO study's lacks:
+    # paired by position, one order was an IndexError and the other mislabelled the
+    # findings after it (issue 48 D5).
+    grpo = fx.write_sweep(str(tmp_path / "grpo"), seed_factors=(0.9, 1.1))
+    ppo = fx.write_sweep(
+        str(tmp_path / "ppo"), configs=PPO_CONFIGS, reference="P8_G1_sqrt_s0",
+        seed_factors=(0.9, 1.1), algo="ppo",
+    )  # fmt: skip
+    own = {d: {f.name: f.verdict for f in compare_studies.study(d)[0]} for d in (grpo, ppo)}
+    critic = "PPO: the critic's batch scale is the actor's"
+    assert critic in own[ppo] and critic not in own[grpo]
+    for first, second in [(grpo, ppo), (ppo, grpo)]:
+        out = _compare(first, second)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        across = out.stdout.split("## Across sweeps")[1]
+        for name in own[grpo]:
+            verdicts = f"{own[first][name]} / {own[second][name]}"
+            assert f"- {name}: {verdicts} (" in across, (name, across)
+        absent = [own[first].get(critic, "-"), own[second].get(critic, "-")]
+        assert f"- {critic}: {' / '.join(absent)} (not in every sweep: not compared)" in across
+
+
+def test_different_targets_are_said(tmp_path):
+    a = fx.write_sweep(str(tmp_path / "a"), seed_factors=(0.9, 1.1))
+    b = fx.write_sweep(str(tmp_path / "b"), seed_factors=(0.9, 1.1), target=fx.TARGET - 0.1)
+    out = _compare(a, b)
+    expected = f"- targets differ: {fx.TARGET:g} / {fx.TARGET - 0.1:g}"
+    assert expected in out.stdout, out.stdout[-3000:]
+    assert "targets differ" not in _compare(a, a).stdout
+
+
+def test_compare_findings_by_hand():
+    def found(**verdicts):
+        return [types.SimpleNamespace(name=n, verdict=v) for n, v in verdicts.items()]
+
+    lines, agree, verdicts = compare_studies.compare_findings(
+        [found(a="holds", c="holds", b="undecided"), found(a="holds", b="undecided")]
+    )
+    assert lines == [
+        "- a: holds / holds (same)",
+        "- c: holds / - (not in every sweep: not compared)",
+        "- b: undecided / undecided (same)",
+    ]
+    assert agree and verdicts == [["holds", "undecided"], ["holds", "undecided"]]
+    _, agree, _ = compare_studies.compare_findings([found(a="holds"), found(b="holds")])
+    assert not agree  # nothing in common: nothing agrees

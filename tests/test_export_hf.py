@@ -68,6 +68,17 @@ def test_export_round_trips_exactly(tiny_run, tmp_path):
     _assert_same_params(params, want)
 
 
+def test_exported_files_are_readable_by_others_as_open_would_write_them(tiny_run, tmp_path):
+    # safetensors wrote model.safetensors 0600 (issue 48): every file is 0666 less the umask.
+    old = os.umask(0o022)
+    try:
+        export.export_run(tiny_run, str(tmp_path / "hf"))
+    finally:
+        os.umask(old)
+    modes = {f: os.stat(tmp_path / "hf" / f).st_mode & 0o777 for f in os.listdir(tmp_path / "hf")}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644}
+
+
 def test_export_bfloat16(tiny_run, tmp_path):
     out = str(tmp_path / "hf")
     export.export_run(tiny_run, out, dtype="bfloat16")

@@ -887,3 +887,28 @@ def test_run_analysis_reports_absence_and_calls_write_all(monkeypatch, tmp_path)
     monkeypatch.setitem(sys.modules, "rl_batch.analysis", fake)
     assert collect_lib.run_analysis(str(tmp_path)) is None
     assert calls == [str(tmp_path)]
+
+
+def test_collect_carries_a_calibrated_sweeps_calibration_or_says_why_not(two_jobs):
+    # T and q come from calibration.json: a merged sweep without it moved T/T_ref and
+    # said nothing (issue 48 D8).
+    calibration = {"configurations": {"64x8:sqrt": {"step_s": 1.5}}, "rounds": 3}
+    artifacts.write_json_atomic(os.path.join(two_jobs.job1, "calibration.json"), calibration)
+    sweep_dir = str(two_jobs.root / "sweep")
+    said = []
+    collect_lib.collect(sweep_dir, [two_jobs.job1, two_jobs.job2], log=said.append)
+    assert artifacts.read_json(os.path.join(sweep_dir, "calibration.json")) == calibration
+    assert f"calibration.json carried from {two_jobs.job1} (T and q use its step times)" in said
+    # Another source with another calibration: the sweep keeps its own and says so.
+    other = {**calibration, "rounds": 5}
+    artifacts.write_json_atomic(os.path.join(two_jobs.job2, "calibration.json"), other)
+    said.clear()
+    collect_lib.collect(sweep_dir, [two_jobs.job1, two_jobs.job2], log=said.append)
+    assert artifacts.read_json(os.path.join(sweep_dir, "calibration.json")) == calibration
+    assert any("differs and was not carried" in s and two_jobs.job2 in s for s in said), said
+    # Two sources that disagree, no calibration in the sweep yet: none is carried.
+    fresh = str(two_jobs.root / "fresh")
+    said.clear()
+    collect_lib.collect(fresh, [two_jobs.job1, two_jobs.job2], log=said.append)
+    assert not os.path.exists(os.path.join(fresh, "calibration.json"))
+    assert any(s.startswith("calibration.json not carried:") for s in said), said

@@ -122,3 +122,36 @@ def test_the_warm_start_trains_on_the_users_task(tmp_path):
     _, info = pretrain.train_base(config_lib.resolve(c), progress=False)
     assert info["steps"] == 4 and [e[0] for e in info["evals"]] == [2, 4]
     assert all(np.isfinite(loss) for _, loss in info["losses"])
+
+
+MY_TASK = """
+import numpy as np
+from rl_batch.tasks.base import Example, Score, to_example
+
+
+class Reverse:
+    def __init__(self, n_digits: int = 3):
+        self.n_digits = n_digits
+        self.max_prompt_len = n_digits + 1
+        self.max_response_len = n_digits
+
+    def make_example(self, rng: np.random.Generator) -> Example:
+        digits = "".join(map(str, rng.integers(0, 10, self.n_digits)))
+        return Example(prompt=digits + "=", answer=digits[::-1])
+
+    def score(self, example, response: str) -> Score:
+        return Score(reward=float(response == to_example(example).answer), format_ok=True)
+"""
+
+
+def test_the_warm_start_cache_key_follows_the_task_files_source(tmp_path):
+    # Editing my_task.py reused the stale cached warm start (issue 48): the key hashes
+    # the task file's source, so an edit trains a new one.
+    path = tmp_path / "my_task.py"
+    path.write_text(MY_TASK)
+    config = plugin_config(tmp_path)
+    config.task.name = f"{path}:Reverse"
+    key = pretrain.cache_key(config_lib.resolve(config, device_count=1))
+    assert key == pretrain.cache_key(config_lib.resolve(config, device_count=1))
+    path.write_text(MY_TASK.replace("response == ", "response.strip() == "))
+    assert pretrain.cache_key(config_lib.resolve(config, device_count=1)) != key

@@ -123,6 +123,26 @@ def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert all(r["status"] == "finished" for r in record["runs"])
 
 
+def test_a_point_another_program_trains_is_refused_not_recorded_failed(tmp_path):
+    # --only on a point another sweep is training was a traceback and booked "failed"
+    # for a healthy run (issue 48 D10).
+    from rl_batch.locks import DirectoryLock, DirectoryLocked
+
+    c = _sweep_config(prompts="2,4", group_sizes="4", seeds="0")
+    run_fn, calls = _fake_run()
+    busy = tmp_path / "runs" / "p4_g4_sqrt_s0"
+    with DirectoryLock(str(busy), "run"):
+        with pytest.raises(DirectoryLocked, match=f"--only=p4_g4_sqrt_s0: {busy} is in use"):
+            sweep.run_sweep(c, str(tmp_path), only="p4_g4_sqrt_s0", run_fn=run_fn, log=print)
+        assert not (busy / "sweep_point.json").exists()
+        # A whole sweep stops there too, and its record does not call the point failed.
+        with pytest.raises(DirectoryLocked, match=f"p4_g4_sqrt_s0: {busy} is in use"):
+            sweep.run_sweep(c, str(tmp_path), run_fn=run_fn, log=print)
+    assert calls == ["p2_g4_sqrt_s0"] and not (tmp_path / "errors.log").exists()
+    status = {r["name"]: r["status"] for r in artifacts.read_json(tmp_path / "sweep.json")["runs"]}
+    assert status["p4_g4_sqrt_s0"] not in ("failed", "running"), status
+
+
 def test_only_runs_one_point_and_unknown_names_are_errors(tmp_path):
     c = _sweep_config(prompts="2,4", group_sizes="4")
     run_fn, calls = _fake_run()
@@ -318,6 +338,46 @@ def test_variant_points_are_checked_before_anything_starts():
             sweep.expand_grid(c)
 
 
+def test_a_variant_named_like_a_critic_part_is_refused_not_trained_in_its_place():
+    # 64x1:sqrt@k2 and 64x1:sqrt:k2 would both run in p8_g1_sqrt_k2_s0 (issue 48 D3).
+    c = _sweep_config(prompts="8", group_sizes="1", seeds="0")
+    c.algo, c.group_size, c.ppo.warmup_updates = "ppo", 1, 0
+    c.sweep.variants = {"k2": {"grpo": {"clip_high": 0.3}}}
+    c.sweep.extra_points = "8x1:sqrt:k2,8x1:sqrt@k2"
+    with pytest.raises(ValueError, match="'8x1:sqrt:k2' and '8x1:sqrt@k2' share the run dir"):
+        sweep.expand_grid(c)
+    c.sweep.extra_points = "8x1:sqrt@k2"  # alone it has its own directory
+    assert [p.name for p in sweep.expand_grid(c)] == ["p8_g1_sqrt_s0", "p8_g1_sqrt_k2_s0"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("target", 0.45),
+        ("target_band_lo", 0.4),
+        ("target_crossing", "eval"),
+        ("eval_every_responses", 64),
+        ("budget_responses", 512),
+    ],
+)
+def test_a_variant_may_not_set_a_field_every_point_shares(field, value):
+    # The analysis compares the points at the sweep's target and budget (issue 48 D4).
+    c = _sweep_config(prompts="2", group_sizes="4", seeds="0")
+    c.sweep.variants = {"lowtgt": {field: value}}
+    c.sweep.extra_points = "2x4:sqrt@lowtgt"
+    with pytest.raises(ValueError, match=f"sweep.variants.lowtgt.{field}: every point of a sweep"):
+        sweep.expand_grid(c)
+
+
+def test_the_failure_line_names_errors_log_only_when_it_exists(tmp_path):
+    from experiments import sweep_main
+
+    line = sweep_main.failed_message(["p2_g4_sqrt_s0"], str(tmp_path))
+    assert "errors.log" not in line and f"{tmp_path}/sweep.json" in line
+    (tmp_path / "errors.log").write_text("== p2_g4_sqrt_s0\n")
+    assert f"see {tmp_path}/errors.log" in sweep_main.failed_message(["x"], str(tmp_path))
+
+
 @pytest.mark.slow  # 23-29 s on a loaded 2-core machine
 def test_each_point_is_resolved_once_on_its_way_to_the_run(tmp_path, monkeypatch):
     # In process: plan() resolves each point, run.run receives its spec and resolves
@@ -367,3 +427,46 @@ def test_sweep_json_has_one_builder_and_one_writer(tmp_path):
                 if "SWEEP_FILE" in text and "write_json_atomic(sweep" in text:
                     writers.append(f)
     assert writers == [], writers
+
+
+_CHILD = """
+import json, os, signal, sys, time
+run_dir, seconds = sys.argv[1], float(sys.argv[2])
+def write(status):
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump({"status": status}, f)
+def stop(signum, frame):
+    write("interrupted")
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+write("running")
+time.sleep(seconds)
+write("finished")
+"""
+
+
+def test_ctrl_c_stops_a_concurrent_sweep_as_sigterm_does(tmp_path, monkeypatch):
+    # SIGINT left the pool's points running to their end and started the next ones
+    # (issue 48): now the running children get SIGTERM and no other point starts.
+    import signal
+    import threading
+    import time
+
+    def fake_point_process(spec, log_path, worker=None):
+        seconds = 0 if spec.inputs.prompts == 2 else 30  # the first point, then slow ones
+        cmd = [sys.executable, "-c", _CHILD, spec.inputs.run_dir, str(seconds)]
+        processes.run_child(cmd, log_path)
+
+    monkeypatch.setattr(processes, "run_point_process", fake_point_process)
+    c = _sweep_config(prompts="2,4,8,16", group_sizes="4", seeds="0")
+    c.sweep.concurrent, c.sweep.reuse_workers = 2, False
+    threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # as Ctrl-C
+    t0 = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(c, str(tmp_path), log=lambda s: None)
+    assert time.time() - t0 < 15  # not the 30 s the slow points sleep
+    status = {r["name"]: r["status"] for r in artifacts.read_json(tmp_path / "sweep.json")["runs"]}
+    assert status["p2_g4_sqrt_s0"] == "finished"
+    assert status["p4_g4_sqrt_s0"] == status["p8_g4_sqrt_s0"] == "interrupted", status
+    assert status["p16_g4_sqrt_s0"] == "pending", status  # never started
+    assert not (tmp_path / "errors.log").exists()

@@ -16,6 +16,7 @@ group_size, lr_rule)``; the training batch is ``prompts * group_size`` responses
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import warnings
 from typing import Any
@@ -290,7 +291,40 @@ def check_run(
             problems += _cadence_problems(warm, actor, evals, float(eval_every), finished)
     if status == "finished":
         problems += _summary_problems(records, updates, evals, summary, config, summary_path)
+        if not summary:
+            problems += _cut_short_problems(records, updates, evals, config, summary_path)
     return problems
+
+
+def _cut_short_problems(
+    records: list[dict[str, Any]],
+    updates: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    config: dict[str, Any],
+    summary_path: str,
+) -> list[str]:
+    """A run "finished" without its ``summary.json`` whose metrics stop short of where its
+    ``config.json`` says the run loop stops: before the budget without reaching the
+    target, or without the final validation (the loop validates at its last update). Its
+    "not reached" could be a cut file, so it is incomplete, not a finding."""
+    budget, target = config.get("budget_responses"), config.get("target")
+    if not updates or not isinstance(budget, (int, float)):
+        return []
+    last = max(_as_float(r.get("responses_cum")) for r in updates)
+    missing = f"incomplete: no {os.path.basename(summary_path)}, and the metrics end at"
+    if isinstance(target, (int, float)) and last < budget:
+        reach = targets.reach_of_records(
+            records, float(target), None, config.get("target_crossing", "update")
+        )
+        if not reach.reached:
+            return [
+                f"{missing} {last:g} responses, before the budget of {budget:g} "
+                "(config.json), without reaching the target"
+            ]
+    final = max((_as_float(r.get("responses_cum")) for r in evals), default=-math.inf)
+    if final < last:
+        return [f"{missing} {last:g} responses without the final validation there"]
+    return []
 
 
 def _steps(lines: list[dict[str, Any]]) -> list[float] | None:

@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl_batch import artifacts
 from rl_batch.models import transformer as model_lib
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen2", "llama")
@@ -628,6 +629,7 @@ def save_hf_checkpoint(
     tensors = {t.hf_name: value(t) for t in _tensor_map(config)}
     os.makedirs(directory, exist_ok=True)
     save_file(tensors, os.path.join(directory, _SINGLE_FILE), metadata={"format": "pt"})
+    artifacts.give_default_mode(os.path.join(directory, _SINGLE_FILE))  # (it writes 0600)
     with open(os.path.join(directory, _CONFIG_FILE), "w") as f:
         json.dump(hf, f, indent=2, sort_keys=True)
         f.write("\n")

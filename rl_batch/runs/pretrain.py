@@ -16,6 +16,7 @@ it.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -46,14 +47,42 @@ from rl_batch.tokenizers import encode_prompt
 log = logging.getLogger(__name__)
 
 
+def source_digest(code_spec: str) -> str | None:
+    """sha256 of the source file a ``file.py:Name`` or ``package.module:Name`` spec names
+    (None when it names no file that can be read: a built-in task)."""
+    module, sep, _ = str(code_spec or "").rpartition(":")
+    if not sep or not module:
+        return None
+    path = module if module.endswith(".py") else None
+    if path is None:
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            return None
+        path = found.origin if found is not None else None
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def cache_key(spec: RunSpec) -> str:
-    """A short hash of everything that determines the base policy."""
+    """A short hash of everything that determines the base policy: the task, model and
+    pretraining settings, and the source of a task class or reward function of the
+    user's (``task.name``, ``task.reward_fn``): an edited ``my_task.py`` trains anew."""
     c = spec.inputs
     fields = {
         "task": c.task.to_dict(),
         "model": spec.model.to_dict(),
         "pretrain": c.pretrain.to_dict(),
     }
+    code = {
+        field: digest
+        for field in ("name", "reward_fn")
+        if (digest := source_digest(c.task.get(field))) is not None
+    }
+    if code:  # (built-in tasks keep the keys, and the caches, they had)
+        fields["code"] = code
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", c.task.name)  # (a plug-in's "dir/file.py:Class")
     return f"{name}-{c.model.preset}-{digest}"

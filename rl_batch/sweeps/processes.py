@@ -133,6 +133,31 @@ def child_local_device_count() -> int:
     return int(lines[-1])
 
 
+# The children this process runs now (run_child's and the workers'), so that an
+# interrupted sweep can stop them all (`terminate_children`).
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+# Set by `terminate_children` (cleared when a sweep starts): a child that ends now was
+# stopped, not failed.
+stopping = threading.Event()
+
+
+def _track(proc: subprocess.Popen | None, live: bool = True) -> None:
+    if proc is not None:
+        with _LIVE_LOCK:
+            (_LIVE.add if live else _LIVE.discard)(proc)
+
+
+def terminate_children() -> None:
+    """Sends SIGTERM to every live child: each stops its run as on Ctrl-C (the run
+    records "interrupted"; ``--resume`` or a rerun continues it)."""
+    stopping.set()
+    with _LIVE_LOCK:
+        live = [p for p in _LIVE if p.poll() is None]
+    for proc in live:
+        proc.send_signal(signal.SIGTERM)
+
+
 def run_child(cmd: list[str], log_path: str) -> int:
     """Runs ``cmd`` with its output appended to ``log_path``; returns its exit status.
 
@@ -144,6 +169,7 @@ def run_child(cmd: list[str], log_path: str) -> int:
     env = {**os.environ, locks.PARENT_PID_ENV: str(os.getpid())}
     with open(log_path, "a") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        _track(proc)
         forward = threading.current_thread() is threading.main_thread()
         terminated = []
         if forward:
@@ -165,6 +191,7 @@ def run_child(cmd: list[str], log_path: str) -> int:
             if proc.poll() is None:  # (an exception here: the child must not outlive it)
                 proc.terminate()
                 proc.wait()
+            _track(proc, live=False)
 
 
 def run_point_process(spec: RunSpec, log_path: str, worker: Worker | None = None) -> None:
@@ -217,7 +244,9 @@ class Worker:
     def run(self, cfg_path: str, log_path: str) -> None:
         """Runs one point; raises RuntimeError (naming ``log_path``) if it failed."""
         if self.proc is None or self.proc.poll() is not None:
+            _track(self.proc, live=False)
             self.proc = self._start()
+            _track(self.proc)
         try:
             request = {
                 "config_json": cfg_path,
@@ -242,6 +271,7 @@ class Worker:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait()
+        _track(self.proc, live=False)
         self.proc = None
 
 

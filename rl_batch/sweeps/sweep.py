@@ -128,7 +128,24 @@ def expand_grid(base: ConfigDict) -> list[Point]:
     ]
     keys += [_full_key(base, k) for k in _strs(sweep.extra_points)]
     unique = sorted(set(keys), key=lambda k: (k[0] * k[1], k[0], keys.index(k)))
-    return [Point(p, g, r, s, critic, v) for p, g, r, critic, v in unique for s in seeds]
+    points = [Point(p, g, r, s, critic, v) for p, g, r, critic, v in unique for s in seeds]
+    check_distinct_run_dirs(points)
+    return points
+
+
+def check_distinct_run_dirs(points: list[Point]) -> None:
+    """Refuses two configurations whose runs would share a directory (a variant named
+    like a PPO critic part: ``64x1:sqrt@k2`` and ``64x1:sqrt:k2`` are both
+    ``p64_g1_sqrt_k2_s0``), which would train one of them only."""
+    seen: dict[str, str] = {}
+    for point in points:
+        other = seen.setdefault(point.name, point.key)
+        if other != point.key:
+            raise ValueError(
+                f"sweep points {other!r} and {point.key!r} share the run directory "
+                f"{point.name}: rename the variant (a variant may not read as a critic part "
+                "'k<scale>[-<rule>]')"
+            )
 
 
 def _full_key(base: ConfigDict, text: str) -> tuple[int, int, str, str, str]:
@@ -160,6 +177,13 @@ POINT_FIELDS = {
 }
 
 
+# The run config's fields every point of a sweep shares: the analysis (N*, T, r_N, the
+# plan) and launch.collect read them once per sweep, so a variant may not set them.
+SWEEP_LEVEL_FIELDS = frozenset(
+    {"target", "target_band_lo", "target_crossing", "eval_every_responses", "budget_responses"}
+)
+
+
 def _leaves(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A nested mapping as ``{"a.b": leaf}``."""
     out = {}
@@ -186,6 +210,12 @@ def variant_settings(base: ConfigDict, name: str, where: str = "") -> dict[str, 
         if path.split(".")[0] in POINT_FIELDS or path.startswith(("sweep.", "ppo.critic_")):
             raise ValueError(
                 f"sweep.variants.{name}.{path}: the point's key sets this, not a variant"
+            )
+        if path in SWEEP_LEVEL_FIELDS:
+            raise ValueError(
+                f"sweep.variants.{name}.{path}: every point of a sweep shares it (the "
+                "analysis compares the points at one target and budget); set "
+                f"--config.{path} for the whole sweep"
             )
         if path not in flat:
             raise ValueError(f"sweep.variants.{name}.{path}: no such field in the run config")
@@ -426,6 +456,7 @@ def run_sweep(
     # Before any JAX call: plan() counts the devices (with isolate, in a child process:
     # this one never starts JAX's backend, which would hold its children's accelerators).
     processes = processes or procs.join_processes(base, isolate=isolate)
+    procs.stopping.clear()
     os.makedirs(sweep_dir, exist_ok=True)
     # One sweep program per sweep directory (the jobs of an array write only their points).
     lock = locks.DirectoryLock(sweep_dir, "sweep") if processes.writer and only is None else None
@@ -464,6 +495,10 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     record = _sweep_record(base, points, resolved, ref_key, old)
     record["name"] = os.path.basename(os.path.normpath(sweep_dir))
     if only is not None:
+        # A point another program is training is refused before its directory is touched
+        # (by the writer: the processes of one multi-process run share the directory).
+        if processes.writer:
+            check_not_in_use(resolved[only].inputs.run_dir, f"--only={only}")
         sweep_path = os.path.join(resolved[only].inputs.run_dir, "sweep_point.json")
     # Other processes of a multi-process run compute but write and print nothing.
     writer = processes.writer
@@ -502,8 +537,18 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         run_one(0, todo[0])
         with concurrent_futures.ThreadPoolExecutor(concurrent) as pool:
             try:
-                for f in [pool.submit(run_one, i, p) for i, p in enumerate(todo) if i > 0]:
+                futures = [pool.submit(run_one, i, p) for i, p in enumerate(todo) if i > 0]
+                pending = set(futures)
+                while pending:  # (a timed wait: the main thread takes Ctrl-C while it waits)
+                    _, pending = concurrent_futures.wait(pending, timeout=0.5)
+                for f in futures:
                     f.result()
+            except KeyboardInterrupt:
+                # Ctrl-C stops the sweep as SIGTERM does: no further point starts, and the
+                # running ones stop (each records "interrupted") before this one exits.
+                pool.shutdown(wait=False, cancel_futures=True)
+                procs.terminate_children()
+                raise
             finally:  # (before the pool's threads end: a worker stops with its thread)
                 workers.close()
     log(f"sweep finished in {(time.time() - progress.t_start) / 60:.1f} min: {sweep_path}")
@@ -559,8 +604,10 @@ def _run_point(
         f"={spec.batch}, lr={spec.optimizer.lr:.3g} ({point.lr_rule})"
         f"{' (resuming)' if resume else ''}{progress.eta()}"
     )
+    if processes.writer:
+        check_not_in_use(config.run_dir, point.name)
     with guard:
-        entry["status"] = "running"
+        before, entry["status"] = entry["status"], "running"
         save()
     t0 = time.time()
     try:
@@ -580,7 +627,18 @@ def _run_point(
             entry["status"] = "interrupted"
             save()
         raise
+    except locks.DirectoryLocked:
+        # Another program trains this point: its run is not this sweep's to call failed.
+        with guard:
+            entry["status"] = before
+            save()
+        raise
     except Exception as e:  # A failed point is recorded; the sweep goes on.
+        if procs.stopping.is_set() and _run_status(config.run_dir) == "interrupted":
+            with guard:
+                entry["status"], entry["error"] = "interrupted", None
+                save()
+            return
         logging.exception("run %s failed", point.name)
         status, error = "failed", f"{type(e).__name__}: {e}"
         if processes.writer:
@@ -592,6 +650,17 @@ def _run_point(
         progress.walls.append(entry["wall_s"])
         save()
     log(f"[sweep {i + 1}/{n}] {point.name}: {entry['status']} in {entry['wall_s']:.0f}s")
+
+
+def check_not_in_use(run_dir: str, what: str) -> None:
+    """Raises `locks.DirectoryLocked` (``what: <dir> is in use by ...``) when another
+    process holds ``run_dir``'s lock; takes and gives it back otherwise."""
+    if not os.path.isdir(run_dir):
+        return
+    try:
+        locks.DirectoryLock(run_dir, "sweep").acquire().release()
+    except locks.DirectoryLocked as e:
+        raise locks.DirectoryLocked(f"{what}: {e}") from None
 
 
 def _budget_of(run_dir: str) -> float:
