@@ -218,3 +218,28 @@ def test_r_n_panel_shows_every_interval_whole(tmp_path):
     lows = [e.lo for e in crit.r_n if e is not None and e.has_interval]
     ax = figures.figure_critical_batches(a, None).axes[1]
     assert ax.get_ylim()[0] <= min(lows) and math.isfinite(min(lows))
+
+
+@pytest.mark.parametrize("band_lo", [None, BAND_LO])
+def test_report_header_and_measurement_say_the_same(tmp_path, band_lo):
+    d = fx.write_sweep(str(tmp_path))
+    if band_lo is not None:
+        _set_band(d, band_lo)
+    a = ttt.analyze_sweep(curves.load_sweep(d), n_boot=50)
+    text = report.build_report(a, None, resamples=0)
+    header = text.split("## Findings")[0]
+    section = text.split("## Measurement")[1].split("\n## ")[0]
+    estimator = "N*, T and q are geometric means over 9 accuracy levels from 0.6 to the target"
+    if band_lo is None:
+        estimator = "N*, T and q at the single target 0.8"
+    # The fixtures' runs key rollouts by rollout index: only a shape's LR rules are paired.
+    intervals = (
+        "95% Student-t over seeds (means; ratios: delta method on the log, n - 1 degrees of "
+        "freedom where paired by seed, Welch's otherwise)"
+    )
+    assert a.crossing == "linear"  # the fixtures' sweep.json has no target_crossing
+    crossing = "a level's N* is its crossing interpolated between two evaluations"
+    for part in (header, section):
+        assert estimator in part and intervals in part and crossing in part
+    assert "first crossing (interpolated)" not in text
+    assert "compared seed by seed (paired); every other ratio as independent samples" in section

@@ -34,18 +34,6 @@ from rl_batch.analysis.time_to_target import (
 )
 
 
-def _interval_words(analysis: Analysis) -> str:
-    if analysis.method == "bootstrap":
-        return (
-            f"percentile bootstrap over seeds ({analysis.n_boot} replicates, "
-            f"{analysis.level:.0%}, rng seed {analysis.seed})"
-        )
-    return (
-        f"{analysis.level:.0%} Student-t over seeds (means; ratios: delta method on the log, "
-        "Welch degrees of freedom)"
-    )
-
-
 def _num(v: float | None, spec: str = ".4g", missing: str = NOT_REACHED) -> str:
     return missing if v is None else f"{v:{spec}}"
 
@@ -486,9 +474,10 @@ def build_report(
         f"Sweep `{sw.sweep_dir}`, algorithm {sw.algo}; target validation accuracy "
         f"**{analysis.target:g}**; reference {analysis.reference.name} (B = "
         f"{analysis.reference.batch}). {n_used} runs used, {len(analysis.excluded)} excluded. "
-        f"Intervals: {_interval_words(analysis)}. N*: retained responses at the "
-        f"first crossing (interpolated); q: retained responses per training second up to "
-        f"the target; T = N*/q. A configuration gets N*, T only when every seed reached "
+        f"Intervals: {measurement.interval_words(analysis)}. "
+        f"{measurement.estimator_words(analysis)}; {measurement.crossing_words(analysis)}; "
+        f"q: retained responses per training second up to N*; T = N*/q (see "
+        f"Measurement). A configuration gets N*, T only when every seed reached "
         f'("{INCOMPLETE}" while a seed that has not reached is still running); one seed '
         f'gives no interval ("1 seed, no CI").',
         "",
