@@ -125,4 +125,4 @@ def test_sweep_json_says_how_n_star_is_read(tmp_path):
         assert rt.n_star in set(run.responses)  # on an update line
         assert 0 <= rt.n_star - old.targets[name].n_star < run.key.prompts * run.key.group_size
     text = "\n".join(measurement.measurement_section(new))
-    assert "N* is the first update at or after the crossing" in text
+    assert "N* is the first update at or after its crossing" in text

@@ -16,9 +16,23 @@ from rl_batch.analysis import time_to_target as ttt
 BEST = artifacts.Configuration("grpo", 32, 8, "sqrt")  # B = 256: r_N 1.05, r_q 1.81.
 
 
+def write_calibration(sweep_dir: str, configs=fx.STANDARD_CONFIGS, rounds: int = 1) -> None:
+    """A calibration.json whose step times are the fixtures' seconds per update (the
+    runs' own timings are then the calibrated clock: the pilot's numbers stay exact)."""
+    cal = {}
+    for p, g, rule, *_ in configs:
+        step = fx.time_per_update_s(p * g)
+        cal[f"{p}x{g}:{rule}"] = {"batch": p * g, "step_s": [step] * rounds,
+                                  "step_s_median": step}  # fmt: skip
+    obj = {"version": 1, "rounds": rounds, "steps": 2, "configs": cal}
+    artifacts.write_json_atomic(os.path.join(sweep_dir, artifacts.CALIBRATION_FILE), obj)
+
+
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
-    return fx.write_sweep(str(tmp_path_factory.mktemp("sweep")))
+    d = fx.write_sweep(str(tmp_path_factory.mktemp("sweep")))
+    write_calibration(d)
+    return d
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +235,7 @@ def test_pilot_bound_averages_min_of_n_and_window(tmp_path):
             "runs": runs,
         },
     )
+    write_calibration(str(tmp_path), [(16, 8, "sqrt"), (64, 8, "sqrt")])
     plan = planner.plan_pilot(curves.load_sweep(str(tmp_path)), 0.5, n_boot=20)
     # Window 2000. Best accuracy in it: reference 1920/4000 = 0.48; candidate seeds
     # 1536/4000 = 0.384 and 1536/40000 = 0.0384, mean 0.2112. Level = 0.8 x median of
@@ -272,3 +287,51 @@ def test_one_seed_names_no_winner(tmp_path):
     assert len(plan.candidates) == 3 and plan.seeds_to_separate is None  # (no interval)
     assert "an interval first (2+ seeds per configuration) would tell B = 256 from" in plan.verdict
     assert "nan" not in plan.verdict
+
+
+def test_pilot_refuses_without_calibration_and_says_what_it_saves(tmp_path, sweep_dir, full):
+    d = fx.write_sweep(str(tmp_path))
+    with pytest.raises(ValueError, match="no calibrated step times"):
+        planner.plan_pilot(curves.load_sweep(d), 0.3, n_boot=20)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.plan_batch", f"--sweep={d}", "--n_boot=20",
+         "--pilot_fraction=0.3"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0 and "no calibrated step times" in out.stderr
+    assert len([ln for ln in out.stderr.splitlines() if ln.strip()]) == 1, out.stderr
+    plan = planner.plan_pilot(curves.load_sweep(sweep_dir), 0.3, full=full, n_boot=20)
+    p = plan.pilot
+    text = planner.format_plan_table(plan)
+    saved = p.sweep_cost_s - p.pilot_cost_s
+    assert f"it saves {saved:.4g} s ({1 - p.cost_fraction:.1%})." in text
+    # A pilot over the whole runway costs the sweep: it says that it saves nothing.
+    whole = planner.plan_pilot(curves.load_sweep(sweep_dir), 1.0, full=full, n_boot=20)
+    assert "; little: most runs end inside the window" in planner.format_plan_table(whole)
+
+
+def test_pilot_r_q_is_the_calibrated_step_time_ratio(tmp_path):
+    # The runs' own clock says every batch runs at q = 10 responses/s (contention), the
+    # calibration that B = 512 steps take 2x B = 128's for 4x the responses: r_q = 2.
+    runs = []
+    for name, prompts in [("ref_s0", 16), ("ref_s1", 16), ("big_s0", 64), ("big_s1", 64)]:
+        _linear_run(str(tmp_path / "runs" / name), prompts, 4000.0)
+        runs.append({"name": name, "prompts": prompts, "group_size": 8, "lr_rule": "sqrt",
+                     "seed": int(name[-1]), "status": "finished"})  # fmt: skip
+    artifacts.write_json_atomic(
+        str(tmp_path / "sweep.json"),
+        {"name": "lin", "algo": "grpo", "target": 0.9, "reference": "ref_s0",
+         "budget_responses": 4000, "runs": runs},
+    )  # fmt: skip
+    cal = {"16x8:sqrt": {"batch": 128, "step_s": [1.0, 1.0], "step_s_median": 1.0},
+           "64x8:sqrt": {"batch": 512, "step_s": [2.0, 2.0], "step_s_median": 2.0}}  # fmt: skip
+    obj = {"version": 1, "rounds": 2, "steps": 2, "configs": cal}
+    artifacts.write_json_atomic(str(tmp_path / artifacts.CALIBRATION_FILE), obj)
+    plan = planner.plan_pilot(curves.load_sweep(str(tmp_path)), 0.5, n_boot=20)
+    big = next(r for r in plan.rows if r.key.prompts == 64)
+    assert big.r_q.mean == pytest.approx(2.0)
+    assert big.r_q.lo == pytest.approx(2.0) and big.r_q.hi == pytest.approx(2.0)  # no spread
+    # Window 2000 responses: 15 updates of 128 (15 s) and 3 of 512 (6 s) per seed.
+    assert plan.pilot.pilot_cost_s == pytest.approx(2 * 15 * 1.0 + 2 * 3 * 2.0)

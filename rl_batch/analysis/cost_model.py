@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from rl_batch import artifacts
+from rl_batch.analysis import intervals
 from rl_batch.analysis.curves import RunData, find_config_value
 
 THROUGHPUT_FILE = "throughput.json"
@@ -60,6 +61,12 @@ THROUGHPUT_FILE = "throughput.json"
 # side by side, so host load cannot move the plateau as it can between runs.
 CALIBRATION_SOURCE = "calibration.json (interleaved)"
 DEFAULT_PLATEAU_FRAC = 0.9
+# Fit-quality gate (`fit_problems`): a verdict that rests on ``t_step = a + b c`` is withheld
+# when the fitted tokens/s misses a measured point by more than this share of it, ...
+MAX_REL_RESIDUAL = 0.10
+# ... or, with one measurement per c (no spread to judge noise by), when a larger c is
+# this share slower than a smaller one.
+SLOWER_TOL = 0.05
 # Parameters + gradients (f32) + Adam m and v (f32): 4 + 4 + 8 bytes per parameter.
 DEFAULT_TRAIN_BYTES_PER_PARAM = 16
 
@@ -255,7 +262,9 @@ class GenerationFit:
     Attributes:
       a_s: per-step fixed cost in seconds.
       b_s: per-sequence per-step cost in seconds.
-      r2: coefficient of determination of the step-time fit.
+      r2: coefficient of determination of the fitted tokens/s against the measured
+        (the quantity drawn and read off; on step times the large c's seconds make any
+        line look good).
       batches: [K] measured concurrencies.
       tokens_per_s: [K] measured throughput.
     """
@@ -270,6 +279,16 @@ class GenerationFit:
         """Predicted tokens/s at concurrency ``c``."""
         c = np.asarray(c, dtype=np.float64)
         return c / (self.a_s + self.b_s * c)
+
+    @property
+    def rel_residuals(self) -> np.ndarray:
+        """[K] ``(fit - measured) / measured`` tokens/s at each measured c."""
+        return self.predict(self.batches) / self.tokens_per_s - 1.0
+
+    @property
+    def max_rel_residual(self) -> float:
+        """The largest ``|fit - measured| / measured`` tokens/s over the measured c."""
+        return float(np.max(np.abs(self.rel_residuals)))
 
     @property
     def asymptote(self) -> float:
@@ -307,7 +326,7 @@ def fit_generation(batches: Sequence[float], tokens_per_s: Sequence[float]) -> G
         raise ValueError(f"fit_generation: batches and tokens/s must be > 0: {c}, {tps}")
     step_s = c / tps
     b, a = np.polyfit(c, step_s, 1)
-    return GenerationFit(float(a), float(b), _r2(step_s, a + b * c), c, tps)
+    return GenerationFit(float(a), float(b), _r2(tps, c / (a + b * c)), c, tps)
 
 
 def measured_plateau_batch(
@@ -441,6 +460,52 @@ class GenerationReport:
         """The measured plateau, capped by the KV-cache bound when known."""
         c = float(self.plateau_batch_measured)
         return min(c, float(self.max_kv_batch)) if self.max_kv_batch is not None else c
+
+
+def fit_problems(
+    gen: GenerationReport,
+    level: float = 0.95,
+    max_rel_residual: float = MAX_REL_RESIDUAL,
+    slower_tol: float = SLOWER_TOL,
+) -> list[str]:
+    """Why the fit ``t_step(c) = a + b c`` does not describe the measurements (empty: it
+    does); a verdict resting on it ("generation throughput saturates") is withheld then.
+
+    - a negative intercept ``a`` (a step that costs less than nothing at c = 0: the
+      points do not follow the model);
+    - a larger c slower than a smaller one beyond noise: with repeated measurements
+      (``gen.samples``, two or more at both) the ``level`` t interval of their tokens/s
+      ratio lies below 1; with one measurement each, slower by more than ``slower_tol``;
+    - the fitted tokens/s misses a measured point by more than ``max_rel_residual`` of it.
+
+    Returns:
+      One phrase per problem, e.g. ``"c = 128 slower than c = 64 (0.83x)"``.
+    """
+    f = gen.fit
+    out = []
+    if f.a_s < 0:
+        out.append(f"negative intercept a = {f.a_s:.3g} s")
+    order = np.argsort(f.batches)
+    c, tps = f.batches[order], f.tokens_per_s[order]
+    for j in range(1, c.size):
+        for i in range(j):
+            ratio = float(tps[j] / tps[i])
+            big = np.asarray(gen.samples.get(float(c[j]), ()), float)
+            small = np.asarray(gen.samples.get(float(c[i]), ()), float)
+            if big.size >= 2 and small.size >= 2:
+                slower = intervals.t_log_ratio(big[:, None], small[:, None], [1.0], level)[2] < 1
+            else:
+                slower = ratio < 1.0 - slower_tol
+            if slower:
+                out.append(f"c = {c[j]:.0f} slower than c = {c[i]:.0f} ({ratio:.2f}x)")
+                break
+    if f.max_rel_residual > max_rel_residual:
+        k = int(np.argmax(np.abs(f.rel_residuals)))
+        out.append(
+            f"the fit misses c = {f.batches[k]:.0f} by {f.rel_residuals[k]:+.0%} "
+            f"(> {max_rel_residual:.0%})"
+        )
+    return out
 
 
 def _nested(tree: Any, *keys: str) -> Any:

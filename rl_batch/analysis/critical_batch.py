@@ -119,6 +119,27 @@ class CriticalTrainingBatch:
         """Whether both ends of the CI walk are available."""
         return self.critical_batch_lo is not None and self.critical_batch_hi is not None
 
+    @property
+    def decided(self) -> bool:
+        """Whether both ends of the CI walk land on the means' critical batch (else the
+        report and the figures say "undecided at this power")."""
+        return self.critical_batch_lo == self.critical_batch_hi == self.critical_batch
+
+    def describe(self) -> str:
+        """The critical batch as the report and the figures name it: ``64 [64, 64]``,
+        ``undecided (64 by the means; CI walk [64, 128])``, ``at least 64 (B = 128
+        incomplete)``."""
+        if self.first_outside_incomplete:
+            return f"at least {self.critical_batch} (B = {self.first_outside} incomplete)"
+        walk = (
+            f"CI walk [{self.critical_batch_lo}, {self.critical_batch_hi}]"
+            if self.has_interval
+            else "no CI walk: an r_N without interval"
+        )
+        if self.decided:
+            return f"{self.critical_batch} ({walk})"
+        return f"undecided ({self.critical_batch} by the means; {walk})"
+
 
 def _walk(r_vals: Sequence[float | None], start: int, tol: float):
     """(index of the last config before the first stop, index of that stop or None) from

@@ -51,7 +51,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
-from rl_batch import artifacts
+from rl_batch import artifacts, targets
 from rl_batch.analysis import (
     cost_model,
     critical_batch,
@@ -262,13 +262,7 @@ def figure_invariance(analysis: Analysis, tol: float = critical_batch.DEFAULT_TO
             ax2.axvspan(*tr.slowdown_segment, color=color, alpha=0.1, label=f"{name} decline slows")
     crit = critical_batch.critical_training_batch(analysis, tol)
     if crit is not None and trends:
-        ax2.axvline(
-            crit.critical_batch,
-            color="k",
-            linestyle="--",
-            linewidth=1,
-            label=f"critical training batch {crit.critical_batch}",
-        )
+        critical_line(ax2, crit)
     _batch_axis(ax2, [b for t in trends for b in t.batches] or [k.batch for k in fam])
     ax2.set_yscale("log")
     ax2.yaxis.set_major_formatter(ScalarFormatter())
@@ -282,6 +276,20 @@ def figure_invariance(analysis: Analysis, tol: float = critical_batch.DEFAULT_TO
     if trends:
         ax2.legend(fontsize=7)
     return fig
+
+
+def critical_line(ax, crit: critical_batch.CriticalTrainingBatch) -> None:
+    """The critical training batch as a vertical line: black dashed when the CI walk lands
+    on it, grey dotted and labelled "undecided" when it does not (or stops at an
+    incomplete batch), with the words of `CriticalTrainingBatch.describe`."""
+    firm = crit.decided and not crit.first_outside_incomplete
+    ax.axvline(
+        crit.critical_batch,
+        color="k" if firm else "0.45",
+        linestyle="--" if firm else ":",
+        linewidth=1.2,
+        label=f"critical training batch {crit.describe()}",
+    )
 
 
 def _group_pairs(analysis: Analysis) -> list[list[Configuration]]:
@@ -474,8 +482,17 @@ def figure_critical_batches(
             "-",
             color="C0",
             alpha=0.6,
-            label=f"c / (a + b c), a={g.fit.a_s:.3g}s b={g.fit.b_s:.3g}s",
+            label=f"fit c / (a + b c), a={g.fit.a_s:.3g}s b={g.fit.b_s:.3g}s\n"
+            f"R^2 {g.fit.r2:.3f}, largest miss {g.fit.max_rel_residual:.0%}",
         )
+        problems = cost_model.fit_problems(g, analysis.level)
+        quality = (
+            "fit poor: " + "; ".join(problems) + "\n-> saturation verdict withheld"
+            if problems
+            else f"fit within {cost_model.MAX_REL_RESIDUAL:.0%} of every point"
+        )
+        ax.text(0.02, 0.98, quality, transform=ax.transAxes, fontsize=7, va="top",
+                color="C3" if problems else "0.3")  # fmt: skip
         ax.axvline(
             g.plateau_batch_measured,
             color="k",
@@ -503,7 +520,6 @@ def figure_critical_batches(
         fam = [k for k, e in zip(crit.family, crit.r_n) if e is not None]
         est = [e for e in crit.r_n if e is not None]
         b = np.array([k.batch for k in fam], dtype=float)
-        m = np.array([e.mean for e in est])
         _errorbars(ax2, b, est, "C0", "o", "r_N (sqrt LR)", linestyle="-")
         missing = [k for k, e in zip(crit.family, crit.r_n) if e is None]
         for mk in missing:
@@ -516,18 +532,7 @@ def figure_critical_batches(
                 va="bottom",
             )
         ax2.axhspan(0.0, 1.0 + tol, color="0.85", alpha=0.5, label=f"r_N <= 1 + {tol:g}")
-        if crit.first_outside_incomplete:
-            walk = f" or more (B={crit.first_outside} incomplete)"
-        elif crit.has_interval:
-            walk = f" [{crit.critical_batch_lo}, {crit.critical_batch_hi}]"
-        else:
-            walk = " (no CI walk)"
-        ax2.axvline(
-            crit.critical_batch,
-            color="k",
-            linestyle="--",
-            label=f"critical training batch {crit.critical_batch}{walk}",
-        )
+        critical_line(ax2, crit)
         if crit.has_interval and crit.critical_batch_lo is not None:
             lo_b, hi_b = crit.critical_batch_lo, crit.critical_batch_hi
             ax2.axvspan(lo_b * 0.97, hi_b * 1.03, color="C1", alpha=0.12,
@@ -547,7 +552,8 @@ def figure_critical_batches(
                 label=f"noise scale B_simple {np.median(bs):.0f}",
             )
         _batch_axis(ax2, [k.batch for k in crit.family])
-        ax2.set_ylim(bottom=min(0.8, float(m.min()) - 0.05) if m.size else 0.8)
+        lows = [e.lo if e.has_interval else e.mean for e in est]  # every bar drawn whole
+        ax2.set_ylim(bottom=max(0.0, min(0.8, min(lows) - 0.05)) if lows else 0.8)
         ax2.set_xlabel("training batch B (responses)")
         ax2.set_ylabel(f"r_N = N*(B) / N*(B={crit.reference.batch})")
         ax2.set_title("critical training batch")
@@ -661,17 +667,34 @@ def time_curves(
     return seeds, grid, acc
 
 
+def t_marker_level(analysis: Analysis) -> tuple[float, str, bool]:
+    """Where `figure_accuracy_vs_time` draws each T and what it says about it: (y level,
+    title words, whether T is a band mean). At a single target T is the crossing of the
+    target (on the target line); with a band, T is the geometric mean of the crossing
+    times of the band's levels (``targets.time_to_band``), drawn at the band's middle
+    with a tick across the band: a curve reaches the target itself later than T."""
+    if analysis.band_lo is None:
+        return analysis.target, "markers on the target line: T and its interval", False
+    mid = 0.5 * (analysis.band_lo + analysis.target)
+    words = (
+        f"markers: T = geometric mean of the crossing times of the {targets.BAND_LEVELS} levels "
+        f"of the band [{analysis.band_lo:g}, {analysis.target:g}] (shaded), drawn mid-band"
+    )
+    return mid, words, True
+
+
 def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
     """Validation accuracy against training seconds, per configuration: the seed mean
     where every seed has data, then each seed's own curve (faint) to its end, and each
-    configuration's T (with its interval) marked on the target line. With a calibration,
-    the x axis is the calibrated time its T is measured on."""
+    configuration's T (with its interval) at the level it stands for (`t_marker_level`).
+    With a calibration, the x axis is the calibrated time its T is measured on."""
     keys = [k for k in sorted(analysis.stats, key=lambda k: k.sort_key())
             if any(r.eval_responses.size for r in analysis.runs_by_key[k])]  # fmt: skip
     if not keys:
         log.info("figure accuracy_vs_time: skipped (no evaluations)")
         return None
     calibration = analysis.calibrated
+    t_level, t_words, band = t_marker_level(analysis)
     fig = _figure(analysis, 1, width=7.0)
     ax = fig.subplots()
     colors = _config_colors(keys)
@@ -695,23 +718,26 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
             ax.fill_between(grid, lo, hi, color=color, alpha=0.12, linewidth=0)
         _plot_seed_tails(ax, seeds, t_end, color, style)
         e = st.time_to_target_s
-        if e is not None:  # T on the axis it is measured on
+        if e is not None:  # T on the axis it is measured on, at the level it stands for
             has = e.has_interval and not e.exact
             xerr = [[e.mean - e.lo], [e.hi - e.mean]] if has else None
             face = color if has else "none"  # hollow: no interval (one seed)
-            ax.errorbar([e.mean], [analysis.target], xerr=xerr, fmt="o", color=color,
-                        markersize=4, capsize=3, markerfacecolor=face)  # fmt: skip
+            bar = ax.errorbar([e.mean], [t_level], xerr=xerr, fmt="o", color=color,
+                              markersize=4, capsize=3, markerfacecolor=face)  # fmt: skip
+            bar.lines[0].set_label(f"_T {k.name}")  # read back by the tests
+            if band:  # the band T averages over: a tick across it
+                ax.plot([e.mean, e.mean], [analysis.band_lo, analysis.target], color=color,
+                        linewidth=1, alpha=0.6, label=f"_T band {k.name}")  # fmt: skip
     ax.axhline(analysis.target, color="0.5", linestyle=":", linewidth=1, label="target")
+    if band:
+        ax.axhspan(analysis.band_lo, analysis.target, color="0.5", alpha=0.08, linewidth=0,
+                   label=f"band [{analysis.band_lo:g}, {analysis.target:g}]")  # fmt: skip
     if calibration:
         ax.set_xlabel("calibrated training time (s): updates x the configuration's step time")
     else:
         ax.set_xlabel("training time (s): generation + scoring + update + idle")
     ax.set_ylabel(metric_label(analysis))
-    ax.set_title(
-        "accuracy against training time; markers on the target line: T and its interval\n"
-        + CURVE_NOTE,
-        fontsize=8,
-    )
+    ax.set_title(f"accuracy against training time\n{t_words}\n{CURVE_NOTE}", fontsize=8)
     ax.legend(fontsize=6, ncol=2)
     return fig
 
@@ -910,12 +936,15 @@ def binned_seeds(runs: Sequence[RunData], field: str, edges: np.ndarray) -> np.n
 
 
 def plot_binned(ax, runs: Sequence[RunData], field: str, edges: np.ndarray, color, style,
-                label: str | None) -> None:  # fmt: skip
+                label: str | None, floor: float | None = None) -> None:  # fmt: skip
     """One configuration's update field against responses: the seed mean of binned values
     (`binned_seeds`) where every seed has data, the seed min-max band, and each seed's own
-    values (faint) past that (no survivors-only mean)."""
+    values (faint) past that (no survivors-only mean). ``floor``: values below it are
+    drawn at it (the k3 KL is never negative; below 0 is float rounding)."""
     centers = 0.5 * (edges[1:] + edges[:-1])
     v_rk = binned_seeds(runs, field, edges)
+    if floor is not None:
+        v_rk = np.where(np.isfinite(v_rk), np.maximum(v_rk, floor), v_rk)
     all_k = np.isfinite(v_rk).all(axis=0)
     filled = np.where(all_k, v_rk, 0.0)
     mean = np.where(all_k, filled.mean(axis=0), np.nan)
@@ -929,6 +958,29 @@ def plot_binned(ax, runs: Sequence[RunData], field: str, edges: np.ndarray, colo
         i = max(int(np.argmax(past)) - 1, 0)
         for row in v_rk:
             ax.plot(centers[i:], row[i:], color=color, linestyle=style, **SEED_STYLE)
+
+
+KL_FLOOR = 1e-6  # a k3 KL below this at every update is ~0 (float rounding), drawn so
+
+
+def _field_max(runs: Sequence[RunData], field: str) -> float:
+    """The largest finite value of an update field over the runs (0 without any)."""
+    vals = [np.nanmax(v) for r in runs if r.has_field(field)
+            for v in [r.field(field)] if np.isfinite(v).any()]  # fmt: skip
+    return float(max(vals)) if vals else 0.0
+
+
+def kl_axis(ax, runs: Sequence[RunData]) -> None:
+    """The KL panel's y range from 0 (k3 is never negative; values below 0 are drawn at
+    0) and, when every value stays under `KL_FLOOR`, up to it with a note that it is ~0."""
+    top = _field_max(runs, "kl")
+    if top < KL_FLOOR:
+        ax.set_ylim(0.0, KL_FLOOR)
+        ax.text(0.5, 0.5, f"KL < {KL_FLOOR:g} at every update: ~0 (float rounding;\n"
+                "values below 0 drawn at 0)", transform=ax.transAxes, ha="center",
+                va="center", fontsize=7, color="0.3")  # fmt: skip
+    else:
+        ax.set_ylim(bottom=0.0)
 
 
 def figure_training_signals(analysis: Analysis, bins: int = 30) -> Figure | None:
@@ -947,14 +999,19 @@ def figure_training_signals(analysis: Analysis, bins: int = 30) -> Figure | None
     colors = _config_colors(keys)
     edges = np.linspace(0.0, max(r.final_responses for r in runs) or 1.0, bins + 1)
     for ax, (field, name) in zip(axes, fields):
+        floor = 0.0 if field == "kl" else None  # k3 >= 0: a value below 0 is rounding
         for k in keys:
             own = [r for r in analysis.runs_by_key[k] if r.has_field(field)]
             if own:
                 style = "-" if k.lr_rule == "sqrt" else "--"
                 label = f"B={k.batch} {k.label}" if ax is axes[0] else None
-                plot_binned(ax, own, field, edges, colors[k], style, label)
+                plot_binned(ax, own, field, edges, colors[k], style, label, floor)
         ax.set_xlabel("cumulative retained responses")
         ax.set_ylabel(name or kl_label(runs), fontsize=8)
+        if field == "kl":
+            kl_axis(ax, runs)
+        elif field == "response_len_mean":  # from 0: a 31-32 token range reads as a swing
+            ax.set_ylim(0.0, 1.1 * max(_field_max(runs, field), 1.0))
     for ax in axes[len(fields) :]:
         ax.set_visible(False)
     axes[0].legend(fontsize=6, ncol=2)

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rl_batch.analysis import critical_batch, intervals, planner
-from rl_batch.analysis.cost_model import GenerationReport
+from rl_batch.analysis.cost_model import GenerationReport, fit_problems
 from rl_batch.analysis.time_to_target import (
     Analysis,
     Estimate,
@@ -371,7 +371,9 @@ def generation_finding(gen: GenerationReport | None, level: float = 0.95) -> Fin
     With repeated measurements per concurrency (``gen.samples``: calibration visits or
     runs) each c's ratio to the largest c has a t interval: *holds* when one lies above
     ``frac``, *does not hold* when all lie below, else undecided. A single measurement
-    per concurrency decides on the point values (said so in "how decided").
+    per concurrency decides on the point values (said so in "how decided"). Either way
+    the verdict rests on the model ``t_step = a + b c``: it is withheld (undecided, "how
+    decided" says why) when `cost_model.fit_problems` finds the fit poor.
     """
     name, paper = "generation throughput saturates", "4x the batch costs far less than 4x time"
     if gen is None:
@@ -384,14 +386,19 @@ def generation_finding(gen: GenerationReport | None, level: float = 0.95) -> Fin
         f"{gen.plateau_batch_measured} of c <= {int(top)} measured ({gen.source})"
     )
     ratios = _ratios_to(gen, level, top)
+    if ratios is not None:
+        measured += (
+            "; tokens/s against c = "
+            + f"{int(top)}: "
+            + ", ".join(f"c={int(c)}: {_fmt_interval(p, lo, hi, 0)}" for c, (p, lo, hi) in ratios)
+        )
+    problems = fit_problems(gen, level)
+    if problems:  # the verdict rests on t_step = a + b c: withheld when it does not fit
+        why = "withheld: the fit t_step = a + b c is poor (" + "; ".join(problems) + ")"
+        return Finding(name, paper, measured, UNDECIDED, why)
     if ratios is None:
         verdict = HOLDS if gen.plateau_batch_measured < top else FAILS
         return Finding(name, paper, measured, verdict, "one measurement: no interval")
-    measured += (
-        "; tokens/s against c = "
-        + f"{int(top)}: "
-        + ", ".join(f"c={int(c)}: {_fmt_interval(p, lo, hi, 0)}" for c, (p, lo, hi) in ratios)
-    )
     # "Some smaller c reaches frac" is any of K: read at Holm's first-step level.
     any_ratios = _ratios_to(gen, intervals.holm_level(level, max(len(ratios), 1)), top) or []
     if any(lo >= gen.frac for _, (_, lo, _) in any_ratios):

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rl_batch import targets
 from rl_batch.analysis import intervals
 from rl_batch.analysis import time_to_target as ttt
 from rl_batch.analysis.time_to_target import Analysis, fmt_estimate, markdown_table
@@ -211,6 +212,68 @@ def power_lines(analysis: Analysis, half_width: float = POWER_HALF_WIDTH) -> lis
     return [summary, ""] + markdown_table(header, table) + [""]
 
 
+def estimator_words(analysis: Analysis) -> str:
+    """How N*, T and q are read (the report's header and Measurement section say the same)."""
+    if analysis.band_lo is None:
+        return f"N*, T and q at the single target {analysis.target:g}"
+    return (
+        f"N*, T and q are geometric means over {targets.BAND_LEVELS} accuracy levels from "
+        f"{analysis.band_lo:g} to the target {analysis.target:g} (the band)"
+    )
+
+
+def crossing_words(analysis: Analysis) -> str:
+    """How a level's crossing is read off the evaluations (`targets.CROSSINGS`)."""
+    if analysis.crossing == "update":
+        return (
+            "a level's N* is the first update at or after its crossing interpolated between "
+            'two evaluations (`target_crossing="update"`: a batch of B responses reaches a '
+            "level at a multiple of B)"
+        )
+    return (
+        "a level's N* is its crossing interpolated between two evaluations "
+        '(`target_crossing="linear"`; on average half a batch early)'
+    )
+
+
+def _all_prompt_keyed(analysis: Analysis) -> bool:
+    return all(t.rollout_keys == "prompt" for t in analysis.targets.values())
+
+
+def pairing_words(analysis: Analysis) -> str:
+    """Which ratios are paired by seed (`time_to_target.matched_pair`)."""
+    if _all_prompt_keyed(analysis):
+        return (
+            "every run keys each response by its prompt's position and member index "
+            '(`rollout_keys="prompt"`): one seed gives every configuration the same prompts '
+            "with the same random numbers (common random numbers), so every ratio between "
+            "configurations that ran the same seeds compares them seed by seed (paired)"
+        )
+    return (
+        "configurations of one shape that differ only in the learning rule (e.g. fixed "
+        "against sqrt LR) draw the same prompts with the same rollout keys per seed (common "
+        "random numbers) and are compared seed by seed (paired); every other ratio as "
+        "independent samples"
+    )
+
+
+def interval_words(analysis: Analysis) -> str:
+    """The intervals' method, level and degrees of freedom (header and Measurement)."""
+    if analysis.method == "bootstrap":
+        return (
+            f"percentile bootstrap over seeds ({analysis.n_boot} replicates, "
+            f"{analysis.level:.0%}, rng seed {analysis.seed})"
+        )
+    df = (
+        "n - 1 degrees of freedom over the n paired seeds"
+        if _all_prompt_keyed(analysis)
+        else "n - 1 degrees of freedom where paired by seed, Welch's otherwise"
+    )
+    return (
+        f"{analysis.level:.0%} Student-t over seeds (means; ratios: delta method on the log, {df})"
+    )
+
+
 def measurement_section(analysis: Analysis) -> list[str]:
     """The report's "Measurement" section (see the module docstring)."""
     sw = analysis.sweep
@@ -236,40 +299,12 @@ def measurement_section(analysis: Analysis) -> list[str]:
         )
         + "."
     )
-    if band:
-        out.append(
-            f"- Estimator: N*, T and q are geometric means over 9 accuracy levels from "
-            f"{analysis.band_lo:g} to the target {analysis.target:g} (the mean shift "
-            f"between curves across the band); the single-target r_N is shown beside."
-        )
-    else:
-        out.append("- Estimator: N*, T and q at the single target.")
     out.append(
-        "- Crossing: "
-        + (
-            "N* is the first update at or after the crossing interpolated between two "
-            'evaluations (`target_crossing="update"`: a batch of B responses reaches a '
-            "level at a multiple of B)."
-            if analysis.crossing == "update"
-            else "N* is the crossing interpolated between two evaluations "
-            '(`target_crossing="linear"`; on average half a batch early).'
-        )
+        f"- Estimator: {estimator_words(analysis)}"
+        + ("; the single-target r_N is shown beside." if band else ".")
     )
-    prompt_keys = all(t.rollout_keys == "prompt" for t in analysis.targets.values())
-    out.append(
-        "- Intervals: 95% Student-t over seeds (ratios: delta method on the log scale). "
-        + (
-            "Every run keys each response by its prompt's position and member index "
-            '(`rollout_keys="prompt"`): one seed gives every configuration the same prompts '
-            "with the same random numbers (common random numbers), so every ratio compares "
-            "the configurations seed by seed (paired)."
-            if prompt_keys
-            else "Configurations of one shape that differ only in the learning rule (e.g. "
-            "fixed against sqrt LR) draw the same prompts with the same rollout keys per "
-            "seed (common random numbers) and are compared seed by seed (paired); every "
-            "other ratio as independent samples."
-        )
-    )
+    out.append(f"- Crossing: {crossing_words(analysis)}.")
+    out.append(f"- Intervals: {interval_words(analysis)}; {pairing_words(analysis)}.")
     noise = validation_noise(analysis)
     if noise is not None:
         out.append(

@@ -22,7 +22,10 @@ count is `intervals.seeds_to_separate`'s.
 
 Pilot mode (``plan_pilot``): predicts each candidate's ``r_N`` from the first
 ``fraction`` of each run's runway (``fraction * budget_responses`` retained responses)
-and measures ``q`` over the same window, i.e. what short pilot runs would tell.
+and measures ``q`` over the same window on the calibrated clock (the sweep's
+``calibration.json``; without one it refuses: the runs' own timings, taken side by side
+under contention, would rank the batches by the host's load), i.e. what short pilot runs
+would tell.
 
 - ``method="intermediate"``: responses needed to reach a lower level, the same for all
   candidates: ``level_frac`` of the way from the initial accuracy to the median (over
@@ -37,7 +40,7 @@ and measures ``q`` over the same window, i.e. what short pilot runs would tell.
 
 On a full sweep, ``plan_pilot`` also reports how the pilot's pick compares with the best
 configuration of the full sweep (``T(pick) / T(best)``) and the cost of the pilot as a
-fraction of the sweep's (sum of training seconds used).
+fraction of the sweep's (sum of calibrated training seconds used), and what it saves.
 """
 
 from __future__ import annotations
@@ -62,16 +65,19 @@ from rl_batch.analysis.time_to_target import (
     Analysis,
     Estimate,
     analyze_sweep,
+    calibrated_seconds,
     exact_one,
     first_crossing,
     fmt_estimate,
     ratio_estimates,
+    step_time_log_ratios,
     update_crossing,
 )
 from rl_batch.artifacts import Configuration
 
 PILOT_METHODS = ("intermediate", "fit")
 DEFAULT_LEVEL_FRAC = 0.8
+PILOT_SAVES_LITTLE = 0.9  # a pilot costing more than this share of the sweep saves little
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,6 +471,12 @@ def _seed_max(runs: Sequence[RunData]) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
+def _calibrated_s(full: Analysis, run: RunData) -> float:
+    """Calibrated training seconds of a run's updates (`calibrated_seconds`)."""
+    updates = float(run.updates_done[-1]) if run.updates_done.size else 0.0
+    return float(calibrated_seconds(full.run_step_s[run.name], updates))
+
+
 def plan_pilot(
     sweep: Sweep,
     fraction: float,
@@ -497,6 +509,12 @@ def plan_pilot(
         raise ValueError(f"plan_pilot: fraction must be in (0, 1], got {fraction}")
     if full is None:
         full = analyze_sweep(sweep, target, reference, n_boot=n_boot, seed=seed)
+    if not full.calibrated:
+        raise ValueError(
+            f"plan_pilot: {sweep.sweep_dir} has no calibrated step times (calibration.json "
+            "for every configuration): the runs' own timings were taken side by side under "
+            "contention; run `python -m experiments.calibrate` on the sweep first"
+        )
     all_runs = [r for rs in full.runs_by_key.values() for r in rs]
     window = _window(sweep, all_runs, fraction)
     pilots = {k: [truncate_run(r, window) for r in rs] for k, rs in full.runs_by_key.items()}
@@ -521,8 +539,10 @@ def plan_pilot(
         return None if fit is None else fit.responses_to(full.target)
 
     preds = {k: [predicted_n(r) for r in rs] for k, rs in pilots.items()}
+    # The calibrated clock (the full analysis' T and q): seconds of the updates made.
+    secs = {r.name: _calibrated_s(full, r) for rs in pilots.values() for r in rs}
     qs = {
-        k: [r.final_responses / r.final_time_train for r in rs if r.final_time_train > 0]
+        k: [r.final_responses / secs[r.name] for r in rs if secs[r.name] > 0]
         for k, rs in pilots.items()
     }
     ref = full.reference
@@ -534,9 +554,11 @@ def plan_pilot(
             one = exact_one(len(n_k))
             r_n, r_q, r_t = one, one, one
         else:
+            timing = step_time_log_ratios(full.step_rounds, k.key, ref.key)
             r_n, r_q, r_t = ratio_estimates(
-                n_k, qs[k] or None, n_ref, qs[ref] or None, n_boot, seed=seed, method=full.method
-            )
+                n_k, qs[k] or None, n_ref, qs[ref] or None, n_boot, full.level, seed,
+                full.method, timing,
+            )  # fmt: skip
         bound, note = None, ""
         if n_k is None:
             if method == "intermediate" and n_ref is not None:
@@ -566,8 +588,8 @@ def plan_pilot(
 
     best_plan = plan_full(full)
     best = best_plan.best
-    pilot_cost = sum(r.final_time_train for rs in pilots.values() for r in rs)
-    sweep_cost = sum(r.final_time_train for r in all_runs)
+    pilot_cost = sum(secs.values())
+    sweep_cost = sum(_calibrated_s(full, r) for r in all_runs)
     comparison = PilotComparison(
         fraction=fraction,
         method=method,
@@ -716,10 +738,17 @@ def format_plan_table(plan: Plan) -> str:
     p = plan.pilot
     if p is not None:
         level = "" if p.level is None else f", level {p.level:.3g}"
+        saved = p.sweep_cost_s - p.pilot_cost_s
         lines.append(
             f"Pilot ({p.method}{level}): first {p.fraction:g} of the runway "
-            f"({p.window_responses:.0f} responses), cost {p.pilot_cost_s:.4g} s = "
-            f"{p.cost_fraction:.1%} of the sweep's {p.sweep_cost_s:.4g} s."
+            f"({p.window_responses:.0f} responses), cost {p.pilot_cost_s:.4g} s on the "
+            f"calibrated clock = {p.cost_fraction:.1%} of the full sweep's "
+            f"{p.sweep_cost_s:.4g} s: it saves {saved:.4g} s ({1 - p.cost_fraction:.1%})"
+            + (
+                "; little: most runs end inside the window (at the target or the budget)."
+                if p.cost_fraction > PILOT_SAVES_LITTLE
+                else "."
+            )
         )
         if p.pick is not None and p.best is not None:
             lines.append(

@@ -34,18 +34,6 @@ from rl_batch.analysis.time_to_target import (
 )
 
 
-def _interval_words(analysis: Analysis) -> str:
-    if analysis.method == "bootstrap":
-        return (
-            f"percentile bootstrap over seeds ({analysis.n_boot} replicates, "
-            f"{analysis.level:.0%}, rng seed {analysis.seed})"
-        )
-    return (
-        f"{analysis.level:.0%} Student-t over seeds (means; ratios: delta method on the log, "
-        "Welch degrees of freedom)"
-    )
-
-
 def _num(v: float | None, spec: str = ".4g", missing: str = NOT_REACHED) -> str:
     return missing if v is None else f"{v:{spec}}"
 
@@ -256,10 +244,9 @@ def _critical_section(analysis: Analysis, tol: float) -> list[str]:
             walk = f"CI walk: [{crit.critical_batch_lo}, {crit.critical_batch_hi}]"
         else:
             walk = "CI walk: unavailable, an r_N on the way has no interval (fewer than 2 seeds)"
-        decided = crit.critical_batch_lo == crit.critical_batch_hi == crit.critical_batch
         value = (
             f"**{crit.critical_batch}** responses"
-            if decided
+            if crit.decided
             else f"undecided at this power ({crit.critical_batch} by the means)"
         )
         out.append(
@@ -387,10 +374,20 @@ def _generation_section(
             "",
         ]
     f = gen.fit
+    problems = cost_model.fit_problems(gen, analysis.level)
     out += [
         f"Source: {gen.source} (device: {gen.device}). Fit t_step(c) = a + b c: "
-        f"a = {f.a_s:.4g} s, b = {f.b_s:.4g} s, R^2 = {f.r2:.3f}; asymptote "
+        f"a = {f.a_s:.4g} s, b = {f.b_s:.4g} s; on tokens/s = c / (a + b c) R^2 = "
+        f"{f.r2:.3f}, largest miss {f.max_rel_residual:.0%} of a measured point; asymptote "
         f"{f.asymptote:.4g} tokens/s.",
+        "",
+        (
+            "**Fit quality:** poor (" + "; ".join(problems) + '): the verdict "generation '
+            'throughput saturates", which rests on this model, is withheld.'
+            if problems
+            else f"Fit quality: no negative intercept, no larger c slower beyond noise, every "
+            f"point within {cost_model.MAX_REL_RESIDUAL:.0%} of the fit."
+        ),
         "",
     ]
     if gen.source == cost_model.THROUGHPUT_FILE:
@@ -420,10 +417,10 @@ def _generation_section(
         out.append(f"- {gen.update_fit_note}")
     out.append("")
     out += markdown_table(
-        ["c", "tokens/s", "fit tokens/s"],
+        ["c", "tokens/s", "fit tokens/s", "fit / measured - 1"],
         [
-            [f"{c:.0f}", f"{t:.4g}", f"{p:.4g}"]
-            for c, t, p in zip(f.batches, f.tokens_per_s, f.predict(f.batches))
+            [f"{c:.0f}", f"{t:.4g}", f"{p:.4g}", f"{e:+.1%}"]
+            for c, t, p, e in zip(f.batches, f.tokens_per_s, f.predict(f.batches), f.rel_residuals)
         ],
     )
     crit = critical_batch.critical_training_batch(analysis, tol)
@@ -480,9 +477,10 @@ def build_report(
         f"Sweep `{sw.sweep_dir}`, algorithm {sw.algo}; target validation accuracy "
         f"**{analysis.target:g}**; reference {analysis.reference.name} (B = "
         f"{analysis.reference.batch}). {n_used} runs used, {len(analysis.excluded)} excluded. "
-        f"Intervals: {_interval_words(analysis)}. N*: retained responses at the "
-        f"first crossing (interpolated); q: retained responses per training second up to "
-        f"the target; T = N*/q. A configuration gets N*, T only when every seed reached "
+        f"Intervals: {measurement.interval_words(analysis)}. "
+        f"{measurement.estimator_words(analysis)}; {measurement.crossing_words(analysis)}; "
+        f"q: retained responses per training second up to N*; T = N*/q (see "
+        f"Measurement). A configuration gets N*, T only when every seed reached "
         f'("{INCOMPLETE}" while a seed that has not reached is still running); one seed '
         f'gives no interval ("1 seed, no CI").',
         "",
