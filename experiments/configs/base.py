@@ -149,6 +149,12 @@ def run_config() -> ConfigDict:
     # even micro-batch count >= 4 (derived.micro_batches), an even group_size, prompts
     # divisible by micro-batches / 2 and one update per batch.
     c.grpo.group_noise = False
+    # Which rows each micro-batch holds, so which noise scale B_simple measures
+    # (docs/noise_scale.md): "groups" (whole groups: the batch noise scale B_noise =
+    # (G tr_inter + tr_intra) / |G|^2, what the report, the adaptive schedule and surge
+    # use; needs micro-batches dividing prompts or prompts dividing micro-batches) or
+    # "strided" (rows m, m + M, ...: the intra-prompt term only). Same gradient either way.
+    c.grpo.micro_layout = "groups"
 
     # PPO (algo="ppo"): a critic as large as the policy, trained alone for the first
     # warmup_updates rollout batches (the sample axis starts when the actor starts).

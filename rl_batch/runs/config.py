@@ -664,6 +664,14 @@ def _micro_batches(c: ConfigDict, batch: int, device_count: int) -> int:
         except ValueError as e:
             errors.check(False, f"grpo.group_noise=True: {e} (the update's micro-batches)")
     schedule = batch_schedule.BatchSchedule.from_config(c)
+    layout = c.grpo.get("micro_layout", "strided") if c.algo == "grpo" else "strided"
+    if layout == "groups" and not c.grpo.get("group_noise", False) and micro_batches > 1:
+        for prompts in schedule.buckets:  # (every P the run takes; fixed: prompts)
+            try:
+                learner.check_whole_groups(prompts, micro_batches)
+            except ValueError as e:
+                errors.check(False, f"grpo.micro_layout='groups' at {prompts} prompts: {e}")
+                break
     if schedule.kind != "fixed" and not errors:
         start = schedule.start_prompts * c.group_size
         minibatches = c.grpo.num_minibatches if c.algo == "grpo" else 1
@@ -724,6 +732,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "task.split_seed": lambda old: 0 if old["task"].get("name") in SYNTHETIC_TASKS else None,
     "batch_schedule": lambda old: dict(batch_schedule.FIXED),
     "grpo.group_noise": False,
+    "grpo.micro_layout": "strided",  # (the layout runs measured with before the field)
     "variant": "",
     # The derived values the rules set: before them, the clip range as configured, no
     # warm-up, no arithmetic, and a critic's betas by its LR rule alone.
