@@ -47,7 +47,7 @@ def test_write_all_full_sweep(tmp_path):
     assert "plateau (90% of best measured): c = **1024**" in report
     rec = "Recommendation: grpo-P32-G8-sqrt (batch 256): its interval excludes every other's."
     assert rec in report
-    assert "Median actor B_simple over runs: 256 responses." in report
+    assert "Median actor B_simple over runs: 256 responses (layout strided)." in report
     # The never-reaching configuration reads "not reached", never a number.
     row = next(line for line in report.splitlines() if line.startswith("| grpo-P64-G8-fixed"))
     assert row.count("not reached") >= 3
