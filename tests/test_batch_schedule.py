@@ -2,6 +2,7 @@
 worked by hand, config validation, and tiny runs (P and LR per update, compiled shapes,
 an exact resume mid-schedule)."""
 
+import dataclasses
 import json
 import math
 import re
@@ -70,28 +71,69 @@ def test_pooled_noise_scale_is_the_ratio_of_the_mean_terms():
     # (8 + 4) / 2 over (1 + 3) / 2 = 3, not the mean of the ratios (8 + 4/3) / 2.
     pooled = bs.pooled_noise_scale([_point(2, 1.0, 8.0), _point(2, 3.0, 4.0)])
     assert pooled == pytest.approx(3.0)
-    # |G|^2 <= 0 with noise: noise-dominated, B_simple = inf; no noise: 0.
-    assert bs.pooled_noise_scale([bs.NoisePoint(2, 5.0, 1.0, 2.0, 8.0)]) == math.inf
+    # |G|^2 <= 0 with noise: no estimate (NaN), not an infinite noise scale; no noise: 0.
+    assert math.isnan(bs.pooled_noise_scale([bs.NoisePoint(2, 5.0, 1.0, 2.0, 8.0)]))
     assert bs.pooled_noise_scale([bs.NoisePoint(2, 1.0, 1.0, 2.0, 8.0)]) == 0.0
     with pytest.raises(ValueError, match="no noise measurements"):
         bs.pooled_noise_scale([])
 
 
-def test_adaptive_doubles_when_the_pooled_noise_scale_exceeds_the_batch():
-    s = _schedule(kind="adaptive", start_prompts=2, prompts=8, group_size=2, window=2)
-    hot, cold = _point(2, 1.0, 8.0), _point(2, 1.0, 3.0)  # B_simple 8 and 3; B = 4 at P = 2
+def _adaptive(step_s, window=2):
+    """P0 = 2 up to 8 at G = 2 (B = 4, 8, 16), with calibrated step seconds ``step_s``."""
+    s = _schedule(kind="adaptive", start_prompts=2, prompts=8, group_size=2, window=window)
+    return dataclasses.replace(s, step_s=tuple(zip((4, 8, 16), step_s)))
+
+
+def test_doubling_pays_when_the_throughput_gain_exceeds_the_sample_cost():
+    # B = 4, B_n = 16: cost (1 + 8 / 16) / (1 + 4 / 16) = 1.5 / 1.25 = 1.2.
+    assert bs.doubling_pays(1.21, 4, 16.0) and not bs.doubling_pays(1.19, 4, 16.0)
+    # No evidence of noise (a lower bound of 0): never.
+    assert not bs.doubling_pays(10.0, 4, 0.0)
+
+
+def test_adaptive_doubles_by_predicted_time():
+    # q(B) = B / step_s: 4 / 1, 8 / (8 / 4.8) = 4.8, 16 / (16 / 5.76) = 5.76: each doubling
+    # gains 1.2x, which pays while (1 + 2B / B_n) / (1 + B / B_n) < 1.2, i.e. B_n > 4 B.
+    s = _adaptive((1.0, 8 / 4.8, 16 / 5.76))
+    assert s.throughput(8) / s.throughput(4) == pytest.approx(1.2)
+    # Identical measurements: the Fieller bound is the pooled value itself.
+    hot, cold = _point(2, 1.0, 20.0), _point(2, 1.0, 8.0)  # B_noise 20 and 8; B = 4
+    assert bs.noise_scale_lower_bound([hot, hot]) == pytest.approx(20.0)
     assert bs.prompts_at(s, 0, []) == 2  # P0 before any measurement
     assert bs.prompts_at(s, 0, [hot]) == 2  # the window (2) is not full yet
-    assert bs.prompts_at(s, 0, [hot, hot]) == 4  # 8 > 2 x 2
-    assert bs.prompts_at(s, 0, [cold, cold]) == 2  # 3 < 4
-    assert bs.prompts_at(s, 0, [hot, cold]) == 4  # pooled (8 + 3) / 2 = 5.5 > 4
-    # At P = 4 (B = 8) it waits for a full window measured there, then needs B_simple > 8.
-    at4 = [hot, hot, _point(4, 1.0, 20.0)]
+    assert bs.prompts_at(s, 0, [hot, hot]) == 4  # 20 > 4 x 4
+    # B_noise 8 > B = 4 (the old rule would grow) but < 16: the 1.2x gain does not pay.
+    assert bs.prompts_at(s, 0, [cold, cold]) == 2
+    # At P = 4 (B = 8) it pools the updates there only, and needs B_n > 32.
+    at4 = [hot, hot, _point(4, 1.0, 40.0)]
     assert bs.prompts_at(s, 0, at4) == 4
-    assert bs.prompts_at(s, 0, [*at4, _point(4, 1.0, 20.0)]) == 8  # 20 > 8
-    assert bs.prompts_at(s, 0, [hot, hot, _point(4, 1.0, 8.0), _point(4, 1.0, 8.0)]) == 4
+    assert bs.prompts_at(s, 0, [*at4, _point(4, 1.0, 40.0)]) == 8
+    assert bs.prompts_at(s, 0, [hot, hot, _point(4, 1.0, 30.0), _point(4, 1.0, 30.0)]) == 4
+    # A flat q (no throughput gain) never doubles, whatever the noise.
+    assert bs.prompts_at(_adaptive((1.0, 2.0, 4.0)), 0, [_point(2, 1.0, 1e6)] * 2) == 2
+    # A mean |G|^2 <= 0 is no estimate: it keeps P (the old rule read it as infinite).
+    assert bs.prompts_at(s, 0, [bs.NoisePoint(2, 5.0, 1.0, 2.0, 8.0)] * 4) == 2
     # Never past the configured prompts.
     assert bs.prompts_at(s, 0, [_point(8, 1.0, 1e6)] * 2) == 8
+
+
+def test_calibrated_step_times_read_the_fixed_configurations_then_the_schedules(tmp_path):
+    path = tmp_path / "calibration.json"
+    configs = {
+        "2x8:sqrt": {"batch": 16, "step_s_median": 0.1},
+        "4x8:sqrt": {"batch": 32, "step_s_median": 0.2},
+        "4x8:fixed": {"batch": 32, "step_s_median": 9.0},  # another rule
+        "4x16:sqrt": {"batch": 64, "step_s_median": 9.0},  # another G
+        "16x8:sqrt@adaptive": {
+            "batch": 128,
+            "step_s_median": 9.0,  # (a schedule's own step time: its largest P)
+            "prompts_step_s": {"2": [7.0], "8": [0.3, 0.5, 0.4], "16": [0.6]},
+        },
+    }
+    path.write_text(json.dumps({"configs": configs}))
+    got = bs.calibrated_step_times(str(path), 8, "sqrt")
+    assert got == {16: 0.1, 32: 0.2, 64: 0.4, 128: 0.6}
+    assert bs.calibrated_step_times(str(tmp_path / "none.json"), 8, "sqrt") == {}
 
 
 def test_noise_history_reads_the_update_lines_that_measured_the_noise():
@@ -148,6 +190,26 @@ def _warmup(**changes):
                 "grpo.micro_batches": 2,
             },
             "batch_schedule.window=0: must be an int >= 1",
+        ),
+        (
+            {"batch_schedule.kind": "adaptive", "grpo.micro_batches": 2},
+            "batch_schedule.kind='adaptive' needs batch_schedule.calibration",
+        ),
+        (
+            {
+                "batch_schedule.kind": "adaptive",
+                "grpo.micro_batches": 2,
+                "grpo.micro_layout": "strided",
+            },
+            "kind='adaptive' decides on B_noise: it needs grpo.micro_layout='groups'",
+        ),
+        (
+            {
+                "batch_schedule.kind": "adaptive",
+                "grpo.micro_batches": 2,
+                "batch_schedule.calibration": "/nonexistent/calibration.json",
+            },
+            "batch_schedule.calibration='/nonexistent/calibration.json': no such file",
         ),
         ({"async_rollout.enabled": True}, "kind='warmup' needs synchronous rollouts"),
         ({"partial_rollout.enabled": True}, "kind='warmup' needs synchronous rollouts"),
@@ -342,7 +404,9 @@ def test_warmup_resumed_mid_schedule_matches_the_uninterrupted_run(warmup_run, w
     assert_same_records(full, split, rel=1e-5, abs=1e-7)
 
 
-# Adaptive: P0 = 2 -> P = 8 at G = 8, B_simple pooled over 2 updates from 2 micro-batches.
+# Adaptive: P0 = 2 -> P = 8 at G = 8, B_noise pooled over >= 2 updates from 2 whole-group
+# micro-batches; a calibration whose step time is the same at every batch (q doubles
+# with B: doubling pays once the lower bound on B_noise is > 0).
 # A random model's responses rarely solve the task (zero advantages, zero gradients):
 # they are rewarded by their length, which varies, so the noise scale is measurable.
 ADAPTIVE = {
@@ -352,6 +416,7 @@ ADAPTIVE = {
     "batch_schedule.start_prompts": 2,
     "batch_schedule.window": 2,
     "grpo.micro_batches": 2,
+    "grpo.micro_layout": "groups",
 }
 
 
@@ -363,12 +428,20 @@ def adaptive_config(work_dir, tmp_path_factory):
         "def length(prompt, response, answer, meta):\n    return float(len(response))\n"
     )
 
+    calibration = tmp_path_factory.mktemp("calibration") / "calibration.json"
+    configs = {f"{p}x8:sqrt": {"batch": 8 * p, "step_s_median": 0.5} for p in (2, 4, 8)}
+    calibration.write_text(json.dumps({"configs": configs}))
+
     def make(run_dir, budget):
         return tiny_run_config(
             work_dir,
             run_dir,
             budget_responses=budget,
-            **{**ADAPTIVE, "task.reward_fn": f"{reward}:length"},
+            **{
+                **ADAPTIVE,
+                "task.reward_fn": f"{reward}:length",
+                "batch_schedule.calibration": str(calibration),
+            },
         )
 
     return make

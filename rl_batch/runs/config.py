@@ -732,7 +732,8 @@ ADDED_FIELDS: dict[str, Any] = {
     "task.split_seed": lambda old: 0 if old["task"].get("name") in SYNTHETIC_TASKS else None,
     "batch_schedule": lambda old: dict(batch_schedule.FIXED),
     "grpo.group_noise": False,
-    "grpo.micro_layout": "strided",  # (the layout runs measured with before the field)
+    "grpo.micro_layout": "strided",
+    "batch_schedule.calibration": "",  # (the layout runs measured with before the field)
     "variant": "",
     # The derived values the rules set: before them, the clip range as configured, no
     # warm-up, no arithmetic, and a critic's betas by its LR rule alone.
