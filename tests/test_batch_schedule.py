@@ -282,7 +282,6 @@ def test_surge_with_a_schedule_derives_its_lr_at_every_scheduled_batch():
 
 def test_settings_a_schedule_cannot_serve_are_refused_in_one_line_before_compute():
     for changes, message in [
-        ({"lr_warmup_updates": 3}, "lr_warmup_updates=3 with batch_schedule.kind='warmup'"),
         ({"hparam_rules.clip": "sqrt"}, "hparam_rules.clip='sqrt' with batch_schedule.kind="),
     ]:
         with pytest.raises(ValueError, match="invalid config: .*" + re.escape(message)) as e:
@@ -295,6 +294,18 @@ def test_settings_a_schedule_cannot_serve_are_refused_in_one_line_before_compute
     )
     assert fixed.hparams_at(128).warmup_updates == fixed.lr_warmup_updates == 4
     assert fixed.hparams_at(32).warmup_updates == 16  # round(4 * 128 / 32)
+
+
+def test_the_warmup_follows_the_scheduled_batch():
+    # lr_warmup_updates = 4 at B_ref = 128 under warmup="responses": at a scheduled B = 32
+    # (P = 4) W = round(4 * 128 / 32) = 16 updates; the sqrt LR there is 5e-5 x sqrt(1/4).
+    spec = config_lib.resolve(
+        _warmup(lr_warmup_updates=4, **{"hparam_rules.warmup": "responses"}), 1
+    )
+    assert spec.optimizer_at(32, update=3).lr == pytest.approx(2.5e-5 * 4 / 16)
+    assert spec.optimizer_at(32, update=15).lr == pytest.approx(2.5e-5)
+    assert spec.optimizer_at(128, update=1).lr == pytest.approx(5e-5 * 2 / 4)  # W = 4
+    assert spec.optimizer_at(128).lr == pytest.approx(5e-5)  # (no update: the peak)
 
 
 @pytest.mark.parametrize(
@@ -429,10 +440,14 @@ def adaptive_config(work_dir, tmp_path_factory):
     )
 
     calibration = tmp_path_factory.mktemp("calibration") / "calibration.json"
-    configs = {f"{p}x8:sqrt": {"batch": 8 * p, "step_s_median": 0.5} for p in (2, 4, 8)}
+    configs = {
+        f"{p}x8:{rule}": {"batch": 8 * p, "step_s_median": 0.5}
+        for p in (2, 4, 8)
+        for rule in ("sqrt", "surge")
+    }
     calibration.write_text(json.dumps({"configs": configs}))
 
-    def make(run_dir, budget):
+    def make(run_dir, budget, **extra):
         return tiny_run_config(
             work_dir,
             run_dir,
@@ -441,6 +456,7 @@ def adaptive_config(work_dir, tmp_path_factory):
                 **ADAPTIVE,
                 "task.reward_fn": f"{reward}:length",
                 "batch_schedule.calibration": str(calibration),
+                **extra,
             },
         )
 
@@ -470,3 +486,29 @@ def test_adaptive_run_grows_p_by_the_pooled_noise_scale_and_resumes_exactly(
     full = deterministic(updates)
     split = deterministic(artifacts.read_metrics(split_dir, "update"))
     assert_same_records(full, split, rel=1e-5, abs=1e-7)
+
+
+def test_surge_with_a_warmup_and_the_adaptive_schedule_runs(adaptive_config, tmp_path):
+    # surge at B_noise = 50 from lr_ref = 1e-3 at B_ref = 16: lr(B) = 1e-3 f(16) / f(B),
+    # f(x) = sqrt(50 / x) + sqrt(x / 50); the warm-up of 4 updates at B_ref by responses:
+    # W(B) = round(4 x 16 / B) = 4, 2, 1 at B = 16, 32, 64; update i at factor
+    # min(1, (i + 1) / W(B)).
+    run_dir = str(tmp_path / "surge")
+    extra = {
+        "lr_rule": "surge",
+        "lr_rule_noise_scale": 50.0,
+        "lr_warmup_updates": 4,
+        "hparam_rules.warmup": "responses",
+    }
+    run_lib.run(adaptive_config(run_dir, 128, **extra), progress=False)
+    updates = artifacts.read_metrics(run_dir, "update")
+
+    def f(x):
+        return math.sqrt(50 / x) + math.sqrt(x / 50)
+
+    assert len(updates) >= 4
+    for i, u in enumerate(updates):
+        b = 8 * u["prompts"]
+        warmup = round(4 * 16 / b)
+        want = 1e-3 * f(16) / f(b) * min(1.0, (i + 1) / warmup)
+        assert u["lr"] == pytest.approx(want, rel=1e-5), (i, b)
