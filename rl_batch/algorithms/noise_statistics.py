@@ -19,19 +19,26 @@ filtered groups) are not examples, and micro-batches holding none are left out.
   ``E[grad_sq_micro] = |G|^2 + tr(Sigma) / b``; 0 when every row is padding;
 - ``gns_batch_full``: real sequences in the batch.
 
+The layout decides which noise scale these measure (``update_step.accumulate_gradients``):
+with the whole-group layout (``grpo.micro_layout = "groups"``, ``whole_group_order``)
+each measurement unit holds whole groups, so B_simple is the batch noise scale B_noise =
+(G tr(Sigma_inter) + tr(Sigma_intra)) / |G|^2; with the strided one every group is cut
+alike and B_simple sees the intra-prompt noise only (docs/noise_scale.md).
+
 With the group split (``grpo.group_noise``: P prompts x G responses, rows reordered by
 ``group_pair_order`` so that micro-batches 2k and 2k + 1 hold the two halves of the same
 whole groups) also (see ``rl_batch.analysis.noise_scale.group_noise_terms``):
 
 - ``grad_dot_pair``: mean over the pairs whose micro-batches hold real sequences
-  of an unbiased estimate of ``<g_2k, g_2k+1>``, the inner product of the two
-  halves' own gradients, ``E = |G|^2 + tr(Sigma_inter) / n_k`` with ``n_k`` the
-  real prompts of pair k. It is read off the running sum of the gradients (no
-  gradient is kept): with ``d_m = <g_m, sum_{m' < m} grad_m'>`` (``grad_m'`` the
-  full-batch-normalised gradient, ``g_m = own_m grad_m``),
-  ``own_2k (d_2k+1 - d_2k) = <g_2k+1, g_2k> + own_2k <g_2k+1 - g_2k, sum_{m' < 2k}
-  grad_m'>`` and the last term has mean 0 (the halves share their prompts; the
-  earlier pairs hold other prompts);
+  of ``<g_2k, g_2k+1>``, the inner product of the two halves' own gradients,
+  ``E = |G|^2 + tr(Sigma_inter) / n_k`` with ``n_k`` the real prompts of pair k. By
+  default (``pair_dot="direct"``) the first half's own gradient is kept through the
+  scan (one parameter-sized float32 buffer; +0.6 % CPU per update on the CPU study's
+  model, ``experiments/time_pair_dot.py``). ``"running"`` reads it off the running sum
+  instead (no buffer): with ``d_m = <g_m, sum_{m' < m} grad_m'>`` (``grad_m'`` the
+  full-batch-normalised gradient, ``g_m = own_m grad_m``), ``own_2k (d_2k+1 - d_2k) =
+  <g_2k+1, g_2k> + own_2k <g_2k+1 - g_2k, sum_{m' < 2k} grad_m'>``, the last term of mean
+  0 but 2.3x the per-update spread (tests/test_noise_layout.py);
 - ``gns_prompts_pair``: the harmonic mean of those pairs' real prompts ``n_k``;
 - ``gns_prompts_full``: real prompts in the batch (groups with a real sequence).
 
