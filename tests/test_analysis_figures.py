@@ -50,7 +50,7 @@ def test_write_all_full_sweep(tmp_path):
         "grpo-P16-G8-sqrt, which takes 21 % longer"
     )
     assert rec in report
-    assert "Median actor B_simple over runs: 256 responses." in report
+    assert "Median actor B_simple over runs: 256 responses (layout strided)." in report
     # The never-reaching configuration reads "not reached", never a number.
     row = next(line for line in report.splitlines() if line.startswith("| grpo-P64-G8-fixed"))
     assert row.count("not reached") >= 3

@@ -137,7 +137,7 @@ def test_group_split_in_the_summary_and_the_report(tmp_path):
     # B_simple from the same half-group micro-batches: trace 96 + 40 * 8 * 2 / 6 over
     # |G|^2 = (128 * 5.25 - 32 * 10) / 96.
     assert s.pooled == pytest.approx((96 + 40 * 8 * 2 / 6) / ((128 * 5.25 - 32 * 10) / 96))
-    analysis = types.SimpleNamespace(runs_by_key={run.key: [run]})
+    analysis = types.SimpleNamespace(runs_by_key={run.key: [run]}, stats={}, reference=None)
     text = "\n".join(report._noise_section(analysis))
     assert "B_inter, pooled | B_intra, pooled" in text and "| 20 | 48 |" in text
     # Without the split's fields: no split, and the columns say so.
@@ -148,3 +148,52 @@ def test_group_split_in_the_summary_and_the_report(tmp_path):
         f.write(json.dumps({**rec, "prompts": 16, "group_size": 8, **fields}) + "\n")
     s = ns.run_noise_scale(curves.load_run(str(run_dir)))
     assert s.inter is None and s.intra is None
+
+
+def _estimate(mean, rel):
+    from rl_batch.analysis.time_to_target import Estimate
+
+    return Estimate(mean=mean, lo=mean / (1 + rel), hi=mean * (1 + rel), n=4)
+
+
+def test_implied_noise_scale_recovers_the_b_n_of_exact_sample_costs():
+    # B_n = 100, B_ref = 64: r_N(B) = (1 + B / 100) / 1.64, e.g. r_N(256) = 3.56 / 1.64
+    # = 2.171; each with a +-10 % interval.
+    batches = [16, 32, 64, 128, 256]
+    r_n = [_estimate((1 + b / 100) / 1.64, 0.1) for b in batches]
+    fit = ns.implied_noise_scale(batches, r_n, 64)
+    assert fit.b_noise == pytest.approx(100.0, rel=0.01) and fit.points == 5
+    assert fit.lo < 100.0 < fit.hi and fit.chi2 == pytest.approx(0.0, abs=1e-3)
+    # Flat r_N (invariance over the whole family): B_n is bounded below only.
+    flat = ns.implied_noise_scale(batches, [_estimate(1.0, 0.1) for _ in batches], 64)
+    assert flat.hi == np.inf and flat.lo > 64
+    assert ns.implied_noise_scale([16, 32], [None, _estimate(1.0, 0.1)], 64) is None
+
+
+def test_measured_b_noise_against_the_implied(tmp_path):
+    # The fixture's noise fields: |g_b|^2 = 1 + 256 / b exactly, so a run measured with
+    # whole groups has B_noise = 256 (an interval of one point); a strided run, none.
+    fx.write_run(
+        str(tmp_path / "g"), prompts=16, group_size=8, tau=1000.0,
+        config_extra={"grpo": {"micro_layout": "groups"}},
+    )  # fmt: skip
+    fx.write_run(str(tmp_path / "s"), prompts=16, group_size=8, tau=1000.0)
+    groups, strided = (curves.load_run(str(tmp_path / n)) for n in ("g", "s"))
+    s = ns.run_noise_scale(groups)
+    assert s.layout == "groups" and s.b_noise == pytest.approx(256.0)
+    assert (s.b_noise_lo, s.b_noise_hi) == (pytest.approx(256.0), pytest.approx(256.0))
+    assert ns.run_noise_scale(strided).layout == "strided"
+    assert ns.run_noise_scale(strided).b_noise is None
+    batches = [16, 32, 64, 128, 256]
+    for b_n, agree in ((256.0, True), (40.0, False)):
+        r_n = [_estimate((1 + b / b_n) / (1 + 64 / b_n), 0.05) for b in batches]
+        cmp = ns.compare_noise_scales([groups, strided], batches, r_n, 64)
+        assert cmp.runs == 1 and cmp.measured[0] == pytest.approx(256.0)
+        assert cmp.agree is agree
+
+
+def test_measurement_layout_of_a_config():
+    assert ns.measurement_layout({"grpo": {"micro_layout": "groups"}}) == "groups"
+    assert ns.measurement_layout({"grpo": {}}) == "strided"  # (older config.json)
+    assert ns.measurement_layout({"grpo": {"group_noise": True}}) == "pairs"
+    assert ns.measurement_layout({"algo": "ppo"}) == "groups"

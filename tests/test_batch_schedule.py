@@ -2,6 +2,7 @@
 worked by hand, config validation, and tiny runs (P and LR per update, compiled shapes,
 an exact resume mid-schedule)."""
 
+import dataclasses
 import json
 import math
 import re
@@ -70,28 +71,69 @@ def test_pooled_noise_scale_is_the_ratio_of_the_mean_terms():
     # (8 + 4) / 2 over (1 + 3) / 2 = 3, not the mean of the ratios (8 + 4/3) / 2.
     pooled = bs.pooled_noise_scale([_point(2, 1.0, 8.0), _point(2, 3.0, 4.0)])
     assert pooled == pytest.approx(3.0)
-    # |G|^2 <= 0 with noise: noise-dominated, B_simple = inf; no noise: 0.
-    assert bs.pooled_noise_scale([bs.NoisePoint(2, 5.0, 1.0, 2.0, 8.0)]) == math.inf
+    # |G|^2 <= 0 with noise: no estimate (NaN), not an infinite noise scale; no noise: 0.
+    assert math.isnan(bs.pooled_noise_scale([bs.NoisePoint(2, 5.0, 1.0, 2.0, 8.0)]))
     assert bs.pooled_noise_scale([bs.NoisePoint(2, 1.0, 1.0, 2.0, 8.0)]) == 0.0
     with pytest.raises(ValueError, match="no noise measurements"):
         bs.pooled_noise_scale([])
 
 
-def test_adaptive_doubles_when_the_pooled_noise_scale_exceeds_the_batch():
-    s = _schedule(kind="adaptive", start_prompts=2, prompts=8, group_size=2, window=2)
-    hot, cold = _point(2, 1.0, 8.0), _point(2, 1.0, 3.0)  # B_simple 8 and 3; B = 4 at P = 2
+def _adaptive(step_s, window=2):
+    """P0 = 2 up to 8 at G = 2 (B = 4, 8, 16), with calibrated step seconds ``step_s``."""
+    s = _schedule(kind="adaptive", start_prompts=2, prompts=8, group_size=2, window=window)
+    return dataclasses.replace(s, step_s=tuple(zip((4, 8, 16), step_s)))
+
+
+def test_doubling_pays_when_the_throughput_gain_exceeds_the_sample_cost():
+    # B = 4, B_n = 16: cost (1 + 8 / 16) / (1 + 4 / 16) = 1.5 / 1.25 = 1.2.
+    assert bs.doubling_pays(1.21, 4, 16.0) and not bs.doubling_pays(1.19, 4, 16.0)
+    # No evidence of noise (a lower bound of 0): never.
+    assert not bs.doubling_pays(10.0, 4, 0.0)
+
+
+def test_adaptive_doubles_by_predicted_time():
+    # q(B) = B / step_s: 4 / 1, 8 / (8 / 4.8) = 4.8, 16 / (16 / 5.76) = 5.76: each doubling
+    # gains 1.2x, which pays while (1 + 2B / B_n) / (1 + B / B_n) < 1.2, i.e. B_n > 4 B.
+    s = _adaptive((1.0, 8 / 4.8, 16 / 5.76))
+    assert s.throughput(8) / s.throughput(4) == pytest.approx(1.2)
+    # Identical measurements: the Fieller bound is the pooled value itself.
+    hot, cold = _point(2, 1.0, 20.0), _point(2, 1.0, 8.0)  # B_noise 20 and 8; B = 4
+    assert bs.noise_scale_lower_bound([hot, hot]) == pytest.approx(20.0)
     assert bs.prompts_at(s, 0, []) == 2  # P0 before any measurement
     assert bs.prompts_at(s, 0, [hot]) == 2  # the window (2) is not full yet
-    assert bs.prompts_at(s, 0, [hot, hot]) == 4  # 8 > 2 x 2
-    assert bs.prompts_at(s, 0, [cold, cold]) == 2  # 3 < 4
-    assert bs.prompts_at(s, 0, [hot, cold]) == 4  # pooled (8 + 3) / 2 = 5.5 > 4
-    # At P = 4 (B = 8) it waits for a full window measured there, then needs B_simple > 8.
-    at4 = [hot, hot, _point(4, 1.0, 20.0)]
+    assert bs.prompts_at(s, 0, [hot, hot]) == 4  # 20 > 4 x 4
+    # B_noise 8 > B = 4 (the old rule would grow) but < 16: the 1.2x gain does not pay.
+    assert bs.prompts_at(s, 0, [cold, cold]) == 2
+    # At P = 4 (B = 8) it pools the updates there only, and needs B_n > 32.
+    at4 = [hot, hot, _point(4, 1.0, 40.0)]
     assert bs.prompts_at(s, 0, at4) == 4
-    assert bs.prompts_at(s, 0, [*at4, _point(4, 1.0, 20.0)]) == 8  # 20 > 8
-    assert bs.prompts_at(s, 0, [hot, hot, _point(4, 1.0, 8.0), _point(4, 1.0, 8.0)]) == 4
+    assert bs.prompts_at(s, 0, [*at4, _point(4, 1.0, 40.0)]) == 8
+    assert bs.prompts_at(s, 0, [hot, hot, _point(4, 1.0, 30.0), _point(4, 1.0, 30.0)]) == 4
+    # A flat q (no throughput gain) never doubles, whatever the noise.
+    assert bs.prompts_at(_adaptive((1.0, 2.0, 4.0)), 0, [_point(2, 1.0, 1e6)] * 2) == 2
+    # A mean |G|^2 <= 0 is no estimate: it keeps P (the old rule read it as infinite).
+    assert bs.prompts_at(s, 0, [bs.NoisePoint(2, 5.0, 1.0, 2.0, 8.0)] * 4) == 2
     # Never past the configured prompts.
     assert bs.prompts_at(s, 0, [_point(8, 1.0, 1e6)] * 2) == 8
+
+
+def test_calibrated_step_times_read_the_fixed_configurations_then_the_schedules(tmp_path):
+    path = tmp_path / "calibration.json"
+    configs = {
+        "2x8:sqrt": {"batch": 16, "step_s_median": 0.1},
+        "4x8:sqrt": {"batch": 32, "step_s_median": 0.2},
+        "4x8:fixed": {"batch": 32, "step_s_median": 9.0},  # another rule
+        "4x16:sqrt": {"batch": 64, "step_s_median": 9.0},  # another G
+        "16x8:sqrt@adaptive": {
+            "batch": 128,
+            "step_s_median": 9.0,  # (a schedule's own step time: its largest P)
+            "prompts_step_s": {"2": [7.0], "8": [0.3, 0.5, 0.4], "16": [0.6]},
+        },
+    }
+    path.write_text(json.dumps({"configs": configs}))
+    got = bs.calibrated_step_times(str(path), 8, "sqrt")
+    assert got == {16: 0.1, 32: 0.2, 64: 0.4, 128: 0.6}
+    assert bs.calibrated_step_times(str(tmp_path / "none.json"), 8, "sqrt") == {}
 
 
 def test_noise_history_reads_the_update_lines_that_measured_the_noise():
@@ -148,6 +190,26 @@ def _warmup(**changes):
                 "grpo.micro_batches": 2,
             },
             "batch_schedule.window=0: must be an int >= 1",
+        ),
+        (
+            {"batch_schedule.kind": "adaptive", "grpo.micro_batches": 2},
+            "batch_schedule.kind='adaptive' needs batch_schedule.calibration",
+        ),
+        (
+            {
+                "batch_schedule.kind": "adaptive",
+                "grpo.micro_batches": 2,
+                "grpo.micro_layout": "strided",
+            },
+            "kind='adaptive' decides on B_noise: it needs grpo.micro_layout='groups'",
+        ),
+        (
+            {
+                "batch_schedule.kind": "adaptive",
+                "grpo.micro_batches": 2,
+                "batch_schedule.calibration": "/nonexistent/calibration.json",
+            },
+            "batch_schedule.calibration='/nonexistent/calibration.json': no such file",
         ),
         ({"async_rollout.enabled": True}, "kind='warmup' needs synchronous rollouts"),
         ({"partial_rollout.enabled": True}, "kind='warmup' needs synchronous rollouts"),
@@ -220,7 +282,6 @@ def test_surge_with_a_schedule_derives_its_lr_at_every_scheduled_batch():
 
 def test_settings_a_schedule_cannot_serve_are_refused_in_one_line_before_compute():
     for changes, message in [
-        ({"lr_warmup_updates": 3}, "lr_warmup_updates=3 with batch_schedule.kind='warmup'"),
         ({"hparam_rules.clip": "sqrt"}, "hparam_rules.clip='sqrt' with batch_schedule.kind="),
     ]:
         with pytest.raises(ValueError, match="invalid config: .*" + re.escape(message)) as e:
@@ -233,6 +294,18 @@ def test_settings_a_schedule_cannot_serve_are_refused_in_one_line_before_compute
     )
     assert fixed.hparams_at(128).warmup_updates == fixed.lr_warmup_updates == 4
     assert fixed.hparams_at(32).warmup_updates == 16  # round(4 * 128 / 32)
+
+
+def test_the_warmup_follows_the_scheduled_batch():
+    # lr_warmup_updates = 4 at B_ref = 128 under warmup="responses": at a scheduled B = 32
+    # (P = 4) W = round(4 * 128 / 32) = 16 updates; the sqrt LR there is 5e-5 x sqrt(1/4).
+    spec = config_lib.resolve(
+        _warmup(lr_warmup_updates=4, **{"hparam_rules.warmup": "responses"}), 1
+    )
+    assert spec.optimizer_at(32, update=3).lr == pytest.approx(2.5e-5 * 4 / 16)
+    assert spec.optimizer_at(32, update=15).lr == pytest.approx(2.5e-5)
+    assert spec.optimizer_at(128, update=1).lr == pytest.approx(5e-5 * 2 / 4)  # W = 4
+    assert spec.optimizer_at(128).lr == pytest.approx(5e-5)  # (no update: the peak)
 
 
 @pytest.mark.parametrize(
@@ -342,7 +415,9 @@ def test_warmup_resumed_mid_schedule_matches_the_uninterrupted_run(warmup_run, w
     assert_same_records(full, split, rel=1e-5, abs=1e-7)
 
 
-# Adaptive: P0 = 2 -> P = 8 at G = 8, B_simple pooled over 2 updates from 2 micro-batches.
+# Adaptive: P0 = 2 -> P = 8 at G = 8, B_noise pooled over >= 2 updates from 2 whole-group
+# micro-batches; a calibration whose step time is the same at every batch (q doubles
+# with B: doubling pays once the lower bound on B_noise is > 0).
 # A random model's responses rarely solve the task (zero advantages, zero gradients):
 # they are rewarded by their length, which varies, so the noise scale is measurable.
 ADAPTIVE = {
@@ -352,6 +427,7 @@ ADAPTIVE = {
     "batch_schedule.start_prompts": 2,
     "batch_schedule.window": 2,
     "grpo.micro_batches": 2,
+    "grpo.micro_layout": "groups",
 }
 
 
@@ -363,12 +439,25 @@ def adaptive_config(work_dir, tmp_path_factory):
         "def length(prompt, response, answer, meta):\n    return float(len(response))\n"
     )
 
-    def make(run_dir, budget):
+    calibration = tmp_path_factory.mktemp("calibration") / "calibration.json"
+    configs = {
+        f"{p}x8:{rule}": {"batch": 8 * p, "step_s_median": 0.5}
+        for p in (2, 4, 8)
+        for rule in ("sqrt", "surge")
+    }
+    calibration.write_text(json.dumps({"configs": configs}))
+
+    def make(run_dir, budget, **extra):
         return tiny_run_config(
             work_dir,
             run_dir,
             budget_responses=budget,
-            **{**ADAPTIVE, "task.reward_fn": f"{reward}:length"},
+            **{
+                **ADAPTIVE,
+                "task.reward_fn": f"{reward}:length",
+                "batch_schedule.calibration": str(calibration),
+                **extra,
+            },
         )
 
     return make
@@ -397,3 +486,29 @@ def test_adaptive_run_grows_p_by_the_pooled_noise_scale_and_resumes_exactly(
     full = deterministic(updates)
     split = deterministic(artifacts.read_metrics(split_dir, "update"))
     assert_same_records(full, split, rel=1e-5, abs=1e-7)
+
+
+def test_surge_with_a_warmup_and_the_adaptive_schedule_runs(adaptive_config, tmp_path):
+    # surge at B_noise = 50 from lr_ref = 1e-3 at B_ref = 16: lr(B) = 1e-3 f(16) / f(B),
+    # f(x) = sqrt(50 / x) + sqrt(x / 50); the warm-up of 4 updates at B_ref by responses:
+    # W(B) = round(4 x 16 / B) = 4, 2, 1 at B = 16, 32, 64; update i at factor
+    # min(1, (i + 1) / W(B)).
+    run_dir = str(tmp_path / "surge")
+    extra = {
+        "lr_rule": "surge",
+        "lr_rule_noise_scale": 50.0,
+        "lr_warmup_updates": 4,
+        "hparam_rules.warmup": "responses",
+    }
+    run_lib.run(adaptive_config(run_dir, 128, **extra), progress=False)
+    updates = artifacts.read_metrics(run_dir, "update")
+
+    def f(x):
+        return math.sqrt(50 / x) + math.sqrt(x / 50)
+
+    assert len(updates) >= 4
+    for i, u in enumerate(updates):
+        b = 8 * u["prompts"]
+        warmup = round(4 * 16 / b)
+        want = 1e-3 * f(16) / f(b) * min(1.0, (i + 1) / warmup)
+        assert u["lr"] == pytest.approx(want, rel=1e-5), (i, b)

@@ -305,6 +305,15 @@ def test_every_study_grid_resolves(name, tmp_path):
     from rl_batch.sweeps import sweep
 
     config = importlib.import_module(f"experiments.configs.{name}").get_config()
+    if name == "grpo_schedule_cpu":
+        # The adaptive schedule reads q(B) from the default study's calibration; without
+        # it the grid is refused in one line, before compute.
+        with pytest.raises(ValueError, match="batch_schedule.calibration=.*: no such file"):
+            sweep.plan(config, str(tmp_path / "without"))
+        path = tmp_path / "calibration.json"
+        configs = {f"{p}x8:sqrt": {"batch": 8 * p, "step_s_median": 0.1} for p in (2, 4, 8, 16)}
+        path.write_text(json.dumps({"configs": configs}))
+        config.sweep.variants["adaptive"]["batch_schedule"]["calibration"] = str(path)
     points, resolved = sweep.plan(config, str(tmp_path))
     assert points and all(r.optimizer.lr > 0 and r.inputs.lr is None for r in resolved.values())
 

@@ -51,8 +51,9 @@ def _linear_loss(params_d, micro, num_seqs):
     return loss, ({"loss": loss}, {}, own)
 
 
-def _learner_stats(x_sbd, mask_sb, group_size, micro_batches):
-    """accumulate_gradients' metrics for each step s of per-response gradients x."""
+def _learner_stats(x_sbd, mask_sb, group_size, micro_batches, pair_dot="direct"):
+    """accumulate_gradients' half-group-pair metrics for each step s of per-response
+    gradients x."""
     params = jnp.zeros(x_sbd.shape[-1])
 
     def one(x_bd, mask_b):
@@ -60,7 +61,13 @@ def _learner_stats(x_sbd, mask_sb, group_size, micro_batches):
         batch = _Rows(x=x_bd, response_mask=mask_b[:, None])
         loss_fn = functools.partial(_linear_loss, num_seqs=num_seqs)
         _, _, metrics = update_step.accumulate_gradients(
-            loss_fn, params, batch, micro_batches, group_size=group_size
+            loss_fn,
+            params,
+            batch,
+            micro_batches,
+            group_size=group_size,
+            layout="pairs",
+            pair_dot=pair_dot,
         )
         return metrics
 
@@ -77,11 +84,16 @@ def test_learner_statistics_match_a_direct_computation():
     keep_p[[1, 6]] = False
     mask_b = np.repeat(keep_p, g)
     got = jax.tree.map(lambda v: float(v[0]), _learner_stats(x_bd[None], mask_b[None], g, m))
+    running = _learner_stats(x_bd[None], mask_b[None], g, m, pair_dot="running")
+    running = jax.tree.map(lambda v: float(v[0]), running)
     # Direct: each half's own mean gradient over its real rows.
     order = noise_lib.group_pair_order(p, g, m)
     pieces = order.reshape(-1, m).T  # [M, rows]
     half = [x_bd[r][mask_b[r]].mean(axis=0) for r in pieces]
     assert got["grad_sq_micro"] == pytest.approx(np.mean([h @ h for h in half]), rel=1e-5)
+    # The direct estimate is the mean of <g_2k, g_2k+1> itself.
+    direct = np.mean([half[0] @ half[1], half[2] @ half[3]])
+    assert got["grad_dot_pair"] == pytest.approx(direct, rel=1e-5)
     # The running-sum estimate differs from <g_2k, g_2k+1> by a mean-zero term;
     # reproduce it exactly: own_2k (<g_2k+1, acc_<=2k> - <g_2k, acc_<2k>).
     real = mask_b.sum()
@@ -91,7 +103,7 @@ def test_learner_statistics_match_a_direct_computation():
     cross = [
         own[2 * k] * (half[2 * k + 1] @ acc[2 * k + 1] - half[2 * k] @ acc[2 * k]) for k in range(2)
     ]
-    assert got["grad_dot_pair"] == pytest.approx(np.mean(cross), rel=1e-5)
+    assert running["grad_dot_pair"] == pytest.approx(np.mean(cross), rel=1e-5)
     # ... which is <g_2k, g_2k+1> plus own_2k <g_2k+1 - g_2k, acc_<2k> (0 for pair 0).
     assert cross[0] == pytest.approx(half[0] @ half[1], rel=1e-9)
     assert got["gns_prompts_pair"] == pytest.approx(3.0)

@@ -117,7 +117,6 @@ def test_the_rules_are_checked_with_one_line_naming_the_field():
     }
     for changes, message in [
         ({"hparam_rules.clip": "sqrt"}, "hparam_rules.clip='sqrt' with batch_schedule.kind"),
-        ({"lr_warmup_updates": 5}, "lr_warmup_updates=5 with batch_schedule.kind='warmup'"),
     ]:
         with pytest.raises(ValueError, match=message):
             config_lib.resolve(_config(**schedule, **changes), 1)

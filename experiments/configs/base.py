@@ -107,14 +107,18 @@ def run_config() -> ConfigDict:
     # Batch-size schedule (rl_batch.runs.batch_schedule): P per rollout batch, G fixed, one
     # update per batch, the LR rule applied at each batch's P x G. "fixed": P = prompts.
     # "warmup": P0 = start_prompts, doubling to prompts over the first `responses`
-    # retained responses. "adaptive": P0 doubling (up to prompts) when the noise scale
-    # B_simple pooled over the last `window` updates at the current P exceeds P x G
-    # (needs grpo.micro_batches >= 2). prompts / start_prompts must be a power of two.
+    # retained responses. "adaptive": P0 doubling (up to prompts) while the predicted time
+    # falls, q(2B) / q(B) > (1 + 2B / B_n) / (1 + B / B_n), with q from `calibration` (a
+    # sweep's calibration.json timing every batch it can take) and B_n a lower bound on
+    # B_noise pooled over the updates at the current P, at least `window` of them (needs
+    # grpo.micro_batches >= 2 and micro_layout "groups"). prompts / start_prompts must be
+    # a power of two.
     c.batch_schedule = ConfigDict()
     c.batch_schedule.kind = "fixed"
     c.batch_schedule.start_prompts = 0  # P0 (warmup, adaptive)
     c.batch_schedule.responses = 0  # warmup: retained responses to reach prompts
-    c.batch_schedule.window = 4  # adaptive: updates B_simple is pooled over
+    c.batch_schedule.window = 4  # adaptive: the least updates at a P before deciding
+    c.batch_schedule.calibration = ""  # adaptive: calibration.json giving q(B)
 
     # The optimizer, its LR rule lr = rule(lr_ref, B / batch_ref) and the batch rules of
     # the Adam settings, clip range and warm-up (hparam_rules): top-level fields, each
@@ -149,6 +153,12 @@ def run_config() -> ConfigDict:
     # even micro-batch count >= 4 (derived.micro_batches), an even group_size, prompts
     # divisible by micro-batches / 2 and one update per batch.
     c.grpo.group_noise = False
+    # Which rows each micro-batch holds, so which noise scale B_simple measures
+    # (docs/noise_scale.md): "groups" (whole groups: the batch noise scale B_noise =
+    # (G tr_inter + tr_intra) / |G|^2, what the report, the adaptive schedule and surge
+    # use; needs micro-batches dividing prompts or prompts dividing micro-batches) or
+    # "strided" (rows m, m + M, ...: the intra-prompt term only). Same gradient either way.
+    c.grpo.micro_layout = "groups"
 
     # PPO (algo="ppo"): a critic as large as the policy, trained alone for the first
     # warmup_updates rollout batches (the sample axis starts when the actor starts).

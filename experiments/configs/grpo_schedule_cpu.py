@@ -10,9 +10,11 @@ the sqrt LR rule applied at each batch they take), 12 seeds each:
 
 - ``warmup`` (``8x8:sqrt@warmup``): P = 2 -> 4 -> 8 (B = 16 -> 64) over the first 512
   retained responses, a batch-size warm-up (Merrill et al. 2025);
-- ``adaptive`` (``16x8:sqrt@adaptive``): P starts at 2 and doubles, up to 16, when the
-  gradient noise scale B_simple, pooled over the last 3 updates at the current P,
-  exceeds the batch (two micro-batches per update measure it);
+- ``adaptive`` (``16x8:sqrt@adaptive``): P starts at 2 and doubles, up to 16, while the
+  predicted time falls: q(2B) / q(B) > (1 + 2B / B_n) / (1 + B / B_n), q from the
+  default study's calibration (``sweeps/grpo_cpu/calibration.json``: run the default
+  study first) and B_n a one-sided 95 % lower bound on B_noise pooled over the updates
+  at the current P, at least 8 (two whole-group micro-batches per update measure it);
 - ``adam-sde`` (``16x8:sqrt@adam-sde``): at 2x the reference batch (B = 128), Adam's
   betas and eps by Malladi et al.'s SDE rule (``hparam_rules.adam = "sde"``: at k = 2,
   b1 0.9 -> 0.8, b2 0.999 -> 0.998, eps / sqrt(2)) against ``16x8:sqrt``'s fixed ones.
@@ -39,8 +41,13 @@ def get_config(arg=None):
     c.sweep.variants = {
         "warmup": {"batch_schedule": {"kind": "warmup", "start_prompts": 2, "responses": 512}},
         "adaptive": {
-            "batch_schedule": {"kind": "adaptive", "start_prompts": 2, "window": 3},
-            "grpo": {"micro_batches": 2},
+            "batch_schedule": {
+                "kind": "adaptive",
+                "start_prompts": 2,
+                "window": 8,
+                "calibration": "sweeps/grpo_cpu/calibration.json",
+            },
+            "grpo": {"micro_batches": 2, "micro_layout": "groups"},
         },
         "adam-sde": {"hparam_rules": {"adam": "sde"}},
     }

@@ -52,6 +52,9 @@ from rl_batch.models import sharding as sharding_lib
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import groups as rollout_lib
 
+# ``GRPOConfig.micro_layout``'s choices (``group_noise`` selects the third, "pairs").
+MICRO_LAYOUTS = ("groups", "strided")
+
 Params = Any
 Metrics = dict[str, jax.Array]
 TrainState = train_state_lib.TrainState
@@ -97,8 +100,17 @@ class GRPOConfig:
         ``rl_batch.analysis.noise_scale.group_noise_terms``). Needs ``micro_batches``
         even and >= 4, an even ``group_size``, prompts divisible by micro_batches / 2
         and one update per batch (minibatches reshuffle the rows).
+      micro_layout: which rows each of the ``micro_batches`` holds, and so which noise
+        scale the update's statistics measure (``update_step.accumulate_gradients``):
+        ``"groups"`` (whole groups per measurement unit: B_simple is the batch noise
+        scale B_noise = (G tr(Sigma_inter) + tr(Sigma_intra)) / |G|^2; needs
+        micro_batches dividing prompts or prompts dividing micro_batches) or
+        ``"strided"`` (rows m, m + M, ...: every group cut alike, B_simple sees the
+        intra-prompt noise only; what a config.json written before the field had).
+        ``group_noise`` overrides it with the half-group pairs. The gradient is the same.
       group_size: G, responses per prompt (from the run config's top-level
-        ``group_size``, not its ``grpo`` section); only ``group_noise`` reads it.
+        ``group_size``, not its ``grpo`` section); ``group_noise`` and ``micro_layout``
+        read it.
     """
 
     clip_low: float = 0.2
@@ -114,6 +126,7 @@ class GRPOConfig:
     routing_replay: bool = False
     router_aux_loss_coef: float = 0.0
     group_noise: bool = False
+    micro_layout: str = "groups"
     group_size: int = 0
 
     def __post_init__(self):
@@ -137,6 +150,8 @@ class GRPOConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 bad(name, "a positive int")
+        if self.micro_layout not in MICRO_LAYOUTS:
+            bad("micro_layout", f"one of {MICRO_LAYOUTS}")
         if self.group_noise:
             if self.updates_per_batch != 1:
                 bad("group_noise", "False with num_minibatches or num_epochs > 1")
@@ -158,10 +173,21 @@ class GRPOConfig:
     def from_config(cls, c: ConfigDict, micro_batches: int) -> GRPOConfig:
         """A run config's ``grpo`` section (and ``sampling.temperature``), with the
         update's resolved micro-batch count (``RunSpec.micro_batches``)."""
-        # (A config.json written before ``group_noise`` existed has none: off.)
-        fields = {k: c.grpo[k] for k in cls.config_fields() if k in c.grpo or k != "group_noise"}
+        # (A config.json written before ``group_noise`` / ``micro_layout`` existed has
+        # neither: off, and the strided layout it was measured with.)
+        older = {"group_noise": False, "micro_layout": "strided"}
+        fields = {k: c.grpo[k] if k in c.grpo else older[k] for k in cls.config_fields()}
         fields["micro_batches"] = micro_batches
         return cls(temperature=c.sampling.temperature, group_size=c.group_size, **fields)
+
+    @property
+    def layout(self) -> str:
+        """The update's micro-batch layout (``update_step.LAYOUTS``): ``"pairs"`` with
+        ``group_noise``, else ``micro_layout`` (``"strided"`` when ``group_size`` is 0,
+        unknown: a config built without the run's groups)."""
+        if self.group_noise:
+            return "pairs"
+        return self.micro_layout if self.group_size else "strided"
 
     @property
     def updates_per_batch(self) -> int:
@@ -281,7 +307,8 @@ def make_update_fn(
             batch,
             config.micro_batches,
             mesh,
-            group_size=config.group_size if config.group_noise else 0,
+            group_size=config.group_size,
+            layout=config.layout,
         )
         state, update_metrics = update_step.apply_update(state, grads, loss, optimizer)
         return state, {**metrics, **update_metrics}

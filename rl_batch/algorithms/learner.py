@@ -5,8 +5,8 @@ implement it, each around one pure, jitted ``update_fn(state, batch, rng) -> (st
 metrics)``. Callers outside ``algorithms/`` (the run loop, memory plans, benchmarks)
 also take from here the names they need to build and drive a learner: ``TrainState``,
 ``init_train_state``, ``Batch``, ``make_optimizer``, ``warmup_lr``, ``current_lr``,
-``with_adam_hparams`` and ``check_group_pairs`` (each defined in the module below that
-owns it).
+``with_adam_hparams``, ``check_group_pairs`` and ``check_whole_groups`` (each defined in
+the module below that owns it).
 
 Where the pieces live (each module one responsibility; grpo.py and ppo.py import them):
 
@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from rl_batch.algorithms.batch import Batch
-from rl_batch.algorithms.noise_statistics import check_group_pairs
+from rl_batch.algorithms.noise_statistics import check_group_pairs, check_whole_groups
 from rl_batch.algorithms.optimizer import (
     current_lr,
     make_optimizer,
@@ -47,6 +47,7 @@ __all__ = [
     "Batch",
     "TrainState",
     "check_group_pairs",
+    "check_whole_groups",
     "current_lr",
     "init_train_state",
     "make_optimizer",

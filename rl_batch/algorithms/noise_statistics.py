@@ -19,19 +19,26 @@ filtered groups) are not examples, and micro-batches holding none are left out.
   ``E[grad_sq_micro] = |G|^2 + tr(Sigma) / b``; 0 when every row is padding;
 - ``gns_batch_full``: real sequences in the batch.
 
+The layout decides which noise scale these measure (``update_step.accumulate_gradients``):
+with the whole-group layout (``grpo.micro_layout = "groups"``, ``whole_group_order``)
+each measurement unit holds whole groups, so B_simple is the batch noise scale B_noise =
+(G tr(Sigma_inter) + tr(Sigma_intra)) / |G|^2; with the strided one every group is cut
+alike and B_simple sees the intra-prompt noise only (docs/noise_scale.md).
+
 With the group split (``grpo.group_noise``: P prompts x G responses, rows reordered by
 ``group_pair_order`` so that micro-batches 2k and 2k + 1 hold the two halves of the same
 whole groups) also (see ``rl_batch.analysis.noise_scale.group_noise_terms``):
 
 - ``grad_dot_pair``: mean over the pairs whose micro-batches hold real sequences
-  of an unbiased estimate of ``<g_2k, g_2k+1>``, the inner product of the two
-  halves' own gradients, ``E = |G|^2 + tr(Sigma_inter) / n_k`` with ``n_k`` the
-  real prompts of pair k. It is read off the running sum of the gradients (no
-  gradient is kept): with ``d_m = <g_m, sum_{m' < m} grad_m'>`` (``grad_m'`` the
-  full-batch-normalised gradient, ``g_m = own_m grad_m``),
-  ``own_2k (d_2k+1 - d_2k) = <g_2k+1, g_2k> + own_2k <g_2k+1 - g_2k, sum_{m' < 2k}
-  grad_m'>`` and the last term has mean 0 (the halves share their prompts; the
-  earlier pairs hold other prompts);
+  of ``<g_2k, g_2k+1>``, the inner product of the two halves' own gradients,
+  ``E = |G|^2 + tr(Sigma_inter) / n_k`` with ``n_k`` the real prompts of pair k. By
+  default (``pair_dot="direct"``) the first half's own gradient is kept through the
+  scan (one parameter-sized float32 buffer; +0.6 % CPU per update on the CPU study's
+  model, ``experiments/time_pair_dot.py``). ``"running"`` reads it off the running sum
+  instead (no buffer): with ``d_m = <g_m, sum_{m' < m} grad_m'>`` (``grad_m'`` the
+  full-batch-normalised gradient, ``g_m = own_m grad_m``), ``own_2k (d_2k+1 - d_2k) =
+  <g_2k+1, g_2k> + own_2k <g_2k+1 - g_2k, sum_{m' < 2k} grad_m'>``, the last term of mean
+  0 but 2.3x the per-update spread (tests/test_noise_layout.py);
 - ``gns_prompts_pair``: the harmonic mean of those pairs' real prompts ``n_k``;
 - ``gns_prompts_full``: real prompts in the batch (groups with a real sequence).
 
@@ -92,6 +99,46 @@ def group_pair_order(prompts: int, group_size: int, micro_batches: int) -> np.nd
     return (prompt * group_size + member).reshape(-1)  # index i * M + m
 
 
+def check_whole_groups(prompts: int, micro_batches: int) -> None:
+    """Raises ValueError unless ``micro_batches`` M > 1 cut a batch of ``prompts`` P
+    groups into measurement units of whole groups (``whole_group_order``): M divides P
+    (P / M groups per micro-batch) or P >= 2 divides M (one group per M / P consecutive
+    micro-batches)."""
+    if micro_batches < 2 or prompts % micro_batches == 0:
+        return
+    if prompts >= 2 and micro_batches % prompts == 0:
+        return
+    raise ValueError(
+        f"the whole-group micro-batch layout needs micro_batches ({micro_batches}) to divide "
+        f"prompts ({prompts}), or prompts >= 2 to divide micro_batches; or set "
+        "grpo.micro_layout='strided' (which measures the intra-prompt term only)"
+    )
+
+
+def whole_group_units(prompts: int, micro_batches: int) -> int:
+    """r, the micro-batches per measurement unit of the whole-group layout: 1 when M
+    divides P (each micro-batch is a unit of P / M groups), else M / P (a unit is the r
+    consecutive micro-batches that hold one group)."""
+    check_whole_groups(prompts, micro_batches)
+    return 1 if prompts % micro_batches == 0 else micro_batches // prompts
+
+
+def whole_group_order(prompts: int, group_size: int, micro_batches: int) -> np.ndarray:
+    """[B] row order that makes ``split_batch``'s micro-batches contiguous blocks of the
+    prompt-major rows (row ``p * G + g``): micro-batch m holds rows m B / M ... (m + 1) B
+    / M - 1, so whole groups (M divides P) or one group's consecutive parts (P divides
+    M). Micro-batch m, row i is reordered row ``i * M + m`` = original row ``m B / M + i``.
+
+    Raises:
+      ValueError: from ``check_whole_groups``.
+    """
+    check_whole_groups(prompts, micro_batches)
+    rows = prompts * group_size // micro_batches  # per micro-batch
+    i = np.arange(rows)[:, None]  # [rows, 1]
+    m = np.arange(micro_batches)[None, :]  # [1, M]
+    return (m * rows + i).reshape(-1)  # index i * M + m
+
+
 def real_sequences(response_mask_mbr: jax.Array) -> jax.Array:
     """[M] float32 real sequences per micro-batch: rows with at least one response token
     (``response_mask_mbr`` [M, B / M, R], ``batch.split_batch``'s layout)."""
@@ -99,29 +146,11 @@ def real_sequences(response_mask_mbr: jax.Array) -> jax.Array:
     return seqs_m.astype(jnp.float32)
 
 
-def micro_batch_terms(
-    grads: Any, grads_before: Any, own_scale: jax.Array, pairs: bool
-) -> tuple[jax.Array, jax.Array]:
-    """One micro-batch's terms, computed inside the accumulation loop.
-
-    Args:
-      grads: micro-batch m's gradient under the full batch's normalisers (``grad_m``).
-      grads_before: the running sum of the earlier micro-batches' ``grad_m'`` (m' < m).
-      own_scale: ``own_m`` (``|g_m| = own_m |grad_m|``).
-      pairs: the group split is on (else the inner product is not computed).
-
-    Returns:
-      (``|g_m|^2``, ``d_m = own_m <grad_m, sum_{m' < m} grad_m'>``, or 0 without pairs).
-    """
-    own_sq = jnp.square(own_scale) * tree_sq_norm(grads)
-    dot = own_scale * tree_dot(grads, grads_before) if pairs else jnp.float32(0.0)
-    return own_sq, dot
-
-
 def micro_batch_statistics(seqs_m: jax.Array, own_sq_m: jax.Array, grads: Any) -> Metrics:
     """``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``, ``gns_batch_full``
     (module docstring) from the [M] real sequences ``seqs_m``, the [M] ``|g_m|^2``
-    ``own_sq_m`` and the full batch's gradient ``grads``."""
+    ``own_sq_m`` and the full batch's gradient ``grads`` (with whole-group units of r
+    micro-batches: their [M / r] sums and squared norms)."""
     # E|g_m|^2 = |G|^2 + tr(Sigma) / b_m, so the mean over non-empty micro-batches goes
     # with b = 1 / mean(1 / b_m), the harmonic mean (an empty one has no gradient).
     nonempty_m = seqs_m > 0
@@ -137,13 +166,17 @@ def micro_batch_statistics(seqs_m: jax.Array, own_sq_m: jax.Array, grads: Any) -
     }
 
 
-def pair_statistics(
-    seqs_m: jax.Array, dot_m: jax.Array, own_m: jax.Array, group_size: int
-) -> Metrics:
+def running_pair_cross(dot_m: jax.Array, own_m: jax.Array) -> jax.Array:
+    """[M / 2] running-sum estimates of ``<g_2k, g_2k+1>`` (module docstring) from the
+    [M] ``d_m = own_m <grad_m, sum_{m' < m} grad_m'>`` and the [M] ``own_m``."""
+    return own_m[0::2] * (dot_m[1::2] - dot_m[0::2])
+
+
+def pair_statistics(seqs_m: jax.Array, cross_k: jax.Array, group_size: int) -> Metrics:
     """``grad_dot_pair``, ``gns_prompts_pair``, ``gns_prompts_full`` (module docstring)
-    from the half-group micro-batches' [M] real sequences ``seqs_m``, running-sum inner
-    products ``dot_m`` and own-gradient scales ``own_m`` (``micro_batch_terms``)."""
-    cross_k = own_m[0::2] * (dot_m[1::2] - dot_m[0::2])  # [M / 2]
+    from the half-group micro-batches' [M] real sequences ``seqs_m`` and the [M / 2]
+    estimates ``cross_k`` of ``<g_2k, g_2k+1>`` (the direct inner products, or
+    `running_pair_cross`)."""
     # A dropped group empties its rows in both halves; count a pair's real prompts by
     # its real sequences (a whole group is G of them).
     prompts_k = (seqs_m[0::2] + seqs_m[1::2]) / group_size  # [M / 2]

@@ -31,6 +31,11 @@ Params = Any
 Metrics = dict[str, jax.Array]
 
 
+# The micro-batch layouts of ``accumulate_gradients`` (``noise_statistics``): which rows
+# each micro-batch holds, and so what its gradient-noise statistics measure.
+LAYOUTS = ("strided", "groups", "pairs")
+
+
 def accumulate_gradients(
     loss_fn: Callable[[Params, Any], tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]],
     params: Params,
@@ -38,11 +43,14 @@ def accumulate_gradients(
     micro_batches: int,
     mesh: Mesh | None = None,
     group_size: int = 0,
+    layout: str = "strided",
+    pair_dot: str = "direct",
 ) -> tuple[Params, jax.Array, Metrics]:
     """Gradient of ``sum_m loss_fn(params, micro_batch_m)`` via ``lax.scan``.
 
     ``loss_fn`` must normalise by the full batch's totals (see ``grpo_loss``), so the
-    sum over micro-batches is the full-batch loss and its gradient.
+    sum over micro-batches is the full-batch loss and its gradient (the same sum in any
+    layout, up to float rounding).
 
     Args:
       loss_fn: ``(params, batch) -> (loss, (sums, maxes, own_scale))``.
@@ -50,53 +58,101 @@ def accumulate_gradients(
       batch: the batch (leaves [B, ...], with a [B, R] ``response_mask``).
       micro_batches: M; B must be divisible by M.
       mesh: optional, to keep micro-batches sharded.
-      group_size: G > 0: the batch is P prompts x G responses, prompt-major; its rows
-        are reordered by ``group_pair_order`` (micro-batches 2k and 2k + 1 hold the two
-        halves of the same whole groups) and the statistics of the inter-/intra-prompt
-        noise split are added. 0: rows in order, no split.
+      group_size: G, for the ``groups`` and ``pairs`` layouts: the batch is P prompts x
+        G responses, prompt-major.
+      layout: ``"strided"``: rows m, m + M, ... (every group cut alike: the noise
+        statistics see the intra-prompt noise only); ``"groups"``: rows reordered by
+        ``whole_group_order``, measurement units of whole groups, so ``grad_sq_micro``
+        has ``E = |G|^2 + (G tr(Sigma_inter) + tr(Sigma_intra)) / b`` and B_simple is the
+        batch noise scale B_noise; ``"pairs"``: rows reordered by ``group_pair_order``
+        (micro-batches 2k and 2k + 1 hold the two halves of the same whole groups) and
+        the statistics of the inter-/intra-prompt split added.
+      pair_dot: ``pairs``: ``"direct"`` takes ``<g_2k, g_2k+1>`` from the kept gradient of
+        micro-batch 2k (one more parameter-sized buffer); ``"running"`` reads it off the
+        running sum (no buffer; about 2.4x the per-update spread).
 
     Returns:
       (grads, loss, metrics). With M > 1 the metrics include the gradient-noise-scale
       statistics of ``rl_batch.algorithms.noise_statistics`` (``grad_sq_micro``,
-      ``grad_sq_full``, ``gns_batch_micro``, ``gns_batch_full``; with ``group_size`` > 0
-      also ``grad_dot_pair``, ``gns_prompts_pair``, ``gns_prompts_full``).
+      ``grad_sq_full``, ``gns_batch_micro``, ``gns_batch_full``; with ``pairs`` also
+      ``grad_dot_pair``, ``gns_prompts_pair``, ``gns_prompts_full``).
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if micro_batches == 1:
         (loss, (sums, maxes, _)), grads = grad_fn(params, batch)
         return grads, loss, moe_lib.finalize_router_metrics({**sums, **maxes})
 
-    if group_size:
-        rows = jax.tree.leaves(batch)[0].shape[0]
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    unit = 1  # micro-batches per measurement unit
+    if layout == "pairs":
         order = noise_lib.group_pair_order(rows // group_size, group_size, micro_batches)
+        batch = jax.tree.map(lambda x: x[order], batch)
+    elif layout == "groups":
+        order = noise_lib.whole_group_order(rows // group_size, group_size, micro_batches)
+        unit = noise_lib.whole_group_units(rows // group_size, micro_batches)
         batch = jax.tree.map(lambda x: x[order], batch)
     stacked = split_batch(batch, micro_batches, mesh)
     seqs_m = noise_lib.real_sequences(stacked.response_mask)  # [M]
+    direct = layout == "pairs" and pair_dot == "direct"
 
-    def body(carry, micro):
-        grads_acc, sums_acc, maxes_acc = carry
+    def zeros_like_params():
+        return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)
+
+    def body(carry, xs):
+        micro, m = xs
+        grads_acc, sums_acc, maxes_acc, kept = carry
         (_, (sums, maxes, own_scale)), grads = grad_fn(params, micro)
         sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
         maxes_acc = jax.tree.map(jnp.maximum, maxes_acc, maxes)
-        # |g_m|^2 and <g_m, sum of the earlier micro-batches' grads> (before this one is added).
-        own_sq, dot = noise_lib.micro_batch_terms(grads, grads_acc, own_scale, bool(group_size))
-        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
-        return (grads_acc, sums_acc, maxes_acc), (own_sq, dot, jnp.asarray(own_scale, jnp.float32))
+        grads32 = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        own = jnp.asarray(own_scale, jnp.float32)
+        own_sq = jnp.square(own) * noise_lib.tree_sq_norm(grads32)  # |g_m|^2
+        dot = jnp.float32(0.0)
+        if layout == "pairs" and direct:  # <g_m, g_m-1>: the previous own gradient, kept
+            dot = own * noise_lib.tree_dot(grads32, kept["prev"])
+            kept = {"prev": jax.tree.map(lambda g: own * g, grads32)}
+        elif layout == "pairs":  # <g_m, sum of the earlier micro-batches' grads>
+            dot = own * noise_lib.tree_dot(grads32, grads_acc)
+        elif unit > 1:  # a unit's gradient: the sum over its micro-batches, then reset
+            acc = jax.tree.map(jnp.add, kept["unit"], grads32)
+            inv_own = kept["inv_own"] + 1.0 / own  # own_unit = 1 / sum(1 / own_m)
+            own_sq = noise_lib.tree_sq_norm(acc) / jnp.square(inv_own)
+            last = m % unit == unit - 1
+            kept = {
+                "unit": jax.tree.map(lambda a: jnp.where(last, 0.0, a), acc),
+                "inv_own": jnp.where(last, 0.0, inv_own),
+            }
+        grads_acc = jax.tree.map(jnp.add, grads_acc, grads32)
+        return (grads_acc, sums_acc, maxes_acc, kept), (own_sq, dot, own)
 
     first = jax.tree.map(lambda x: x[0], stacked)
     _, (sums0, maxes0, _) = jax.eval_shape(loss_fn, params, first)
+    kept0 = {}
+    if direct:
+        kept0 = {"prev": zeros_like_params()}
+    elif layout == "groups" and unit > 1:
+        kept0 = {"unit": zeros_like_params(), "inv_own": jnp.float32(0.0)}
     init = (
-        jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params),
+        zeros_like_params(),
         jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0),
         jax.tree.map(lambda s: jnp.full(s.shape, -jnp.inf, s.dtype), maxes0),
+        kept0,
     )
-    (grads, sums, maxes), (own_sq_m, dot_m, own_m) = jax.lax.scan(body, init, stacked)
+    xs = (stacked, jnp.arange(micro_batches))
+    (grads, sums, maxes, _), (own_sq_m, dot_m, own_m) = jax.lax.scan(body, init, xs)
+    seqs_u, own_sq_u = seqs_m, own_sq_m
+    if unit > 1:  # [M / r] units: their sequences, and the squared norm at each unit's end
+        seqs_u = seqs_m.reshape(-1, unit).sum(axis=1)
+        own_sq_u = own_sq_m[unit - 1 :: unit]
     metrics = {
         **moe_lib.finalize_router_metrics({**sums, **maxes}),
-        **noise_lib.micro_batch_statistics(seqs_m, own_sq_m, grads),
+        **noise_lib.micro_batch_statistics(seqs_u, own_sq_u, grads),
     }
-    if group_size:
-        metrics.update(noise_lib.pair_statistics(seqs_m, dot_m, own_m, group_size))
+    if layout == "pairs":
+        cross_k = dot_m[1::2] if direct else noise_lib.running_pair_cross(dot_m, own_m)
+        metrics.update(noise_lib.pair_statistics(seqs_m, cross_k, group_size))
     # Accumulated in float32; hand back gradients in the parameters' dtype.
     grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
     return grads, sums["loss"], metrics

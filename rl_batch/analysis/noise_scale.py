@@ -57,6 +57,19 @@ counts ``tr(Sigma_intra) + tr(Sigma_inter) G (M - 2) / (2 (M - 1))`` as its trac
 ``|G|^2 + tr(Sigma_inter) G / (2 (B - b))`` as its ``|G|^2``), a layout-dependent
 mixture (docs/noise_scale.md).
 
+**Which noise scale B_simple is: the micro-batch layout.** The run's
+``grpo.micro_layout`` (``measurement_layout``) decides it. ``"groups"`` (the default):
+each measurement unit holds whole groups, ``sum_p n_p^2 / b^2 = G / b`` for both sizes,
+so B_simple is the batch noise scale ``B_noise = (G tr(Sigma_inter) + tr(Sigma_intra)) /
+|G|^2``, the quantity that matters when P grows. ``"strided"`` (a config.json written
+before the field): B_simple ``~ tr(Sigma_intra) / (|G|^2 + tr(Sigma_inter) / P)``, the
+intra-prompt term, which grows with the P it is measured at. With ``group_noise``
+(``"pairs"``) B_noise is ``G B_inter + B_intra`` from the split below. A PPO run (G = 1)
+measures B_noise in any layout. ``run_noise_scale`` pools B_noise over the second half
+of the updates with a Fieller interval (``gradient_noise.pooled_ratio_interval``), and
+``implied_noise_scale`` fits the B_noise that the family's sample costs imply,
+``r_N(B) = (1 + B / B_n) / (1 + B_ref / B_n)``, for the report to set the two side by side.
+
 Fields (``GROUP_FIELDS``): ``grad_sq_micro``, ``grad_dot_pair``, ``grad_sq_full``,
 ``gns_batch_micro`` (b), ``gns_prompts_pair`` (n), ``gns_batch_full`` (B),
 ``gns_prompts_full`` (P). With dropped groups (padding) b and n are harmonic means over
@@ -72,9 +85,10 @@ import numpy as np
 
 from rl_batch.analysis.curves import RunData
 from rl_batch.artifacts import Configuration
-from rl_batch.gradient_noise import noise_scale_terms
+from rl_batch.gradient_noise import noise_scale_terms, pooled_ratio_interval
 
 DEFAULT_DECAY = 0.95
+Z95 = 1.959964  # two-sided 95 % normal quantile
 # (|g_b|^2, |g_B|^2, b, B) field names, in order of preference.
 FIELD_SCHEMES = (
     ("grad_sq_micro", "grad_sq_full", "gns_batch_micro", "gns_batch_full"),
@@ -198,6 +212,12 @@ class NoiseScaleSummary:
         likewise; None without them or when the pooled ``|G|^2 <= 0``).
       inter_final, intra_final: their EMA values at the last such update (None
         without them).
+      layout: the micro-batch layout measured with (``measurement_layout``): with
+        ``"strided"`` the B_simple values are the intra-prompt term, not B_noise.
+      b_noise, b_noise_lo, b_noise_hi: the batch noise scale ``(G tr_inter + tr_intra)
+        / |G|^2`` pooled over the second half and its 95 % Fieller interval (None when
+        the layout does not measure it; ``b_noise`` None, the interval kept, when the
+        pooled ``|G|^2 <= 0``).
     """
 
     name: str
@@ -211,6 +231,132 @@ class NoiseScaleSummary:
     intra: float | None = None
     inter_final: float | None = None
     intra_final: float | None = None
+    layout: str = "strided"
+    b_noise: float | None = None
+    b_noise_lo: float | None = None
+    b_noise_hi: float | None = None
+
+
+def measurement_layout(config: dict[str, Any]) -> str:
+    """The micro-batch layout a run measured its noise with (``"groups"``, ``"strided"``
+    or ``"pairs"``; see the module docstring): ``grpo.group_noise`` -> pairs, else
+    ``grpo.micro_layout`` (missing: strided, what runs did before the field); a run of
+    one response per prompt (PPO, G = 1) measures B_noise in any layout: groups."""
+    if config.get("algo", "grpo") != "grpo" or config.get("group_size", 0) == 1:
+        return "groups"
+    section = config.get("grpo") or {}
+    if section.get("group_noise", False):
+        return "pairs"
+    return section.get("micro_layout", "strided")
+
+
+def b_noise_terms(
+    run: RunData, prefix: str = "", second_half: bool = True
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-update ``(trace, |G|^2)`` whose pooled ratio is the batch noise scale B_noise
+    (``G tr_inter + tr_intra`` and ``|G|^2``), over the second half of the measured
+    updates (all with ``second_half=False``); None when the run's layout does not
+    measure B_noise (strided) or it logs no measurement."""
+    layout = "groups" if prefix else measurement_layout(run.config)
+    if layout == "pairs":
+        fields = [run.field(prefix + f) for f in GROUP_FIELDS]
+        ok = np.ones_like(fields[0], dtype=bool)
+        for x in fields:
+            ok &= np.isfinite(x)
+        sq_h, dot, sq_f, b, n, big_b, big_p = fields
+        ok &= (b > 0) & (n > 0) & (big_p > n)
+        if not ok.any():
+            return None
+        g2, inter, intra = group_noise_terms(*(x[ok] for x in fields))
+        group = big_b[ok] / big_p[ok]  # G: real responses per real prompt
+        trace = group * inter + intra
+    elif layout == "groups":
+        sq_b, sq_big, b, big_b = (run.field(prefix + n) for n in FIELD_SCHEMES[0])
+        ok = np.isfinite(sq_b) & np.isfinite(sq_big) & np.isfinite(b) & np.isfinite(big_b)
+        ok &= (big_b > b) & (b > 0)
+        if not ok.any():
+            return None
+        g2, trace = noise_scale_terms(sq_b[ok], sq_big[ok], b[ok], big_b[ok])
+    else:
+        return None
+    start = len(g2) // 2 if second_half else 0
+    return np.asarray(trace[start:], float), np.asarray(g2[start:], float)
+
+
+def pooled_b_noise(
+    terms: list[tuple[np.ndarray, np.ndarray]], z: float = Z95
+) -> tuple[float, float, float] | None:
+    """B_noise pooled over the ``b_noise_terms`` of one or several runs: the ratio of the
+    mean trace to the mean ``|G|^2`` and its Fieller interval (``(estimate, lo, hi)``;
+    the estimate NaN when the mean ``|G|^2 <= 0``); None with fewer than two updates."""
+    if not terms:
+        return None
+    trace = np.concatenate([t for t, _ in terms])
+    g2 = np.concatenate([g for _, g in terms])
+    if len(trace) < 2:
+        return None
+    est, lo, hi = pooled_ratio_interval(trace, g2, z)
+    return float(est), float(lo), float(hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImpliedNoiseScale:
+    """The B_noise a family's sample costs imply (``implied_noise_scale``).
+
+    Attributes:
+      b_noise: the best fit of ``r_N(B) = (1 + B / B_n) / (1 + B_ref / B_n)``.
+      lo, hi: its 95 % profile interval (``chi2 <= min + 3.84``); ``hi`` inf when the
+        r_N rise too little to bound B_n from above, ``lo`` 0 likewise from below.
+      points: the r_N with an interval the fit used.
+      chi2: the fit's chi-square at ``b_noise`` (``points - 1`` degrees of freedom).
+    """
+
+    b_noise: float
+    lo: float
+    hi: float
+    points: int
+    chi2: float
+
+
+def implied_noise_scale(
+    batches: list[int], r_n: list[Any], batch_ref: int, grid: int = 2001
+) -> ImpliedNoiseScale | None:
+    """Fits B_n to measured sample costs: ``r_N(B) = (1 + B / B_n) / (1 + B_ref / B_n)``
+    (McCandlish et al. 2018: samples to a result ``E = E_min (1 + B / B_noise)``).
+
+    Weighted least squares on ``log r_N``, each point's weight from its interval (``se =
+    (log hi - log lo) / (2 x 1.96)``), over a log grid of B_n from ``min(B) / 100`` to
+    ``max(B) x 100``; the reference (``exact``) and r_N without an interval are left out.
+
+    Args:
+      batches: each configuration's batch B (responses).
+      r_n: each one's r_N (``time_to_target.Estimate`` or None: not reached).
+      batch_ref: B_ref, the batch r_N is measured against.
+      grid: grid points.
+
+    Returns:
+      The fit, or None with fewer than two usable points.
+    """
+    xs, ys, ses = [], [], []
+    for b, e in zip(batches, r_n):
+        if e is None or e.exact or not e.has_interval or not (e.lo > 0 and e.mean > 0):
+            continue
+        xs.append(float(b))
+        ys.append(np.log(e.mean))
+        ses.append(max((np.log(e.hi) - np.log(e.lo)) / (2 * Z95), 1e-6))
+    if len(xs) < 2:
+        return None
+    x, y, se = np.array(xs), np.array(ys), np.array(ses)
+    bn = np.geomspace(min(x.min(), batch_ref) / 100.0, max(x.max(), batch_ref) * 100.0, grid)
+    model = np.log1p(x[None, :] / bn[:, None]) - np.log1p(batch_ref / bn[:, None])  # [grid, n]
+    chi2 = np.sum(((y[None, :] - model) / se[None, :]) ** 2, axis=1)
+    best = int(np.argmin(chi2))
+    inside = np.flatnonzero(chi2 <= chi2[best] + 3.84)
+    lo = 0.0 if inside[0] == 0 else float(bn[inside[0]])
+    hi = np.inf if inside[-1] == grid - 1 else float(bn[inside[-1]])
+    return ImpliedNoiseScale(
+        b_noise=float(bn[best]), lo=lo, hi=hi, points=len(xs), chi2=float(chi2[best])
+    )
 
 
 def run_noise_scale(
@@ -229,8 +375,14 @@ def run_noise_scale(
     for names in FIELD_SCHEMES:
         summary = _from_squared_norms(run, [prefix + n for n in names], decay)
         if summary is not None:
-            split = group_noise_scales(run, prefix, decay)
-            return summary if split is None else dataclasses.replace(summary, **split)
+            split = group_noise_scales(run, prefix, decay) or {}
+            layout = "groups" if prefix else measurement_layout(run.config)
+            terms = b_noise_terms(run, prefix)
+            pooled = None if terms is None else pooled_b_noise([terms])
+            if pooled is not None:
+                est, lo, hi = pooled
+                split.update(b_noise=None if np.isnan(est) else est, b_noise_lo=lo, b_noise_hi=hi)
+            return dataclasses.replace(summary, layout=layout, **split)
     ns = run.field(prefix + "noise_scale")
     ns = ns[np.isfinite(ns)]
     if ns.size == 0:
@@ -305,3 +457,35 @@ def group_noise_scales(
         "inter_final": inter_ema / g2_ema if g2_ema > 0 else float("nan"),
         "intra_final": intra_ema / g2_ema if g2_ema > 0 else float("nan"),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseScaleComparison:
+    """Measured B_noise against the B_noise the family's r_N imply (the report's lines).
+
+    Attributes:
+      measured: ``(estimate, lo, hi)`` pooled over the family's runs (second halves).
+      runs: the runs pooled.
+      implied: the r_N fit (None when too few r_N have an interval).
+      agree: the two 95 % intervals overlap (None without both).
+    """
+
+    measured: tuple[float, float, float] | None
+    runs: int
+    implied: ImpliedNoiseScale | None
+    agree: bool | None
+
+
+def compare_noise_scales(
+    runs: list[RunData], batches: list[int], r_n: list[Any], batch_ref: int
+) -> NoiseScaleComparison:
+    """B_noise measured in ``runs`` (pooled, `pooled_b_noise`) against the B_noise
+    implied by the family's sample costs ``r_n`` at ``batches`` (`implied_noise_scale`)."""
+    terms = [t for t in (b_noise_terms(r) for r in runs) if t is not None]
+    measured = pooled_b_noise(terms)
+    implied = implied_noise_scale(batches, r_n, batch_ref)
+    agree = None
+    if measured is not None and implied is not None:
+        _, lo, hi = measured
+        agree = bool(lo <= implied.hi and implied.lo <= hi and hi > 0)
+    return NoiseScaleComparison(measured=measured, runs=len(terms), implied=implied, agree=agree)

@@ -296,37 +296,54 @@ def _noise_section(analysis: Analysis) -> list[str]:
             for prefix in ("", "critic_"):
                 s = noise_scale.run_noise_scale(r, prefix)
                 if s is not None:
+                    b_noise = "-"
+                    if s.b_noise_lo is not None:
+                        est = "no estimate" if s.b_noise is None else f"{s.b_noise:.4g}"
+                        b_noise = f"{est} [{s.b_noise_lo:.4g}, {s.b_noise_hi:.4g}]"
                     rows.append(
                         [
                             r.name,
                             k.batch,
                             prefix.rstrip("_") or "actor",
                             s.source,
+                            s.layout,
                             f"{s.final:.4g}",
                             f"{s.median_second_half:.4g}",
                             "-" if s.pooled is None else f"{s.pooled:.4g}",
+                            b_noise,
                             "-" if s.inter is None else f"{s.inter:.4g}",
                             "-" if s.intra is None else f"{s.intra:.4g}",
                         ]
                     )
     if not rows:
         return []
-    out = ["## Gradient noise scale (B_simple)", ""]
+    out = ["## Gradient noise scale (B_simple, B_noise)", ""]
     out += markdown_table(
         [
             "run",
             "B",
             "model",
             "source",
+            "layout",
             "final (EMA)",
             "median, 2nd half",
             "pooled, 2nd half",
+            "B_noise, pooled [95% CI]",
             "B_inter, pooled",
             "B_intra, pooled",
         ],
         rows,
     )
-    if any(r[7] != "-" for r in rows):
+    out += [
+        "",
+        "B_noise = (G tr(Sigma_inter) + tr(Sigma_intra)) / |G|^2 in responses, the noise "
+        "scale that matters when P grows, pooled over each run's second half (Fieller "
+        "interval; 'no estimate' where the pooled |G|^2 <= 0). Layout 'groups' (whole "
+        "groups per micro-batch unit) measures it as B_simple; with layout 'strided' "
+        "B_simple is the intra-prompt term ~ tr(Sigma_intra) / (|G|^2 + tr(Sigma_inter) / "
+        "P), which grows with P and is not B_noise (docs/noise_scale.md).",
+    ]
+    if any(r[9] != "-" for r in rows):
         out += [
             "",
             "B_inter = tr(Sigma_inter) / |G|^2 (the prompts' mean gradients) and B_intra = "
@@ -334,10 +351,51 @@ def _noise_section(analysis: Analysis) -> list[str]:
             "grpo.group_noise (docs/noise_scale.md); a batch of P x G responses has noise "
             "scale G B_inter + B_intra.",
         ]
-    meds = [float(r[5]) for r in rows if r[2] == "actor" and np.isfinite(float(r[5]))]
+    meds = [float(r[6]) for r in rows if r[2] == "actor" and np.isfinite(float(r[6]))]
     if meds:
-        out += ["", f"Median actor B_simple over runs: {np.median(meds):.4g} responses."]
-    return out + [""]
+        layouts = sorted({r[4] for r in rows if r[2] == "actor"})
+        out += [
+            "",
+            f"Median actor B_simple over runs: {np.median(meds):.4g} responses "
+            f"(layout {', '.join(layouts)}).",
+        ]
+    return out + _noise_against_r_n(analysis) + [""]
+
+
+def _noise_against_r_n(analysis: Analysis) -> list[str]:
+    """Measured B_noise against the B_noise the family's r_N imply, in words."""
+    crit = critical_batch.critical_training_batch(analysis)
+    if crit is None:
+        return []
+    runs = [r for k in crit.family for r in analysis.runs_by_key.get(k, ())]
+    cmp = noise_scale.compare_noise_scales(
+        runs, [k.batch for k in crit.family], list(crit.r_n), crit.reference.batch
+    )
+    if cmp.measured is None and cmp.implied is None:
+        return []
+    out = [""]
+    if cmp.measured is not None:
+        est, lo, hi = cmp.measured
+        value = "no estimate (pooled |G|^2 <= 0)" if np.isnan(est) else f"{est:.4g}"
+        out.append(
+            f"- measured B_noise, pooled over the family's {cmp.runs} runs: {value} "
+            f"[{lo:.4g}, {hi:.4g}] responses"
+        )
+    else:
+        out.append("- measured B_noise: none (no run of the family measures it; layout 'groups')")
+    if cmp.implied is not None:
+        i = cmp.implied
+        out.append(
+            f"- B_noise implied by r_N(B) = (1 + B / B_n) / (1 + {crit.reference.batch} / B_n) "
+            f"over {i.points} batches: {i.b_noise:.4g} [{i.lo:.4g}, {i.hi:.4g}] responses "
+            f"(chi2 {i.chi2:.3g} on {i.points - 1} d.o.f.)"
+        )
+    else:
+        out.append("- B_noise implied by r_N: none (fewer than two r_N with an interval)")
+    if cmp.agree is not None:
+        verdict = "agree" if cmp.agree else "do not agree"
+        out.append(f"- the two {verdict} within their 95% intervals")
+    return out
 
 
 def critic_section(analysis: Analysis) -> list[str]:

@@ -12,15 +12,26 @@ counts its retained responses as before.
   the K = log2(prompts / P0) doublings evenly spread over the first ``responses``
   cumulative retained responses: stage ``k = min(K, floor(responses_cum * K /
   responses))``, P = P0 * 2**k (so P = ``prompts`` from ``responses`` on).
-- ``adaptive``: P starts at P0 and doubles (up to ``prompts``) when the gradient noise
-  scale B_simple (`rl_batch.gradient_noise`), pooled over the last ``window``
-  updates at the current P, exceeds the current batch P x G. Pooled: the unbiased
-  ``|G|^2`` and ``tr(Sigma)`` terms of each update are averaged over the window and
-  B_simple is the ratio of the means (a window whose mean ``|G|^2 <= 0`` while its
-  mean ``tr(Sigma) > 0`` is noise-dominated: B_simple = inf, P grows). Each doubling waits
-  for a full window of updates measured at the new P. The terms come from the update
-  lines' ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``, ``gns_batch_full``,
-  which the learner logs with ``micro_batches >= 2``.
+- ``adaptive``: P starts at P0 and doubles (up to ``prompts``) while the predicted time
+  to a result falls: McCandlish et al.'s samples to a result ``E = E_min (1 + B /
+  B_noise)`` make the time per unit of progress ``(1 + B / B_noise) / q(B)``, so doubling
+  pays when the throughput gain exceeds the sample cost,
+  ``q(2B) / q(B) > (1 + 2B / B_n) / (1 + B / B_n)``. ``q(B)`` (responses per second of
+  a training step) comes from a sweep's calibration (``calibration``: a
+  ``calibration.json`` whose configurations of the run's G and LR rule, or its
+  schedule's ``prompts_step_s``, time every bucket; `calibrated_step_times`), and B_n
+  is the lower end of a one-sided 95 % Fieller bound (``gradient_noise.
+  pooled_ratio_interval``) on B_noise pooled over every update at the current P (at
+  least ``window`` of them): an uncertain B_noise keeps P, and a mean ``|G|^2 <= 0`` is
+  no estimate, never an infinite noise scale. B_noise is B_simple measured with the
+  whole-group micro-batch layout (``grpo.micro_layout = "groups"``), from the update
+  lines' ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``, ``gns_batch_full``.
+  The window: the pooled ratio's per-update relative spread was 1.96 at B_noise / B = 3
+  and 0.59 at B_noise / B = 0.4 in the synthetic check (tests/test_noise_layout.py, 16
+  dimensions), so a lower end within a factor 2 of the estimate (relative error 0.3)
+  takes (1.96 / 0.3)^2 ~ 43 and (0.59 / 0.3)^2 ~ 4 updates; every update at the current
+  P counts, so the bound tightens as the run stays there, and ``window`` (the schedule
+  study uses 8) is only the least it waits after each doubling.
 
 P takes only the doubling values (``BatchSchedule.buckets``), so the sampler and the
 update compile at most log2(prompts / P0) + 1 batch shapes (the run compiles each of them
@@ -32,15 +43,20 @@ restores exactly, so a resumed run continues the schedule where it stopped.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from rl_batch.gradient_noise import noise_scale_terms
+from rl_batch.gradient_noise import noise_scale_terms, pooled_ratio_interval
 
 KINDS = ("fixed", "warmup", "adaptive")
 # The section a config.json written before batch schedules existed is read with.
-FIXED = {"kind": "fixed", "start_prompts": 0, "responses": 0, "window": 4}
+FIXED = {"kind": "fixed", "start_prompts": 0, "responses": 0, "window": 4, "calibration": ""}
+# One-sided 95 % normal quantile: the adaptive schedule's lower bound on B_noise.
+Z_LOWER = 1.644854
 # The update-line fields of one noise measurement: |g_b|^2, |g_B|^2, b, B.
 NOISE_FIELDS = ("grad_sq_micro", "grad_sq_full", "gns_batch_micro", "gns_batch_full")
 
@@ -56,7 +72,11 @@ class BatchSchedule:
       start_prompts: P0, the first batch's prompts (``fixed``: = ``prompts``).
       responses: ``warmup``: the cumulative retained responses over which P grows to
         ``prompts``.
-      window: ``adaptive``: updates at the current P that B_simple is pooled over.
+      window: ``adaptive``: the least updates at the current P it pools B_noise over
+        before deciding (it pools every update at the current P).
+      calibration: ``adaptive``: the ``calibration.json`` that gives q(B).
+      step_s: ``adaptive``: ``((B, calibrated seconds per step), ...)`` at each bucket's
+        batch, read from ``calibration`` (`calibrated_step_times`; empty when it has none).
     """
 
     kind: str = "fixed"
@@ -65,6 +85,8 @@ class BatchSchedule:
     start_prompts: int
     responses: int = 0
     window: int = 4
+    calibration: str = ""
+    step_s: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def from_config(cls, c: Any) -> BatchSchedule:
@@ -74,14 +96,27 @@ class BatchSchedule:
         if given is not None:
             section.update(given.to_dict() if hasattr(given, "to_dict") else dict(given))
         fixed = section["kind"] == "fixed"
-        return cls(
+        out = cls(
             kind=section["kind"],
             prompts=int(c.prompts),
             group_size=int(c.group_size),
             start_prompts=int(c.prompts if fixed else section["start_prompts"]),
             responses=int(section["responses"]),
             window=int(section["window"]),
+            calibration=str(section.get("calibration", "") or ""),
         )
+        if out.kind != "adaptive" or not out.calibration:
+            return out
+        steps = calibrated_step_times(out.calibration, out.group_size, c.get("lr_rule", "sqrt"))
+        return dataclasses.replace(
+            out, step_s=tuple((b, steps[b]) for b in out.batches if b in steps)
+        )
+
+    def throughput(self, batch: int) -> float | None:
+        """q(B): responses per second of a calibrated training step at ``batch`` (None
+        when the calibration has no step time there)."""
+        seconds = dict(self.step_s).get(batch)
+        return None if seconds is None or seconds <= 0 else batch / seconds
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -140,8 +175,9 @@ def warmup_prompts(schedule: BatchSchedule, responses_cum: int) -> int:
 
 
 def pooled_noise_scale(points: Sequence[NoisePoint]) -> float:
-    """B_simple = mean tr(Sigma) / mean |G|^2 over ``points`` (inf when the mean |G|^2
-    is <= 0 and the mean tr(Sigma) > 0; 0 when the mean tr(Sigma) is <= 0)."""
+    """B_simple = mean tr(Sigma) / mean |G|^2 over ``points`` (NaN, no estimate, when the
+    mean |G|^2 is <= 0 and the mean tr(Sigma) > 0: not an infinite noise scale; 0 when
+    the mean tr(Sigma) is <= 0)."""
     if not points:
         raise ValueError("pooled_noise_scale: no noise measurements")
     terms = [noise_scale_terms(p.sq_small, p.sq_big, p.b_small, p.b_big) for p in points]
@@ -149,7 +185,54 @@ def pooled_noise_scale(points: Sequence[NoisePoint]) -> float:
     trace = sum(t[1] for t in terms) / len(terms)
     if trace <= 0:
         return 0.0
-    return trace / g2 if g2 > 0 else math.inf
+    return trace / g2 if g2 > 0 else math.nan
+
+
+def noise_scale_lower_bound(points: Sequence[NoisePoint], z: float = Z_LOWER) -> float:
+    """The lower end of the Fieller interval on the pooled noise scale of ``points``
+    (``gradient_noise.pooled_ratio_interval`` at ``z``; 0 with fewer than two)."""
+    if len(points) < 2:
+        return 0.0
+    terms = [noise_scale_terms(p.sq_small, p.sq_big, p.b_small, p.b_big) for p in points]
+    _, lo, _ = pooled_ratio_interval([t[1] for t in terms], [t[0] for t in terms], z)
+    return float(lo)
+
+
+def doubling_pays(q_ratio: float, batch: float, b_noise: float) -> bool:
+    """Whether doubling the batch lowers the predicted time to a result: the throughput
+    gain ``q(2B) / q(B)`` exceeds the sample cost ``(1 + 2B / B_n) / (1 + B / B_n)``
+    (never with ``B_n <= 0``: no evidence of noise)."""
+    if not b_noise > 0:
+        return False
+    cost = (1.0 + 2.0 * batch / b_noise) / (1.0 + batch / b_noise)
+    return q_ratio > cost
+
+
+def calibrated_step_times(path: str, group_size: int, lr_rule: str) -> dict[int, float]:
+    """``{B: seconds per training step}`` from a sweep's ``calibration.json``
+    (`rl_batch.sweeps.calibrate`): the median step time of each fixed configuration
+    ``"PxG:rule"`` of this G and LR rule, then, for a batch none has, the median over a
+    schedule configuration's ``prompts_step_s`` (same G and rule). Empty when the file
+    is missing or unreadable."""
+    try:
+        with open(path) as f:
+            configs = json.load(f)["configs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    fixed: dict[int, float] = {}
+    scheduled: dict[int, float] = {}
+    for key, rec in configs.items():
+        shape, _, rule = str(key).partition(":")
+        rule, _, variant = rule.partition("@")
+        p, _, g = shape.partition("x")
+        if not (g.isdigit() and int(g) == group_size and rule == lr_rule):
+            continue
+        if not variant and rec.get("step_s_median"):
+            fixed[int(p) * group_size] = float(rec["step_s_median"])
+        for prompts, times in (rec.get("prompts_step_s") or {}).items():
+            if times:
+                scheduled.setdefault(int(prompts) * group_size, float(statistics.median(times)))
+    return {**scheduled, **fixed}
 
 
 def adaptive_prompts(schedule: BatchSchedule, history: Sequence[NoisePoint]) -> int:
@@ -157,16 +240,26 @@ def adaptive_prompts(schedule: BatchSchedule, history: Sequence[NoisePoint]) -> 
     of the updates so far (`noise_history`).
 
     The current P is the last measured update's (P0 before any); it doubles, up to
-    ``prompts``, when the last ``window`` measurements were all taken at it and their
-    pooled B_simple exceeds the current batch P x G.
+    ``prompts``, when at least ``window`` measurements in a row were taken at it and
+    `doubling_pays` with q from the calibration and the lower bound on B_noise pooled
+    over all of them (`noise_scale_lower_bound`).
     """
     current = history[-1].prompts if history else schedule.start_prompts
     if current >= schedule.prompts:
         return schedule.prompts
-    recent = history[-schedule.window :]
-    if len(recent) < schedule.window or any(p.prompts != current for p in recent):
+    at_current = 0
+    for point in reversed(history):
+        if point.prompts != current:
+            break
+        at_current += 1
+    if at_current < max(schedule.window, 2):
         return current
-    if pooled_noise_scale(recent) > current * schedule.group_size:
+    batch = current * schedule.group_size
+    q_now, q_next = schedule.throughput(batch), schedule.throughput(2 * batch)
+    if q_now is None or q_next is None:
+        return current  # (resolve refuses a schedule its calibration does not cover)
+    b_noise_lo = noise_scale_lower_bound(history[-at_current:])
+    if doubling_pays(q_next / q_now, batch, b_noise_lo):
         return min(2 * current, schedule.prompts)
     return current
 
@@ -230,6 +323,14 @@ def config_errors(c: Any) -> list[str]:
             f"batch_schedule.kind='adaptive' needs grpo.micro_batches >= 2 (got {micro}): "
             "the noise scale B_simple is measured from micro-batch and full-batch gradients",
         )
+        grpo_section = c.get("grpo") or {}
+        check(
+            grpo_section.get("micro_layout", "strided") == "groups"
+            and not grpo_section.get("group_noise", False),
+            "batch_schedule.kind='adaptive' decides on B_noise: it needs "
+            "grpo.micro_layout='groups' and grpo.group_noise=False",
+        )
+        errors.extend(_calibration_errors(c, s))
     check(
         c.algo == "grpo",
         f"batch_schedule.kind={kind!r} needs algo='grpo' (got {c.algo!r})",
@@ -245,6 +346,33 @@ def config_errors(c: Any) -> list[str]:
         "grpo.micro_batch_seqs=0 and choose grpo.micro_batches",
     )
     return errors
+
+
+def _calibration_errors(c: Any, s: dict) -> list[str]:
+    """The adaptive schedule's calibration: a file that gives q(B) at every bucket."""
+    path = s.get("calibration") or ""
+    if not path:
+        return [
+            "batch_schedule.kind='adaptive' needs batch_schedule.calibration: a sweep's "
+            "calibration.json that times every batch it can take (q(B) decides a doubling)"
+        ]
+    if not isinstance(path, str) or not os.path.exists(path):
+        return [f"batch_schedule.calibration={path!r}: no such file"]
+    p0 = s["start_prompts"]
+    if not (isinstance(p0, int) and p0 >= 1):
+        return []  # (named above)
+    steps = calibrated_step_times(path, c.group_size, c.get("lr_rule", "sqrt"))
+    missing, p = [], p0
+    while p <= c.prompts:
+        if p * c.group_size not in steps:
+            missing.append(p * c.group_size)
+        p *= 2
+    if missing:
+        return [
+            f"batch_schedule.calibration={path!r} times no configuration of G = "
+            f"{c.group_size}, lr_rule={c.get('lr_rule', 'sqrt')!r} at batches {missing}"
+        ]
+    return []
 
 
 def _power_of_two(x: float) -> bool:

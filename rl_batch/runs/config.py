@@ -227,8 +227,13 @@ def _check_run_fields(c: ConfigDict, check) -> None:
     if c.algo == "grpo":
         errors += _dataclass_errors(
             grpo.GRPOConfig,
-            # group_noise depends on the derived micro-batch count: ``_micro_batches``.
-            {f"grpo.{name}": (name, c.grpo[name]) for name in GRPO_FIELDS if name != "group_noise"},
+            # group_noise depends on the derived micro-batch count: ``_micro_batches``;
+            # micro_layout may be missing (older inputs: strided, ``GRPOConfig.from_config``).
+            {
+                f"grpo.{name}": (name, c.grpo[name])
+                for name in GRPO_FIELDS
+                if name != "group_noise" and (name in c.grpo or name != "micro_layout")
+            },
         )
     for message in errors:
         check(False, message)
@@ -664,6 +669,14 @@ def _micro_batches(c: ConfigDict, batch: int, device_count: int) -> int:
         except ValueError as e:
             errors.check(False, f"grpo.group_noise=True: {e} (the update's micro-batches)")
     schedule = batch_schedule.BatchSchedule.from_config(c)
+    layout = c.grpo.get("micro_layout", "strided") if c.algo == "grpo" else "strided"
+    if layout == "groups" and not c.grpo.get("group_noise", False) and micro_batches > 1:
+        for prompts in schedule.buckets:  # (every P the run takes; fixed: prompts)
+            try:
+                learner.check_whole_groups(prompts, micro_batches)
+            except ValueError as e:
+                errors.check(False, f"grpo.micro_layout='groups' at {prompts} prompts: {e}")
+                break
     if schedule.kind != "fixed" and not errors:
         start = schedule.start_prompts * c.group_size
         minibatches = c.grpo.num_minibatches if c.algo == "grpo" else 1
@@ -715,6 +728,13 @@ RESUME_ALLOWED = (
 # task.split_seed exists: an older math run (validation unshuffled) does not resume.
 ROLLOUT_KEYS = ("rollout", "prompt")
 
+
+def _old_micro_batches(old: dict[str, Any]) -> int:
+    """The update's micro-batch count of an older config.json (its derived one if any)."""
+    section = old.get("grpo") or {}
+    return int((old.get("derived") or {}).get("micro_batches", section.get("micro_batches", 1)))
+
+
 ADDED_FIELDS: dict[str, Any] = {
     "task.system_prompt": "",
     "task.drop_long_prompts": False,
@@ -724,6 +744,10 @@ ADDED_FIELDS: dict[str, Any] = {
     "task.split_seed": lambda old: 0 if old["task"].get("name") in SYNTHETIC_TASKS else None,
     "batch_schedule": lambda old: dict(batch_schedule.FIXED),
     "grpo.group_noise": False,
+    # The layout runs measured with before the field: strided; a run of one micro-batch
+    # measured nothing, so any layout is its behaviour: today's default.
+    "grpo.micro_layout": lambda old: "strided" if _old_micro_batches(old) > 1 else "groups",
+    "batch_schedule.calibration": "",
     "variant": "",
     # The derived values the rules set: before them, the clip range as configured, no
     # warm-up, no arithmetic, and a critic's betas by its LR rule alone.

@@ -703,7 +703,8 @@ def _scheduled_batch(spec: RunSpec, counters: Counters, records: list[dict]) -> 
         return schedule.prompts, None
     history = batch_schedule.noise_history(records) if schedule.kind == "adaptive" else ()
     prompts = batch_schedule.prompts_at(schedule, counters.responses_cum, history)
-    return prompts, spec.optimizer_at(prompts * schedule.group_size)
+    # (the LR warm-up at this batch: the optimizer of a scheduled run has none of its own)
+    return prompts, spec.optimizer_at(prompts * schedule.group_size, update=counters.step)
 
 
 def _write_summary(s: _Setup, counters: Counters, status: str, error: str | None = None) -> dict:
@@ -721,7 +722,8 @@ def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
     c, optimizer = spec.inputs, spec.rules.optimizer
     max_grad_norm = optimizer.max_grad_norm or None
     adam = dataclasses.asdict(spec.optimizer)
-    adam["lr"] = learner.warmup_lr(adam["lr"], spec.lr_warmup_updates)  # (0: lr itself)
+    if spec.batch_schedule.kind == "fixed":  # (a schedule's run loop sets the warm-up's LR)
+        adam["lr"] = learner.warmup_lr(adam["lr"], spec.lr_warmup_updates)  # (0: lr itself)
     actor_optimizer = learner.make_optimizer(
         **adam,
         weight_decay=optimizer.weight_decay,

@@ -156,7 +156,8 @@ class Optimizer:
       max_grad_norm: global gradient-norm clip; 0 = off.
       lr_warmup_updates: policy LR warm-up: update i (from 0) trains at lr * min(1, (i +
         1) / W), W the effective warm-up (``derived.lr_warmup_updates``, see
-        ``hparam_rules.warmup``); 0 = none. Not with a batch schedule.
+        ``hparam_rules.warmup``); 0 = none. With a batch schedule W is the one at the
+        batch each update has (`BatchHparams.warmup_factor`).
       hparam_rules: `HparamRules`.
     """
 
@@ -289,6 +290,16 @@ class BatchHparams:
         """How the LR rule got to ``rule.lr``, in words."""
         return self.rule.describe()
 
+    def warmup_factor(self, update: int) -> float:
+        """The LR warm-up's factor at update ``update`` (from 0) made at this batch:
+        ``min(1, (update + 1) / warmup_updates)``, 1 without a warm-up (the optimizer's
+        ``warmup_lr`` schedule at a fixed batch; a batch schedule's run loop applies it
+        at each batch it takes, so ``hparam_rules.warmup = "responses"`` shortens the
+        warm-up as P grows)."""
+        if self.warmup_updates <= 0:
+            return 1.0
+        return min(1.0, (update + 1) / self.warmup_updates)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchRules:
@@ -394,23 +405,18 @@ class BatchRules:
 
     def schedule_errors(self, kind: str, batches: tuple[int, ...]) -> list[str]:
         """The settings a batch schedule of ``kind`` over ``batches`` (each bucket's P x G)
-        cannot serve, one line each: the run loop sets the policy's LR, betas and eps at
-        each batch (`at`), while the clip range and the warm-up are set once per run (the
-        compiled update holds them); and every bucket's LR rule must derive."""
+        cannot serve, one line each: the run loop sets the policy's LR (with the warm-up's
+        factor at that batch, `BatchHparams.warmup_factor`), betas and eps at each batch
+        (`at`), while the clip range is set once per run (the compiled update holds it);
+        and every bucket's rules must derive."""
         if kind == "fixed":
             return []
-        rules, warmup = self.optimizer.hparam_rules, self.optimizer.lr_warmup_updates
+        rules = self.optimizer.hparam_rules
         out = []
         if rules.clip != "fixed":
             out.append(
                 f"hparam_rules.clip={rules.clip!r} with batch_schedule.kind={kind!r}: the "
                 "clip range is set once per run; use hparam_rules.clip='fixed' with a batch "
-                "schedule"
-            )
-        if _is_int(warmup) and warmup > 0:
-            out.append(
-                f"lr_warmup_updates={warmup} with batch_schedule.kind={kind!r}: the schedule "
-                "sets the LR at each batch itself; use lr_warmup_updates=0 with a batch "
                 "schedule"
             )
         for batch in batches:

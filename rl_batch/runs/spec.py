@@ -140,13 +140,16 @@ class RunSpec:
         schedule's current P x G), by the derivation ``resolve`` used at ``self.batch``."""
         return self.rules.at(batch)
 
-    def optimizer_at(self, batch: int) -> Adam:
+    def optimizer_at(self, batch: int, update: int | None = None) -> Adam:
         """The policy's Adam settings at a rollout batch of ``batch`` responses:
         ``optimizer`` itself (as resolved, or as a config.json recorded it) at the
-        configured batch, else ``hparams_at(batch).adam``."""
-        if batch == self.batch:
-            return self.optimizer
-        return self.hparams_at(batch).adam
+        configured batch, else ``hparams_at(batch).adam``; with ``update`` (a batch
+        schedule's update, from 0) the LR times the warm-up's factor at that batch."""
+        adam = self.optimizer if batch == self.batch else self.hparams_at(batch).adam
+        if update is None:
+            return adam
+        factor = self.hparams_at(batch).warmup_factor(update)
+        return dataclasses.replace(adam, lr=adam.lr * factor)
 
     # ------------------------------------------------------------ the JSON form
 
