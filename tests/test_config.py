@@ -363,7 +363,6 @@ def test_the_rollout_engine_fields_are_checked_before_any_compute():
 
 
 def test_a_run_dir_from_before_the_engine_fields_resumes_with_the_static_engine():
-    from rl_batch.rollout import sources
 
     new = config_lib.resolve(_config(), 1).to_json()
     old = json.loads(json.dumps(new))
@@ -372,7 +371,7 @@ def test_a_run_dir_from_before_the_engine_fields_resumes_with_the_static_engine(
     assert config_lib.resume_diffs(old, new) == []
     # Its config.json loads and resolves again, and its rollouts use the static engine.
     for spec in (config_lib.load_spec(old), config_lib.resolve(ConfigDict(old), 1)):
-        sampling = sources.sampling_config(spec.config)
+        sampling = spec.rollout.sampling.method
         assert (sampling.engine, sampling.slots, sampling.attn_block) == ("static", 0, 0)
         assert sampling.min_slots == 2
     changed = config_lib.resolve(_config(**{"sampling.engine": "continuous"}), 1).to_json()

@@ -219,7 +219,7 @@ def _check_run_fields(c: ConfigDict, check) -> None:
         f"sampling.stop_strings={stops!r}: must be a tuple of non-empty strings, "
         "e.g. --config.sampling.stop_strings=\"('</answer>',)\"",
     )
-    sampling = Sampling.from_config(c.sampling)  # (fields it lacks at their defaults)
+    sampling = sections.read(Sampling, c.sampling)  # (fields it lacks at their defaults)
     errors = _dataclass_errors(
         SamplingConfig,
         {f"sampling.{name}": (name, getattr(sampling, name)) for name in SAMPLING_FIELDS},

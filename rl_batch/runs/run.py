@@ -42,7 +42,7 @@ from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import groups as rollout_lib
 from rl_batch.rollout import sources as rollout_source
 from rl_batch.rollout.sampler import Sampler
-from rl_batch.runs import batch_schedule, tracking
+from rl_batch.runs import batch_schedule, sections, tracking
 from rl_batch.runs import config as config_lib
 from rl_batch.runs import programs as programs_lib
 from rl_batch.runs.accounting import (
@@ -305,7 +305,7 @@ class Evaluator:
         self.c, self.sampler, self.task, self.tokenizer = c, sampler, task, tokenizer
         self.examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
         self.rng = jax.random.fold_in(base_rng, 1)
-        sampling = rollout_source.Sampling.from_config(c.sampling)
+        sampling = sections.read(rollout_source.Sampling, c.sampling)
         self.sampling, self.stop_strings = sampling.method, sampling.stop_strings
         # (step, rows) -> None: takes the sampled generations of the first
         # ``log_generations`` prompts of each validation (`MetricsLog.write_generations`).
