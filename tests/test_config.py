@@ -420,3 +420,8 @@ def test_a_config_json_written_at_35add6f_loads_and_resumes(name, module, overri
     assert spec.optimizer == new.optimizer and spec.rules == new.rules
     assert spec.critic_optimizer == new.critic_optimizer
     assert spec.derived() == new.derived() | {"python": old["derived"]["python"]}
+    # Every typed section reads the old file as today's config of the point.
+    assert spec.algorithm == new.algorithm and spec.rollout == new.rollout
+    for name in ("task", "model_section", "init", "algo", "evaluation"):
+        assert getattr(spec, name) == getattr(new, name), name
+    assert spec.io == dataclasses.replace(new.io, work_dir=old["work_dir"])

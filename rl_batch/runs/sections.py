@@ -10,10 +10,13 @@ once; the code below ``rl_batch.runs`` receives these objects, never a ConfigDic
 Adding a field to a section is one edit (the field, with its default and a comment) plus
 its test; ``docs/design.md`` shows one.
 
-This module holds the optimizer section and its batch rules (``Optimizer``,
-``HparamRules``, ``CriticRule``, ``BatchRules``): the one derivation of every
-batch-dependent value (``BatchRules.at``), used by ``resolve`` at the run's batch and by
-the run loop at every batch of a batch schedule.
+This module holds the task, model, init, algorithm (``Algo``: ``Grpo``, ``Ppo``),
+evaluation and run I/O sections, the reading of the rollout sections (whose classes are
+``rl_batch.rollout.sources``'s: ``rollout_settings``), and the optimizer section and its
+batch rules (``Optimizer``, ``HparamRules``, ``CriticRule``, ``BatchRules``): the one
+derivation of every batch-dependent value (``BatchRules.at``), used by ``resolve`` at the
+run's batch and by the run loop at every batch of a batch schedule. (Over 800 lines
+for that reason: every section's fields, defaults and older-file values in one file.)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from rl_batch.algorithms import grpo as grpo_lib
 from rl_batch.algorithms import lr_rules
 from rl_batch.algorithms import ppo as ppo_lib
 from rl_batch.rollout.sources import AsyncRollout, PartialRollout, RolloutSettings, Sampling
-from rl_batch.tasks.plugin import is_plugin
+from rl_batch.tasks.plugin import is_plugin, plugin_splits
 
 # A field that may change when a run directory is resumed carries ``metadata={"resume":
 # True}`` (``rl_batch.runs.config.RESUME_ALLOWED`` collects them with `resumable`).
@@ -67,6 +70,12 @@ def defaults(cls) -> dict[str, Any]:
             value = f.default_factory()
             out[f.name] = defaults(type(value)) if dataclasses.is_dataclass(value) else value
     return out
+
+
+def older_values(cls) -> dict[str, Any]:
+    """``{field: value}`` that `read` gives a field a config.json lacks: the default, or
+    the class's ``OLDER_FILES`` value (nested sections as dicts)."""
+    return {**defaults(cls), **getattr(cls, "OLDER_FILES", {})}
 
 
 # The type of an optional field's placeholder (set later from a flag).
@@ -177,12 +186,24 @@ class Task:
     @staticmethod
     def resume_fallbacks(section: dict[str, Any]) -> dict[str, Any]:
         """The values a config.json's ``task`` section lacking a field is compared with on
-        resume: the defaults, except ``split_seed`` of a math run (its validation rows
-        were not shuffled before the field existed: such a run does not resume)."""
+        resume: the defaults, except ``kwargs`` (the task's own, not merged) and
+        ``split_seed`` of a math run (its validation rows were not shuffled before the
+        field existed: such a run does not resume)."""
         out = defaults(Task)
+        del out["kwargs"]
         if section.get("name") not in SYNTHETIC_TASKS:
             del out["split_seed"]
         return out
+
+    def plugin_splits(self, task):
+        """(train, validation) of a plug-in task (``name="module:Class"``) as configured."""
+        return plugin_splits(
+            task,
+            n_train=self.n_train,
+            n_validation=self.n_validation,
+            seed=self.split_seed or 0,
+            name=f"task.name={self.name!r}",
+        )
 
     @property
     def is_generated(self) -> bool:
