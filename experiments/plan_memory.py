@@ -78,7 +78,7 @@ def main(argv):
     from rl_batch.rollout import sampler as sampler_lib
     from rl_batch.rollout import sources as rollout_source
     from rl_batch.runs import config as config_lib
-    from rl_batch.runs import memory_plan
+    from rl_batch.runs import memory_plan, sections
 
     if _CONFIG.value is None:
         raise app.UsageError("pass --config=...")
@@ -126,7 +126,7 @@ def main(argv):
     gen_fit, gen_sizes, gen_peaks = 0, [], []
     if not _SKIP_SAMPLER.value:
         gen_sizes = sorted(int(x) for x in _GEN_BATCHES.value)
-        sampling = rollout_source.sampling_config(c)
+        sampling = sections.read(rollout_source.Sampling, c.sampling).method
         # (continuous: one program, prefill and decode loop; its temp is in the decode column)
         print(
             f"\nsampler engine {sampling.engine}"

@@ -372,7 +372,6 @@ def test_the_rollout_engine_fields_are_checked_before_any_compute():
 
 
 def test_a_run_dir_from_before_the_engine_fields_resumes_with_the_static_engine():
-    from rl_batch.rollout import sources
 
     new = config_lib.resolve(_config(), 1).to_json()
     old = json.loads(json.dumps(new))
@@ -381,7 +380,7 @@ def test_a_run_dir_from_before_the_engine_fields_resumes_with_the_static_engine(
     assert config_lib.resume_diffs(old, new) == []
     # Its config.json loads and resolves again, and its rollouts use the static engine.
     for spec in (config_lib.load_spec(old), config_lib.resolve(ConfigDict(old), 1)):
-        sampling = sources.sampling_config(spec.config)
+        sampling = spec.rollout.sampling.method
         assert (sampling.engine, sampling.slots, sampling.attn_block) == ("static", 0, 0)
         assert sampling.min_slots == 2
     changed = config_lib.resolve(_config(**{"sampling.engine": "continuous"}), 1).to_json()
@@ -430,3 +429,8 @@ def test_a_config_json_written_at_35add6f_loads_and_resumes(name, module, overri
     assert spec.optimizer == new.optimizer and spec.rules == new.rules
     assert spec.critic_optimizer == new.critic_optimizer
     assert spec.derived() == new.derived() | {"python": old["derived"]["python"]}
+    # Every typed section reads the old file as today's config of the point.
+    assert spec.algorithm == new.algorithm and spec.rollout == new.rollout
+    for name in ("task", "model_section", "init", "algo", "evaluation"):
+        assert getattr(spec, name) == getattr(new, name), name
+    assert spec.io == dataclasses.replace(new.io, work_dir=old["work_dir"])

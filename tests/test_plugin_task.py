@@ -60,14 +60,14 @@ def test_the_task_class_is_built_with_its_knobs_and_draws_its_splits(tmp_path):
     assert isinstance(task, ReverseTask) and task.n_digits == 3
     assert spec.max_prompt_len == 3 + 1 + 1  # + BOS
     assert spec.max_new_tokens == 3 + 1  # + EOS
-    train, val = plugin.plugin_splits(task, c)
+    train, val = spec.task.plugin_splits(task)
     assert (len(train), len(val)) == (256, 32)
     val_prompts = {ex["prompt"] for ex in val}
     assert len(val_prompts) == 32  # distinct ...
     assert not val_prompts & {ex["prompt"] for ex in train}  # ... and not trained on
     for ex in val.get_batch([0, 5]):
         assert ex["answer"] == ex["prompt"][:-1][::-1]
-    again, _ = plugin.plugin_splits(task, c)  # seeded by task.split_seed
+    again, _ = spec.task.plugin_splits(task)  # seeded by task.split_seed
     assert again.get_batch(range(4)) == train.get_batch(range(4))
     assert pretrain.cache_key(spec).startswith("test_plugin_task_ReverseTask-")
 

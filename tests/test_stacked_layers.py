@@ -10,14 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ml_collections import ConfigDict
 
 from rl_batch.algorithms import grpo, learner
 from rl_batch.models import hf as hf_lib
 from rl_batch.models import sharding
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import sampler
-from rl_batch.runs import pretrain
+from rl_batch.runs import pretrain, sections
 from rl_batch.runs import run as run_lib
 from rl_batch.runs.checkpoint import Checkpointer, CheckpointMismatchError
 from tests.hf_fixtures import random_params, tiny_config
@@ -188,8 +187,8 @@ def test_initial_params_from_a_per_layer_checkpoint(tmp_path):
     ckpt = Checkpointer(str(tmp_path / "ckpt"))
     ckpt.save(1, {"params": params}, {})
     ckpt.close()
-    c = ConfigDict({"init": {"source": "checkpoint", "path": str(tmp_path / "ckpt")}})
-    spec = types.SimpleNamespace(inputs=c, model=STACKED)  # (the two fields it reads)
+    init = sections.Init(source="checkpoint", path=str(tmp_path / "ckpt"))
+    spec = types.SimpleNamespace(init=init, model=STACKED)  # (the two fields it reads)
     _assert_trees_equal(run_lib.initial_params(spec), model_lib.stack_layers(params))
 
 

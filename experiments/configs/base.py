@@ -10,7 +10,6 @@ import dataclasses
 
 from ml_collections import ConfigDict, config_dict
 
-from rl_batch import artifacts
 from rl_batch.models.transformer import ModelConfig
 from rl_batch.rollout import sources
 from rl_batch.runs import sections
@@ -30,63 +29,23 @@ def model_overrides() -> ConfigDict:
 def run_config() -> ConfigDict:
     """A GRPO run on the reversed-digit addition task with the ~1M-parameter model."""
     c = ConfigDict()
-    c.algo = "grpo"  # "grpo" or "ppo"
-    c.name = ""  # run name (the sweep sets it)
-    c.variant = ""  # the sweep's named variant of the base config (sweep.variants), if any
-    c.run_dir = ""  # output directory; required for experiments.train
     c.seed = 0
-    # caches: TFDS data, warm-start checkpoints ($RL_BATCH_DEFAULT_ROOT/workdir when set)
-    c.work_dir = artifacts.default_dir(".", "workdir")
-    # Compiled programs cached in <work_dir>/xla_cache (JAX's persistent cache), so that
-    # the seeds of a configuration compile once (6 s -> 2 s per run on a 2-core CPU).
-    # $JAX_COMPILATION_CACHE_DIR, when set, wins.
-    c.xla_cache = True
+    # Where the run writes, what it logs and when it stops (rl_batch.runs.sections.RunIO:
+    # each field and its default): name, run_dir, work_dir, xla_cache, budget_responses,
+    # checkpoint_every, the stuck-run guards, max_kv_bytes, tracking, log_generations.
+    c.update(sections.config_fields(sections.RunIO))
 
-    c.task = ConfigDict()
-    c.task.name = "addition"
-    # Scratchpad responses run to ~31 tokens: generation matters as in LLM RL.
-    c.task.kwargs = ConfigDict({"n_digits": 3, "scratchpad": True})
-    c.task.n_train = 20_000  # synthetic tasks: examples generated per split
-    c.task.n_validation = 512
-    # Math data (task.name = "math"): local JSONL/Parquet files in DAPO-Math-17K, GSM8K,
-    # MATH or AIME format, prompts rendered with the HF tokenizer's chat template.
-    c.task.train_file = ""
-    c.task.validation_file = ""
-    c.task.format = "auto"
-    # Math data prompting: the instruction appended to each question (None: "Please
-    # reason step by step, and put your final answer within \boxed{}."; DAPO prompts carry
-    # their own), an optional system message, and whether prompts over the sampler's
-    # budget are dropped (with a warning naming their lines) instead of stopping the run.
-    c.task.instruction = config_dict.placeholder(str)
-    c.task.system_prompt = ""
-    c.task.drop_long_prompts = False
-    # Extra variables of the tokenizer's jinja chat template, e.g. Qwen3's
-    # --config.task.chat_template_kwargs='{"enable_thinking": False}'.
-    c.task.chat_template_kwargs = ConfigDict()
-    # No validation_file: hold out this fraction of train_file as the validation rows
-    # (chosen by split_seed, never trained on). Validation rows of a file are shuffled
-    # with split_seed before the first eval_prompts of them are taken.
-    c.task.eval_fraction = 0.0
-    c.task.split_seed = 0
-    # Your own reward instead of the task's verifier: "package.module:function" or
-    # "path/to/file.py:function", called as fn(prompt, response, answer, meta) -> float
-    # (rl_batch.tasks.custom_reward).
-    c.task.reward_fn = ""
+    # What the policy trains and validates on (rl_batch.runs.sections.Task: each field and
+    # its default), e.g. math data: --config.task.name=math --config.task.train_file=...,
+    # Qwen3's --config.task.chat_template_kwargs='{"enable_thinking": False}'.
+    c.task = ConfigDict(sections.config_fields(sections.Task))
 
-    c.model = ConfigDict()
-    c.model.preset = "tiny-1m"
+    # The policy's shape and starting point (rl_batch.runs.sections.ModelSection, Init).
+    c.model = ConfigDict(sections.config_fields(sections.ModelSection))
     # ModelConfig fields, e.g. {"num_layers": 2}; every field is a typed placeholder
     # (None = unset) so that --config.model.overrides.vocab_size=151936 works.
     c.model.overrides = model_overrides()
-    # bf16-compute models keep float32 params and Adam moments (model.with_master_weights).
-    c.model.master_weights = True
-
-    # Starting policy: "pretrain" (supervised warm start on the task, cached in work_dir),
-    # "scratch" (random init), "checkpoint" (a run's checkpoint dir), "hf" (an HF dir),
-    # "params" (a base policy file, .npz of host arrays: experiments.pretrain --export).
-    c.init = ConfigDict()
-    c.init.source = "pretrain"
-    c.init.path = ""
+    c.init = ConfigDict(sections.config_fields(sections.Init))
 
     c.pretrain = ConfigDict()
     c.pretrain.steps = 3000  # upper bound; training stops at stop_accuracy
@@ -125,64 +84,15 @@ def run_config() -> ConfigDict:
     # with its default and meaning in rl_batch.runs.sections.Optimizer.
     c.update(sections.config_fields(sections.Optimizer))
 
-    c.grpo = ConfigDict()
-    c.grpo.clip_low = 0.2
-    c.grpo.clip_high = 0.28
-    c.grpo.kl_coef = 0.0  # KL-to-initial-policy loss term (k3; 0 = no reference kept)
-    c.grpo.loss_agg = "token_mean"
-    c.grpo.advantage = "grpo"
-    c.grpo.micro_batches = 1  # gradient accumulation; same maths
-    # > 0: at most this many sequences per micro-batch (a memory budget, from
-    # experiments.plan_memory); the update's micro-batch count (derived.micro_batches) is
-    # then derived per batch size instead of taken from grpo.micro_batches.
-    c.grpo.micro_batch_seqs = 0
-    c.grpo.num_minibatches = 1  # >1 departs from the one-update-per-batch protocol
-    c.grpo.num_epochs = 1
-    # "token": the token-level clipped surrogate; "gspo": GSPO's sequence-level ratio
-    # (needs loss_agg="seq_mean_token_mean"; its paper's clips are 3e-4 / 4e-4).
-    c.grpo.policy_loss = "token"
-    # MoE policies: weight of the router load-balancing loss (HF's Switch-style aux loss;
-    # 0 = off; HF Qwen3-MoE configs carry 0.001 for pre-training).
-    c.grpo.router_aux_loss_coef = 0.0
-    # MoE policies: the sampler records each token's experts (logs the rollout-vs-update
-    # moe_routing_disagreement); routing_replay also routes the update by that record.
-    c.grpo.record_routing = False
-    c.grpo.routing_replay = False
-    # True: order each update's micro-batches as half-group pairs and log the gradient
-    # noise split into inter-prompt and intra-prompt terms (docs/noise_scale.md). Needs an
-    # even micro-batch count >= 4 (derived.micro_batches), an even group_size, prompts
-    # divisible by micro-batches / 2 and one update per batch.
-    c.grpo.group_noise = False
-    # Which rows each micro-batch holds, so which noise scale B_simple measures
-    # (docs/noise_scale.md): "groups" (whole groups: the batch noise scale B_noise =
-    # (G tr_inter + tr_intra) / |G|^2, what the report, the adaptive schedule and surge
-    # use; needs micro-batches dividing prompts or prompts dividing micro-batches) or
-    # "strided" (rows m, m + M, ...: the intra-prompt term only). Same gradient either way.
-    c.grpo.micro_layout = "groups"
-
-    # PPO (algo="ppo"): a critic as large as the policy, trained alone for the first
-    # warmup_updates rollout batches (the sample axis starts when the actor starts).
-    # The study runs G = 1 (B = P) and filter_groups = False (a critic learns from every
-    # response; resolve() rejects filtering for PPO).
-    c.ppo = ConfigDict()
-    c.ppo.warmup_updates = 30  # critic-only updates first (the study's 30)
-    # Critic LR: critic_lr = rule(critic_lr_ref, k * B / batch_ref), k = critic_batch_scale.
-    c.ppo.critic_lr_ref = 1e-3
-    c.ppo.critic_lr_rule = ""  # "" = the actor's lr_rule
-    # None (unset): derived from the rule (derived.critic_lr); a value > 0 overrides it.
-    c.ppo.critic_lr = config_dict.placeholder(float)
-    c.ppo.critic_batch_scale = 1  # the critic steps once per k rollout batches (grad mean)
-    c.ppo.critic_from_policy = True  # critic body = a copy of the initial policy's
-    c.ppo.gamma = 1.0
-    c.ppo.lam = 1.0
-    c.ppo.whiten_advantages = True
-    c.ppo.value_clip = 0.2  # 0 = off (inert with one update per batch: V = V_old there)
-    c.ppo.kl_coef = 0.0  # per-token KL-to-initial-policy penalty in the rewards
-    c.ppo.kl_estimator = "k1"
-    c.ppo.clip_low = 0.2
-    c.ppo.clip_high = 0.2
-    c.ppo.loss_agg = "token_mean"  # actor; the value loss is always a token mean
-    c.ppo.micro_batches = 1  # gradient accumulation for both networks; same maths
+    # The algorithm (rl_batch.runs.sections.Algo): "grpo" or "ppo", with its section
+    # (sections.Grpo, sections.Ppo: each field and its default). PPO (algo="ppo"): a critic
+    # as large as the policy, trained alone for the first ppo.warmup_updates rollout
+    # batches (the sample axis starts when the actor starts); the study runs G = 1 (B = P)
+    # and filter_groups = False (resolve() rejects filtering for PPO).
+    c.algo = "grpo"
+    c.filter_groups = True  # drop groups whose rewards are all equal (DAPO)
+    c.grpo = ConfigDict(sections.config_fields(sections.Grpo))
+    c.ppo = ConfigDict(sections.config_fields(sections.Ppo))
 
     # Sampling method and rollout engine (rl_batch.rollout.sources.Sampling: each field
     # and its default), e.g. --config.sampling.stop_strings="('</answer>', 'Question:')".
@@ -192,10 +102,6 @@ def run_config() -> ConfigDict:
     # training batch (the rollout is generated in chunks): sweep it by running the batch
     # sweep once per value, e.g. ``--config.gen_batch=64`` into its own sweep directory.
     c.gen_batch = 0
-    # KV-cache bound of one generation chunk (bucketed rows x (prompt + response) slots x
-    # layers x 2 x kv heads x head dim x bytes); 0 = unchecked. The run stops at start-up
-    # when a chunk (training or validation) would exceed it: lower gen_batch.
-    c.max_kv_bytes = 0
     # Asynchronous rollout (a background thread generates batch k+1 while the learner
     # updates on batch k) and partial rollout (at most tokens_per_iter new tokens per
     # response and iteration): rl_batch.rollout.sources.AsyncRollout / PartialRollout.
@@ -208,47 +114,9 @@ def run_config() -> ConfigDict:
     # gets the same draws in every P x G, common random numbers across configurations).
     c.rollout_keys = "rollout"
 
-    c.filter_groups = True  # drop groups whose rewards are all equal (DAPO)
-
-    # Runway, validation and target, all in cumulative *retained* responses.
-    c.budget_responses = 16_384
-    c.eval_every_responses = 1024
-    c.eval_prompts = 128
-    c.eval_k = 4
-    c.eval_greedy = True
-    # The validation accuracy that the target and N* are on: "mean_at_k" (sampled, above;
-    # always logged as eval_mean_at_k) or "p_ref", the exact mean p(reference response) at
-    # the sampling temperature on eval_ref_prompts validation prompts (0 = all): mean@inf
-    # of exact matches, without sampling noise (synthetic tasks; rl_batch.algorithms.exact_eval).
-    c.eval_metric = "mean_at_k"
-    c.eval_ref_prompts = 0
-    c.target = 0.5  # validation accuracy (eval_metric) to reach
-    # Set: N*, T and q are also taken over the band [target_band_lo, target] (geometric
-    # means over 9 levels; rl_batch.targets.time_to_band), the whole-curve estimator the
-    # analysis then uses for every ratio. None: the single target.
-    c.target_band_lo = config_dict.placeholder(float)
-    # How N* is read off the evaluations: "update" (the update that realizes the crossing
-    # interpolated between two evaluations: a batch of B responses reaches a level at a
-    # multiple of B) or "linear" (the interpolated point; on average half a batch early).
-    c.target_crossing = "update"
-    c.stop_at_target = False  # stop once the target has been reached confirm_evals times
-    c.confirm_evals = 2
-
-    # Dashboards that get a copy of every metrics line (metrics.jsonl is always written):
-    # a comma list of "jsonl", "tensorboard" (needs tensorboardX), "wandb" (offline unless
-    # $WANDB_MODE says otherwise); rl_batch.runs.tracking.
-    c.tracking = "jsonl"
-    # Validation prompts whose sampled responses and rewards go to generations.jsonl (and
-    # to the dashboards) at every validation; 0 = off.
-    c.log_generations = 4
-    # Every this many updates, the training rollout's first log_generations prompts (at
-    # least 1) with their responses, rewards and lengths go there too ("source": "train");
-    # 0 = off.
-    c.log_generations_every = 0
-
-    c.checkpoint_every = 25  # updates
-    c.max_consecutive_skips = 5  # non-finite updates in a row before the run stops
-    c.max_empty_rollouts = 20  # all-filtered rollout batches in a row before the run stops
+    # Validation and the target, in cumulative *retained* responses
+    # (rl_batch.runs.sections.Evaluation: each field and its default).
+    c.update(sections.config_fields(sections.Evaluation))
 
     c.mesh = ConfigDict()
     c.mesh.data = -1  # -1 = all remaining devices

@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
-from ml_collections import ConfigDict
 
 from rl_batch.algorithms import batch as batch_lib
 from rl_batch.algorithms import forward, losses, update_step
@@ -168,17 +167,6 @@ class GRPOConfig:
         and group_size)."""
         others = ("temperature", "group_size")
         return tuple(f.name for f in dataclasses.fields(cls) if f.name not in others)
-
-    @classmethod
-    def from_config(cls, c: ConfigDict, micro_batches: int) -> GRPOConfig:
-        """A run config's ``grpo`` section (and ``sampling.temperature``), with the
-        update's resolved micro-batch count (``RunSpec.micro_batches``)."""
-        # (A config.json written before ``group_noise`` / ``micro_layout`` existed has
-        # neither: off, and the strided layout it was measured with.)
-        older = {"group_noise": False, "micro_layout": "strided"}
-        fields = {k: c.grpo[k] if k in c.grpo else older[k] for k in cls.config_fields()}
-        fields["micro_batches"] = micro_batches
-        return cls(temperature=c.sampling.temperature, group_size=c.group_size, **fields)
 
     @property
     def layout(self) -> str:

@@ -57,7 +57,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
-from ml_collections import ConfigDict
 
 from rl_batch import artifacts
 from rl_batch.algorithms import batch as batch_lib
@@ -135,27 +134,6 @@ class PPOConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 bad(name, f"an int >= {low}")
         policy_loss_lib.check_policy_loss_fields(self, bad)  # the actor's clip, aggregation, ...
-
-    @classmethod
-    def from_config(cls, c: ConfigDict, micro_batches: int) -> PPOConfig:
-        """A run config's ``ppo`` section (and ``sampling.temperature``), with the
-        update's resolved micro-batch count (``RunSpec.micro_batches``)."""
-        p = c.ppo
-        return cls(
-            gamma=p.gamma,
-            lam=p.lam,
-            whiten_advantages=p.whiten_advantages,
-            value_clip=p.value_clip or None,
-            kl_coef=p.kl_coef,
-            kl_estimator=p.kl_estimator,
-            warmup_updates=p.warmup_updates,
-            critic_batch_scale=p.critic_batch_scale,
-            clip_low=p.clip_low,
-            clip_high=p.clip_high,
-            loss_agg=p.loss_agg,
-            temperature=c.sampling.temperature,
-            micro_batches=micro_batches,
-        )
 
     def replace(self, **changes) -> PPOConfig:
         return dataclasses.replace(self, **changes)

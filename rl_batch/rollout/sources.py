@@ -89,24 +89,12 @@ def _done(ro: rollout_lib.Rollout) -> concurrent.futures.Future:
     return future
 
 
-# ------------------------------------------------------------- the config's sections
+# ---------------------------------------------------- the run config's rollout sections
+# Each class owns its fields' defaults; ``rl_batch.runs.sections.rollout_settings`` reads
+# them from a run config (a config.json written before a field existed: its default).
 
 # The sampler's own defaults (``SamplingConfig``, their one owner).
 _SAMPLER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingConfig)}
-
-
-def _plain(given: Any) -> dict[str, Any]:
-    """A config section (ConfigDict, dict or None) as a plain dict."""
-    if given is None:
-        return {}
-    return dict(given.to_dict() if hasattr(given, "to_dict") else given)
-
-
-def _read(cls, given: Any):
-    """``cls`` from a config section: each field it has, each one it lacks (a config.json
-    written before the field existed) at its default; unknown keys are the validation's."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in _plain(given).items() if k in known})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,13 +126,9 @@ class Sampling:
     attn_block: int = _SAMPLER_DEFAULTS["attn_block"]
     min_slots: int = _SAMPLER_DEFAULTS["min_slots"]
 
-    @classmethod
-    def from_config(cls, given: Any) -> Sampling:
-        """A ``sampling`` section (a config.json's list of stop strings as a tuple)."""
-        section = _plain(given)
-        if "stop_strings" in section:
-            section["stop_strings"] = tuple(section["stop_strings"] or ())
-        return _read(cls, section)
+    def __post_init__(self):
+        # (a config.json's list of stop strings, JSON having no tuples)
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings or ()))
 
     @classmethod
     def method_fields(cls) -> tuple[str, ...]:
@@ -205,27 +189,6 @@ class RolloutSettings:
     sampling: Sampling = dataclasses.field(default_factory=Sampling)
     async_rollout: AsyncRollout = dataclasses.field(default_factory=AsyncRollout)
     partial_rollout: PartialRollout = dataclasses.field(default_factory=PartialRollout)
-
-    @classmethod
-    def from_config(cls, c: Any) -> RolloutSettings:
-        """The rollout settings of a (validated) run config; a config.json written before a
-        field existed reads it at its default (e.g. the static engine, min_slots 2)."""
-        return cls(
-            prompts=c["prompts"],
-            group_size=c["group_size"],
-            seed=c["seed"],
-            gen_batch=c.get("gen_batch", 0),
-            rollout_keys=c.get("rollout_keys", "rollout"),
-            sampling=Sampling.from_config(c.get("sampling")),
-            async_rollout=_read(AsyncRollout, c.get("async_rollout")),
-            partial_rollout=_read(PartialRollout, c.get("partial_rollout")),
-        )
-
-
-def sampling_config(c: Any) -> SamplingConfig:
-    """The sampling method of a run config (``Sampling.from_config(c.sampling).method``;
-    code with a ``RunSpec`` reads ``spec.rollout.sampling.method``)."""
-    return Sampling.from_config(c["sampling"]).method
 
 
 class RolloutSource:

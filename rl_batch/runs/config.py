@@ -33,9 +33,9 @@ from rl_batch.tokenizers import CharTokenizer
 
 ALGOS = ("grpo", "ppo")
 # Validation accuracy the target is on: sampled mean@k, or the exact p(reference response).
-EVAL_METRICS = ("mean_at_k", "p_ref")
+EVAL_METRICS = sections.EVAL_METRICS
 INIT_SOURCES = ("pretrain", "scratch", "checkpoint", "hf", "params")
-SYNTHETIC_TASKS = ("addition", "arithmetic_mix", "multiplication", "countdown")
+SYNTHETIC_TASKS = sections.SYNTHETIC_TASKS
 # The ``grpo.GRPOConfig`` field behind each key of a GRPO run's ``grpo`` section (all its
 # fields but ``temperature``, which comes from ``sampling``).
 GRPO_FIELDS = grpo.GRPOConfig.config_fields()
@@ -219,7 +219,7 @@ def _check_run_fields(c: ConfigDict, check) -> None:
         f"sampling.stop_strings={stops!r}: must be a tuple of non-empty strings, "
         "e.g. --config.sampling.stop_strings=\"('</answer>',)\"",
     )
-    sampling = Sampling.from_config(c.sampling)  # (fields it lacks at their defaults)
+    sampling = sections.read(Sampling, c.sampling)  # (fields it lacks at their defaults)
     errors = _dataclass_errors(
         SamplingConfig,
         {f"sampling.{name}": (name, getattr(sampling, name)) for name in SAMPLING_FIELDS},
@@ -228,7 +228,7 @@ def _check_run_fields(c: ConfigDict, check) -> None:
         errors += _dataclass_errors(
             grpo.GRPOConfig,
             # group_noise depends on the derived micro-batch count: ``_micro_batches``;
-            # micro_layout may be missing (older inputs: strided, ``GRPOConfig.from_config``).
+            # micro_layout may be missing (older inputs: strided, ``sections.Grpo.OLDER_FILES``).
             {
                 f"grpo.{name}": (name, c.grpo[name])
                 for name in GRPO_FIELDS
@@ -698,24 +698,14 @@ def _micro_batches(c: ConfigDict, batch: int, device_count: int) -> int:
 # unsharded one, tests/test_sharding.py) and the compile cache. None of them changes the
 # computation of the steps already done.
 RESUME_ALLOWED = (
-    "budget_responses",
-    "target_crossing",  # (how summary.json reads N* off the evaluations; training is the same)
-    "stop_at_target",
-    "confirm_evals",
-    "checkpoint_every",
-    "max_consecutive_skips",
-    "max_empty_rollouts",
-    "name",
-    "run_dir",
-    "work_dir",
     "distributed",
     "derived.device_count",
-    "xla_cache",
-    # Where copies of the metrics and the sampled generations go (rl_batch.runs.tracking).
-    "tracking",
-    "log_generations",
-    "log_generations_every",
-    # The typed sections' fields marked so (e.g. async_rollout.enabled).
+    # The typed sections' fields marked so: the runway, when to stop, how summary.json
+    # reads N* (target_crossing), checkpoint cadence, the stuck-run guards, where things
+    # live and where copies of the metrics go (sections.RunIO, sections.Evaluation), and
+    # e.g. async_rollout.enabled.
+    *sections.resumable(sections.RunIO),
+    *sections.resumable(sections.Evaluation),
     *sections.resumable(sections.Optimizer),
     *sections.resumable(RolloutSettings),
     *sections.resumable(AsyncRollout, "async_rollout."),
@@ -736,14 +726,7 @@ def _old_micro_batches(old: dict[str, Any]) -> int:
 
 
 ADDED_FIELDS: dict[str, Any] = {
-    "task.system_prompt": "",
-    "task.drop_long_prompts": False,
-    "task.reward_fn": "",
-    "task.chat_template_kwargs": {},
-    "task.eval_fraction": 0.0,
-    "task.split_seed": lambda old: 0 if old["task"].get("name") in SYNTHETIC_TASKS else None,
     "batch_schedule": lambda old: dict(batch_schedule.FIXED),
-    "grpo.group_noise": False,
     # The layout runs measured with before the field: strided; a run of one micro-batch
     # measured nothing, so any layout is its behaviour: today's default.
     "grpo.micro_layout": lambda old: "strided" if _old_micro_batches(old) > 1 else "groups",
@@ -764,9 +747,22 @@ def _with_added_fields(old: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     old = copy.deepcopy(old)
-    # The typed sections: each field a file lacks at its default.
-    _fill(old, sections.defaults(sections.Optimizer))
-    _fill(old, sections.defaults(RolloutSettings))
+    # First the fields whose older value depends on the file (before the sections' fill).
+    _fill_added(old)
+    # The typed sections: each field a file lacks at the value its section reads it with.
+    for cls in (sections.Optimizer, RolloutSettings, sections.Evaluation, sections.RunIO):
+        _fill(old, sections.older_values(cls))
+    _fill(old, {"algo": "grpo", "filter_groups": True})
+    for name, cls in (("grpo", sections.Grpo), ("ppo", sections.Ppo), ("init", sections.Init)):
+        _fill(old, {name: sections.older_values(cls)})
+    _fill(old, {"model": sections.older_values(sections.ModelSection)})
+    if isinstance(old.get("task"), dict):
+        _fill(old["task"], sections.Task.resume_fallbacks(old["task"]))
+    return old
+
+
+def _fill_added(old: dict[str, Any]) -> None:
+    """Sets each `ADDED_FIELDS` entry ``old`` lacks (where its parent section exists)."""
     for path, value in ADDED_FIELDS.items():
         *parents, leaf = path.split(".")
         node = old
@@ -776,7 +772,6 @@ def _with_added_fields(old: dict[str, Any]) -> dict[str, Any]:
             value = value(old) if callable(value) else value
             if value is not None:
                 node[leaf] = value
-    return old
 
 
 def _fill(node: dict[str, Any], defaults: dict[str, Any]) -> None:

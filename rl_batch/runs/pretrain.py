@@ -38,9 +38,10 @@ from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import groups as rollout_lib
 from rl_batch.rollout.sampler import SamplingConfig
 from rl_batch.runs import config as config_lib
+from rl_batch.runs import sections
 from rl_batch.runs.checkpoint import Checkpointer, path_name
 from rl_batch.runs.spec import RunSpec
-from rl_batch.tasks.plugin import is_plugin, plugin_splits
+from rl_batch.tasks.plugin import is_plugin
 from rl_batch.tasks.tfds_builders import load_split
 from rl_batch.tokenizers import encode_prompt
 
@@ -135,7 +136,7 @@ def base_splits(c: ConfigDict, task: Any) -> tuple[Any, Any]:
     """The (train, validation) examples the warm start of resolved ``c`` trains and
     stops on (the task's TFDS splits in ``<work_dir>/data``, or a plug-in's own)."""
     if is_plugin(c.task.name):
-        return plugin_splits(task, c)
+        return sections.Task.from_config(c.task).plugin_splits(task)
     data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
     kwargs = dict(c.task.kwargs.to_dict(), n_train=c.task.n_train, n_validation=c.task.n_validation)
     return (

@@ -58,7 +58,7 @@ from rl_batch.runs.accounting import (
 from rl_batch.runs.checkpoint import Checkpointer, CheckpointMismatchError
 from rl_batch.runs.metrics_log import MetricsLog
 from rl_batch.runs.spec import RunSpec
-from rl_batch.tasks.plugin import is_plugin, plugin_splits
+from rl_batch.tasks.plugin import is_plugin
 from rl_batch.tasks.tfds_builders import load_split
 
 log = logging.getLogger(__name__)
@@ -95,59 +95,57 @@ def load_task_data(spec: RunSpec, tokenizer) -> tuple[Any, Any]:
     tokenizer's chat template (``task.chat_template_kwargs``), validation rows shuffled by
     ``task.split_seed``.
     """
-    c, max_prompt_len = spec.config, spec.max_prompt_len
-    if is_plugin(c.task.name):  # (a user's task class: drawn in memory)
-        return plugin_splits(config_lib.make_task(c), c)
-    if c.task.name in config_lib.SYNTHETIC_TASKS:
-        data_dir = os.path.join(os.path.abspath(c.work_dir), "data")
-        kwargs = dict(
-            c.task.kwargs.to_dict(), n_train=c.task.n_train, n_validation=c.task.n_validation
-        )
+    c, t, max_prompt_len = spec.config, spec.task, spec.max_prompt_len
+    if is_plugin(t.name):  # (a user's task class: drawn in memory)
+        return t.plugin_splits(config_lib.make_task(c))
+    if t.name in config_lib.SYNTHETIC_TASKS:
+        data_dir = os.path.join(os.path.abspath(spec.io.work_dir), "data")
+        kwargs = dict(t.kwargs, n_train=t.n_train, n_validation=t.n_validation)
         return (
-            load_split(c.task.name, "train", data_dir, **kwargs),
-            load_split(c.task.name, "validation", data_dir, **kwargs),
+            load_split(t.name, "train", data_dir, **kwargs),
+            load_split(t.name, "validation", data_dir, **kwargs),
         )
     from rl_batch.tasks.math_data import DEFAULT_INSTRUCTION, hold_out, load_math_file, shuffled
 
-    instruction = c.task.get("instruction")
-    template_kwargs = dict(c.task.get("chat_template_kwargs") or {})
+    instruction = t.instruction
+    template_kwargs = dict(t.chat_template_kwargs or {})
 
     def load(path):
         # Prompts over the sampler's budget fail here (or, with task.drop_long_prompts,
         # are dropped with a warning), naming the file and line.
         examples = load_math_file(
             path,
-            fmt=c.task.format,
+            fmt=t.format,
             tokenizer=tokenizer,
             instruction=DEFAULT_INSTRUCTION if instruction is None else instruction,
-            system=c.task.get("system_prompt") or None,
+            system=t.system_prompt or None,
             max_prompt_tokens=max_prompt_len,
-            drop_long_prompts=bool(c.task.get("drop_long_prompts", False)),
+            drop_long_prompts=bool(t.drop_long_prompts),
             chat_template_kwargs=template_kwargs,
         )
         return [ex.to_dict() for ex in examples]
 
-    seed, fraction = c.task.get("split_seed", 0), c.task.get("eval_fraction", 0.0)
+    seed, fraction = t.split_seed, t.eval_fraction
     # (Named by path and field: "<path> (task.train_file) has 0 examples, ...".)
-    train_name = f"{c.task.train_file} (task.train_file)"
-    val_name = f"{c.task.validation_file} (task.validation_file)"
-    train = load(c.task.train_file)
+    train_name = f"{t.train_file} (task.train_file)"
+    val_name = f"{t.validation_file} (task.validation_file)"
+    train = load(t.train_file)
     if fraction:
         train, val = hold_out(train, fraction, seed)
         val_name = f"task.eval_fraction={fraction} of {train_name}"
         train_name = f"{train_name} less task.eval_fraction={fraction}"
     else:
-        val = load(c.task.validation_file)
+        val = load(t.validation_file)
     config_lib.check_data_sizes(c, len(train), len(val), train_name, val_name)
     return train, shuffled(val, seed)
 
 
 def initial_params(spec: RunSpec) -> Any:
     """The starting policy named by the run's ``init`` section."""
-    c, model_config = spec.inputs, spec.model
-    source = c.init.source
+    init, model_config = spec.init, spec.model
+    source = init.source
     if source == "scratch":
-        return model_lib.init_params(model_config, c.seed)
+        return model_lib.init_params(model_config, spec.rollout.seed)
     if source == "pretrain":
         from rl_batch.runs import pretrain
 
@@ -155,19 +153,19 @@ def initial_params(spec: RunSpec) -> Any:
     if source == "params":  # a base policy file (experiments.pretrain --export)
         from rl_batch.runs import pretrain
 
-        return pretrain.load_params_file(c.init.path, model_config)
+        return pretrain.load_params_file(init.path, model_config)
     if source == "hf":
         from rl_batch.models import hf
 
         _, params = hf.load_hf_checkpoint(
-            c.init.path, dtype=model_config.param_dtype, scan_layers=model_config.scan_layers
+            init.path, dtype=model_config.param_dtype, scan_layers=model_config.scan_layers
         )
         return params
     # A checkpoint directory of an earlier run: its policy params only, read as host
     # arrays (no orbax sharding: the same under any process count), in either layer
     # layout (an earlier run may have stored its blocks stacked or per layer).
     like = model_lib.abstract_params(model_config)
-    host = restore_either_layout(Checkpointer(c.init.path), model_config)
+    host = restore_either_layout(Checkpointer(init.path), model_config)
     return jax.tree.map(lambda x, a: jnp.asarray(x, dtype=a.dtype), host, like)
 
 
@@ -301,11 +299,12 @@ class Evaluator:
     validation accuracy that the target and N* are on, is the metric ``eval_metric``
     names (``eval_metric`` in the line); ``eval_mean_at_k`` is always the sampled one."""
 
-    def __init__(self, c: ConfigDict, sampler, task, tokenizer, val_data, base_rng, scorer):
-        self.c, self.sampler, self.task, self.tokenizer = c, sampler, task, tokenizer
-        self.examples = [val_data[i] for i in range(min(c.eval_prompts, len(val_data)))]
+    def __init__(self, spec: RunSpec, sampler, task, tokenizer, val_data, base_rng, scorer):
+        self.c, self.sampler, self.task, self.tokenizer = spec.evaluation, sampler, task, tokenizer
+        self.gen_batch, self.log_generations = spec.rollout.gen_batch, spec.io.log_generations
+        self.examples = [val_data[i] for i in range(min(self.c.eval_prompts, len(val_data)))]
         self.rng = jax.random.fold_in(base_rng, 1)
-        sampling = rollout_source.Sampling.from_config(c.sampling)
+        sampling = spec.rollout.sampling
         self.sampling, self.stop_strings = sampling.method, sampling.stop_strings
         # (step, rows) -> None: takes the sampled generations of the first
         # ``log_generations`` prompts of each validation (`MetricsLog.write_generations`).
@@ -316,7 +315,7 @@ class Evaluator:
         """Validates ``params``; returns the eval line (and schedules the next validation)."""
         c = self.c
         rows: list[dict] = []
-        n_rows = c.get("log_generations", 0) if self.on_generations is not None else 0
+        n_rows = self.log_generations if self.on_generations is not None else 0
 
         def keep(ro: rollout_lib.Rollout) -> None:
             rows.extend(generation_rows(self.tokenizer, ro, n_rows, counters, "validation"))
@@ -331,7 +330,7 @@ class Evaluator:
             rng=jax.random.fold_in(self.rng, counters.step),
             sampling=self.sampling,
             greedy=c.eval_greedy,
-            gen_batch=c.gen_batch,
+            gen_batch=self.gen_batch,
             on_rollout=keep if n_rows else None,
             stop_strings=self.stop_strings,
         )
@@ -356,17 +355,18 @@ class Evaluator:
         }
 
 
-def make_scorer(c: ConfigDict, model_config, tokenizer, val_data):
+def make_scorer(spec: RunSpec, tokenizer, val_data):
     """The exact p_ref scorer of the first ``eval_ref_prompts`` validation prompts
     (``eval_metric="p_ref"``), else None."""
-    if c.eval_metric != "p_ref":
+    evaluation = spec.evaluation
+    if evaluation.eval_metric != "p_ref":
         return None
-    n_ref = min(c.eval_ref_prompts or len(val_data), len(val_data))
+    n_ref = min(evaluation.eval_ref_prompts or len(val_data), len(val_data))
     return exact_eval.ReferenceScorer(
-        model_config,
+        spec.model,
         tokenizer,
         [val_data[i] for i in range(n_ref)],
-        temperature=c.sampling.temperature,
+        temperature=spec.rollout.sampling.temperature,
     )
 
 
@@ -404,7 +404,7 @@ def save_checkpoint(s: _Setup, state, counters: Counters) -> None:
     themselves, so the save waits for them: the learner's wait, as before validation
     (training time unless the budget is spent and this run will not train on them).
     """
-    ckpt, source, budget = s.ckpt, s.source, s.c.budget_responses
+    ckpt, source, budget = s.ckpt, s.source, s.spec.io.budget_responses
     if ckpt.has_step(counters.step):
         return  # This step is already on disk (and not damaged).
     if source.in_flight:
@@ -443,10 +443,10 @@ class _Setup(NamedTuple):
 
 def _set_up(spec: RunSpec, resume: bool) -> _Setup:
     """Writes config.json, loads the data and the policy, restores the latest checkpoint."""
-    c = spec.config
-    if not c.run_dir:
+    c, io = spec.config, spec.io
+    if not io.run_dir:
         raise ValueError("run_dir is empty: set --config.run_dir")
-    run_dir = os.path.abspath(c.run_dir)
+    run_dir = os.path.abspath(io.run_dir)
     is_writer = jax.process_index() == 0
     # Every process checks (process 0 writes only once its check passed), so a mismatch
     # stops all of them instead of leaving the others waiting in a collective.
@@ -471,13 +471,13 @@ def _set_up(spec: RunSpec, resume: bool) -> _Setup:
         lambda: programs_lib.Programs(
             make_algorithm(spec, mesh),
             config_lib.make_sampler(spec, tokenizer, mesh),
-            make_scorer(c, model_config, tokenizer, val_data),
+            make_scorer(spec, tokenizer, val_data),
         ),
     )
     # (Multi-process: rebuilt so that a checkpoint of the initial state can be saved.)
     state = distributed.rebuild(algo.init_state(initial_params(spec)))
 
-    base_rng = jax.random.key(c.seed)
+    base_rng = jax.random.key(spec.rollout.seed)
     source = rollout_source.RolloutSource(
         spec.rollout, sampler, model_config, task, tokenizer, train_data, base_rng, mesh
     )
@@ -491,19 +491,19 @@ def _set_up(spec: RunSpec, resume: bool) -> _Setup:
         source.restore(meta, counters)
         resumed_step, saved_metrics = counters.step, meta.get("metrics")
         log.info("resumed %s at step %d", run_dir, counters.step)
-    evaluator = Evaluator(c, sampler, task, tokenizer, val_data, base_rng, scorer)
+    evaluator = Evaluator(spec, sampler, task, tokenizer, val_data, base_rng, scorer)
     for what, n in (
         ("training rollout", spec.batch),
-        ("validation", len(evaluator.examples) * c.eval_k),
+        ("validation", len(evaluator.examples) * spec.evaluation.eval_k),
     ):
-        max_kv = c.get("max_kv_bytes", 0)
-        rollout_lib.check_kv_memory(sampler, n, c.gen_batch, max_kv, what, source.sampling)
+        gen_batch = spec.rollout.gen_batch
+        rollout_lib.check_kv_memory(sampler, n, gen_batch, io.max_kv_bytes, what, source.sampling)
     tracker = None
     if is_writer:  # (process 0 writes the files and feeds the dashboards)
         info = tracking.RunInfo(
-            run_dir, c.name or os.path.basename(run_dir), c.to_dict(), resumed_step
+            run_dir, io.name or os.path.basename(run_dir), c.to_dict(), resumed_step
         )
-        tracker = tracking.make_tracker(c.get("tracking", "jsonl"), info)
+        tracker = tracking.make_tracker(io.tracking, info)
     metrics_log = MetricsLog(run_dir, is_writer, resumed_step, saved_metrics, tracker)
     if is_writer:
         evaluator.on_generations = metrics_log.write_generations
@@ -582,13 +582,13 @@ def run(
         distributed.maybe_initialize(spec)  # (before resolve counts the devices)
         spec = config_lib.resolve(spec)
     distributed.maybe_initialize(spec.inputs)
-    c = spec.config
-    if c.get("xla_cache", False):
-        enable_xla_cache(c.work_dir)
-    if not c.run_dir:
+    io = spec.io
+    if io.xla_cache:
+        enable_xla_cache(io.work_dir)
+    if not io.run_dir:
         raise ValueError("run_dir is empty: set --config.run_dir")
     # One writer per run directory (process 0 of a multi-process run is its only writer).
-    lock = locks.DirectoryLock(c.run_dir, "run") if jax.process_index() == 0 else None
+    lock = locks.DirectoryLock(io.run_dir, "run") if jax.process_index() == 0 else None
     if lock is not None:
         lock.acquire()
     try:
@@ -611,7 +611,8 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
     accounting = StepAccounting(spec, algo.extra_update_flops, matmul_rate, source.depth > 0)
     if metrics_log.last_eval is None:
         metrics_log.write(evaluator(algo.policy_params(state), counters))
-    bar = _Progress(c.budget_responses, c.name, progress)
+    io, evaluation = spec.io, spec.evaluation
+    bar = _Progress(io.budget_responses, io.name, progress)
     status, reward = "running", 0.0
     _write_summary(s, counters, status)  # "running" until the run ends (or dies)
     try:
@@ -642,9 +643,9 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
             record = accounting.book(counters, step)
             if record is not None:
                 metrics_log.write(record)
-                every = c.get("log_generations_every", 0)
+                every = io.log_generations_every
                 if every and counters.step % every == 0:  # (the first log_generations prompts)
-                    n = max(c.get("log_generations", 0), 1)
+                    n = max(io.log_generations, 1)
                     rows = generation_rows(evaluator.tokenizer, ro, n, counters, "train")
                     metrics_log.write_generations(counters.step, rows)
             reward = float(ro.rewards_pg.mean())
@@ -658,13 +659,16 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
                     counters.add_learner_wait(source.drain())
                 metrics_log.write(evaluator(algo.policy_params(state), counters))
                 accuracy = metrics_log.last_eval["eval_accuracy"]
-                if c.stop_at_target and counters.evals_at_target >= c.confirm_evals:
+                if (
+                    evaluation.stop_at_target
+                    and counters.evals_at_target >= evaluation.confirm_evals
+                ):
                     counters.stopped = STOP_TARGET
             counters.stopped = stop_reason(c, counters)
             if counters.stopped:  # (its checkpoint follows the final validation)
                 bar.update(counters, reward, accuracy)
                 break
-            if counters.step and counters.step % c.checkpoint_every == 0 and record is not None:
+            if counters.step and counters.step % io.checkpoint_every == 0 and record is not None:
                 save_checkpoint(s, state, counters)
                 _write_summary(s, counters, status)
             bar.update(counters, reward, accuracy)
@@ -719,7 +723,7 @@ def _write_summary(s: _Setup, counters: Counters, status: str, error: str | None
 
 def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
     """The learner of ``spec``'s algorithm, with its optimizers at the run's batch."""
-    c, optimizer = spec.inputs, spec.rules.optimizer
+    algo, optimizer = spec.algo, spec.rules.optimizer
     max_grad_norm = optimizer.max_grad_norm or None
     adam = dataclasses.asdict(spec.optimizer)
     if spec.batch_schedule.kind == "fixed":  # (a schedule's run loop sets the warm-up's LR)
@@ -729,7 +733,7 @@ def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
         weight_decay=optimizer.weight_decay,
         max_grad_norm=max_grad_norm,
     )
-    if c.algo == "ppo":
+    if algo.name == "ppo":
         from rl_batch.algorithms import ppo
 
         critic_optimizer = ppo.make_critic_optimizer(
@@ -745,8 +749,8 @@ def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
             actor_optimizer=actor_optimizer,
             critic_optimizer=critic_optimizer,
             prompt_len=spec.max_prompt_len,
-            seed=c.seed,
-            critic_from_policy=c.ppo.critic_from_policy,
+            seed=spec.rollout.seed,
+            critic_from_policy=algo.ppo.critic_from_policy,
         )
     return grpo.GRPO(
         spec.algorithm,
@@ -754,5 +758,5 @@ def make_algorithm(spec: RunSpec, mesh) -> Algorithm:
         mesh,
         optimizer=actor_optimizer,
         prompt_len=spec.max_prompt_len,
-        filter_groups=c.filter_groups,
+        filter_groups=algo.filter_groups,
     )

@@ -22,6 +22,7 @@ from ml_collections import ConfigDict, FrozenConfigDict
 from rl_batch.algorithms import grpo, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout.sources import RolloutSettings
+from rl_batch.runs import sections
 from rl_batch.runs.batch_schedule import BatchSchedule
 from rl_batch.runs.sections import Adam, BatchHparams, BatchRules
 
@@ -61,6 +62,10 @@ class RunSpec:
         partial rollout, gen_batch, rollout_keys), as ``RolloutSource`` reads them.
       rules: the optimizer section and the batch rules (``sections.BatchRules``): the one
         derivation of every batch-dependent value (``hparams_at``).
+      task, model_section, init, algo, evaluation, io: the run config's other sections
+        (``sections.Task``, ``ModelSection``, ``Init``, ``Algo``, ``Evaluation``,
+        ``RunIO``), each read once from the inputs with its defaults for what an older
+        config.json lacks.
     """
 
     inputs: FrozenConfigDict
@@ -83,6 +88,12 @@ class RunSpec:
     hparam_arithmetic: str
     rules: BatchRules
     rollout: RolloutSettings
+    task: sections.Task
+    model_section: sections.ModelSection
+    init: sections.Init
+    algo: sections.Algo
+    evaluation: sections.Evaluation
+    io: sections.RunIO
 
     @classmethod
     def build(
@@ -110,6 +121,13 @@ class RunSpec:
         for section in ("derived", "sweep"):
             if section in inputs:
                 del inputs[section]
+        rollout = sections.rollout_settings(inputs)
+        algo = sections.Algo.from_config(inputs)
+        algorithm = algo.config(
+            temperature=rollout.sampling.temperature,
+            group_size=rollout.group_size,
+            micro_batches=micro_batches,
+        )
         return cls(
             inputs=FrozenConfigDict(inputs),
             batch=batch,
@@ -121,14 +139,18 @@ class RunSpec:
             max_prompt_len=max_prompt_len,
             max_new_tokens=max_new_tokens,
             model=model,
-            algorithm=_algorithm_config(inputs, micro_batches).replace(
-                clip_low=clip_low, clip_high=clip_high
-            ),
+            algorithm=algorithm.replace(clip_low=clip_low, clip_high=clip_high),
             device_count=device_count,
             python=python,
             batch_schedule=BatchSchedule.from_config(inputs),
             rules=BatchRules.from_config(inputs),
-            rollout=RolloutSettings.from_config(inputs),
+            rollout=rollout,
+            task=sections.Task.from_config(inputs.get("task")),
+            model_section=sections.ModelSection.from_config(inputs.get("model")),
+            init=sections.Init.from_config(inputs.get("init")),
+            algo=algo,
+            evaluation=sections.Evaluation.from_config(inputs),
+            io=sections.RunIO.from_config(inputs),
             clip_low=clip_low,
             clip_high=clip_high,
             lr_warmup_updates=lr_warmup_updates,
@@ -237,13 +259,6 @@ class RunSpec:
         for key, value in changes.items():
             inputs[key] = value
         return dataclasses.replace(self, inputs=FrozenConfigDict(inputs))
-
-
-def _algorithm_config(inputs: ConfigDict, micro_batches: int):
-    """The algorithm's own config dataclass from the inputs and the micro-batch count."""
-    if inputs.algo == "ppo":
-        return ppo.PPOConfig.from_config(inputs, micro_batches)
-    return grpo.GRPOConfig.from_config(inputs, micro_batches)
 
 
 def _plain(value: Any) -> Any:

@@ -31,7 +31,7 @@ one it replaces moves to ``<sweep>/calibrations/``; report.md names the one it u
                          "engine": ..., "slots": ..., "attn_block": ...}}}
 
 ``engine``, ``slots`` and ``attn_block`` are the rollout engine the configuration's run
-config selects (``sampling.*``, ``rl_batch.rollout.sources.sampling_config``; slots 0 = the
+config selects (``sampling.*``, ``rl_batch.runs.sections.rollout_settings``; slots 0 = the
 generation chunk): the generation time was measured with it. Records written before
 they existed have none (the static engine).
 
@@ -70,6 +70,7 @@ from rl_batch.models import sharding
 from rl_batch.rollout import sources as rollout_source
 from rl_batch.runs import config as config_lib
 from rl_batch.runs import run as run_lib
+from rl_batch.runs import sections
 from rl_batch.runs.accounting import Counters, keep_mask
 from rl_batch.runs.spec import RunSpec
 
@@ -243,8 +244,8 @@ def _gen_tokens_per_s(visits: list[list[StepTime]]) -> list[float]:
 
 def engine_record(c: ConfigDict) -> dict[str, Any]:
     """The rollout engine a run config selects, as ``calibration.json`` records it:
-    ``{"engine", "slots", "attn_block"}`` (``sources.sampling_config``)."""
-    sampling = rollout_source.sampling_config(c)
+    ``{"engine", "slots", "attn_block"}`` (``sections.rollout_settings``)."""
+    sampling = sections.read(rollout_source.Sampling, c.sampling).method
     return {"engine": sampling.engine, "slots": sampling.slots, "attn_block": sampling.attn_block}
 
 

@@ -104,9 +104,12 @@ class ExampleList(Sequence):
         return [self._items[int(i)] for i in indices]
 
 
-def plugin_splits(task, c) -> tuple[ExampleList, ExampleList]:
-    """(train, validation) of a plug-in task under the run config ``c``."""
-    sizes = {"validation": c.task.n_validation, "train": c.task.n_train}
-    seed = c.task.get("split_seed") or 0
-    splits = draw_splits(task, seed, sizes, f"task.name={c.task.name!r}")
+def plugin_splits(
+    task, *, n_train: int, n_validation: int, seed: int, name: str
+) -> tuple[ExampleList, ExampleList]:
+    """(train, validation) of a plug-in task: ``n_train`` and ``n_validation`` distinct
+    examples drawn from ``seed`` (the run's ``task.split_seed``); ``name`` names the task
+    in errors (e.g. ``"task.name='my.module:Task'"``)."""
+    sizes = {"validation": n_validation, "train": n_train}
+    splits = draw_splits(task, seed, sizes, name)
     return ExampleList(splits["train"]), ExampleList(splits["validation"])
