@@ -222,7 +222,9 @@ def _damage(kind: str, tmp_path) -> tuple[str, str]:
         run.finish()
         (f,) = {p.resolve() for p in made.rglob("*.wandb")}
         data = f.read_bytes()  # a copy, away from the writer's directory
-        (d / f.name).write_bytes(data[: len(data) * 3 // 5])  # cut inside a record
+        # Cut inside the file's last record (the run's exit record), 3 bytes short: a cut
+        # at a fixed fraction can land on a record boundary, which reads as a short file.
+        (d / f.name).write_bytes(data.rstrip(b"\0")[:-3])
         return str(d), "truncated W&B record"
     if kind == "csv":
         (d / "history.csv").write_bytes(b"_step,acc\n1,\xff\xfe\n")

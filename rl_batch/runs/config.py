@@ -12,6 +12,7 @@ without resolving again.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import platform
@@ -383,6 +384,8 @@ def load_spec(data: dict[str, Any]) -> RunSpec:
       ValueError: naming every invalid field of an unresolved config.
     """
     if isinstance(data.get("derived"), dict):
+        data = copy.deepcopy(data)
+        _fill_added(data)  # fields whose older value depends on the file (ADDED_FIELDS)
         return RunSpec.from_json(data)
     return resolve(ConfigDict(data))
 
