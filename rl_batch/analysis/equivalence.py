@@ -133,7 +133,7 @@ def _pct(x: float) -> str:
 def _interval(e: Estimate, level: str) -> str:
     if not e.has_interval:
         return e.fmt()
-    return f"{e.mean:.3g}, {level} interval [{e.lo:.3g}, {e.hi:.3g}]"
+    return f"{e.mean:.4g}, {level} interval [{e.lo:.4g}, {e.hi:.4g}]"
 
 
 def sentence(

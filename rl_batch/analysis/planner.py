@@ -695,7 +695,7 @@ def _pairs_table(plan: Plan) -> list[str]:
     for p in plan.pairs:
         seeds = "-" if p.verdict != equivalence.UNDECIDED else (p.seeds or "> 100")
         lines.append(
-            f"| {p.key.name} | {p.key.batch} | {p.ratio.fmt()} | {p.ratio_diff.fmt()} | "
+            f"| {p.key.name} | {p.key.batch} | {p.ratio.fmt('.4g')} | {p.ratio_diff.fmt('.4g')} | "
             f"{p.verdict} | {seeds} |"
         )
     return lines + [""]
