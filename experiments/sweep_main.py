@@ -8,7 +8,7 @@ that config only.
 
 With ``sweep.extend_edges``, ``rl_batch.sweeps.extend.run_extending`` runs the grid, then
 extends it past an edge optimum (`next_edge_step`: the analysis's
-``planner.next_edge_points``) until the minimum of T is interior or a limit is reached;
+``extension.next_edge_points``) until the minimum of T is interior or a limit is reached;
 docs/study_design.md describes it.
 """
 
@@ -86,12 +86,12 @@ def failed_message(failed: list[str], sweep_dir: str) -> str:
 
 def next_edge_step(sweep_dir: str, **limits):
     """The grid extension's next step after a pass (``rl_batch.sweeps.extend.NextStep``):
-    the sweep analysed as the report does, then `planner.next_edge_points` with
+    the sweep analysed as the report does, then `extension.next_edge_points` with
     ``limits`` (``rounds_done``, ``max_rounds``, ``max_batch``, ``min_group``)."""
-    from rl_batch.analysis import curves, planner, time_to_target
+    from rl_batch.analysis import curves, extension, time_to_target
 
     analysis = time_to_target.analyze_sweep(curves.load_sweep(sweep_dir))
-    return planner.next_edge_points(analysis, **limits)
+    return extension.next_edge_points(analysis, **limits)
 
 
 def main(argv, algo: str = "grpo"):

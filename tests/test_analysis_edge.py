@@ -4,7 +4,7 @@ import analysis_fixtures as fx
 import pytest
 
 from rl_batch import artifacts
-from rl_batch.analysis import curves, findings, planner, report
+from rl_batch.analysis import curves, edges, extension, findings, planner, report
 from rl_batch.analysis import time_to_target as ttt
 
 SMALLER_WORDS = "at the edge of the grid: a smaller batch was not tried"
@@ -21,7 +21,7 @@ def test_interior_optimum_is_not_flagged(tmp_path):
     plan = planner.plan_full(a)
     assert plan.best == artifacts.Configuration("grpo", 32, 8, "sqrt") and plan.edge == ""
     assert "edge of the grid" not in planner.format_plan_table(plan)
-    ext = planner.next_edge_points(a)
+    ext = extension.next_edge_points(a)
     assert ext.stop and "interior" in ext.reason
 
 
@@ -41,14 +41,14 @@ def test_smallest_batch_best_is_flagged_and_extended_down(tmp_path):
     assert SMALLER_WORDS in text
     u = findings.u_shape_finding(a, 0.1)
     assert SMALLER_WORDS in u.note
-    ext = planner.next_edge_points(a)
+    ext = extension.next_edge_points(a)
     # The grid's factor is 64 / 32 = 2: P = 32 / 2 at G = 8, the same LR rule.
-    assert ext.points == ("16x8:sqrt",) and ext.side == planner.SMALLER
+    assert ext.points == ("16x8:sqrt",) and ext.side == edges.SMALLER
     assert SMALLER_WORDS in ext.reason
     # The limits: rounds done, and a batch bound only on the larger side.
-    stop = planner.next_edge_points(a, rounds_done=2, max_rounds=2)
+    stop = extension.next_edge_points(a, rounds_done=2, max_rounds=2)
     assert stop.stop and "limit: 2 extension round(s)" in stop.reason
-    assert planner.next_edge_points(a, max_batch=64).points == ("16x8:sqrt",)
+    assert extension.next_edge_points(a, max_batch=64).points == ("16x8:sqrt",)
 
 
 def test_largest_batch_best_is_extended_up_and_bounded(tmp_path):
@@ -56,23 +56,23 @@ def test_largest_batch_best_is_extended_up_and_bounded(tmp_path):
     a = _analysis(tmp_path, configs, "P8_G8_sqrt_s0")
     plan = planner.plan_full(a)
     assert plan.best.batch == 256 and LARGER_WORDS in plan.edge
-    assert planner.next_edge_points(a).points == ("64x8:sqrt",)
-    stop = planner.next_edge_points(a, max_batch=256)
+    assert extension.next_edge_points(a).points == ("64x8:sqrt",)
+    stop = extension.next_edge_points(a, max_batch=256)
     assert stop.stop and "over the largest batch 256" in stop.reason
 
 
 def test_at_one_prompt_the_group_shrinks_then_stops(tmp_path):
     configs = ((1, 8, "sqrt", 1.0), (2, 8, "sqrt", 3.0))  # q(16) ~ 1.8 q(8)
     a = _analysis(tmp_path, configs, "P1_G8_sqrt_s0")
-    assert planner.next_edge_points(a).points == ("1x4:sqrt",)
-    stop = planner.next_edge_points(a, min_group=8)
+    assert extension.next_edge_points(a).points == ("1x4:sqrt",)
+    stop = extension.next_edge_points(a, min_group=8)
     assert stop.stop and "P = 1" in stop.reason
 
 
 def test_non_dividing_factor_stops(tmp_path):
     configs = ((3, 8, "sqrt", 1.0), (6, 8, "sqrt", 3.0))
     a = _analysis(tmp_path, configs, "P3_G8_sqrt_s0")
-    stop = planner.next_edge_points(a)
+    stop = extension.next_edge_points(a)
     assert stop.stop and "P = 3 does not divide" in stop.reason
 
 
@@ -85,13 +85,13 @@ def test_edge_side(batches, best, side):
     keys = [artifacts.Configuration("grpo", b // 8, 8, "sqrt") for b in batches]
     # Another LR rule's smaller batch does not make the sqrt best interior.
     keys.append(artifacts.Configuration("grpo", 1, 8, "fixed"))
-    assert planner.edge_side(keys, artifacts.Configuration("grpo", best // 8, 8, "sqrt")) == side
+    assert edges.edge_side(keys, artifacts.Configuration("grpo", best // 8, 8, "sqrt")) == side
 
 
 def test_report_lists_the_grid_extension(tmp_path):
     a = _analysis(tmp_path, LEFT_EDGE, "P32_G8_sqrt_s0")
     assert "## Grid extension" not in report.build_report(a, resamples=0)
     ext = {"rounds": [{"points": ["16x8:sqrt"], "reason": "why", "best": "x"}], "stopped": "s"}
-    artifacts.write_json_atomic(str(tmp_path / planner.EXTENSIONS_FILE), ext)
+    artifacts.write_json_atomic(str(tmp_path / extension.EXTENSIONS_FILE), ext)
     text = report.build_report(a, resamples=0)
     assert "- round 1: added 16x8:sqrt: why" in text and "- stopped: s" in text

@@ -10,7 +10,7 @@ import pytest
 from experiments import sweep_main
 from experiments.configs import base
 from rl_batch import artifacts
-from rl_batch.analysis import planner
+from rl_batch.analysis import extension
 from rl_batch.sweeps import extend, processes, sweep
 
 
@@ -70,7 +70,7 @@ def test_extends_until_the_minimum_is_interior_and_reruns_only_new_points(tmp_pa
     sweep_dir = str(tmp_path)
     grid = FakeGrid(sweep_dir)
     extend.run_extending(_config(), sweep_dir, grid, WRITER, NEXT, log=lambda s: None)
-    ext = planner.read_extensions(sweep_dir)
+    ext = extension.read_extensions(sweep_dir)
     assert [r["points"] for r in ext["rounds"]] == [["4x8:sqrt"], ["2x8:sqrt"]]
     assert "interior" in ext["stopped"] and "B = 32" in ext["stopped"]
     assert grid.passes == 3 and len(grid.written) == 8  # 2 + 1 + 1 configurations x 2 seeds
@@ -81,8 +81,8 @@ def test_extends_until_the_minimum_is_interior_and_reruns_only_new_points(tmp_pa
     again = FakeGrid(sweep_dir)
     extend.run_extending(_config(), sweep_dir, again, WRITER, NEXT, log=lambda s: None)
     assert again.passes == 1 and again.written == []
-    assert len(planner.read_extensions(sweep_dir)["rounds"]) == 2
-    assert "## Grid extension" in "\n".join(planner.extension_lines(sweep_dir))
+    assert len(extension.read_extensions(sweep_dir)["rounds"]) == 2
+    assert "## Grid extension" in "\n".join(extension.extension_lines(sweep_dir))
 
 
 def test_round_limit_stops_at_the_edge(tmp_path):
@@ -91,7 +91,7 @@ def test_round_limit_stops_at_the_edge(tmp_path):
     extend.run_extending(
         _config(extend_max_rounds=1), sweep_dir, grid, WRITER, NEXT, log=lambda s: None
     )
-    ext = planner.read_extensions(sweep_dir)
+    ext = extension.read_extensions(sweep_dir)
     assert [r["points"] for r in ext["rounds"]] == [["4x8:sqrt"]]
     assert ext["stopped"].startswith("limit: 1 extension round(s)")
     assert "a smaller batch was not tried" in ext["stopped"]
@@ -198,7 +198,7 @@ def test_an_extension_recorded_without_its_grid_is_matched_with_sweep_json(tmp_p
     extend.run_extending(
         _config(), sweep_dir, FakeGrid(sweep_dir), WRITER, NEXT, log=lambda s: None
     )
-    path = os.path.join(sweep_dir, planner.EXTENSIONS_FILE)
+    path = os.path.join(sweep_dir, extension.EXTENSIONS_FILE)
     old = {k: v for k, v in artifacts.read_json(path).items() if k != "grid"}
     artifacts.write_json_atomic(path, old)
     assert extend.applied_extension(_config(), sweep_dir)[1].startswith("grid extension")
@@ -206,7 +206,7 @@ def test_an_extension_recorded_without_its_grid_is_matched_with_sweep_json(tmp_p
     # A re-run of the study adopts the file (and records the grid in it).
     again = FakeGrid(sweep_dir)
     extend.run_extending(_config(), sweep_dir, again, WRITER, NEXT, log=lambda s: None)
-    assert again.written == [] and planner.read_extensions(sweep_dir)["grid"]["reference"] == (
+    assert again.written == [] and extension.read_extensions(sweep_dir)["grid"]["reference"] == (
         "8x8:sqrt"
     )
 
@@ -226,7 +226,7 @@ def test_the_issue_listing_with_the_default_studys_extension_beside_it(tmp_path)
            "best": "p2_g8_sqrt"}], "stopped": "limit: P = 1",
            "grid": extend.grid_identity(default)}  # fmt: skip
     os.makedirs(sweep_dir)
-    artifacts.write_json_atomic(os.path.join(sweep_dir, planner.EXTENSIONS_FILE), ext)
+    artifacts.write_json_atomic(os.path.join(sweep_dir, extension.EXTENSIONS_FILE), ext)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def listed(*flags):

@@ -184,7 +184,7 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # (largest) batch of its family, the sweep adds the next batch beyond it by the grid's
     # factor (P / f, or G / f at P = 1; P x f), same LR rule, every seed, and repeats
     # until the minimum is interior or a limit below is reached
-    # (rl_batch.analysis.planner.next_edge_points; <sweep>/extensions.json keeps the added
+    # (rl_batch.analysis.extension.next_edge_points; <sweep>/extensions.json keeps the added
     # points, so a re-run of the same command runs only what is new).
     run.sweep.extend_edges = False
     run.sweep.extend_max_rounds = 2  # the most extension rounds (each adds 1-2 configurations)

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rl_batch.analysis import critical_batch, intervals, planner
+from rl_batch.analysis import critical_batch, edges, intervals
 from rl_batch.analysis.cost_model import GenerationReport, fit_problems
 from rl_batch.analysis.time_to_target import (
     Analysis,
@@ -501,7 +501,7 @@ def u_shape_finding(analysis: Analysis, tol: float) -> Finding:
     bottoms = {k: bottom(k, analysis.level) for k in interior}
     where = f"best mean at B = {best.batch}"
     if best in (fam[0], fam[-1]):  # The U is not tested on the arm that was not tried.
-        where += f" ({planner.EDGE_WORDS[planner.SMALLER if best == fam[0] else planner.LARGER]})"
+        where += f" ({edges.EDGE_WORDS[edges.SMALLER if best == fam[0] else edges.LARGER]})"
     holm = _holm_words(analysis.level, len(interior))
     if found:
         note = f"{where}; both ends over {factor:g}x slower than B = {found[0]}{holm}"

@@ -16,6 +16,7 @@ from rl_batch import provenance
 from rl_batch.analysis import (
     cost_model,
     critical_batch,
+    extension,
     findings,
     measurement,
     noise_scale,
@@ -578,7 +579,7 @@ def build_report(
         planner.format_plan_table(plan),
         "",
         *recommendation_shares_lines(shares, plan),
-        *planner.extension_lines(sw.sweep_dir),
+        *extension.extension_lines(sw.sweep_dir),
         "## Per run",
         "",
         *run_table(analysis),

@@ -4,7 +4,7 @@ After the grid has run, when the configuration with the smallest T has the small
 (largest) batch of its family, the next batch beyond it is added and the grid runs again
 (finished points are skipped), until the minimum of T is interior or a limit is reached
 (docs/study_design.md). Which points come next is the analysis's answer
-(``rl_batch.analysis.planner.next_edge_points``); the command line passes it in as
+(``rl_batch.analysis.extension.next_edge_points``); the command line passes it in as
 ``next_step``, since this layer does not import the analysis.
 
 ``<sweep>/extensions.json`` (`artifacts.read_extensions`) records the rounds and the grid
@@ -26,7 +26,7 @@ from rl_batch.sweeps.processes import Processes
 
 
 class Step(Protocol):
-    """The analysis's answer after a pass (``planner.Extension``)."""
+    """The analysis's answer after a pass (``extension.Extension``)."""
 
     points: Sequence[str]  # point keys ("PxG:rule") to add; empty when it stops
     reason: str
