@@ -38,6 +38,10 @@ and points of another group size at the same batch are shifted sideways, not hid
 Only the object-oriented matplotlib API is used (``Figure`` with an Agg canvas), so
 nothing changes the global backend and every function also works in a notebook: the
 ``figure_*`` functions return the ``Figure`` (or ``None``), ``write_all`` saves everything.
+
+Length: over 800 lines because every figure of the study is one function here, beside
+the drawing helpers they share (seed bands, undecided markers, the fit's quality text);
+a figure is read and changed in one place.
 """
 
 from __future__ import annotations

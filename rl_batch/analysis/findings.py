@@ -42,6 +42,10 @@ independent samples.
 
 `cost_structure` gives the share of training time spent in generation, scoring, the
 update and idle per batch, and `cost_sentence` what it implies for the hardware.
+
+Length: over 800 lines because each finding of the study is one function here, beside
+the verdict helpers they share (`_slower_than`, `_holm_words`); the findings table is
+built from this one list (`study_findings`).
 """
 
 from __future__ import annotations

@@ -34,6 +34,10 @@ i.e. common random numbers: every two configurations with ``rollout_keys="prompt
 two of one shape P x G with per-rollout keys, such as fixed against sqrt LR at one
 batch). Such pairs are compared seed by seed (``ratio_estimate(..., paired=True)``),
 which removes the noise the two runs share.
+
+Length: over 800 lines because the measurement protocol is one unit: per run (N*, T, q),
+per configuration (every seed reached, untimed, incomplete), the ratios and their
+intervals, and the `Analysis` every other analysis module reads.
 """
 
 from __future__ import annotations

@@ -24,6 +24,11 @@ J = N // K query heads per KV head and Q = J * T query rows of one KV head (the 
 code's local names still write J as ``g``: ``logits_bkgts``), H head dim, F MLP width,
 V vocabulary, L layers, E experts, A experts per token (still ``k`` in
 ``replay_experts_btlk``).
+
+Length: over 800 lines because the whole dense decoder family (config, attention with its
+KV-cache and blocked variants, MLP, block, model, the pure ``forward`` and the two
+parameter layouts) lives in one module, as in the reference implementations it is
+checked against; the MoE block is ``rl_batch.models.moe``.
 """
 
 from __future__ import annotations

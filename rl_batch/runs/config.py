@@ -8,6 +8,10 @@ the algorithm's config). Resolve never changes an input: everything that trains 
 the effective values from the spec (``spec.optimizer.lr``, not ``lr``, which stays None
 when the rule derives it). ``load_spec`` reads a run's ``config.json`` back as its spec
 without resolving again.
+
+Length: over 800 lines because every cross-field check of a run config (sections against
+each other, the mesh, the batch schedule, resume compatibility and the older-file
+fields) is here, so that one pass names every bad field before compute.
 """
 
 from __future__ import annotations
