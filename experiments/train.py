@@ -120,6 +120,13 @@ def main(argv):
         f"{summary['status']}: N*={reached} q={summary['q']} "
         f"T={summary['time_to_target_s']} final accuracy={summary['final_eval_accuracy']}"
     )
+    from rl_batch.tasks import plugin
+
+    hint = plugin.target_hint(
+        config.task.name, summary, config.target, config.get("target_band_lo")
+    )
+    if hint:
+        print(hint)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,15 @@ def test_sweep_eta_leaves_out_the_first_point_once_others_finished():
     assert progress.eta() == ", sweep ETA 1.0 min"  # 2 left at 30 s, not at 60 s
 
 
+def test_sweep_eta_of_an_extension_round_counts_only_its_new_points():
+    """A grid extension re-lists the whole grid (84 finished + 12 new, two at a time):
+    the ETA is the new points left, not the finished ones skipped."""
+    progress = sweep._Progress(total=96, log=lambda s: None, concurrent=2)
+    progress.skipped = 84
+    progress.walls += [90.0, 60.0]  # (the first built the caches)
+    assert progress.eta() == ", sweep ETA 5.0 min"  # (96 - 84 - 2) / 2 = 5 waves of 60 s
+
+
 def test_list_runs_checks_the_reference_as_the_sweep_does(tmp_path):
     from experiments.configs import grpo_cpu
 

@@ -155,3 +155,15 @@ def test_the_warm_start_cache_key_follows_the_task_files_source(tmp_path):
     assert key == pretrain.cache_key(config_lib.resolve(config, device_count=1))
     path.write_text(MY_TASK.replace("response == ", "response.strip() == "))
     assert pretrain.cache_key(config_lib.resolve(config, device_count=1)) != key
+
+
+def test_a_users_task_that_misses_the_target_gets_one_hint():
+    missed = {"reached": False, "final_eval_accuracy": 0.50448}
+    hint = plugin.target_hint("my_task.py:Reverse", missed, 0.53, 0.43)
+    assert hint == (
+        "hint: the target 0.53 (band from 0.43) is the default config's, set for the "
+        "addition task; set one for your task with --config.target=... and "
+        "--config.target_band_lo=... (this run ended at accuracy 0.504)"
+    )
+    assert plugin.target_hint("addition", missed, 0.53, 0.43) is None  # a shipped task
+    assert plugin.target_hint("my_task.py:Reverse", {"reached": True}, 0.48, None) is None

@@ -570,17 +570,21 @@ class _Progress:
     def __init__(self, total: int, log: Callable[[str], None], concurrent: int = 1):
         self.total, self.log, self.t_start, self.walls = total, log, time.time(), []
         self.concurrent = concurrent
+        self.skipped = 0  # points found finished: no wall time, and nothing left to run
 
     def eta(self) -> str:
-        """The remaining points at the mean wall time of those done (none: no ETA).
+        """The points left to run at the mean wall time of those run by this invocation
+        (none: no ETA).
 
-        The first point also builds the shared caches (the warm start, task data,
-        compiled programs), so its wall time is left out once another point has finished.
+        Points skipped as finished count as done: a grid extension's round re-lists the
+        whole grid and runs only its new points. The first point run also builds the
+        shared caches (the warm start, task data, compiled programs), so its wall time is
+        left out once another point has finished.
         """
         if not self.walls:
             return ""
         walls = self.walls[1:] or self.walls
-        remaining = (self.total - len(self.walls)) / self.concurrent
+        remaining = (self.total - self.skipped - len(self.walls)) / self.concurrent
         return f", sweep ETA {remaining * sum(walls) / len(walls) / 60:.1f} min"
 
 
@@ -595,6 +599,7 @@ def _run_point(
     if status == FINISHED and _budget_of(config.run_dir) >= config.budget_responses:
         with guard:
             entry["status"], entry["error"] = FINISHED, None
+            progress.skipped += 1
             save()
         log(f"[sweep {i + 1}/{n}] {point.name}: already finished, skipped")
         return

@@ -38,6 +38,27 @@ def is_plugin(name: str) -> bool:
     return ":" in name
 
 
+def target_hint(
+    task_name: str, summary: dict[str, Any], target: float, band_lo: float | None
+) -> str | None:
+    """One line for a run of a user's task class that did not reach its target: the
+    target and band it inherited were set for the shipped addition task, so it names the
+    flags that set the task's own (None for a run that reached it, or of a shipped task).
+
+    Args:
+      summary: the run's ``summary.json`` (``reached``, ``final_eval_accuracy``).
+    """
+    if summary.get("reached") or not is_plugin(task_name):
+        return None
+    band = "" if band_lo is None else f" (band from {band_lo})"
+    final = summary.get("final_eval_accuracy")
+    return (
+        f"hint: the target {target}{band} is the default config's, set for the addition "
+        "task; set one for your task with --config.target=... and --config.target_band_lo=..."
+        + ("" if final is None else f" (this run ended at accuracy {final:.3g})")
+    )
+
+
 def make_plugin_task(spec: str, kwargs: dict[str, Any]):
     """``Class(**kwargs)`` for ``spec`` (see the module doc).
 
