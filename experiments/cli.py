@@ -22,7 +22,7 @@ import re
 import sys
 import textwrap
 import tokenize
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from absl import app, flags
@@ -268,19 +268,26 @@ def _leaves(config: ConfigDict, prefix: str = "") -> Iterator[tuple[str, object]
             yield f"{prefix}{key}", value.to_dict() if isinstance(value, ConfigDict) else value
 
 
-def describe_fields(config: ConfigDict, sources: Sequence[str] = ()) -> str:
+def describe_fields(
+    config: ConfigDict, sources: Sequence[str] = (), docs: Mapping[str, str] | None = None
+) -> str:
     """Every field of ``config`` as ``--config.<field>=<value>``, each followed by its
-    comment from the first of ``sources`` (config files) that has one.
+    comment from the first of ``sources`` (config files) that has one, else its meaning
+    from ``docs``.
 
     Args:
       config: a config (after its overrides: the values shown are the ones a run gets).
       sources: config files whose comments describe the fields (e.g. the base config).
+      docs: ``{field: meaning}`` of fields whose config file sets them from a section
+        class (``base.field_docs``: the classes' docstrings).
     """
     comments: dict[str, str] = {}
     for path in sources:
         if path and os.path.exists(path):
             for field, text in field_comments(path).items():
                 comments.setdefault(field, text)
+    for field, text in (docs or {}).items():
+        comments.setdefault(field, text)
     lines = []
     for field, value in _leaves(config):
         lines.append(f"--config.{field}={value!r}")
@@ -296,5 +303,5 @@ def print_fields_and_exit(config: ConfigDict, config_file: str | None = None) ->
     exits 0."""
     from experiments.configs import base
 
-    print(describe_fields(config, [config_file or "", base.__file__]))
+    print(describe_fields(config, [config_file or "", base.__file__], base.field_docs()))
     sys.exit(0)

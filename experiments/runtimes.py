@@ -29,16 +29,6 @@ from absl import flags
 from experiments import cli
 from rl_batch import artifacts, provenance
 
-_SWEEPS = flags.DEFINE_list("sweeps", [], "Finished sweep directories to record.")
-_LABEL = flags.DEFINE_string(
-    "label", "", "Words after the sweep's name in the table, e.g. 'fresh clone, new venv'."
-)
-_DOCS = flags.DEFINE_string(
-    "docs",
-    os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs"),
-    "Folder of runtimes.jsonl and runtimes.md.",
-)
-
 RECORDS_FILE = "runtimes.jsonl"
 PAGE_FILE = "runtimes.md"
 Q_BATCH = 64  # the batch whose calibrated throughput stands for the machine's speed
@@ -219,13 +209,28 @@ def update(docs_dir: str, sweep_dirs: Sequence[str], label: str = "") -> list[di
     return records
 
 
+def _define_flags() -> None:
+    """The command's flags, defined only when it runs as one (``--sweeps`` is also
+    `experiments.compare_studies`' flag: both modules import into one process)."""
+    flags.DEFINE_list("sweeps", [], "Finished sweep directories to record.")
+    flags.DEFINE_string(
+        "label", "", "Words after the sweep's name in the table, e.g. 'fresh clone, new venv'."
+    )
+    flags.DEFINE_string(
+        "docs",
+        os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs"),
+        "Folder of runtimes.jsonl and runtimes.md.",
+    )
+
+
 def main(argv):
     del argv
-    records = update(_DOCS.value, _SWEEPS.value, _LABEL.value)
+    records = update(flags.FLAGS.docs, flags.FLAGS.sweeps, flags.FLAGS.label)
     for r in records:
         print(table_row(r))
-    print(f"wrote {os.path.join(_DOCS.value, PAGE_FILE)} ({len(records)} records)")
+    print(f"wrote {os.path.join(flags.FLAGS.docs, PAGE_FILE)} ({len(records)} records)")
 
 
 if __name__ == "__main__":
+    _define_flags()
     cli.run(main)

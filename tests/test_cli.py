@@ -91,7 +91,16 @@ def test_help_config_lists_every_field_with_its_value_and_comment():
     expected = {f"--config.{f}" for f, _ in cli._leaves(base.run_config())}
     assert set(fields) == expected
     i = lines.index("--config.target=0.625")  # the value after the override
-    assert lines[i + 1] == "    validation accuracy (eval_metric) to reach"
+    assert lines[i + 1] == "    the validation accuracy (``eval_metric``) to reach."
+    # Every field a section class defines is explained (its docstring or its comment).
+    explained = {
+        lines[j].split("=", 1)[0]
+        for j in range(len(lines) - 1)
+        if lines[j].startswith("--config.") and lines[j + 1].startswith("    ")
+    }
+    from_sections = {f"--config.{f}" for f in base.field_docs()} & expected
+    assert from_sections - explained == set()
+    assert len(from_sections) > 100
     assert "--config.tracking='jsonl'" in lines and "--config.task.eval_fraction=0.0" in lines
 
 

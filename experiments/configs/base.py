@@ -10,6 +10,8 @@ import dataclasses
 
 from ml_collections import ConfigDict, config_dict
 
+from rl_batch.algorithms import grpo as grpo_lib
+from rl_batch.algorithms import ppo as ppo_lib
 from rl_batch.models.transformer import ModelConfig
 from rl_batch.rollout import sources
 from rl_batch.runs import sections
@@ -24,6 +26,35 @@ def model_overrides() -> ConfigDict:
             for f in dataclasses.fields(ModelConfig)
         }
     )
+
+
+# Where each section class's fields sit in a run config ("" = top level): their meanings
+# (the classes' docstrings) are what ``--help_config`` prints under them.
+SECTIONS = (
+    ("", sections.RunIO),
+    ("task.", sections.Task),
+    ("model.", sections.ModelSection),
+    ("init.", sections.Init),
+    ("", sections.Optimizer),
+    ("grpo.", sections.Grpo),
+    ("grpo.", grpo_lib.GRPOConfig),
+    ("ppo.", sections.Ppo),
+    ("ppo.", ppo_lib.PPOConfig),
+    ("model.overrides.", ModelConfig),
+    ("sampling.", sources.Sampling),
+    ("async_rollout.", sources.AsyncRollout),
+    ("partial_rollout.", sources.PartialRollout),
+    ("", sections.Evaluation),
+)
+
+
+def field_docs() -> dict[str, str]:
+    """``{"task.name": its meaning}`` for every field a section class defines."""
+    docs: dict[str, str] = {}
+    for prefix, cls in SECTIONS:
+        for field, text in sections.field_docs(cls, prefix).items():
+            docs.setdefault(field, text)
+    return docs
 
 
 def run_config() -> ConfigDict:

@@ -160,7 +160,12 @@ class AsyncRollout:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PartialRollout:
     """The ``partial_rollout`` section: at most ``tokens_per_iter`` new tokens per response
-    and iteration; unfinished responses continue in the next under the updated policy."""
+    and iteration; unfinished responses continue in the next under the updated policy.
+
+    Attributes:
+      enabled: on or off.
+      tokens_per_iter: new tokens per response and iteration (>= 1).
+    """
 
     enabled: bool = False
     tokens_per_iter: int = 16
