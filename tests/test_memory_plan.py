@@ -173,6 +173,7 @@ def test_study_configs_plan_every_point(name, flags):
     assert rows and all("**no**" not in row for row in rows), out
 
 
+@pytest.mark.slow  # 57 s (the compiled fixture) in the fast tier at db28227
 def test_the_sampler_plan_follows_the_continuous_engines_cache_layout(compiled):
     out = compiled[1]
     static, cont = out["static"], out["continuous"]
