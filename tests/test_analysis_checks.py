@@ -90,6 +90,7 @@ def test_whole_runs_with_their_summaries_pass_every_check(sweep_dir):
     assert ttt.analyze_sweep(sweep, n_boot=20).excluded == ()
 
 
+@pytest.mark.slow  # 49 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_real_run_extended_by_a_resume_passes_every_check(tmp_path):
     from tests.run_fixtures import tiny_run_config
 
@@ -171,6 +172,7 @@ def test_no_usable_runs_names_the_excluded_ones(sweep_dir):
     assert "\n" not in message
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_sweep_whose_points_all_fail_prints_two_lines(tmp_path):
     """experiments.grpo_sweep where every point fails (no compute): the analysis refuses
     in one line, and the failed-runs line still comes; no traceback from the analysis."""

@@ -7,6 +7,7 @@ import sys
 
 import analysis_fixtures as fx
 import numpy as np
+import pytest
 
 from rl_batch import artifacts
 from rl_batch.analysis import curves, figures, planner
@@ -34,6 +35,7 @@ def _check_files(paths):
         assert head in (b"\x89PNG\r", b"%PDF-"), (p, head)
 
 
+@pytest.mark.slow  # 35 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_write_all_full_sweep(tmp_path):
     d = fx.write_sweep(str(tmp_path / "s"))
     with open(os.path.join(d, "throughput.json"), "w") as f:
@@ -57,6 +59,7 @@ def test_write_all_full_sweep(tmp_path):
     assert "Skipped" not in report
 
 
+@pytest.mark.slow  # 4 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_write_all_skips_figures_without_data(tmp_path):
     # Only a sqrt family, no throughput file, no gradient fields: no group-size pair and no
     # fixed-LR point; generation throughput still comes from the run metrics.
@@ -85,6 +88,7 @@ def test_write_all_skips_figures_without_data(tmp_path):
     assert "critical training batch: undecided at this power (128 by the means)" in report
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_write_all_when_the_reference_never_reaches(tmp_path):
     configs = [(p, 8, "sqrt", 1.0) for p in (8, 16)]
     d = fx.write_sweep(str(tmp_path / "s"), configs=configs, seed_factors=(1.0,))
@@ -95,6 +99,7 @@ def test_write_all_when_the_reference_never_reaches(tmp_path):
     assert "Recommendation: none (no configuration reached the target" in report
 
 
+@pytest.mark.slow  # 8 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_figures_cli(tmp_path):
     d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:2], seed_factors=(1.0,))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -145,6 +150,7 @@ def test_no_error_bars_from_one_seed(tmp_path):
     assert _errorbar_containers(figures.figure_time_to_target(a))
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_report_warns_when_throughput_measured_another_preset(tmp_path):
     d = fx.write_sweep(
         str(tmp_path / "s"),

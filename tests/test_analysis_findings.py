@@ -86,6 +86,7 @@ def test_cost_structure_shares_and_sentence(tmp_path):
     assert findings.cost_sentence(flipped).startswith("The update dominates training time")
 
 
+@pytest.mark.slow  # 11 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_the_report_opens_with_the_findings(tmp_path):
     a, gen = _analysis(tmp_path / "r")
     text = report.build_report(a, gen)
@@ -269,6 +270,7 @@ def test_ppo_critic_batch_scale_finding_and_figure(tmp_path):
     assert "PPO: the critic's batch scale is the actor's" not in _by_name(g, ggen)
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_ppo_critic_figure_is_drawn(tmp_path):
     from rl_batch.analysis import figures
 

@@ -30,6 +30,7 @@ def _slow_down(run_dir, factor):
     _rewrite(run_dir, fn)
 
 
+@pytest.mark.slow  # 4 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_identical_compute_runs_that_disagree_in_q_are_named(tmp_path):
     d = fx.write_sweep(str(tmp_path), configs=CONFIGS)
     assert measurement.q_warnings(ttt.analyze_sweep(curves.load_sweep(d))) == []

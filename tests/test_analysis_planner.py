@@ -115,6 +115,7 @@ def test_fit_saturating_recovers_parameters():
     assert planner.fit_saturating([0.0, 1.0], [0.1, 0.2]) is None
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_plan_batch_cli_writes_plan_json(sweep_dir):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

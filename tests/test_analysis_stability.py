@@ -28,6 +28,7 @@ def test_a_drawn_seed_brings_its_runs_of_every_configuration(tmp_path):
         assert new == {0: own[2], 1: own[2], 2: own[0]}, key
 
 
+@pytest.mark.slow  # 35 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_shares_are_the_resampling_probabilities(tmp_path):
     a = _analysis(tmp_path / "s")
 
@@ -57,6 +58,7 @@ def test_fmt_shares():
     assert stability.fmt_shares(findings.HOLDS, {findings.HOLDS: 1.0}) == "100%"
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_the_findings_table_has_the_shares(tmp_path):
     # The fixed-LR finding (1.67x, paired: the seed factor cancels) holds in every resample.
     a = _analysis(tmp_path / "s")
@@ -68,6 +70,7 @@ def test_the_findings_table_has_the_shares(tmp_path):
     assert "resampled" not in "\n".join(report.findings_section(a, None, 0.2))
 
 
+@pytest.mark.slow  # 7 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_recommendation_shares(tmp_path):
     # The standard sweep's T is smallest at B = 256 by far: best in every resample.
     a = _analysis(tmp_path / "s")
@@ -85,6 +88,7 @@ def test_recommendation_shares(tmp_path):
     assert "resamples" not in report.build_report(a, None, resamples=0)
 
 
+@pytest.mark.slow  # 9 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_draws_without_the_reference_are_left_out(tmp_path):
     # The reference ran seed 0 only: (2/3)^3 of the draws have no reference run.
     a = _analysis(tmp_path / "s")

@@ -43,6 +43,7 @@ CLI_CASES = {
 }
 
 
+@pytest.mark.slow  # 21 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_cli_rejects_bad_configs_before_writing_anything(tmp_path):
     env = dict(
         os.environ,
@@ -137,6 +138,7 @@ def test_non_utf8_math_data_names_the_file_and_line(hf_dir, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
+@pytest.mark.slow  # 10 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_damaged_safetensors_are_named(hf_dir, tmp_path, damage):
     broken = tmp_path / "broken"
     shutil.copytree(hf_dir, broken)
@@ -183,6 +185,7 @@ def _copy_run(finished_run, tmp_path, **changes):
     return run_dir, config
 
 
+@pytest.mark.slow  # 41 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_resuming_with_a_changed_model_names_the_difference(finished_run, tmp_path):
     run_dir, config = _copy_run(finished_run, tmp_path)
     config.model.overrides.hidden_size = 48

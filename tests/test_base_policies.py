@@ -15,6 +15,7 @@ from rl_batch.runs import pretrain
 STUDIES = ["grpo_cpu", "ppo_cpu"]
 
 
+@pytest.mark.slow  # 9 s in the fast tier at b3308b3 (2 cores, load 2-5)
 @pytest.mark.parametrize("study", STUDIES)
 def test_shipped_base_policy_is_the_configs_own_and_scores_its_recorded_p_ref(tmp_path, study):
     c = importlib.import_module(f"experiments.configs.{study}").get_config()

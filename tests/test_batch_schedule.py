@@ -365,6 +365,7 @@ def warmup_run(work_dir, tmp_path_factory):
     return run_dir, update_programs
 
 
+@pytest.mark.slow  # 51 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_warmup_run_follows_the_schedule_with_the_lr_rule_at_each_batch(warmup_run):
     run_dir, _ = warmup_run
     updates = artifacts.read_metrics(run_dir, "update")
@@ -378,6 +379,7 @@ def test_warmup_run_follows_the_schedule_with_the_lr_rule_at_each_batch(warmup_r
     assert len(updates) == 8  # one optimizer update per rollout batch
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_surge_with_a_schedule_runs_with_its_lr_at_each_batch(work_dir, tmp_path):
     # B_noise = 16 = B_ref: f(16) = 2, f(8) = sqrt(2) + sqrt(1/2) = 2.12132; lr_ref 1e-3.
     config = tiny_run_config(
@@ -399,6 +401,7 @@ def test_a_schedule_compiles_each_batch_shape_once_before_training(warmup_run):
     assert len(compilations) == 1  # nothing compiled during training
 
 
+@pytest.mark.slow  # 14 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_warmup_resumed_mid_schedule_matches_the_uninterrupted_run(warmup_run, work_dir, tmp_path):
     full_dir, _ = warmup_run
     split_dir = str(tmp_path / "split")
@@ -463,6 +466,7 @@ def adaptive_config(work_dir, tmp_path_factory):
     return make
 
 
+@pytest.mark.slow  # 49 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_adaptive_run_grows_p_by_the_pooled_noise_scale_and_resumes_exactly(
     adaptive_config, tmp_path
 ):
@@ -488,6 +492,7 @@ def test_adaptive_run_grows_p_by_the_pooled_noise_scale_and_resumes_exactly(
     assert_same_records(full, split, rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.slow  # 13 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_surge_with_a_warmup_and_the_adaptive_schedule_runs(adaptive_config, tmp_path):
     # surge at B_noise = 50 from lr_ref = 1e-3 at B_ref = 16: lr(B) = 1e-3 f(16) / f(B),
     # f(x) = sqrt(50 / x) + sqrt(x / 50); the warm-up of 4 updates at B_ref by responses:

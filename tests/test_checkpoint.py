@@ -20,6 +20,7 @@ def _tree(config, seed=0):
     return {"params": params, "opt_state": opt_state, "step": jnp.int32(7)}
 
 
+@pytest.mark.slow  # 8 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_round_trip_restores_arrays_and_meta(tmp_path):
     tree = _tree(SMALL)
     ckpt = Checkpointer(str(tmp_path / "ckpt"))
@@ -42,6 +43,7 @@ def test_keeps_only_the_latest_steps(tmp_path):
     assert ckpt.all_steps() == [2, 3]
 
 
+@pytest.mark.slow  # 7 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_shape_mismatch_names_the_parameter(tmp_path):
     ckpt = Checkpointer(str(tmp_path / "ckpt"))
     ckpt.save(1, _tree(SMALL), {})

@@ -82,6 +82,7 @@ STATES = [
 
 
 @pytest.mark.parametrize("state", STATES)
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_resume_cleans_each_state_a_save_can_leave(tmp_path, state):
     directory = str(tmp_path / "ckpt")
     _two_steps(directory)

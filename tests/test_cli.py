@@ -18,6 +18,7 @@ def _run(*args):
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.slow  # 20 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_an_unknown_config_field_is_one_line_naming_the_flag():
     out = _run("experiments.grpo_sweep", "--config.sweep.promts=32", "--list_runs")
     assert out.returncode != 0 and "Traceback" not in out.stderr
@@ -28,6 +29,7 @@ def test_an_unknown_config_field_is_one_line_naming_the_flag():
     )
 
 
+@pytest.mark.slow  # 11 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_print_config_shows_the_overrides_and_a_bad_grid_is_one_error():
     out = _run("experiments.train", "--print_config", "--config.target=0.625")
     assert out.returncode == 0, out.stderr[-2000:]

@@ -45,6 +45,7 @@ CPU_CONFIG = "experiments/configs/grpo_cpu.py"
 @pytest.mark.parametrize(
     "module", ["experiments.train", "experiments.grpo_sweep", "experiments.plan_memory"]
 )
+@pytest.mark.slow  # 10 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_an_unknown_field_with_an_explicit_config_is_one_line(tmp_path, module):
     args = [module, f"--config={CPU_CONFIG}", "--config.sampling.engin=continuous"]
     if module == "experiments.grpo_sweep":
@@ -68,6 +69,7 @@ def test_a_sweep_field_given_to_train_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["grpo_cpu", "grpo_cpu.py", CPU_CONFIG])
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_packaged_config_is_found_by_name_from_any_directory(tmp_path, value):
     rc, out, err = run_command(
         ["experiments.train", f"--config={value}", "--config.prompts=8", "--print_config"],

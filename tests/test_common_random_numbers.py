@@ -37,6 +37,7 @@ def test_prompt_row_keys_follow_the_prompt_and_member():
     assert not (_data(other) == _data(big)).all(axis=-1).any()
 
 
+@pytest.mark.slow  # 24 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_prompts_responses_do_not_depend_on_the_batch_shape():
     params = model.init_params(CONFIG, 0)
     sampler = sampler_lib.Sampler(

@@ -33,6 +33,7 @@ def test_pool_takes_each_seed_once(tmp_path):
         curves.pool_sweeps([a, other])
 
 
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_compare_studies_prints_the_pooled_table(tmp_path):
     dirs = [fx.write_sweep(str(tmp_path / n), seed_factors=(0.9, 1.1)) for n in "ab"]
     out = subprocess.run(
@@ -71,6 +72,7 @@ def test_stop_time_by_hand():
     assert compare_studies.stop_time(sweep, 0.05) == (1.0 + 2.0, 44.0)
 
 
+@pytest.mark.slow  # 4 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_compare_studies_rereads_at_another_target(tmp_path):
     d = fx.write_sweep(str(tmp_path / "a"), seed_factors=(0.9, 1.1))
     target = fx.TARGET - 0.1
@@ -98,6 +100,7 @@ PPO_CONFIGS = [(8, 1, "sqrt", 1.0), (16, 1, "sqrt", 1.0), (32, 1, "sqrt", 1.1)]
 PPO_CONFIGS += [(16, 1, "fixed", 1.3)]
 
 
+@pytest.mark.slow  # 11 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_findings_are_paired_by_name_whichever_sweep_comes_first(tmp_path):
     # A PPO study's table has a finding (the critic's batch scale) a GRPO study's lacks:
     # paired by position, one order was an IndexError and the other mislabelled the
@@ -121,6 +124,7 @@ def test_findings_are_paired_by_name_whichever_sweep_comes_first(tmp_path):
         assert f"- {critic}: {' / '.join(absent)} (not in every sweep: not compared)" in across
 
 
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_different_targets_are_said(tmp_path):
     a = fx.write_sweep(str(tmp_path / "a"), seed_factors=(0.9, 1.1))
     b = fx.write_sweep(str(tmp_path / "b"), seed_factors=(0.9, 1.1), target=fx.TARGET - 0.1)

@@ -4,9 +4,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # 24 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_table_has_a_row_per_layout_and_program():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
     cmd = [

@@ -94,6 +94,7 @@ def test_a_bad_spec_fails_at_resolve_in_one_line(reward_file, tmp_path, spec, me
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_run_trains_on_the_users_reward(reward_file, tmp_path):
     c = tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run"))
     c.task.reward_fn = f"{reward_file}:length"

@@ -131,6 +131,7 @@ def test_a_run_stops_on_a_full_disk_and_resumes(tmp_path, monkeypatch):
     assert resumed[: len(kept)] == kept
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_train_prints_one_line_on_a_full_disk(tmp_path):
     # experiments.train with run.run failing as a full disk would (no compute).
     run_dir = str(tmp_path / "run")
@@ -157,6 +158,7 @@ def test_train_prints_one_line_on_a_full_disk(tmp_path):
     )
 
 
+@pytest.mark.slow  # 4 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_sweep_prints_one_line_on_a_full_disk(tmp_path):
     # experiments.grpo_sweep with run_sweep failing as a full disk would (no compute).
     sweep_dir = str(tmp_path / "sweep")
@@ -183,6 +185,7 @@ def test_a_sweep_prints_one_line_on_a_full_disk(tmp_path):
     )
 
 
+@pytest.mark.slow  # 10 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_full_disk_in_a_checkpoint_save_is_the_last_line_train_prints(tmp_path):
     # A real run whose first checkpoint save finds the disk full (orbax's own thread):
     # orbax and asyncio complain as the process exits; the one line must come last (and,

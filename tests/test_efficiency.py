@@ -18,6 +18,7 @@ def work_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("work"))
 
 
+@pytest.mark.slow  # 38 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_run_logs_throughput_and_compiles_only_before_its_first_step(work_dir, tmp_path):
     run_dir = str(tmp_path / "run")
     # Countdown prompts are 9 or 10 tokens ("3 5 7:42" vs "3 5 7:9"): one bucket.
@@ -56,6 +57,7 @@ def _tiny_parts(work_dir):
     return spec.config, tokenizer, model_config, train, sampler, params
 
 
+@pytest.mark.slow  # 11 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_chunked_rollout_returns_every_response_and_counts(work_dir):
     c, tokenizer, _, train, sampler, params = _tiny_parts(work_dir)
     task = config_lib.make_task(c)
@@ -117,6 +119,7 @@ def test_a_run_whose_generation_chunk_exceeds_the_kv_bound_stops_at_start(work_d
 
 
 @pytest.mark.parametrize("max_staleness", [1, 2])
+@pytest.mark.slow  # 10 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_async_rollout_trains_on_batches_of_an_older_policy(work_dir, tmp_path, max_staleness):
     run_dir = str(tmp_path / "run")
     config = tiny_run_config(

@@ -54,6 +54,7 @@ def _assert_same_params(got, want):
         np.testing.assert_array_equal(np.asarray(flat_got[path]), np.asarray(value), err_msg=name)
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_export_round_trips_exactly(tiny_run, tmp_path):
     out = str(tmp_path / "hf")
     result = export.export_run(tiny_run, out)
@@ -152,6 +153,7 @@ def test_hf_init_copies_tokenizer_files(tmp_path):
     assert (out / "tokenizer.json").read_text() == "tokenizer.json"
 
 
+@pytest.mark.slow  # 20 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_exported_run_loads_in_transformers(tiny_run, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -6,12 +6,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from experiments import gpu_check
 from rl_batch.models import flops
 from rl_batch.models import transformer as model_lib
 from tests.run_fixtures import TINY_MODEL
 
 
+@pytest.mark.slow  # 61 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_gpu_check_tiny_rows(capsys):
     settings = gpu_check.Settings(
         preset="tiny-1m", batches=(4, 2), prompt_len=8, response_len=8, micro_batch_seqs=2,
@@ -58,6 +61,7 @@ def test_gpu_check_tiny_rows(capsys):
     assert "| B | max/mean | static tok/s | static useful | static % roofline |" in table
 
 
+@pytest.mark.slow  # 155 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_launch_gpu_check_writes_every_parts_tables_or_its_timeout(tmp_path):
     # The one-command GPU check at tiny shapes: a part that finishes gives its two
     # tables (and JSON), one past its limit is reported as timed out.

@@ -80,6 +80,7 @@ def test_grpo_config_gspo_validation():
         grpo.GRPOConfig(policy_loss="gspo")
 
 
+@pytest.mark.slow  # 10 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_gspo_update_loss_matches_direct_computation():
     cfg = LEARNER_MODEL
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])

@@ -144,6 +144,7 @@ def test_config_to_hf_rejects_mismatched_family():
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.slow  # 8 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_save_load_round_trip_is_exact(tmp_path, family, dtype):
     config = tiny_config(family, param_dtype=dtype, dtype=dtype, tie_embeddings=family != "qwen2")
     params = random_params(config, seed=1)
@@ -298,6 +299,7 @@ def _max_diff(ours_btv, theirs_btv, mask_bt):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.slow  # 4 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_logits_match_hf_fp32(tmp_path, family, tied):
     model = _hf_model(family, tied=tied, seed=2 * FAMILIES.index(family) + tied)
     model.save_pretrained(tmp_path, safe_serialization=True)
@@ -416,6 +418,7 @@ def _simple_greedy(config, params, prompts, pad_id=0):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow  # 4 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_greedy_generation_matches_hf(tmp_path, family):
     model = _hf_model(family, tied=family != "llama", seed=21)
     model.save_pretrained(tmp_path, safe_serialization=True)
@@ -427,6 +430,7 @@ def test_greedy_generation_matches_hf(tmp_path, family):
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sampler_greedy_matches_hf(tmp_path, family):
     model = _hf_model(family, tied=family != "llama", seed=22)
     model.save_pretrained(tmp_path, safe_serialization=True)

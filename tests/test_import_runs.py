@@ -92,6 +92,7 @@ def test_tensorboard_event_files_give_the_known_answer(reference):
     assert_same(answer(report.sweep_dir), want)
 
 
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_wandb_offline_runs_give_the_known_answer(reference):
     d, ref, want = reference
     paths = fx.write_wandb_offline(ref, os.path.join(d, "wandb"))
@@ -190,6 +191,7 @@ def test_trl_step_time_gives_the_known_answer_timed(reference):
     assert_same(answer(report.sweep_dir), want)
 
 
+@pytest.mark.slow  # 21 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_trl_batch_needs_the_process_count(reference, tmp_path):
     """Without world_size the TRL batch is per-device x accumulation (1 process): a
     whole-number check catches a G that does not divide it, naming run, file and key."""
@@ -214,6 +216,7 @@ def _cli(*args: str, cwd: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_missing_accuracy_key_is_one_error_line(reference, tmp_path):
     d, ref, _ = reference
     paths = fx.write_verl_jsonl(ref, str(tmp_path / "verl"))
@@ -268,6 +271,7 @@ def test_end_to_end_import_then_figures_and_plan(reference, tmp_path):
     assert plan["recommendation"] == (None if rec is None else rec.name)
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_print_keymap_is_the_shipped_file():
     res = _cli("experiments.import_runs", "--print_keymap=verl", cwd=os.getcwd())
     assert res.returncode == 0
@@ -324,6 +328,7 @@ def test_an_analysis_without_timing_says_n_star_and_r_n_only(reference):
     assert "not reached" not in tables.split("## Measurement")[0]
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_real_transformers_trainer_run_imports(tmp_path):
     """A few steps of ``transformers.Trainer`` on a tiny random model: its checkpoint's
     trainer_state.json (the Trainer's own writer) imports with TRL's key map."""

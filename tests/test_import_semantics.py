@@ -145,6 +145,7 @@ def test_a_relogged_step_takes_the_later_value_and_says_so(tmp_path):
         (2, "actor/lr", float("nan"), "step 2: actor/lr is null or NaN"),
     ],
 )
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_value_out_of_range_refuses_the_run_in_one_line(tmp_path, step, key, value, says):
     """verl's file logger writes NaN and inf as null: a null evaluation is refused (not
     dropped, which would move N*), as are a negative time and phases over their step."""
@@ -263,6 +264,7 @@ def _damage(kind: str, tmp_path) -> tuple[str, str]:
         "config_json",
     ],
 )
+@pytest.mark.slow  # 29 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_every_damaged_input_is_one_line_and_nothing_written(tmp_path, kind):
     path, says = _damage(kind, tmp_path)
     keymap = "verl" if kind.startswith(("verl", "config")) else "generic"

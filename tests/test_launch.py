@@ -382,6 +382,7 @@ def test_a_points_config_overrides_list_the_grid_it_runs(tmp_path):
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_make_jobs_lists_the_grid_with_the_sweep_overrides_it_is_given(tmp_path):
     # The real sweep program: 2 prompts values x the config's other axes, not its default grid.
     out = subprocess.run(

@@ -151,6 +151,7 @@ def test_batch_advantages_prompt_major():
 # ---------------------------------------------------------------------- model plumbing
 
 
+@pytest.mark.slow  # 9 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_logprobs_layout_matches_unpadded_forward(params):
     # Row 1 has 2 left-padding prompt tokens: its response log-probs must equal those of
     # a plain forward pass over the unpadded sequence prompt[2:] + response[:3].
@@ -172,6 +173,7 @@ def test_logprobs_layout_matches_unpadded_forward(params):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.slow  # 18 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_micro_batched_logprobs_equal_full_batch(params, mesh, temperature):
     # The reference pass in micro-batches (B / M rows of logits at a time) gives the
     # full batch's log-probs, in the batch's row order, with or without optional fields.
@@ -193,6 +195,7 @@ def test_micro_batched_logprobs_equal_full_batch(params, mesh, temperature):
 # ---------------------------------------------------------------------------- updates
 
 
+@pytest.mark.slow  # 17 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_update_moves_logprobs_with_advantage_sign(params, optimizer, mesh):
     batch = make_batch()
     before = np.asarray(logprobs_fn(params, batch, 1.0)).sum(axis=1)
@@ -225,6 +228,7 @@ def test_update_moves_logprobs_with_advantage_sign(params, optimizer, mesh):
     )
 
 
+@pytest.mark.slow  # 16 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sampler_old_logprobs_give_same_update(params, optimizer, mesh):
     # Passing the (same-policy) behaviour log-probs explicitly equals stop_gradient.
     batch = make_batch()
@@ -270,6 +274,7 @@ def test_nonfinite_update_is_skipped(params, optimizer, mesh):
     assert float(metrics["skipped"]) == 0.0 and int(state.step) == 1
 
 
+@pytest.mark.slow  # 14 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_kl_to_reference(params, optimizer, mesh):
     f = update_fn_for(mesh, optimizer, kl_coef=0.1)
     with pytest.raises(ValueError, match="kl_coef=0.1 needs Batch.ref_logprobs"):
@@ -296,6 +301,7 @@ def test_bad_batch_shapes(params, optimizer, mesh):
 
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.slow  # 22 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_micro_batch_accumulation_equals_full_batch(params, mesh, loss_agg):
     sgd = SGD
     batch = make_batch()
@@ -353,6 +359,7 @@ def own_micro_grads(params, batch, micro_batches=4):
     ]
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_gradient_noise_statistics(params, mesh):
     # grad_sq_micro must be the mean over the 4 strided micro-batches (rows m, m + 4) of
     # the squared norm of each micro-batch's own token-mean gradient g_m.
@@ -401,6 +408,7 @@ def test_gradient_noise_batch_sizes_count_real_sequences(params, mesh):
     np.testing.assert_allclose(m["grad_sq_micro"], np.mean(own_sq[:3]), rtol=1e-5)
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_group_noise_update_equals_plain_and_logs_the_split(params, mesh):
     # B = 8 rows as P = 4 prompts x G = 2; M = 4 half-group micro-batches in 2 pairs of
     # 2 prompts. The row order changes the micro-batches, not the update.
@@ -426,6 +434,7 @@ def test_group_noise_update_equals_plain_and_logs_the_split(params, mesh):
 # ------------------------------------------------------------- minibatches / epochs
 
 
+@pytest.mark.slow  # 35 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_minibatches_and_epochs_equal_sequential_updates(params, optimizer, mesh):
     # num_minibatches=2, num_epochs=2, no shuffling: four updates on the strided halves
     # (rows 0,2,4,6 then 1,3,5,7, twice), each against the behaviour log-probs of the
@@ -451,6 +460,7 @@ def test_minibatches_and_epochs_equal_sequential_updates(params, optimizer, mesh
     assert float(metrics["ratio_max"]) > 1.0
 
 
+@pytest.mark.slow  # 10 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_an_update_that_makes_params_nonfinite_is_skipped(params, mesh):
     # Finite loss and grads, but an infinite step: the new params would be +-inf / nan.
     huge = optax.sgd(learning_rate=float("inf"))

@@ -98,6 +98,7 @@ def _wait_for(path, tries=600):
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGKILL, -9)])
+@pytest.mark.slow  # 7 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_the_child_of_a_stopped_parent_stops_too(tmp_path, sig, code):
     proc, mark = _parent(tmp_path)
     proc.send_signal(sig)

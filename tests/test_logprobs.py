@@ -63,6 +63,7 @@ def _inputs(seed=0, b=3, r=11, d=16, v=50):
 
 @pytest.mark.parametrize("chunk", [0, 1, 4, 11, 32])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.slow  # 29 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_chunked_values_and_gradients_equal_reference(chunk, temperature):
     hidden_brd, head_dv, targets_br = _inputs()
     w_logp = jax.random.normal(jax.random.key(5), targets_br.shape)
@@ -125,6 +126,7 @@ def test_no_full_logits_array_in_forward_or_backward(chunk, has_full_logits):
 
 @pytest.mark.parametrize("tie", [True, False])
 @pytest.mark.parametrize("chunk", [0, 2, 5])
+@pytest.mark.slow  # 23 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_response_logprobs_equal_full_forward(tie, chunk):
     config = CFG.replace(tie_embeddings=tie, logits_chunk=chunk)
     params = _params(config)
@@ -140,6 +142,7 @@ def test_response_logprobs_equal_full_forward(tie, chunk):
     np.testing.assert_allclose(np.asarray(ent)[mask], np.asarray(want_ent)[mask], atol=1e-5)
 
 
+@pytest.mark.slow  # 14 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_chunked_grpo_update_equals_unchunked():
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     optimizer = learner.make_optimizer(1e-3)
@@ -160,6 +163,7 @@ def test_chunked_grpo_update_equals_unchunked():
 
 
 @pytest.mark.parametrize("head", ["lm", "value"])
+@pytest.mark.slow  # 4 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_last_only_logits_equal_last_column(head):
     config = CFG.replace(head=head)
     params = _params(config)

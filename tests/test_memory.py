@@ -117,6 +117,7 @@ def test_memory_defaults_apply_to_real_models_only():
 
 
 @pytest.mark.parametrize("policy", ["full", "dots_saveable", "dots_with_no_batch_dims_saveable"])
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_remat_gradients_equal_plain(policy):
     params = _params(CFG)
     batch = _batch()
@@ -135,6 +136,7 @@ def test_remat_gradients_equal_plain(policy):
     assert not {"remat2", "checkpoint"} & _primitives(plain)
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_remat_does_not_touch_the_cached_path():
     """Sampling (a KV cache) runs the blocks as they are: same logits and cache."""
     params = _params(CFG)
@@ -175,6 +177,7 @@ def test_auto_attention_on_accelerators(monkeypatch, backend, dtype, head_dim, w
     assert model_lib.attention_impl(config) == want
 
 
+@pytest.mark.slow  # 15 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_xla_attention_forward_and_gradients_equal_einsum():
     params = _params(CFG)
     batch = _batch()
@@ -199,6 +202,7 @@ def test_xla_attention_forward_and_gradients_equal_einsum():
     )
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_xla_attention_prefill_and_decode_equal_einsum():
     params = _params(CFG)
     batch = _batch()
@@ -237,6 +241,7 @@ def test_all_memory_features_together_equal_plain_grpo_gradient():
 
 
 @pytest.mark.parametrize("master", [True, False])
+@pytest.mark.slow  # 22 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_tiny_lr_update_changes_every_weight_with_a_gradient(master):
     """bf16 compute; float32 master weights keep an lr 1e-7 Adam step, bf16 storage
     rounds most of it away (the contrast shows the test can fail)."""
@@ -353,6 +358,7 @@ def test_resolve_derives_micro_batches_from_micro_batch_seqs():
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])
+@pytest.mark.slow  # 19 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_scanned_layers_equal_the_loop(remat):
     """The forward and gradients of the stacked-layer scan against the per-layer loop
     (the layouts themselves: ``tests/test_stacked_layers.py``)."""

@@ -98,6 +98,7 @@ def test_remat_and_chunking_lower_the_compiled_update_memory(temps):
     assert temps["both"] < min(temps["remat"], temps["chunked"])
 
 
+@pytest.mark.slow  # 57 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_prefill_has_no_prompt_logits(temps):
     # [B=4, P=256, V=4096] fp32 prompt logits would be 16 MB on their own.
     assert temps["prefill_temp"] < 4 * 256 * 4096 * 4
@@ -172,6 +173,7 @@ def test_study_configs_plan_every_point(name, flags):
     assert rows and all("**no**" not in row for row in rows), out
 
 
+@pytest.mark.slow  # 57 s (the compiled fixture) in the fast tier at db28227
 def test_the_sampler_plan_follows_the_continuous_engines_cache_layout(compiled):
     out = compiled[1]
     static, cont = out["static"], out["continuous"]

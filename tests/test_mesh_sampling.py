@@ -183,6 +183,7 @@ def _compiled(engine: str, mesh, sampling: SamplingConfig, config=CONFIG) -> str
 @pytest.mark.parametrize("engine", ["static", "continuous"])
 @pytest.mark.parametrize("mesh_shape", [(2, 1, 4), (2, 2, 2)], ids=["dxt", "dxfxt"])
 @pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.slow  # 53 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_no_cross_shard_collective_in_the_decode_loop(engine, mesh_shape, method):
     mesh = sharding.make_mesh(*mesh_shape)
     hlo = _compiled(engine, mesh, METHODS[method])
@@ -194,11 +195,13 @@ def test_no_cross_shard_collective_in_the_decode_loop(engine, mesh_shape, method
     "sampling",
     [SamplingConfig(greedy=True), SamplingConfig(temperature=0.8), SamplingConfig(top_k=20)],
 )
+@pytest.mark.slow  # 14 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_other_methods_keep_loop_collectives_in_shards(sampling):
     mesh = sharding.make_mesh(2, 1, 4)
     assert_loop_collectives_stay_in_shards(_compiled("static", mesh, sampling), mesh)
 
 
+@pytest.mark.slow  # 23 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_moe_on_a_data_x_expert_x_tensor_mesh_keeps_loop_collectives_in_shards():
     config = model.get_preset("tiny-moe")
     mesh = sharding.make_mesh(2, 1, 2, expert=2)

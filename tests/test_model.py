@@ -88,6 +88,7 @@ def _assert_count(config):
 
 
 @pytest.mark.parametrize("name", sorted(model_lib.PRESETS))
+@pytest.mark.slow  # 25 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_num_params_counts_every_leaf(name):
     _assert_count(model_lib.PRESETS[name])
 
@@ -155,6 +156,7 @@ def test_logical_axes_tree_matches_params(config):
     assert axes["layers"][1]["mlp"]["down_fd"] == ("mlp", "embed")
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_init_params_values():
     config = _config(qkv_bias=True, qk_norm=True, param_dtype="bfloat16")
     params = model_lib.init_params(config, 0)
@@ -235,6 +237,7 @@ def _jit_cache_step(config):
     return jax.jit(functools.partial(model_lib.forward_with_cache, config))
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_cache_forward_matches_full_forward_with_left_padding():
     config = _config(qk_norm=True, qkv_bias=True)
     params = _random_params(config)
@@ -286,6 +289,7 @@ def test_padded_row_equals_unpadded_prompt():
         assert (np.abs(np.asarray(moved)[:, 3:] - alone).max() > 1e-3) == changed
 
 
+@pytest.mark.slow  # 4 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_bf16_compute_runs_and_tracks_fp32():
     config32 = _config(qk_norm=True, tie_embeddings=False)
     params32 = _random_params(config32, seed=4)

@@ -44,6 +44,7 @@ def _dense_reference(x_td, router_de, gate_edf, up_edf, down_efd, top_k, norm_to
 @pytest.mark.parametrize("impl", moe.GROUPED_IMPLS)
 @pytest.mark.parametrize("top_k", [1, 2, 4])
 @pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.slow  # 33 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sparse_moe_equals_dense_reference(top_k, norm, impl):
     args = _weights(seed=top_k)
     fn = functools.partial(moe.sparse_moe, top_k=top_k, norm_topk_prob=norm, impl=impl)
@@ -250,6 +251,7 @@ def _random_params(config, seed=0):
     return jax.tree.unflatten(treedef, out)
 
 
+@pytest.mark.slow  # 20 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_cache_forward_matches_full_forward_on_moe():
     config = model_lib.ModelConfig(**BASE, mlp_only_layers=(2,))
     params = _random_params(config)

@@ -191,6 +191,7 @@ def _hf_router(model, tokens_bt, mask_bt, positions_bt):
     return out.logits.float().numpy(), logits, float(out.aux_loss)
 
 
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_logits_router_choices_and_aux_loss_match_hf(hf_pair):
     variant, model, config, params, _ = hf_pair
     tokens_bt, mask_bt, positions_bt = _left_padded_batch(seed=7)
@@ -221,6 +222,7 @@ def test_logits_router_choices_and_aux_loss_match_hf(hf_pair):
     np.testing.assert_allclose(aux, hf_aux, rtol=1e-5)
 
 
+@pytest.mark.slow  # 16 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_greedy_generation_matches_hf(hf_pair):
     variant, model, config, params, _ = hf_pair
     theirs = _hf_greedy(model, PROMPTS)

@@ -57,6 +57,7 @@ def _router(params, batch):
     return router_lte, mask_t
 
 
+@pytest.mark.slow  # 11 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_metrics_and_aux_loss_term(mesh):
     params, _, metrics = _run(mesh, router_aux_loss_coef=0.1)
     router_lte, mask_t = _router(jax.tree.map(jnp.asarray, params), make_batch())
@@ -80,6 +81,7 @@ def test_metrics_and_aux_loss_term(mesh):
     assert 0 < metrics["moe_router_entropy"] < math.log(8)
 
 
+@pytest.mark.slow  # 25 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_aux_loss_gradient_reaches_the_router_only_when_configured(mesh):
     zero = np.zeros_like(ADV)  # no policy-gradient signal at all
     before, after, _ = _run(mesh, advantages=zero)
@@ -104,6 +106,7 @@ def test_aux_loss_gradient_reaches_the_router_only_when_configured(mesh):
     )
 
 
+@pytest.mark.slow  # 9 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_micro_batches_give_the_same_update_and_load_metrics(mesh):
     _, one, m1 = _run(mesh)
     _, two, m2 = _run(mesh, micro_batches=2)
@@ -117,6 +120,7 @@ def test_micro_batches_give_the_same_update_and_load_metrics(mesh):
     assert abs(m2["moe_aux_loss"] / m1["moe_aux_loss"] - 1) < 0.2
 
 
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_memory_settings_keep_the_moe_update(mesh):
     """main's memory switches (remat, chunked log-probs) on a MoE policy: the same
     loss, router metrics and update as the plain path; scan_layers is refused."""

@@ -20,6 +20,7 @@ KEY = jax.random.key(0)
 K = MOE_MODEL.num_experts_per_tok
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_replayed_choices_equal_a_dense_mix_of_those_experts():
     x_td, router_de, gate_edf, up_edf, down_efd = _weights(seed=2)
     forced_tk = jnp.asarray(np.random.RandomState(0).permutation(4)[None, :2].repeat(12, 0))
@@ -90,6 +91,7 @@ def _batch(out, advantages=None):
     )
 
 
+@pytest.mark.slow  # 14 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sampler_records_the_routing_of_every_fed_token():
     params, out = _samples()
     b, p = out.prompt_tokens.shape
@@ -108,6 +110,7 @@ def test_sampler_records_the_routing_of_every_fed_token():
     assert fed.sum() > 40
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_continuous_engine_records_the_static_engines_routing():
     # 8 rows through 3 slots, refilled as rows end: each row's record (prompt slots from
     # the prefill, response slots from whichever slot decoded it) is the static
@@ -122,6 +125,7 @@ def test_continuous_engine_records_the_static_engines_routing():
     assert sampler.last_stats["decode_steps"] > 7  # 3 slots took more steps than 8 rows
 
 
+@pytest.mark.slow  # 25 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_routing_disagreement_metric_and_replay():
     params, out = _samples()
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
@@ -227,6 +231,7 @@ def test_concat_outputs_pads_the_routing_record():
     assert plain.routed_experts is None
 
 
+@pytest.mark.slow  # 31 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_run_loop_on_a_moe_policy_with_replay(tmp_path):
     """run.run end to end: MoE metrics in metrics.jsonl, routing recorded and replayed."""
     from rl_batch import artifacts

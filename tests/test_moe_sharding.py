@@ -70,6 +70,7 @@ def run_update(mesh_shape, expert):
 
 
 @pytest.mark.parametrize("mesh_shape, expert", [((2, 1, 1), 4), ((1, 2, 2), 2)])
+@pytest.mark.slow  # 18 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sharded_moe_update_equals_single_device(mesh_shape, expert):
     single, _ = run_update((1, 1, 1), 1)
     sharded, spec = run_update(mesh_shape, expert)
@@ -80,6 +81,7 @@ def test_sharded_moe_update_equals_single_device(mesh_shape, expert):
     assert "moe_load_max" in sharded[2]
 
 
+@pytest.mark.slow  # 7 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sampler_runs_on_the_expert_mesh():
     params = _params()
     prompts = [[5, 17, 9, 3], [7, 8, 9], [10, 11], [1, 2, 3, 4], [6], [12, 13], [3], [2, 9]]

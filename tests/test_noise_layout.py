@@ -93,6 +93,7 @@ def test_whole_group_order_by_hand():
 
 
 @pytest.mark.parametrize("prompts, micro_batches", [(2, 2), (4, 2), (8, 2), (16, 2), (2, 4)])
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_whole_groups_recover_b_noise_within_the_interval(prompts, micro_batches):
     steps = 4000
     x = _synthetic(steps, prompts, seed=prompts + micro_batches)

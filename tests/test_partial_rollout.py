@@ -24,6 +24,7 @@ def _groups(group_size=2):
     return [partial_rollout.new_group(TOKENIZER, ex, group_size, step=0) for ex in EXAMPLES]
 
 
+@pytest.mark.slow  # 7 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_greedy_continuation_equals_one_uninterrupted_generation():
     params = model_lib.init_params(CONFIG, 0)
     greedy = SamplingConfig(greedy=True)
@@ -51,6 +52,7 @@ def _flops_per_token(s):
     return 2 * (9216 + 1760) + 4 * 1 * s * 2 * 16
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_advance_counts_each_token_once_and_the_re_prefill_as_prefill():
     params = model_lib.init_params(CONFIG, 0)
     step = Sampler(CONFIG, eos_id=NO_EOS, pad_id=0, max_prompt_len=14, max_new_tokens=2)
@@ -100,6 +102,7 @@ def test_batch_keeps_fixed_shapes_and_trains_only_finished_groups():
     assert ro.rewards_pg.tolist() == [[0.0, 0.0], [1.0, 0.0]]  # unfinished: not scored
 
 
+@pytest.mark.slow  # 9 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_run_with_partial_rollout(tmp_path):
     config = tiny_run_config(str(tmp_path / "work"), str(tmp_path / "run"))
     config.partial_rollout.enabled = True
@@ -118,6 +121,7 @@ class _NoEosTokenizer(CharTokenizer):
     eos_id = NO_EOS
 
 
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_run_counts_each_generated_token_once(tmp_path, monkeypatch):
     from rl_batch.runs import config as config_lib
 

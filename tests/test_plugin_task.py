@@ -104,6 +104,7 @@ def test_an_unknown_name_without_a_colon_names_the_plugin_form(tmp_path):
         config_lib.resolve(c, device_count=1)
 
 
+@pytest.mark.slow  # 10 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_run_trains_and_evaluates_on_the_users_task(tmp_path):
     c = plugin_config(tmp_path)
     c.budget_responses = 32
@@ -115,6 +116,7 @@ def test_a_run_trains_and_evaluates_on_the_users_task(tmp_path):
     assert all(0.0 <= e["eval_accuracy"] <= 1.0 for e in evals)
 
 
+@pytest.mark.slow  # 11 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_the_warm_start_trains_on_the_users_task(tmp_path):
     c = plugin_config(tmp_path, **{"init.source": "pretrain"})
     c.pretrain.steps, c.pretrain.eval_every, c.pretrain.eval_prompts = 4, 2, 8

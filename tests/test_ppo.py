@@ -119,6 +119,7 @@ def test_whitened_advantages_and_explained_variance():
     assert float(ev) == pytest.approx(1 - 0.0744 / 0.24, rel=1e-5)
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_value_of_token_j_is_read_before_token_j():
     """V_j (the value for response token j) sees the prompt and y_<j, never y_j."""
     values_fn = jax.jit(functools.partial(forward.response_outputs, CRITIC_CFG))
@@ -217,6 +218,7 @@ def trajectory(mesh_shape):
     return states, metrics, spec
 
 
+@pytest.mark.slow  # 11 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_warmup_trains_only_the_critic_then_both():
     states, metrics, _ = trajectory(ONE)
     start, warm, end = states[0], states[2], states[4]
@@ -268,6 +270,7 @@ def test_nonfinite_update_is_skipped_in_both_phases():
 
 
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+@pytest.mark.slow  # 30 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sharded_update_equals_single_device(mesh_shape):
     single_states, single_metrics, _ = trajectory(ONE)
     states, metrics, spec = trajectory(mesh_shape)
@@ -322,6 +325,7 @@ def test_resolve_rejects_bad_ppo_fields():
 # ------------------------------------------------------------------------ tiny run
 
 
+@pytest.mark.slow  # 13 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_tiny_ppo_run_starts_the_sample_axis_after_warmup(tmp_path):
     work, run_dir = str(tmp_path / "work"), str(tmp_path / "run")
     changes = {"ppo.warmup_updates": 2, "eval_every_responses": 8, "eval_prompts": 4}

@@ -42,6 +42,7 @@ def pretrain_config(tmp_path, **pretrain_changes):
     return c
 
 
+@pytest.mark.slow  # 10 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_training_stops_at_the_first_eval_that_reaches_stop_accuracy(tmp_path):
     _, info = pretrain.train_base(
         _spec(pretrain_config(tmp_path, stop_accuracy=0.0)), progress=False

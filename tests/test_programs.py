@@ -35,6 +35,7 @@ def _two_seeds(work_dir: str, out: str) -> list[list[dict]]:
     return records
 
 
+@pytest.mark.slow  # 9 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_kept_programs_give_the_metrics_of_fresh_ones(tmp_path, keep, monkeypatch):
     work_dir = str(tmp_path / "work")
     fresh = _two_seeds(work_dir, str(tmp_path / "fresh"))

@@ -42,6 +42,7 @@ def _session(**changes):
     return s
 
 
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_run_records_its_software_hardware_and_load_per_session(work_dir, tmp_path):
     run_dir = str(tmp_path / "run")
     run_lib.run(tiny_run_config(work_dir, run_dir, budget_responses=16), progress=False)

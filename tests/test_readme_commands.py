@@ -15,6 +15,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 PROGRAMS = ("python -m ", "pip ", "bash ", "ruff ", "tensorboard ", "JAX=")
@@ -176,6 +178,7 @@ print(json.dumps(errors))
 """
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_each_python_command_parses_with_its_programs_flags():
     commands = [(m, argv) for m, argvs in module_invocations(COMMANDS).items() for argv in argvs]
     assert len(commands) > 20

@@ -13,6 +13,7 @@ from rl_batch import provenance
 from tests.test_provenance import _session
 
 
+@pytest.mark.slow  # 7 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_study_section_from_a_sweep(tmp_path):
     d = fx.write_sweep(str(tmp_path / "s"), seed_factors=(0.9, 1.0, 1.1))
     with open(os.path.join(d, "throughput.json"), "w") as f:

@@ -55,6 +55,7 @@ def assert_same_samples(out, ref, exact=False):
         np.testing.assert_allclose(out.response_logprobs, ref.response_logprobs, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # 7 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_per_row_limits_end_each_row_at_its_own_length(params, sampler):
     out = sampler(params, PROMPTS, rng=jax.random.key(0), max_new_tokens=LIMITS)
     np.testing.assert_array_equal(out.lengths, LIMITS)
@@ -111,6 +112,7 @@ def test_slot_schedule_by_hand():
     "base,slots,block",
     [(GREEDY, 1, 0), (GREEDY, 3, 8), (TEMPERATURE, 2, 0), (TEMPERATURE, 64, 16), (GREEDY, 0, 0)],
 )
+@pytest.mark.slow  # 34 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_continuous_gives_each_row_the_static_tokens(params, sampler, base, slots, block):
     # EOS inside the vocabulary and forced limits: rows stop at very different lengths.
     stopping = sampler_lib.Sampler(
@@ -138,6 +140,7 @@ def test_continuous_gives_each_row_the_static_tokens(params, sampler, base, slot
 
 
 @pytest.mark.parametrize("slots", [3, 0])
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_continuous_log_probs_are_the_static_ones_bit_for_bit(slots):
     # The run fixtures' model (head_dim 16): with a scatter into the cache, XLA's CPU
     # backend rounded the new key's RoPE differently from the static engine's
@@ -153,6 +156,7 @@ def test_continuous_log_probs_are_the_static_ones_bit_for_bit(slots):
     assert_same_samples(smp(params, prompts, rng=jax.random.key(1), sampling=cont), ref, True)
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_continuous_row_keys_follow_the_row_not_the_slot(params, sampler):
     rows = jax.random.split(jax.random.key(5), len(PROMPTS))
     cont = SamplingConfig(temperature=1.0, engine="continuous", slots=2)
@@ -172,6 +176,7 @@ def test_continuous_row_keys_follow_the_row_not_the_slot(params, sampler):
     np.testing.assert_array_equal(moved.response_logprobs, ref.response_logprobs[order])
 
 
+@pytest.mark.slow  # 13 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_continuous_matches_static_through_gen_batch(params, sampler):
     cont = SamplingConfig(temperature=1.0, engine="continuous", slots=2)
     prompts = [p for p in PROMPTS for _ in range(2)]  # groups of two members
@@ -183,6 +188,7 @@ def test_continuous_matches_static_through_gen_batch(params, sampler):
 
 
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+@pytest.mark.slow  # 21 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_continuous_on_a_sharded_batch_gives_the_static_samples(params, mesh_shape):
     # 12 prompts in a 16-row bucket: each data shard runs its own loop over its 16 / D
     # rows with 16 / D slots; rows keep their keys. Log-probs within fp32 rounding of the
@@ -234,6 +240,7 @@ def test_continuous_config_errors(params):
 
 
 @pytest.mark.parametrize("block", [1, 4, 5, 16, 64])
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_blocked_attention_matches_einsum_reference(block):
     b, t, n, kv, h, s = 3, 1, 4, 2, 8, 24
     keys = jax.random.split(jax.random.key(0), 3)
@@ -250,6 +257,7 @@ def test_blocked_attention_matches_einsum_reference(block):
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # 9 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_blocked_attention_in_the_model_gives_einsum_logits(params, sampler):
     out = sampler(params, PROMPTS, rng=jax.random.key(0), sampling=SamplingConfig(greedy=True))
     p = out.prompt_tokens.shape[1]

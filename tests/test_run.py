@@ -45,6 +45,7 @@ def test_run_writes_the_artifacts(work_dir, tmp_path):
     assert os.listdir(os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
 
 
+@pytest.mark.slow  # 8 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_resumed_run_matches_uninterrupted(work_dir, tmp_path):
     full_dir, split_dir = str(tmp_path / "full"), str(tmp_path / "split")
     run_lib.run(tiny_run_config(work_dir, full_dir, budget_responses=96), progress=False)
@@ -58,6 +59,7 @@ def test_resumed_run_matches_uninterrupted(work_dir, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["cut mid-line", "removed", "doubled", "edited"])
+@pytest.mark.slow  # 25 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_damaged_metrics_are_rebuilt_from_the_checkpoint_on_resume(
     work_dir, tmp_path, damage, caplog
 ):
@@ -124,6 +126,7 @@ def test_a_policy_that_solves_every_prompt_is_told_to_make_the_task_harder():
     )
 
 
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_grpo_kl_to_the_initial_policy(work_dir, tmp_path):
     # grpo.kl_coef > 0 keeps the initial policy as the reference. The logged KL is k3 to
     # the reference, else to the behaviour policy, which with one epoch is the policy
@@ -149,6 +152,7 @@ def test_grpo_kl_to_the_initial_policy(work_dir, tmp_path):
     assert upd_flops[0.5] == pytest.approx(upd_flops[0.0] * 4 / 3, rel=1e-6)
 
 
+@pytest.mark.slow  # 7 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_resume_refuses_any_setting_outside_the_allow_list(work_dir, tmp_path):
     run_dir = str(tmp_path / "run")
     run_lib.run(tiny_run_config(work_dir, run_dir, budget_responses=16), progress=False)
@@ -181,6 +185,7 @@ def test_summary_says_running_while_the_run_is_alive(work_dir, tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
+@pytest.mark.slow  # 24 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_run_starts_from_another_runs_checkpoint(work_dir, tmp_path, algo):
     import jax
     import numpy as np

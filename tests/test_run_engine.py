@@ -70,6 +70,7 @@ def work_dir(tmp_path_factory):
     ],
     ids=["rollout-keys", "prompt-keys-gen-batch", "partial-rollout"],
 )
+@pytest.mark.slow  # 51 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_grpo_run_has_the_same_metrics_with_either_engine(work_dir, tmp_path, changes):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")

@@ -32,6 +32,7 @@ def _write_gsm8k(path, n, start=0):
     return str(path)
 
 
+@pytest.mark.slow  # 15 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_grpo_run_on_math_files_from_an_hf_checkpoint(hf_dir, tmp_path, monkeypatch):
     # Every verdict is marked unverified (even-length responses too big, odd-length ones
     # timed out) to follow the counts into the metrics lines; the rewards are math_score's.
@@ -260,6 +261,7 @@ def test_validation_rows_of_a_file_are_shuffled_with_a_fixed_seed(hf_dir, tmp_pa
     assert _questions(other)[:4] != _questions(val)[:4]  # another first eval_prompts
 
 
+@pytest.mark.slow  # 20 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_update_compiles_once_over_prompts_of_varying_length(hf_dir, tmp_path, monkeypatch):
     """The sampler buckets each call's prompts to a power of two of the longest, so the
     width moves with the data; the learner's batches are padded to the run's longest
@@ -307,6 +309,7 @@ def test_update_compiles_once_over_prompts_of_varying_length(hf_dir, tmp_path, m
     assert len(updates) == 1 and flops.jit_cache_size(updates[0]) == 1
 
 
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_padded_prompts_give_the_same_update(tmp_path):
     """Left-padding the prompts (masked) leaves the GRPO update unchanged."""
     import jax

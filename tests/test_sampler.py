@@ -52,6 +52,7 @@ def teacher_forced_logprobs(params, out, temperature):
     return logits_brv, logprobs_br
 
 
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_logprobs_match_teacher_forced_forward(params, sampler):
     out = sampler(params, PROMPTS, rng=jax.random.key(1), sampling=SamplingConfig(temperature=0.7))
     assert out.response_tokens.shape[0] == len(PROMPTS)
@@ -75,6 +76,7 @@ def test_padded_rows_match_unpadded_single_runs(params, sampler):
         np.testing.assert_allclose(out.response_logprobs[i], expected_r, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # 8 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_greedy_is_argmax_of_teacher_forced_logits(params, sampler):
     out = sampler(params, PROMPTS, rng=jax.random.key(0), sampling=SamplingConfig(greedy=True))
     logits_brv, expected_br = teacher_forced_logprobs(params, out, temperature=1.0)
@@ -82,6 +84,7 @@ def test_greedy_is_argmax_of_teacher_forced_logits(params, sampler):
     np.testing.assert_allclose(out.response_logprobs, expected_br, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sequence_stops_at_eos_then_pad_and_masked(params):
     free = sampler_lib.Sampler(
         CONFIG, eos_id=NO_EOS, pad_id=PAD, max_prompt_len=8, max_new_tokens=8
@@ -105,6 +108,7 @@ def test_sequence_stops_at_eos_then_pad_and_masked(params):
     assert out.lengths[0] <= 3 and out.response_tokens[0, out.lengths[0] - 1] == eos
 
 
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_any_of_several_stop_ids_ends_a_row(params):
     free = sampler_lib.Sampler(
         CONFIG, eos_id=NO_EOS, pad_id=PAD, max_prompt_len=8, max_new_tokens=8
@@ -128,6 +132,7 @@ def test_any_of_several_stop_ids_ends_a_row(params):
         sampler_lib.eos_ids_of(())
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_loop_stops_when_every_row_is_done(params):
     prompt, greedy = [PROMPTS[1]], SamplingConfig(greedy=True)
     free = sampler_lib.Sampler(
@@ -168,6 +173,7 @@ def test_same_seed_same_samples_different_seed_different(params, sampler):
     assert (a.response_tokens != c.response_tokens).mean() > 0.5
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_top_k_one_and_tiny_top_p_equal_greedy(params, sampler):
     greedy = sampler(params, PROMPTS, rng=jax.random.key(0), sampling=SamplingConfig(greedy=True))
     top_k = sampler(params, PROMPTS, rng=jax.random.key(5), sampling=SamplingConfig(top_k=1))
@@ -179,6 +185,7 @@ def test_top_k_one_and_tiny_top_p_equal_greedy(params, sampler):
     assert (greedy.response_logprobs < -0.1).any()  # i.e. not the filtered prob of 1
 
 
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_no_recompilation_within_buckets(params, small_sampler):
     s, rng = small_sampler, jax.random.key(0)
     s(params, PROMPTS[:3], rng=rng)  # B bucket 4, P bucket 8
@@ -231,6 +238,7 @@ def test_sample_batch_under_user_jit_matches_sampler(params, sampler):
 
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2), (1, 4, 2)])
 @pytest.mark.parametrize("sampling", [SamplingConfig(greedy=True), SamplingConfig(top_k=20)])
+@pytest.mark.slow  # 31 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_mesh_sharded_batch_matches_single_device(params, mesh_shape, sampling):
     assert len(jax.devices()) == 8, "tests/conftest.py should provide 8 fake CPU devices"
     mesh = sharding.make_mesh(*mesh_shape)
@@ -251,6 +259,7 @@ def test_mesh_sharded_batch_matches_single_device(params, mesh_shape, sampling):
     assert sharded.last_stats["decode_steps"] == single.last_stats["decode_steps"]
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_row_samples_do_not_depend_on_the_batch_around_them(params, sampler):
     # Row b draws from fold_in(rng, b): adding rows (a bigger batch bucket) leaves it as is.
     few = sampler(params, PROMPTS[:2], rng=jax.random.key(3))
@@ -267,6 +276,7 @@ def test_row_samples_do_not_depend_on_the_batch_around_them(params, sampler):
         dict(num_kv_heads=4, rope_theta=1_000_000.0),
     ],
 )
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_cache_path_matches_full_forward_for_config_switches(overrides):
     config = CONFIG.replace(**overrides)
     params = model.init_params(config, 1)
@@ -383,6 +393,7 @@ def test_row_keys_draw_like_the_keys_they_replace(params, sampler):
         sampler(params, PROMPTS, rng=rows[:3])
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_row_keys_on_a_sharded_batch(params):
     mesh = sharding.make_mesh(2, 2, 2)
     kwargs = dict(eos_id=5, pad_id=PAD, max_prompt_len=16, max_new_tokens=16)

@@ -181,6 +181,7 @@ def assert_same_update(a, b):
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (8, 1, 1)])
+@pytest.mark.slow  # 25 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sharded_update_equals_single_device(mesh_shape):
     single, _ = run_update((1, 1, 1))
     sharded, specs = run_update(mesh_shape)
@@ -192,6 +193,7 @@ def test_sharded_update_equals_single_device(mesh_shape):
         assert specs == {"q_dnh": P(None, None, None), "embed_vd": P(None, None)}
 
 
+@pytest.mark.slow  # 19 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sharded_minibatches_and_micro_batches():
     # 2 minibatches of 4, each in 2 micro-batches of 2, on a mesh with 2 batch shards.
     config = dict(num_minibatches=2, micro_batches=2)

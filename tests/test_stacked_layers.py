@@ -75,6 +75,7 @@ def _prompts(b=3, p=4, seed=0):
     return jnp.asarray(rng.integers(1, 64, (b, p)) * mask, jnp.int32), jnp.asarray(mask)
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_forward_and_cache_path_equal_the_per_layer_model():
     params = jax.tree.map(lambda x: 5 * x if x.ndim >= 2 else x, numpy_params(LOOP))
     stacked = model_lib.stack_layers(params)
@@ -106,6 +107,7 @@ def test_forward_and_cache_path_equal_the_per_layer_model():
     ]
 
 
+@pytest.mark.slow  # 11 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sampler_draws_the_same_tokens():
     params = numpy_params(LOOP)
     tokens, mask = _prompts(b=4)
@@ -118,6 +120,7 @@ def test_sampler_draws_the_same_tokens():
     np.testing.assert_allclose(got.response_logprobs, want.response_logprobs, atol=1e-5)
 
 
+@pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_grpo_update_on_the_stack_equals_the_per_layer_update():
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     optimizer = learner.make_optimizer(1e-3)
@@ -219,6 +222,7 @@ def test_hf_checkpoint_maps_to_and_from_the_stack(tmp_path, family):
     assert isinstance(host["layers"]["mlp"]["up_df"], np.ndarray)
 
 
+@pytest.mark.slow  # 21 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_a_stacked_run_resumes_exports_and_matches_the_per_layer_run(tmp_path):
     """End to end: a run of the stacked model, stopped and resumed from its checkpoint,
     logs the updates of an uninterrupted per-layer run (same seed), and its export is

@@ -445,6 +445,7 @@ write("finished")
 """
 
 
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_ctrl_c_stops_a_concurrent_sweep_as_sigterm_does(tmp_path, monkeypatch):
     # SIGINT left the pool's points running to their end and started the next ones
     # (issue 48): now the running children get SIGTERM and no other point starts.

@@ -211,6 +211,7 @@ def test_an_extension_recorded_without_its_grid_is_matched_with_sweep_json(tmp_p
     )
 
 
+@pytest.mark.slow  # 3 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_the_issue_listing_with_the_default_studys_extension_beside_it(tmp_path):
     """The report: after the default study extended its grid to B = 8 in its directory,
     the issue's grid listed there got ``p1_g8_sqrt_s0`` first."""

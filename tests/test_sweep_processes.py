@@ -164,6 +164,7 @@ print("backend started:", xla_bridge.backends_are_initialized())
 
 
 @pytest.mark.parametrize("launched", [None, ("localhost:1", "2", "1")])
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_an_isolated_sweep_parent_never_starts_the_jax_backend(tmp_path, launched):
     # On a GPU it would keep most of each card's memory from the children for the whole
     # sweep; on a TPU VM the children could not open the chips at all.

@@ -15,6 +15,7 @@ from rl_batch.models import transformer as model
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # 26 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_sampler_part_runs_and_writes_json(tmp_path):
     out = tmp_path / "throughput.json"
     # Another part's results already in the file must survive.
@@ -76,6 +77,7 @@ def test_unknown_part_is_rejected():
     )
 
 
+@pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_hf_conversion_matches_our_logits():
     config = model.get_preset("tiny-1m")
     params = model.init_params(config, 3)

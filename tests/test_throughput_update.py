@@ -12,6 +12,7 @@ from rl_batch.analysis import cost_model
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # 29 s in the fast tier at b3308b3 (2 cores, load 2-5)
 @pytest.mark.parametrize("part", ["update", "all"])
 def test_update_part_writes_the_json_the_analysis_reads(tmp_path, part):
     out = tmp_path / "throughput.json"

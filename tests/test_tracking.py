@@ -49,6 +49,7 @@ def work_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("work"))
 
 
+@pytest.mark.slow  # 4 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_every_metrics_line_is_forwarded_once_in_order_and_not_resent_on_resume(
     work_dir, tmp_path, fake_backend
 ):
@@ -327,6 +328,7 @@ def test_real_wandb_offline_run_directory_holds_the_logged_values(tmp_path, monk
     assert config["seed"] == "3" and float(config["lr"]) == 1e-5
 
 
+@pytest.mark.slow  # 5 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_training_samples_every_n_updates_go_to_generations_jsonl_and_the_dashboards(
     work_dir, tmp_path, fake_backend
 ):
