@@ -15,7 +15,7 @@ import pytest
 from rl_batch import artifacts
 from rl_batch.runs import run as run_lib
 from rl_batch.runs.checkpoint import Checkpointer
-from tests.run_fixtures import tiny_run_config
+from tests.run_fixtures import TIMING, tiny_run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -213,3 +213,81 @@ def test_a_full_disk_in_a_checkpoint_save_is_the_last_line_train_prints(tmp_path
         f"error: disk full: no space left to write in {run_dir}/checkpoints; free space "
         "there, then continue the run with --resume (everything written before is intact)"
     ], lines[-20:]
+
+
+def _small_disk_command(size: str, mount_point: str, argv: list[str]) -> list[str] | None:
+    """``argv`` run with a tmpfs of ``size`` mounted at ``mount_point`` (a mount namespace
+    of its own: ``unshare -rm``), or None where this machine cannot mount one."""
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return None
+    mount = f"mount -t tmpfs -o size={size} tmpfs {mount_point}"
+    return ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$@"', "sh", *argv]
+
+
+def test_orbax_says_nothing_of_a_really_full_disk(tmp_path):
+    # A 64 KiB disk and 400 KB of random floats: orbax's writer, commit and manager
+    # threads each logged the failure with a traceback (4 tracebacks, 200+ lines).
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from rl_batch.runs.checkpoint import Checkpointer\n"
+        f"c = Checkpointer({str(disk / 'ckpt')!r}, cleanup_tmp=True)\n"
+        "try:\n"
+        "    c.save(1, {'a': np.random.default_rng(0).random(100_000, np.float32)}, {})\n"
+        "except OSError as e:\n"
+        "    print(type(e).__name__, e, file=sys.stderr)\n"
+    )
+    command = _small_disk_command("64k", str(disk), [sys.executable, "-c", script])
+    if command is None:
+        pytest.skip("no tmpfs can be mounted here (unshare -rm)")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.splitlines() == [
+        f"DiskFullError disk full: no space left to write in {disk / 'ckpt'}; free space "
+        "there, then continue the run with --resume (everything written before is intact)"
+    ], out.stderr[-3000:]
+
+
+def test_train_on_a_really_full_disk_prints_one_line_and_resumes(tmp_path):
+    # The run directory on a 100 KiB disk: the first checkpoint (~180 KB) does not fit.
+    # Before, orbax's and tensorstore's threads printed 100-600 lines ahead of the error.
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    run_dir, config_json = str(disk / "run"), str(tmp_path / "config.json")
+    config = tiny_run_config(str(tmp_path / "work"), run_dir, stop_at_target=False)
+    artifacts.write_json_atomic(config_json, config.to_dict())
+    train = [sys.executable, "-m", "experiments.train", f"--config_json={config_json}", "--quiet"]
+    # The disk fills, then (a second mount: the files written are kept in a directory
+    # beside it and copied onto a larger disk) the run resumes to the end.
+    kept = tmp_path / "kept"
+    script = f'"$@" ; status=$? ; cp -a {disk}/run {kept} ; exit $status'
+    command = _small_disk_command("100k", str(disk), ["sh", "-c", script, "sh", *train])
+    if command is None:
+        pytest.skip("no tmpfs can be mounted here (unshare -rm)")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    assert out.returncode == 1, out.stderr[-3000:]
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"error: disk full: no space left to write in {run_dir}"), line
+    assert "--resume" in line
+    written = artifacts.read_metrics(str(kept))
+    assert [r["step"] for r in written if r["kind"] == "update"][:2] == [1, 2]
+
+    os.rename(kept, run_dir)  # space freed: the same directory on a disk with room
+    resumed = subprocess.run(
+        [*train, "--resume"], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = artifacts.read_json(os.path.join(run_dir, artifacts.SUMMARY_FILE))
+    assert summary["status"] == "finished" and summary["steps"] == 4
+    # No checkpoint fitted: the run starts again and logs the same lines (timings aside).
+    again = artifacts.read_metrics(run_dir)
+    assert [_untimed(r) for r in again[: len(written)]] == [_untimed(r) for r in written]
+
+
+def _untimed(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not any(t in k for t in TIMING)}

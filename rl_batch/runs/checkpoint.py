@@ -7,7 +7,13 @@ process killed mid-save leaves no checkpoint that ``latest_step`` would return. 
 here are synchronous: when ``save`` returns, the step is on disk.
 
 A save that fails because the disk is full raises ``artifacts.DiskFullError`` (one
-line naming the directory) and leaves the earlier steps as they were.
+line naming the directory) and leaves the earlier steps as they were. Orbax's own report
+of it is silenced (`quiet_disk_full`): each of its writer threads, its commit thread and
+its manager log the failure with a traceback (absl ``logging.exception``), and
+tensorstore's callbacks into the closed event loop of a failed write print theirs through
+``sys.unraisablehook``: hundreds of lines on stderr before the one line, for each failed save.
+Only records and tracebacks of ENOSPC are dropped (the second kind only once a full disk
+was seen); every other error of orbax is printed as before.
 
 Temporary directories (``<step>.orbax-checkpoint-tmp*``) are this module's to clean, not
 orbax's: a failed save can leave orbax's writer threads of its other items still writing
@@ -34,6 +40,7 @@ import errno
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 import zlib
@@ -124,6 +131,59 @@ def remove_temporary(directory: str, timeout_s: float = SETTLE_TIMEOUT_S) -> lis
     return names
 
 
+class _DiskFullRecords(logging.Filter):
+    """Drops log records that report a full disk (text or exception chain): orbax logs
+    one, with its traceback, from each thread of a failed save."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if (error is not None and artifacts.is_disk_full(error)) or artifacts.is_disk_full(
+            Exception(record.getMessage())
+        ):
+            _DISK_FULL_SEEN.set()
+            return False
+        return True
+
+
+_DISK_FULL_FILTER = _DiskFullRecords()
+_DISK_FULL_SEEN = threading.Event()  # a full disk was reported in this process
+
+
+def _is_closed_loop_callback(error: BaseException | None) -> bool:
+    """tensorstore completing a write of a failed save into its closed event loop."""
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
+def _quiet_unraisablehook(hook):
+    """``hook`` (``sys.unraisablehook``) that drops a closed-loop callback's traceback
+    once a full disk was seen; anything else goes to ``hook``."""
+
+    def unraisablehook(unraisable):
+        if _DISK_FULL_SEEN.is_set() and _is_closed_loop_callback(unraisable.exc_value):
+            return
+        hook(unraisable)
+
+    unraisablehook.quiets_disk_full = True
+    return unraisablehook
+
+
+def quiet_disk_full() -> None:
+    """Silences orbax's and tensorstore's stderr report of a full disk in this process.
+
+    Orbax logs (through absl, logger ``absl``) a save's failure from each of its threads
+    with a traceback; those records are dropped when they report ENOSPC. tensorstore's
+    write callbacks into the event loop a failed save closed print ``RuntimeError: Event
+    loop is closed`` through ``sys.unraisablehook``; dropped once a full disk was seen.
+    The save raises ``artifacts.DiskFullError``, whose one line says it all. Idempotent.
+    """
+    for name in ("absl", "orbax"):
+        logger = logging.getLogger(name)
+        if _DISK_FULL_FILTER not in logger.filters:
+            logger.addFilter(_DISK_FULL_FILTER)
+    if not getattr(sys.unraisablehook, "quiets_disk_full", False):
+        sys.unraisablehook = _quiet_unraisablehook(sys.unraisablehook)
+
+
 def path_name(path) -> str:
     """A path name that is the same for a live tree and orbax's stored metadata tree.
 
@@ -162,6 +222,7 @@ class Checkpointer:
 
     def __init__(self, directory: str, max_to_keep: int = 2, cleanup_tmp: bool = False):
         self.directory = os.path.abspath(directory)
+        quiet_disk_full()
         # Process 0 cleans, as orbax's own clean-up would (its primary host).
         self._cleanup = cleanup_tmp and jax.process_index() == 0
         if self._cleanup:
@@ -215,6 +276,7 @@ class Checkpointer:
             if self._cleanup and jax.process_count() == 1:
                 remove_temporary(self.directory)
             if artifacts.is_disk_full(e):
+                _DISK_FULL_SEEN.set()
                 raise artifacts.DiskFullError(self.directory) from e
             raise
 
