@@ -15,7 +15,9 @@ else is a bug and keeps its traceback. See docs/errors.md.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import io
 import os
 import re
@@ -259,6 +261,64 @@ def field_comments(path: str) -> dict[str, str]:
     return comments
 
 
+_ATTRIBUTE = re.compile(r"^(\s+)(\w+(?:, \w+)*): (.*)$")
+_CLASS_FIELD = re.compile(r"^\s+(\w+): [^=]+=")
+
+
+def section_docs(cls, prefix: str = "") -> dict[str, str]:
+    """``{prefix + field: meaning}`` of a section class (nested sections too, as
+    ``field.sub``): its docstring's ``Attributes:`` entries (``a, b: text`` gives both),
+    else the comment lines above a field's line in the class body and its own trailing
+    comment. These are the words ``--help_config`` prints under each field."""
+    docs: dict[str, str] = {}
+    lines = (cls.__doc__ or "").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == "Attributes:"), None)
+    names, indent = [], None
+    for line in lines[start + 1 :] if start is not None else ():
+        match = _ATTRIBUTE.match(line)
+        if match and (indent is None or len(match.group(1)) == indent):
+            indent, names = len(match.group(1)), match.group(2).split(", ")
+            for name in names:
+                docs[prefix + name] = match.group(3).strip()
+        elif names and line.strip() and len(line) - len(line.lstrip()) > (indent or 0):
+            for name in names:
+                docs[prefix + name] += " " + line.strip()
+        elif line.strip():
+            break  # the block has ended
+    for name, text in _body_comments(cls).items():
+        docs.setdefault(prefix + name, text)
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            if dataclasses.is_dataclass(value):
+                docs.update(section_docs(type(value), f"{prefix}{f.name}."))
+    return docs
+
+
+def _body_comments(cls) -> dict[str, str]:
+    """``{field: the comment lines above its line in the class body + its trailing
+    comment}``."""
+    comments: dict[str, str] = {}
+    block: list[str] = []
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return comments
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            block.append(stripped.lstrip("#").strip())
+            continue
+        match = _CLASS_FIELD.match(line)
+        if match:
+            trailing = line.split("  # ", 1)[1].strip() if "  # " in line else ""
+            text = " ".join(block + ([trailing] if trailing else []))
+            if text:
+                comments.setdefault(match.group(1), text)
+        block = []
+    return comments
+
+
 def _leaves(config: ConfigDict, prefix: str = "") -> Iterator[tuple[str, object]]:
     for key in sorted(config.keys()):
         value = config[key]
@@ -279,7 +339,7 @@ def describe_fields(
       config: a config (after its overrides: the values shown are the ones a run gets).
       sources: config files whose comments describe the fields (e.g. the base config).
       docs: ``{field: meaning}`` of fields whose config file sets them from a section
-        class (``base.field_docs``: the classes' docstrings).
+        class (`section_docs` of ``base.SECTIONS``).
     """
     comments: dict[str, str] = {}
     for path in sources:
@@ -303,5 +363,9 @@ def print_fields_and_exit(config: ConfigDict, config_file: str | None = None) ->
     exits 0."""
     from experiments.configs import base
 
-    print(describe_fields(config, [config_file or "", base.__file__], base.field_docs()))
+    docs: dict[str, str] = {}
+    for prefix, cls in base.SECTIONS:
+        for field, text in section_docs(cls, prefix).items():
+            docs.setdefault(field, text)
+    print(describe_fields(config, [config_file or "", base.__file__], docs))
     sys.exit(0)

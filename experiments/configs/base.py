@@ -48,15 +48,6 @@ SECTIONS = (
 )
 
 
-def field_docs() -> dict[str, str]:
-    """``{"task.name": its meaning}`` for every field a section class defines."""
-    docs: dict[str, str] = {}
-    for prefix, cls in SECTIONS:
-        for field, text in sections.field_docs(cls, prefix).items():
-            docs.setdefault(field, text)
-    return docs
-
-
 def run_config() -> ConfigDict:
     """A GRPO run on the reversed-digit addition task with the ~1M-parameter model."""
     c = ConfigDict()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any, ClassVar
 
 from rl_batch import artifacts
@@ -71,66 +70,6 @@ def defaults(cls) -> dict[str, Any]:
             value = f.default_factory()
             out[f.name] = defaults(type(value)) if dataclasses.is_dataclass(value) else value
     return out
-
-
-_ATTRIBUTE = re.compile(r"^(\s+)(\w+(?:, \w+)*): (.*)$")
-_CLASS_FIELD = re.compile(r"^\s+(\w+): [^=]+=")
-
-
-def field_docs(cls, prefix: str = "") -> dict[str, str]:
-    """``{prefix + field: meaning}`` of a section class (nested sections too, as
-    ``field.sub``): its docstring's ``Attributes:`` entries (``a, b: text`` gives both),
-    else the comment lines above a field's line in the class body and its own trailing
-    comment. These are the words ``--help_config`` prints under each field."""
-    docs: dict[str, str] = {}
-    lines = (cls.__doc__ or "").splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == "Attributes:"), None)
-    names, indent = [], None
-    for line in lines[start + 1 :] if start is not None else ():
-        match = _ATTRIBUTE.match(line)
-        if match and (indent is None or len(match.group(1)) == indent):
-            indent, names = len(match.group(1)), match.group(2).split(", ")
-            for name in names:
-                docs[prefix + name] = match.group(3).strip()
-        elif names and line.strip() and len(line) - len(line.lstrip()) > (indent or 0):
-            for name in names:
-                docs[prefix + name] += " " + line.strip()
-        elif line.strip():
-            break  # the block has ended
-    for name, text in _body_comments(cls).items():
-        docs.setdefault(prefix + name, text)
-    for f in dataclasses.fields(cls):
-        if f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-            if dataclasses.is_dataclass(value):
-                docs.update(field_docs(type(value), f"{prefix}{f.name}."))
-    return docs
-
-
-def _body_comments(cls) -> dict[str, str]:
-    """``{field: the comment lines above its line in the class body + its trailing
-    comment}``."""
-    import inspect
-
-    comments: dict[str, str] = {}
-    block: list[str] = []
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return comments
-    for line in source.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            block.append(stripped.lstrip("#").strip())
-            continue
-        match = _CLASS_FIELD.match(line)
-        if match:
-            trailing = line.split("  # ", 1)[1].strip() if "  # " in line else ""
-            text = " ".join(block + ([trailing] if trailing else []))
-            if text:
-                comments.setdefault(match.group(1), text)
-        block = []
-    return comments
 
 
 def older_values(cls) -> dict[str, Any]:
