@@ -18,7 +18,8 @@ Update lines carry at least: ``step``, ``responses_cum`` (retained responses use
 updates so far), ``responses_generated_cum``, ``prompts``, ``group_size``,
 ``batch_responses`` (retained in this update), ``lr``, ``reward_mean``,
 ``time_generate_s``, ``time_score_s``, ``time_update_s``, ``time_train_cum_s``,
-``gen_tokens``, ``grad_norm`` (actor), ``loss``, ``clip_frac``, ``kl``; PPO adds
+``gen_tokens``, ``grad_norm`` (actor), ``loss``, ``clip_frac``, ``kl`` and (lines written
+since the update takes its clip range as an argument) ``clip_low``, ``clip_high``; PPO adds
 ``critic_grad_norm`` and ``phase`` (``PHASE_CRITIC_WARMUP`` or ``PHASE_TRAIN``). A math
 task's lines add ``score_unverified_too_big`` and ``score_unverified_timeout``: responses
 scored 0 without math_verify's verdict, too long or too deeply nested to verify, or past

@@ -280,13 +280,35 @@ def test_surge_with_a_schedule_derives_its_lr_at_every_scheduled_batch():
         config_lib.resolve(_warmup(lr_rule="surge"), 1)
 
 
-def test_settings_a_schedule_cannot_serve_are_refused_in_one_line_before_compute():
-    for changes, message in [
-        ({"hparam_rules.clip": "sqrt"}, "hparam_rules.clip='sqrt' with batch_schedule.kind="),
-    ]:
-        with pytest.raises(ValueError, match="invalid config: .*" + re.escape(message)) as e:
-            config_lib.resolve(_warmup(**changes), 1)
-        assert "\n" not in str(e.value)
+def test_the_clip_rule_follows_the_scheduled_batch():
+    # clip 0.2 / 0.28 x sqrt(B / 128) at the buckets B = 2, 4, 8, 16 prompts x 8:
+    # sqrt(1/8) = 0.353553, sqrt(1/4) = 0.5, sqrt(1/2) = 0.707107, sqrt(1) = 1.
+    spec = config_lib.resolve(_warmup(**{"hparam_rules.clip": "sqrt"}), 1)
+    want = {
+        16: (0.0707107, 0.0989949),
+        32: (0.1, 0.14),
+        64: (0.1414214, 0.1979899),
+        128: (0.2, 0.28),
+    }
+    for batch, (low, high) in want.items():
+        assert spec.clip_at(batch) == (pytest.approx(low, rel=1e-6), pytest.approx(high, rel=1e-6))
+    assert (spec.clip_low, spec.clip_high) == (0.2, 0.28)  # derived at B = 128 = B_ref
+    # Past batch_ref the caps hold: B = 128 x 8 = 1024, k = 8, sqrt(8) = 2.828427:
+    # clip_low 0.565685 -> 0.5 (capped), clip_high 0.791960; at B = 256, k = 2: 0.282843 /
+    # 0.395980 (not capped).
+    big = config_lib.resolve(_warmup(prompts=128, **{"hparam_rules.clip": "sqrt"}), 1)
+    assert big.clip_at(1024) == (0.5, pytest.approx(0.7919596, rel=1e-6))
+    assert big.clip_at(256) == (pytest.approx(0.2828427), pytest.approx(0.3959798))
+    # No clip range the rule gives is one the algorithm refuses (clip_low < 1 at the cap).
+    for prompts in big.batch_schedule.buckets:
+        big.algorithm.replace(**dict(zip(("clip_low", "clip_high"), big.clip_at(prompts * 8))))
+
+
+def test_what_a_schedule_cannot_serve_is_refused_in_one_line_before_compute():
+    # surge without its noise scale at any bucket: one line, naming the field.
+    with pytest.raises(ValueError, match="invalid config: .*lr_rule='surge'") as e:
+        config_lib.resolve(_warmup(lr_rule="surge", **{"hparam_rules.clip": "sqrt"}), 1)
+    assert "\n" not in str(e.value)
     # Warm-up without a schedule still derives at B (the rules' "responses" form: by hand
     # round(4 * 128 / 128) = 4).
     fixed = config_lib.resolve(
@@ -318,6 +340,7 @@ def test_the_warmup_follows_the_scheduled_batch():
         {"lr_rule": "surge", "lr_rule_noise_scale": 48.0},
         {"lr_rule": "sqrt", "hparam_rules.adam": "sde"},
         {"lr": 3e-4},
+        {"hparam_rules.clip": "sqrt"},
     ],
 )
 def test_every_batch_dependent_value_at_a_scheduled_batch_is_the_resolved_one(changes):
@@ -329,18 +352,21 @@ def test_every_batch_dependent_value_at_a_scheduled_batch_is_the_resolved_one(ch
         at = spec.hparams_at(prompts * 8)
         assert spec.optimizer_at(prompts * 8) == alone.optimizer == at.adam
         assert (at.clip.clip_low, at.clip.clip_high) == (alone.clip_low, alone.clip_high)
+        assert spec.clip_at(prompts * 8) == (alone.clip_low, alone.clip_high)
         assert at.warmup_updates == alone.lr_warmup_updates == 0
         assert at.lr_arithmetic == alone.lr_arithmetic
 
 
 # --------------------------------------------------------------------------- tiny runs
 
-# P0 = 2 -> P = 8, G = 4, over 64 responses: stage floor(r / 32).
+# P0 = 2 -> P = 8, G = 4, over 64 responses: stage floor(r / 32); the clip range follows
+# the batch (sqrt rule).
 WARMUP = {
     "prompts": 8,
     "batch_schedule.kind": "warmup",
     "batch_schedule.start_prompts": 2,
     "batch_schedule.responses": 64,
+    "hparam_rules.clip": "sqrt",
 }
 
 
@@ -377,6 +403,14 @@ def test_warmup_run_follows_the_schedule_with_the_lr_rule_at_each_batch(warmup_r
     for u in updates:
         assert u["lr"] == pytest.approx(1e-3 * math.sqrt(u["batch_responses"] / 16), rel=1e-6)
     assert len(updates) == 8  # one optimizer update per rollout batch
+    # The clip range each update trained with: 0.2 / 0.28 x sqrt(B / 16) at B = 8, 16, 32:
+    # sqrt(1/2) = 0.707107 -> 0.141421 / 0.197990; 1 -> 0.2 / 0.28; sqrt(2) = 1.414214 ->
+    # 0.282843 / 0.395980 (float32 in the metrics).
+    want = {8: (0.1414214, 0.1979899), 16: (0.2, 0.28), 32: (0.2828427, 0.3959798)}
+    for u in updates:
+        low, high = want[u["batch_responses"]]
+        assert u["clip_low"] == pytest.approx(low, rel=1e-6)
+        assert u["clip_high"] == pytest.approx(high, rel=1e-6)
 
 
 @pytest.mark.slow  # 6 s in the fast tier at b3308b3 (2 cores, load 2-5)
@@ -396,7 +430,8 @@ def test_surge_with_a_schedule_runs_with_its_lr_at_each_batch(work_dir, tmp_path
 
 def test_a_schedule_compiles_each_batch_shape_once_before_training(warmup_run):
     run_dir, update_programs = warmup_run
-    assert update_programs == 3  # P = 2, 4, 8: one update program each, never per step
+    # P = 2, 4, 8: one update program each, never per step (nor per clip range: three)
+    assert update_programs == 3
     compilations = {u["compilations"] for u in artifacts.read_metrics(run_dir, "update")}
     assert len(compilations) == 1  # nothing compiled during training
 

@@ -110,16 +110,7 @@ def test_the_rules_are_checked_with_one_line_naming_the_field():
     c.hparam_rules.momentum = "sde"
     with pytest.raises(ValueError, match=r"hparam_rules.momentum: no such rule"):
         config_lib.resolve(c, 1)
-    schedule = {
-        "batch_schedule.kind": "warmup",
-        "batch_schedule.start_prompts": 4,
-        "batch_schedule.responses": 512,
-    }
-    for changes, message in [
-        ({"hparam_rules.clip": "sqrt"}, "hparam_rules.clip='sqrt' with batch_schedule.kind"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            config_lib.resolve(_config(**schedule, **changes), 1)
+    # (A batch schedule serves every rule, the clip's at each batch: tests/test_batch_schedule.py.)
 
 
 def test_a_batch_schedule_applies_the_sde_rule_at_each_batch():

@@ -14,7 +14,7 @@ import pytest
 
 from rl_batch.algorithms import batch as batch_lib
 from rl_batch.algorithms import forward, grpo, learner, losses, update_step
-from rl_batch.models import sharding
+from rl_batch.models import flops, sharding
 from rl_batch.models import transformer as model_lib
 from tests.run_fixtures import LEARNER_MODEL, numpy_params
 
@@ -244,6 +244,37 @@ def test_sampler_old_logprobs_give_same_update(params, optimizer, mesh):
     np.testing.assert_allclose(m3["ratio_mean"], np.exp(0.5), rtol=1e-5)
     # Tokens with A > 0: 6 + 3 + 5 + 1 = 15 of 33.
     np.testing.assert_allclose(m3["clip_frac"], 15 / 33, rtol=1e-6)
+
+
+def test_the_clip_range_is_an_argument_of_the_compiled_update(params, optimizer, mesh):
+    # Behaviour log-probs 0.5 nats below the policy's: every ratio is e^0.5 = 1.648721.
+    # A > 0 rows (sum A len = 6 + 1.5 + 10 + 1 = 18.5) clip at 1 + clip_high while the
+    # ratio exceeds it; A < 0 rows (sum A len = -21) never clip (max keeps -A r). So the
+    # token-mean loss is (-18.5 min(r, 1 + clip_high) + 21 r) / 33.
+    batch = make_batch()
+    batch = batch.replace(old_logprobs=logprobs_fn(params, batch, 1.0) - 0.5)
+    r = float(np.exp(0.5))
+    f = update_fn_for(mesh, optimizer)  # configured 0.2 / 0.28
+
+    def loss_at(clip):
+        return f(fresh_state(params, optimizer, mesh), batch, KEY, clip)[1]
+
+    default = loss_at(None)
+    programs = flops.jit_cache_size(f)
+    cases = [(None, 0.28, 15 / 33), ((0.1, 0.6), 0.6, 15 / 33), ((0.1, 0.7), r - 1, 0.0)]
+    for clip, high, clip_frac in cases:
+        m = default if clip is None else loss_at(clip)
+        want = (-18.5 * (1 + high) + 21 * r) / 33  # 0.331608, 0.152214, 0.124904
+        np.testing.assert_allclose(m["loss"], want, rtol=1e-5)
+        np.testing.assert_allclose(m["clip_frac"], clip_frac, rtol=1e-6)
+        low_high = (0.2, 0.28) if clip is None else clip  # the range each update logs
+        np.testing.assert_allclose((m["clip_low"], m["clip_high"]), low_high, rtol=1e-7)
+    assert flops.jit_cache_size(f) == programs  # a new range compiled nothing
+    # The same loss as the clip range compiled in as constants (the loss as before).
+    config = grpo.GRPOConfig(clip_low=0.1, clip_high=0.6)
+    n = float(np.sum(LENGTHS))
+    baked, _ = grpo.grpo_loss(CFG, config, params, batch, num_tokens=n, num_seqs=8, max_len=R)
+    np.testing.assert_allclose(loss_at((0.1, 0.6))["loss"], baked, rtol=1e-6)
 
 
 def test_zero_advantages_zero_gradient(params, optimizer, mesh):

@@ -18,7 +18,7 @@ from experiments.configs import base
 from rl_batch import artifacts
 from rl_batch.algorithms import forward, learner, ppo
 from rl_batch.analysis import curves
-from rl_batch.models import sharding
+from rl_batch.models import flops, sharding
 from rl_batch.models import transformer as model_lib
 from rl_batch.runs import config as config_lib
 from rl_batch.runs import run as run_lib
@@ -267,6 +267,13 @@ def test_nonfinite_update_is_skipped_in_both_phases():
     state, m = f(state, sharding.shard_batch(make_batch(), mesh), KEY)
     assert float(m["skipped"]) == 0.0 and float(m["actor_trained"]) == 1.0
     assert int(state.actor.step) == 1 and int(state.critic.step) == 1
+    assert (float(m["clip_low"]), float(m["clip_high"])) == pytest.approx((0.2, 0.2))
+    # The clip range is an argument of the compiled update: another one compiles nothing
+    # and is the one the update reports (float32: 0.3 -> 0.30000001).
+    programs = flops.jit_cache_size(f)
+    state, m = f(state, sharding.shard_batch(make_batch(), mesh), KEY, (0.1, 0.3))
+    assert (float(m["clip_low"]), float(m["clip_high"])) == pytest.approx((0.1, 0.3))
+    assert flops.jit_cache_size(f) == programs
 
 
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])

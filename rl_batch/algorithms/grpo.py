@@ -201,16 +201,20 @@ def grpo_loss(
     num_tokens: jax.Array,
     num_seqs: jax.Array | int,
     max_len: int,
+    clip: policy_loss_lib.ClipRange | None = None,
 ) -> tuple[jax.Array, tuple[Metrics, Metrics, jax.Array]]:
     """GRPO loss of one (micro-)batch, normalised by the *full* batch's totals
     (``policy_loss.policy_loss`` with GRPO's clip, aggregation, KL weight, surrogate and,
-    for a MoE policy, load-balancing weight and routing replay)."""
+    for a MoE policy, load-balancing weight and routing replay). ``clip``: the update's
+    clip range (traced), None for the config's ``clip_low`` / ``clip_high``."""
+    if clip is None:
+        clip = policy_loss_lib.ClipRange(config.clip_low, config.clip_high)
     return policy_loss_lib.policy_loss(
         model_config,
         params,
         batch,
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
+        clip_low=clip.low,
+        clip_high=clip.high,
         loss_agg=config.loss_agg,
         temperature=config.temperature,
         kl_coef=config.kl_coef,
@@ -243,20 +247,24 @@ def make_update_fn(
     state_sharding: TrainState | None = None,
     *,
     shuffle_minibatches: bool = True,
-) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]:
-    """Builds the jitted GRPO ``update_fn(state, batch, rng) -> (state, metrics)``.
+) -> update_step.JittedUpdate:
+    """Builds the jitted GRPO ``update_fn(state, batch, rng, clip=None) -> (state,
+    metrics)``.
 
     The state is donated (do not reuse the state passed in); the batch is split along
     dimension 0 over the mesh's batch axes; metrics are replicated float32 scalars. One
     compilation per batch shape (and per set of present optional batch fields). ``rng``
-    is only used to shuffle minibatches.
+    is only used to shuffle minibatches. ``clip`` (``policy_loss.ClipRange``) is the
+    update's clip range, an argument of the compiled program (None: ``config``'s), so a
+    batch schedule's range at each batch reuses it (``update_step.JittedUpdate``).
 
     Metrics: ``loss``, ``pg_loss``, ``kl`` (k3 to the reference when
     ``ref_logprobs`` is given, else k3 between behaviour and current policy),
     ``kl_old``, ``kl_loss`` (with a reference), ``clip_frac`` (fraction of response
     tokens clipped), ``entropy`` (token mean, at the temperature), ``ratio_mean``,
     ``ratio_max``, ``logprob_mean``, ``grad_norm`` (before clipping), ``update_norm``,
-    ``param_norm``, ``lr``, ``skipped`` (updates skipped as non-finite),
+    ``param_norm``, ``lr``, ``clip_low`` and ``clip_high`` (the clip range it trained
+    with), ``skipped`` (updates skipped as non-finite),
     ``num_updates``, ``response_len_mean``, ``response_tokens``, ``sequences``; with
     ``micro_batches > 1`` also ``grad_sq_micro``, ``grad_sq_full``, ``gns_batch_micro``,
     ``gns_batch_full`` (and with ``group_noise`` ``grad_dot_pair``, ``gns_prompts_pair``,
@@ -283,11 +291,19 @@ def make_update_fn(
         state_sharding = train_state_lib.train_state_shardings(model_config, optimizer, mesh)
     n_shards = sharding_lib.batch_shard_count(mesh)
 
-    def one_update(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+    def one_update(
+        state: TrainState, batch: Batch, clip: policy_loss_lib.ClipRange
+    ) -> tuple[TrainState, Metrics]:
         r = batch.response_tokens.shape[1]
         num_tokens, num_seqs = batch_lib.loss_normalisers(batch.response_mask)
         loss_fn = functools.partial(
-            grpo_loss, model_config, config, num_tokens=num_tokens, num_seqs=num_seqs, max_len=r
+            grpo_loss,
+            model_config,
+            config,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            max_len=r,
+            clip=clip,
         )
         grads, loss, metrics = update_step.accumulate_gradients(
             loss_fn,
@@ -301,7 +317,7 @@ def make_update_fn(
         state, update_metrics = update_step.apply_update(state, grads, loss, optimizer)
         return state, {**metrics, **update_metrics}
 
-    def several_updates(state: TrainState, batch: Batch, rng: jax.Array):
+    def several_updates(state: TrainState, batch: Batch, rng: jax.Array, clip):
         b = batch.size
         if batch.old_logprobs is None:
             # Later updates need the behaviour policy, i.e. the params before any.
@@ -324,29 +340,32 @@ def make_update_fn(
             else:
                 shuffled = batch
             minibatches = batch_lib.split_batch(shuffled, config.num_minibatches, mesh)
-            return jax.lax.scan(one_update, state, minibatches)
+            return jax.lax.scan(functools.partial(one_update, clip=clip), state, minibatches)
 
         state, metrics = jax.lax.scan(epoch, state, jax.random.split(rng, config.num_epochs))
         return state, {k: _combine(k)(v) for k, v in metrics.items()}
 
-    def update_fn(state: TrainState, batch: Batch, rng: jax.Array):
+    def update_fn(state: TrainState, batch: Batch, rng: jax.Array, clip):
         batch_lib.check_batch(batch)
         batch_lib.check_split(batch.size, config.num_minibatches, config.micro_batches, n_shards)
         old_params = state.params
         if config.updates_per_batch == 1:
-            state, metrics = one_update(state, batch)
+            state, metrics = one_update(state, batch, clip)
         else:
-            state, metrics = several_updates(state, batch, rng)
+            state, metrics = several_updates(state, batch, rng, clip)
         metrics.update(
             update_norm=update_step.delta_norm(state.params, old_params),
             param_norm=optax.tree.norm(state.params),
             lr=optimizer_lib.current_lr(state.opt_state),
+            clip_low=clip.low,
+            clip_high=clip.high,
             num_updates=jnp.asarray(config.updates_per_batch, jnp.float32),
             **batch_lib.sequence_metrics(batch.response_mask),
         )
         return state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
-    return update_step.jit_update(update_fn, state_sharding, mesh)
+    clip = (config.clip_low, config.clip_high)
+    return update_step.jit_update(update_fn, state_sharding, mesh, clip)
 
 
 # ------------------------------------------------------------------ batch assembly

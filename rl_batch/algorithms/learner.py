@@ -1,12 +1,13 @@
 """The learner as the run loop sees it, and a map of the learner's modules.
 
 ``Algorithm`` is the protocol ``rl_batch.runs.run`` drives; ``grpo.GRPO`` and ``ppo.PPO``
-implement it, each around one pure, jitted ``update_fn(state, batch, rng) -> (state,
-metrics)``. Callers outside ``algorithms/`` (the run loop, memory plans, benchmarks)
-also take from here the names they need to build and drive a learner: ``TrainState``,
-``init_train_state``, ``Batch``, ``make_optimizer``, ``warmup_lr``, ``current_lr``,
-``with_adam_hparams``, ``check_group_pairs`` and ``check_whole_groups`` (each defined in
-the module below that owns it).
+implement it, each around one pure, jitted ``update_fn(state, batch, rng, clip=None) ->
+(state, metrics)`` (``clip``: the update's policy-ratio clip range, an argument of the
+compiled program; ``update_step.JittedUpdate``). Callers outside ``algorithms/`` (the
+run loop, memory plans, benchmarks) also take from here the names they need to build and
+drive a learner: ``TrainState``, ``init_train_state``, ``Batch``, ``make_optimizer``,
+``warmup_lr``, ``current_lr``, ``with_adam_hparams``, ``check_group_pairs`` and
+``check_whole_groups`` (each defined in the module below that owns it).
 
 Where the pieces live (each module one responsibility; grpo.py and ppo.py import them):
 
@@ -17,9 +18,11 @@ Where the pieces live (each module one responsibility; grpo.py and ppo.py import
   ``warmup_lr``, ``current_lr``, ``with_adam_hparams``;
 - ``forward``: ``response_outputs`` (logits or values aligned with the response tokens)
   and ``compute_logprobs`` (micro-batched and jitted variants);
-- ``policy_loss``: the clipped policy-gradient loss ``policy_loss`` and its pure pieces;
+- ``policy_loss``: the clipped policy-gradient loss ``policy_loss`` and its pure pieces,
+  ``ClipRange`` (the clip range an update takes);
 - ``update_step``: ``accumulate_gradients`` (micro-batches in ``lax.scan``),
-  ``apply_update`` (skipped whole when non-finite), ``delta_norm``, ``jit_update``;
+  ``apply_update`` (skipped whole when non-finite), ``delta_norm``, ``jit_update``
+  (``JittedUpdate``: the clip range an argument);
 - ``noise_statistics``: the gradient-noise statistics an update logs with micro-batches
   (micro-batch layout, squared norms, half-group pair inner products).
 """
@@ -65,11 +68,12 @@ class Algorithm(Protocol):
 
     Attributes:
       filter_groups: drop groups whose rewards are all equal before the update.
-      update_fn: the jitted ``update_fn(state, batch, rng) -> (state, metrics)``.
+      update_fn: the jitted ``update_fn(state, batch, rng, clip=None) -> (state,
+        metrics)``; ``clip`` a ``(clip_low, clip_high)`` range, None for the config's.
     """
 
     filter_groups: bool
-    update_fn: Callable[[Any, Any, jax.Array], tuple[Any, Metrics]]
+    update_fn: Callable[..., tuple[Any, Metrics]]
 
     def init_state(self, params: Params) -> Any:
         """The train state from the initial policy."""

@@ -47,7 +47,8 @@ today's behaviour):
   which already does this).
 - ``clip``: ``"fixed"`` or ``"sqrt"``: ``clip_low``/``clip_high`` times ``sqrt(k)``, the
   trust region growing as the ``sqrt`` rule's step does (``scale_clip``), each capped at
-  ``CLIP_CAPS`` (ratio bounds no wider than [1/2, 2]).
+  ``CLIP_CAPS`` (ratio bounds no wider than [1/2, 2]); with a batch schedule at the batch
+  each update has (the update takes the range as an argument).
 - ``warmup``: ``"updates"`` (the LR warm-up lasts ``lr_warmup_updates`` updates at every
   batch) or ``"responses"`` (it lasts as many responses as at the reference batch:
   ``round(W * B_ref / B)`` updates, at least 1; ``scale_warmup``).

@@ -11,6 +11,8 @@ for the gradient noise statistics). Each piece is a short pure function of array
 tests/test_policy_loss_parts.py checks each against numbers worked by hand.
 
 ``grpo.grpo_loss`` calls ``policy_loss`` with GRPO's settings; ``ppo`` with the actor's.
+The clip range reaches the loss as ``ClipRange``, an argument of the jitted update (not a
+constant compiled into it), so a batch schedule's clip at each batch needs no recompile.
 Every loss is normalised by the *full* batch's totals (``num_tokens``, ``num_seqs``), so
 the micro-batches' losses add up to the full batch's (``update_step.accumulate_gradients``).
 
@@ -21,10 +23,11 @@ T = I + R, L layers, E experts, A experts per token.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rl_batch.algorithms import losses
 from rl_batch.algorithms.batch import Batch
@@ -54,13 +57,29 @@ def check_policy_loss_fields(config: Any, bad: Callable[[str, str], None]) -> No
         bad("micro_batches", "a positive int")
 
 
+class ClipRange(NamedTuple):
+    """The policy-ratio clip range one update trains with: ratio bounds ``1 - low``,
+    ``1 + high``. A pytree of two [] float32 values, passed to the jitted update as an
+    argument (traced), so a new range at a new scheduled batch reuses the compiled
+    update (``hparam_rules.clip``: ``rl_batch.runs.sections.BatchRules.at``)."""
+
+    low: jax.Array | np.ndarray  # [] float32: clip_low
+    high: jax.Array | np.ndarray  # [] float32: clip_high
+
+    @classmethod
+    def of(cls, clip_low: float, clip_high: float) -> ClipRange:
+        """The range as float32 scalars (one argument type for every call: Python floats
+        would be weakly typed, a second compiled program)."""
+        return cls(np.float32(clip_low), np.float32(clip_high))
+
+
 def policy_loss(
     model_config: model_lib.ModelConfig,
     params: Params,
     batch: Batch,
     *,
-    clip_low: float,
-    clip_high: float,
+    clip_low: float | jax.Array,
+    clip_high: float | jax.Array,
     loss_agg: str,
     temperature: float,
     kl_coef: float,
@@ -93,7 +112,8 @@ def policy_loss(
       model_config: the policy's shape.
       params: the policy parameters (differentiated).
       batch: the (micro-)batch.
-      clip_low, clip_high: ratio bounds ``1 - clip_low``, ``1 + clip_high``.
+      clip_low, clip_high: ratio bounds ``1 - clip_low``, ``1 + clip_high`` (floats, or
+        [] arrays: a ``ClipRange`` traced through the update).
       loss_agg: one of ``losses.LOSS_AGG_MODES``.
       temperature: log-probs use ``logits / temperature``.
       kl_coef: weight of the KL-to-reference term (needs ``batch.ref_logprobs``).
@@ -196,8 +216,8 @@ def surrogate_per_token(
     mask_br: jax.Array,
     *,
     surrogate: str,
-    clip_low: float,
-    clip_high: float,
+    clip_low: float | jax.Array,
+    clip_high: float | jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     """The clipped surrogate as per-token values, ready for ``losses.aggregation_weights``.
 

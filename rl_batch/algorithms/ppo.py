@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import flax
@@ -425,11 +424,12 @@ def _train_actor(
     batch: batch_lib.Batch,
     critic_ok: jax.Array,
     counts: tuple[jax.Array, jax.Array, int],
+    clip: policy_loss_lib.ClipRange,
 ):
     """The actor's clipped-surrogate gradient and update: ``(new actor, metrics, ok)``.
 
     ``counts``: (tokens, sequences, R) of the batch; ``critic_ok``: an update is applied
-    whole, so a non-finite critic also stops the actor.
+    whole, so a non-finite critic also stops the actor; ``clip``: the update's clip range.
     """
     num_tokens, num_seqs, r = counts
     m = config.micro_batches
@@ -438,8 +438,8 @@ def _train_actor(
     loss_fn = functools.partial(
         policy_loss_lib.policy_loss,
         model_config,
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
+        clip_low=clip.low,
+        clip_high=clip.high,
         loss_agg=config.loss_agg,
         temperature=config.temperature,
         kl_coef=0.0,
@@ -512,8 +512,10 @@ def make_update_fn(
     mesh: Mesh,
     *,
     with_ref: bool,
-) -> Callable[[PPOState, PPOBatch, jax.Array], tuple[PPOState, Metrics]]:
-    """Builds the jitted PPO ``update_fn(state, batch, rng) -> (state, metrics)``.
+) -> update_step.JittedUpdate:
+    """Builds the jitted PPO ``update_fn(state, batch, rng, clip=None) -> (state,
+    metrics)`` (``clip``: the actor's clip range, an argument of the compiled program,
+    None for ``config``'s; ``update_step.JittedUpdate``).
 
     The state is donated; the batch is split along dimension 0 over ``('data', 'fsdp')``;
     metrics are replicated float32 scalars. During the warm-up (``state.updates <
@@ -524,7 +526,8 @@ def make_update_fn(
     ``updates`` (the phase clock after this call); actor: ``loss``, ``pg_loss``,
     ``clip_frac``, ``kl`` (k3 to the reference when there is one, else to the behaviour
     policy), ``kl_old``, ``entropy``, ``ratio_mean``, ``ratio_max``, ``logprob_mean``,
-    ``grad_norm``, ``update_norm``, ``param_norm``, ``lr``; critic: ``value_loss``,
+    ``grad_norm``, ``update_norm``, ``param_norm``, ``lr``, ``clip_low`` and
+    ``clip_high`` (the clip range it trains with); critic: ``value_loss``,
     ``value_clip_frac``, ``value_mean`` (at the update), ``critic_grad_norm``,
     ``critic_update_norm``, ``critic_param_norm``, ``critic_lr``,
     ``explained_variance`` (rollout-time values against returns); targets:
@@ -552,7 +555,7 @@ def make_update_fn(
     m = config.micro_batches
     train_actor = functools.partial(_train_actor, model_config, config, actor_optimizer, mesh)
 
-    def update_fn(state: PPOState, batch: PPOBatch, rng: jax.Array):
+    def update_fn(state: PPOState, batch: PPOBatch, rng: jax.Array, clip):
         del rng  # One full-batch update: nothing is sampled.
         check_batch(batch)
         b, r = batch.response_tokens.shape
@@ -599,7 +602,7 @@ def make_update_fn(
         actor_batch = batch_lib.Batch(
             **seqs, advantages=adv_br, old_logprobs=old_logp_br, ref_logprobs=ref_logp_br
         )
-        args = (state.actor, actor_batch, critic_ok, (num_tokens, num_seqs, r))
+        args = (state.actor, actor_batch, critic_ok, (num_tokens, num_seqs, r), clip)
         _, actor_shapes, _ = jax.eval_shape(train_actor, *args)
 
         def skip_actor(actor, *_):
@@ -623,6 +626,8 @@ def make_update_fn(
             skipped=c_update["skipped"],
             param_norm=optax.tree.norm(actor.params),
             lr=optimizer_lib.current_lr(actor.opt_state),
+            clip_low=clip.low,
+            clip_high=clip.high,
             critic_grad_norm=c_update["grad_norm"],
             critic_update_norm=update_step.delta_norm(critic.params, state.critic.params),
             critic_param_norm=optax.tree.norm(critic.params),
@@ -638,7 +643,8 @@ def make_update_fn(
     state_sharding = ppo_state_shardings(
         model_config, actor_optimizer, critic_optimizer, mesh, with_ref
     )
-    return update_step.jit_update(update_fn, state_sharding, mesh)
+    clip = (config.clip_low, config.clip_high)
+    return update_step.jit_update(update_fn, state_sharding, mesh, clip)
 
 
 # -------------------------------------------------------------- run-loop adapter

@@ -4,7 +4,8 @@
 hands each micro-batch's gradient to ``noise_statistics`` for the gradient-noise
 statistics), ``apply_update`` makes the optimizer step or skips it whole when anything
 is non-finite, ``delta_norm`` measures it, and ``jit_update`` jits a learner's
-``update_fn(state, batch, rng)`` with its shardings and the state donated. GRPO
+``update_fn(state, batch, rng, clip)`` with its shardings and the state donated, the
+policy-ratio clip range (``policy_loss.ClipRange``) an argument of it. GRPO
 (``grpo.make_update_fn``) and PPO (``ppo.make_update_fn``) assemble their updates from
 these.
 
@@ -23,6 +24,7 @@ from jax.sharding import Mesh
 
 from rl_batch.algorithms import noise_statistics as noise_lib
 from rl_batch.algorithms.batch import split_batch
+from rl_batch.algorithms.policy_loss import ClipRange
 from rl_batch.algorithms.train_state import TrainState
 from rl_batch.models import moe as moe_lib
 from rl_batch.models import sharding as sharding_lib
@@ -209,14 +211,50 @@ def delta_norm(new: Params, old: Params) -> jax.Array:
     )
 
 
-def jit_update(update_fn: Callable, state_sharding: Any, mesh: Mesh) -> Callable:
-    """``jax.jit`` of ``update_fn(state, batch, rng)``: the state donated and kept on
-    ``state_sharding``, the batch split over the mesh's batch axes, rng and metrics
-    replicated."""
+class JittedUpdate:
+    """A learner's jitted ``update_fn(state, batch, rng, clip=None) -> (state, metrics)``.
+
+    ``clip`` (a ``policy_loss.ClipRange``, or a ``(clip_low, clip_high)`` pair) is the
+    policy-ratio clip range of this update, None for the algorithm config's own. It is
+    always passed to the compiled program as two float32 scalars, so every range runs
+    the same program: a batch schedule's clip at each batch (``hparam_rules.clip``)
+    recompiles nothing.
+
+    Attributes:
+      jitted: the ``jax.jit`` function of ``(state, batch, rng, clip)``.
+      clip: the configured range (the algorithm config's ``clip_low``, ``clip_high``).
+    """
+
+    def __init__(self, jitted: Callable, clip: ClipRange):
+        self.jitted, self.clip = jitted, clip
+
+    def _args(self, state, batch, rng, clip) -> tuple:
+        clip = self.clip if clip is None else ClipRange.of(*clip)
+        return state, batch, rng, clip
+
+    def __call__(self, state, batch, rng, clip=None):
+        return self.jitted(*self._args(state, batch, rng, clip))
+
+    def lower(self, state, batch, rng, clip=None):
+        """``jax.jit``'s ``lower`` at these arguments (memory plans, cost analysis)."""
+        return self.jitted.lower(*self._args(state, batch, rng, clip))
+
+    def _cache_size(self) -> int:
+        """Compiled programs held (``flops.jit_cache_size`` reads it as for a ``jax.jit``)."""
+        return self.jitted._cache_size()
+
+
+def jit_update(
+    update_fn: Callable, state_sharding: Any, mesh: Mesh, clip: ClipRange
+) -> JittedUpdate:
+    """``jax.jit`` of ``update_fn(state, batch, rng, clip)``: the state donated and kept
+    on ``state_sharding``, the batch split over the mesh's batch axes, rng, clip range and
+    metrics replicated; ``clip`` is the range a call without one trains with."""
     replicated = sharding_lib.replicated(mesh)
-    return jax.jit(
+    jitted = jax.jit(
         update_fn,
-        in_shardings=(state_sharding, sharding_lib.batch_sharding(mesh), replicated),
+        in_shardings=(state_sharding, sharding_lib.batch_sharding(mesh), replicated, replicated),
         out_shardings=(state_sharding, replicated),
         donate_argnums=0,
     )
+    return JittedUpdate(jitted, ClipRange.of(*clip))

@@ -1,10 +1,11 @@
 """Batch-size schedules: how many prompts P each rollout batch draws (G stays fixed).
 
 A run's ``batch_schedule`` config section (``experiments/configs/base.py``) chooses P per
-rollout batch; every batch still makes one optimizer update, with the LR rule applied at
-the batch it has (``RunSpec.optimizer_at``: ``rl_batch.runs.sections.BatchRules.at``, the
-derivation ``resolve`` uses at the configured batch), and the sample axis (``responses_cum``)
-counts its retained responses as before.
+rollout batch; every batch still makes one optimizer update, with the LR and clip rules
+applied at the batch it has (``RunSpec.optimizer_at``, ``RunSpec.clip_at``:
+``rl_batch.runs.sections.BatchRules.at``, the derivation ``resolve`` uses at the
+configured batch), and the sample axis (``responses_cum``) counts its retained responses
+as before.
 
 - ``fixed`` (the default; configs written before the section existed load as it):
   P = ``prompts`` at every batch.

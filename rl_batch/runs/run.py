@@ -618,8 +618,9 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
     try:
         while not counters.stopped:
             t_step = time.perf_counter()
-            # This batch's P and the LR rule at its P x G (a batch schedule; else fixed).
-            prompts, adam = _scheduled_batch(spec, counters, metrics_log.records)
+            # This batch's P, and the LR and clip rules at its P x G (a batch schedule;
+            # else fixed: the state's LR and the update's configured clip range).
+            prompts, adam, clip = _scheduled_batch(spec, counters, metrics_log.records)
             if adam is not None:
                 state = learner.with_adam_hparams(state, **dataclasses.asdict(adam))
             job, ro, learner_wait = source.next(algo.policy_params(state), counters, prompts)
@@ -632,7 +633,7 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
                 batch = algo.make_batch(ro, keep_p)
                 t0 = time.perf_counter()
                 rng = jax.random.fold_in(jax.random.fold_in(s.base_rng, job.index), 1)
-                state, metrics = algo.update_fn(state, batch, rng)
+                state, metrics = algo.update_fn(state, batch, rng, clip)
                 metrics = jax.device_get(metrics)
                 t_update = time.perf_counter() - t0
             step = Step(
@@ -695,20 +696,25 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
     return summary
 
 
-def _scheduled_batch(spec: RunSpec, counters: Counters, records: list[dict]) -> tuple[int, Any]:
-    """The next rollout batch's prompts under the run's batch schedule, and the policy's
-    Adam settings at its P x G (None for a fixed schedule: the state keeps its own).
+def _scheduled_batch(
+    spec: RunSpec, counters: Counters, records: list[dict]
+) -> tuple[int, Any, tuple[float, float] | None]:
+    """The next rollout batch's prompts under the run's batch schedule, the policy's
+    Adam settings at its P x G and the clip range there, ``(clip_low, clip_high)`` (both
+    None for a fixed schedule: the state keeps its own LR, the update its configured
+    clip range).
 
     A pure function of the counters and the metrics lines, which a checkpoint restores:
     a resumed run continues the schedule exactly (`rl_batch.runs.batch_schedule`).
     """
     schedule = spec.batch_schedule
     if schedule.kind == "fixed":
-        return schedule.prompts, None
+        return schedule.prompts, None, None
     history = batch_schedule.noise_history(records) if schedule.kind == "adaptive" else ()
     prompts = batch_schedule.prompts_at(schedule, counters.responses_cum, history)
+    batch = prompts * schedule.group_size
     # (the LR warm-up at this batch: the optimizer of a scheduled run has none of its own)
-    return prompts, spec.optimizer_at(prompts * schedule.group_size, update=counters.step)
+    return prompts, spec.optimizer_at(batch, update=counters.step), spec.clip_at(batch)
 
 
 def _write_summary(s: _Setup, counters: Counters, status: str, error: str | None = None) -> dict:

@@ -534,7 +534,9 @@ class HparamRules:
         sqrt(k) beside lr_rule (not with ``"malladi"``, which already does it, nor with a
         fixed lr).
       clip: ``"fixed"`` or ``"sqrt"``: clip_low / clip_high (grpo or ppo section) times
-        sqrt(k), capped at 0.5 / 1.0 (ratio bounds no wider than [1/2, 2]).
+        sqrt(k), capped at 0.5 / 1.0 (ratio bounds no wider than [1/2, 2]). With a batch
+        schedule, k of the batch each update has (the update takes the range as an
+        argument: ``RunSpec.clip_at``).
       warmup: ``"updates"``: the warm-up lasts lr_warmup_updates updates at any batch;
         ``"responses"``: as many responses as at batch_ref, round(lr_warmup_updates *
         batch_ref / B) updates.
@@ -826,21 +828,15 @@ class BatchRules:
         return clip, warmup, "; ".join(words)
 
     def schedule_errors(self, kind: str, batches: tuple[int, ...]) -> list[str]:
-        """The settings a batch schedule of ``kind`` over ``batches`` (each bucket's P x G)
-        cannot serve, one line each: the run loop sets the policy's LR (with the warm-up's
-        factor at that batch, `BatchHparams.warmup_factor`), betas and eps at each batch
-        (`at`), while the clip range is set once per run (the compiled update holds it);
-        and every bucket's rules must derive."""
+        """The batches a batch schedule of ``kind`` over ``batches`` (each bucket's P x G)
+        cannot serve, one line (the first such bucket): the run loop sets the policy's LR
+        (with the warm-up's factor at that batch, `BatchHparams.warmup_factor`), betas and
+        eps (`at`) and passes the clip range at that batch to the update
+        (``RunSpec.clip_at``), so every rule serves a schedule when every bucket's
+        values derive."""
         if kind == "fixed":
             return []
-        rules = self.optimizer.hparam_rules
         out = []
-        if rules.clip != "fixed":
-            out.append(
-                f"hparam_rules.clip={rules.clip!r} with batch_schedule.kind={kind!r}: the "
-                "clip range is set once per run; use hparam_rules.clip='fixed' with a batch "
-                "schedule"
-            )
         for batch in batches:
             try:
                 self.at(batch)

@@ -173,6 +173,16 @@ class RunSpec:
         factor = self.hparams_at(batch).warmup_factor(update)
         return dataclasses.replace(adam, lr=adam.lr * factor)
 
+    def clip_at(self, batch: int) -> tuple[float, float]:
+        """The policy-ratio clip range ``(clip_low, clip_high)`` at a rollout batch of
+        ``batch`` responses: ``clip_low``/``clip_high`` themselves (as resolved, or as a
+        config.json recorded them) at the configured batch, else ``hparams_at(batch).clip``
+        (``hparam_rules.clip`` at that batch)."""
+        if batch == self.batch:
+            return self.clip_low, self.clip_high
+        clip = self.hparams_at(batch).clip
+        return clip.clip_low, clip.clip_high
+
     # ------------------------------------------------------------ the JSON form
 
     def derived(self) -> dict[str, Any]:
