@@ -99,6 +99,11 @@ def test_curves_stop_at_the_first_stop_and_the_strip_runs_to_every_seeds_end(sto
     ends = [float(ln.get_xdata()[-1]) for ln in _reach_lines(reach_ax).values()]
     assert max(ends) == pytest.approx(last)
     assert ax.get_ylabel() == "validation accuracy\n(mean@4)"
+    # The figure says what it draws: the note on the panel, the strip's caption.
+    assert figures.CURVE_NOTE in [t.get_text() for t in ax.texts]
+    assert "share of seeds at the target" in reach_ax.get_title(loc="left")
+    assert "share of seeds at the target" in figures.figure_accuracy_vs_time(stopping).axes[
+        1].get_title(loc="left")  # fmt: skip
 
 
 def test_reach_strip_steps_at_each_seeds_crossing_as_the_report_reads_it(stopping):
