@@ -283,4 +283,9 @@ def test_binned_signal_mean_only_where_every_seed_has_data(tmp_path):
     mean, *tails = ax.get_lines()
     x, y = mean.get_xdata(), mean.get_ydata()
     assert np.isfinite(y[x < 1024]).all() and np.isnan(y[x > 1024]).all()
-    assert len(tails) == 2  # each seed's own values past the common range
+    assert len(tails) == 2  # each seed's own values past the common range, as dots
+    for tail, r in zip(tails, v_rk):
+        assert tail.get_linestyle() == "None" and tail.get_marker() == "."
+        past = tail.get_xdata() > 1024
+        assert past.all()  # only the bins past the common range
+        np.testing.assert_allclose(tail.get_ydata(), r[4:])

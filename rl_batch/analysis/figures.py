@@ -37,8 +37,8 @@ only in ``seed_curves``, one panel per configuration: drawn faint in the shared 
 tangle, and one tail per configuration (its slowest seed) would show the extreme, not how
 the seeds spread. The strip keeps every seed's outcome and when it came, the thing a
 reader of a time-to-target study needs past the common range. Training signals
-(``plot_binned``) keep their faint per-seed values past it. The y label names the sweep's
-validation metric (``eval_metric``).
+(``plot_binned``) show each seed's bin means past it as faint dots (no lines to cross).
+The y label names the sweep's validation metric (``eval_metric``).
 
 Error bars are the intervals over seeds (`time_to_target`'s method, Student-t by
 default); an estimate without one (a single seed) is drawn as a hollow marker with no
@@ -210,7 +210,7 @@ def metric_label(analysis: Analysis, wrap: bool = False) -> str:
     return label.replace(" (", "\n(", 1) if wrap else label
 
 
-SEED_STYLE = {"linewidth": 0.6, "alpha": 0.35}  # a seed's own signal past the common range
+SEED_STYLE = {"markersize": 3, "alpha": 0.45}  # a seed's own signal past the common range
 CURVE_NOTE = (
     "line: seed mean where every seed has data (to the first seed's stop); band: seed min-max"
 )
@@ -441,6 +441,7 @@ def figure_group_size(analysis: Analysis) -> Figure | None:
     if plotted:
         ax2.set_xlabel("cumulative retained responses")
         ax2.set_ylabel("actor gradient norm")
+        ax2.set_title(SIGNAL_NOTE.replace("; ", ";\n"), fontsize=7)
         ax2.legend(fontsize=7)
     else:
         ax2.text(0.5, 0.5, "no grad_norm logged", ha="center", va="center", transform=ax2.transAxes)
@@ -1099,8 +1100,9 @@ def plot_binned(ax, runs: Sequence[RunData], field: str, edges: np.ndarray, colo
                 label: str | None, floor: float | None = None) -> None:  # fmt: skip
     """One configuration's update field against responses: the seed mean of binned values
     (`binned_seeds`) where every seed has data, the seed min-max band, and each seed's own
-    values (faint) past that (no survivors-only mean). ``floor``: values below it are
-    drawn at it (the k3 KL is never negative; below 0 is float rounding)."""
+    bin means past that as faint dots (no survivors-only mean; dots, as lines 12 seeds x
+    8 configurations cross into a tangle). ``floor``: values below it are drawn at it
+    (the k3 KL is never negative; below 0 is float rounding)."""
     centers = 0.5 * (edges[1:] + edges[:-1])
     v_rk = binned_seeds(runs, field, edges)
     if floor is not None:
@@ -1114,13 +1116,15 @@ def plot_binned(ax, runs: Sequence[RunData], field: str, edges: np.ndarray, colo
         hi = np.where(all_k, np.max(np.where(all_k, v_rk, -np.inf), axis=0), np.nan)
         ax.fill_between(centers, lo, hi, color=color, alpha=0.15, linewidth=0)
     past = ~all_k & (np.cumsum(all_k[::-1])[::-1] == 0)  # bins after the common range
-    if past.any():
-        i = max(int(np.argmax(past)) - 1, 0)
+    if past.any():  # dots, not lines: 12 seeds x 8 configurations of lines are a tangle
         for row in v_rk:
-            ax.plot(centers[i:], row[i:], color=color, linestyle=style, **SEED_STYLE)
+            ax.plot(centers[past], row[past], ".", color=color, **SEED_STYLE)
 
 
-SIGNAL_NOTE = "lines: seed mean where every seed has data, band: seed min-max; faint: single seeds"
+SIGNAL_NOTE = (
+    "lines: seed mean where every seed has data, band: seed min-max; dots: each seed's "
+    "bin means past that"
+)
 KL_FLOOR = 1e-6  # a k3 KL below this at every update is ~0 (float rounding), drawn so
 
 
@@ -1147,7 +1151,7 @@ def kl_axis(ax, runs: Sequence[RunData]) -> None:
 def figure_training_signals(analysis: Analysis, bins: int = 30) -> Figure | None:
     """Reward, entropy, KL and response length against responses: per configuration, the
     seed mean of binned values where every seed has data, the seed min-max band, and
-    each seed's own values (faint) past that; one colour per configuration."""
+    each seed's own bin means (faint dots) past that; one colour per configuration."""
     keys = [k for k in sorted(analysis.stats, key=lambda k: k.sort_key())
             if analysis.runs_by_key[k]]  # fmt: skip
     runs = [r for k in keys for r in analysis.runs_by_key[k]]
