@@ -73,29 +73,133 @@ def _lines(ax):
     return [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
 
 
-def test_curves_reach_every_seeds_end(stopping):
+def _reach_lines(ax) -> dict[str, object]:
+    """Configuration name -> its share-of-seeds-at-the-target step line (``_reach <name>``)."""
+    return {ln.get_label()[len("_reach ") :]: ln for ln in ax.get_lines()
+            if ln.get_label().startswith("_reach ")}  # fmt: skip
+
+
+def test_curves_stop_at_the_first_stop_and_the_strip_runs_to_every_seeds_end(stopping):
     fig = figures.figure_invariance(stopping)
-    ax = fig.axes[0]
-    last = max(float(r.eval_responses[-1]) for rs in stopping.runs_by_key.values() for r in rs
-               if r.key.lr_rule == "sqrt" and r.key.group_size == 8)  # fmt: skip
-    assert max(float(np.max(ln.get_xdata())) for ln in _lines(ax)) == pytest.approx(last)
-    assert ax.get_ylabel() == "validation accuracy (mean@4)"
+    ax, reach_ax = fig.axes[0], fig.axes[2]
+    fam = [k for k in stopping.stats if k.lr_rule == "sqrt" and k.group_size == 8]
+    runs = [r for k in fam for r in stopping.runs_by_key[k]]
+    # The curves panel: one mean per configuration and the target line, no seed tails.
+    data = [ln for ln in _lines(ax) if not ln.get_label().startswith("_")]
+    assert sorted(ln.get_label() for ln in data) == sorted(
+        [f"B={k.batch} ({k.label})" for k in fam] + ["target"]
+    )
+    for k in fam:
+        mean = next(ln for ln in data if ln.get_label() == f"B={k.batch} ({k.label})")
+        x, y = mean.get_xdata(), mean.get_ydata()
+        first_stop = min(float(r.eval_responses[-1]) for r in stopping.runs_by_key[k])
+        assert float(np.max(x[np.isfinite(y)])) <= first_stop  # no survivors-only mean
+    # The strip below reaches the last seed's end: nothing is cut at the first stop.
+    last = max(float(r.eval_responses[-1]) for r in runs)
+    ends = [float(ln.get_xdata()[-1]) for ln in _reach_lines(reach_ax).values()]
+    assert max(ends) == pytest.approx(last)
+    assert ax.get_ylabel() == "validation accuracy\n(mean@4)"
+    # The figure says what it draws: the note on the panel, the strip's caption.
+    assert figures.CURVE_NOTE in [t.get_text() for t in ax.texts]
+    assert "share of seeds at the target" in reach_ax.get_title(loc="left")
+    assert "share of seeds at the target" in figures.figure_accuracy_vs_time(stopping).axes[
+        1].get_title(loc="left")  # fmt: skip
 
 
-def test_accuracy_vs_time_on_the_calibrated_clock_to_the_last_seed(stopping):
+def test_reach_strip_steps_at_each_seeds_crossing_as_the_report_reads_it(stopping):
+    # Single target (no band): each step is one seed's N* (responses) or T (calibrated
+    # seconds), the per-seed numbers the report's means are taken over.
+    assert stopping.band_lo is None and stopping.calibrated
+    inv = _reach_lines(figures.figure_invariance(stopping).axes[2])
+    vs_t = _reach_lines(figures.figure_accuracy_vs_time(stopping).axes[1])
+    fam = [k for k in stopping.stats if k.lr_rule == "sqrt" and k.group_size == 8]
+    assert set(inv) == {k.name for k in fam} and set(vs_t) == {k.name for k in stopping.stats}
+    for k in fam:
+        seeds = [stopping.targets[r.name] for r in stopping.runs_by_key[k]]
+        assert all(t.reached for t in seeds)
+        n = len(seeds)
+        x, share = inv[k.name].get_xdata(), inv[k.name].get_ydata()
+        np.testing.assert_allclose(x[1:-1], sorted(t.n_star for t in seeds))
+        np.testing.assert_allclose(share, [*(np.arange(n + 1) / n), 1.0])
+        assert np.mean(x[1:-1]) == pytest.approx(stopping.stats[k].n_star.mean)  # report's N*
+        xt = vs_t[k.name].get_xdata()
+        np.testing.assert_allclose(xt[1:-1], sorted(t.time_to_target_s for t in seeds))
+        assert np.mean(xt[1:-1]) == pytest.approx(stopping.stats[k].time_to_target_s.mean)
+    # One seed by hand: acc(n) = 1 - exp(-n / tau), evaluations every 256 responses, N*
+    # at the linear crossing of 0.8 (the fixture's sweep.json reads N* so).
+    assert stopping.crossing == "linear"
+    k = artifacts.Configuration("grpo", 8, 8, "sqrt")
+    tau = fx.TAU0 * FACTORS[0]
+    e1 = math.ceil(tau * math.log(5) / fx.EVAL_EVERY) * fx.EVAL_EVERY  # first eval >= 0.8
+    e0 = e1 - fx.EVAL_EVERY
+    a0, a1 = 1 - math.exp(-e0 / tau), 1 - math.exp(-e1 / tau)
+    n_lin = e0 + (0.8 - a0) * (e1 - e0) / (a1 - a0)
+    assert inv[k.name].get_xdata()[1] == pytest.approx(n_lin)
+
+
+def test_a_seed_short_of_the_target_is_marked_and_keeps_the_share_below_all(stopping):
+    # P = 64 fixed never reaches 0.8 within the budget (tau x 10): 0 of 4 at its end.
+    k = artifacts.Configuration("grpo", 64, 8, "fixed")
+    runs = stopping.runs_by_key[k]
+    assert not any(stopping.targets[r.name].reached for r in runs)
+    fig = figures.figure_accuracy_vs_time(stopping)
+    ax, reach_ax = fig.axes
+    line = _reach_lines(reach_ax)[k.name]
+    assert list(line.get_ydata()) == [0.0, 0.0]
+    step_s = stopping.sweep.calibration[k.key]
+    assert line.get_xdata()[-1] == pytest.approx(
+        max(float(figures.eval_times(r, step_s)[-1]) for r in runs))  # fmt: skip
+    marks = [ln for ln in ax.get_lines() if ln.get_label() == f"_short {k.name}"]
+    got = sorted((float(m.get_xdata()[0]), float(m.get_ydata()[0])) for m in marks)
+    want = sorted((float(figures.eval_times(r, step_s)[-1]), float(r.eval_accuracy[-1]))
+                  for r in runs)  # fmt: skip
+    np.testing.assert_allclose(got, want)
+    # Configurations whose seeds all reached have no such mark.
+    assert all(ln.get_label().split(" ")[-1] == k.name for ln in ax.get_lines()
+               if ln.get_label().startswith("_short "))  # fmt: skip
+
+
+def test_seed_curves_draw_every_seed_whole_with_its_crossing(stopping):
+    fig = figures.figure_seed_curves(stopping)
+    keys = sorted(stopping.stats, key=lambda k: k.sort_key())
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == len(keys)
+    for ax, k in zip(panels, keys):
+        runs = stopping.runs_by_key[k]
+        n_reached = sum(stopping.targets[r.name].reached for r in runs)
+        assert ax.get_title().endswith(f": {n_reached}/{len(runs)} seeds reached")
+        for r in runs:  # the seed's own evaluations, to its last one
+            (ln,) = [ln for ln in ax.get_lines() if ln.get_label() == f"_seed {r.name}"]
+            np.testing.assert_allclose(ln.get_xdata(), r.eval_responses)
+            np.testing.assert_allclose(ln.get_ydata(), r.eval_accuracy)
+            t = stopping.targets[r.name]
+            marks = [m for m in ax.get_lines() if m.get_label() in (f"_cross {r.name}",
+                     f"_short {r.name}")]  # fmt: skip
+            assert len(marks) == 1
+            if t.reached:
+                assert marks[0].get_label() == f"_cross {r.name}"
+                assert float(marks[0].get_xdata()[0]) == pytest.approx(t.n_star)
+                assert float(marks[0].get_ydata()[0]) == stopping.target
+            else:
+                assert marks[0].get_label() == f"_short {r.name}"
+
+
+def test_accuracy_vs_time_on_the_calibrated_clock_with_t_on_the_target_line(stopping):
     assert stopping.calibrated
     fig = figures.figure_accuracy_vs_time(stopping)
-    ax = fig.axes[0]
-    assert ax.get_xlabel().startswith("calibrated training time")
+    ax, reach_ax = fig.axes
+    assert reach_ax.get_xlabel().startswith("calibrated training time")
     k = artifacts.Configuration("grpo", 32, 8, "sqrt")
     step_s = stopping.sweep.calibration[k.key]
     ends = [float(figures.eval_times(r, step_s)[-1]) for r in stopping.runs_by_key[k]]
     assert min(ends) < max(ends)  # the seeds stop apart
-    xs = [float(np.max(ln.get_xdata())) for ln in _lines(ax)]
-    assert any(x == pytest.approx(max(ends)) for x in xs)  # not cut at the first stop
+    # The mean stops at the first stop; the strip goes on to the last seed's end.
+    mean = next(ln for ln in ax.get_lines() if ln.get_label().startswith(f"B={k.batch} "))
+    assert float(np.max(mean.get_xdata())) == pytest.approx(min(ends))
+    assert float(_reach_lines(reach_ax)[k.name].get_xdata()[-1]) == pytest.approx(max(ends))
     # T (calibrated) is marked on the target line of the axis it is measured on.
     t = stopping.stats[k].time_to_target_s.mean
-    marks = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 1]
+    marks = [ln for ln in ax.get_lines() if ln.get_label().startswith("_T ")]
     assert any(float(m.get_xdata()[0]) == pytest.approx(t) for m in marks)
     assert all(float(m.get_ydata()[0]) == stopping.target for m in marks)
 
@@ -179,4 +283,9 @@ def test_binned_signal_mean_only_where_every_seed_has_data(tmp_path):
     mean, *tails = ax.get_lines()
     x, y = mean.get_xdata(), mean.get_ydata()
     assert np.isfinite(y[x < 1024]).all() and np.isnan(y[x > 1024]).all()
-    assert len(tails) == 2  # each seed's own values past the common range
+    assert len(tails) == 2  # each seed's own values past the common range, as dots
+    for tail, r in zip(tails, v_rk):
+        assert tail.get_linestyle() == "None" and tail.get_marker() == "."
+        past = tail.get_xdata() > 1024
+        assert past.all()  # only the bins past the common range
+        np.testing.assert_allclose(tail.get_ydata(), r[4:])

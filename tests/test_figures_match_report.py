@@ -86,6 +86,28 @@ def test_accuracy_vs_time_draws_the_band_mean_t_where_the_curves_are_in_the_band
     assert all(list(ln.get_ydata()) == [BAND_LO, fx.TARGET] for ln in ticks)
 
 
+def test_reach_strip_steps_at_the_target_itself_later_than_the_band_t(band):
+    # With a band, T is a band mean (mid-band marker); the strip's steps are where each
+    # seed reaches the target itself: its single-target T, later than its band T.
+    assert band.band_lo == BAND_LO and not band.calibrated
+    reach_ax = figures.figure_accuracy_vs_time(band).axes[1]
+    lines = {ln.get_label()[len("_reach ") :]: ln for ln in reach_ax.get_lines()
+             if ln.get_label().startswith("_reach ")}  # fmt: skip
+    assert set(lines) == {k.name for k in band.stats}
+    for k, st in band.stats.items():
+        runs = band.runs_by_key[k]
+        at_target = [ttt.run_time_to_target(r, fx.TARGET, None, None, band.crossing)
+                     for r in runs]  # fmt: skip
+        x, share = lines[k.name].get_xdata(), lines[k.name].get_ydata()
+        done = sorted(t.time_to_target_s for t in at_target if t.reached)
+        np.testing.assert_allclose(x[1:-1], done)
+        assert share[-1] == pytest.approx(len(done) / len(runs))
+        assert (share[-1] == 1.0) == (st.time_to_target_s is not None)  # the report's "reached"
+        for r, t in zip(runs, at_target):
+            if t.reached:
+                assert t.time_to_target_s > band.targets[r.name].time_to_target_s
+
+
 def test_accuracy_vs_time_single_target_marks_t_on_the_target_line(tmp_path):
     a = ttt.analyze_sweep(curves.load_sweep(fx.write_sweep(str(tmp_path))), n_boot=50)
     ax = figures.figure_accuracy_vs_time(a).axes[0]

@@ -585,8 +585,9 @@ def mean_curve(
     Each run's eval curve is linearly interpolated on ``grid_n``. A grid point outside
     any run's evaluations (past a seed that stopped at the target, say) is NaN in all
     three outputs: a mean over the seeds still running there would be a mean over the
-    slow seeds only, and would fall as the fast ones stop (survivorship). Draw the
-    seeds' own curves beyond it (``seed_curves``).
+    slow seeds only, and would fall as the fast ones stop (survivorship). Beyond it the
+    figures draw the share of seeds at the target (``figures._plot_reach``), and each
+    seed's own curve (this module's ``seed_curves``) in ``figures.figure_seed_curves``.
 
     Args:
       runs: runs of one configuration.

@@ -17,6 +17,8 @@ Figures (each skipped, with a logged note, when the sweep has no data for it):
 - ``accuracy_vs_time``: accuracy against training seconds per configuration (the study's
   question: which batch gets there first in wall time), on the calibrated clock when the
   sweep has a calibration, with each configuration's T and its interval on the target line.
+- ``seed_curves``: small multiples, one panel per configuration, every seed's whole
+  validation curve against responses with its crossing of the target ticked.
 - ``ratios``: ``r_N`` and ``r_q`` against batch in one panel (their ratio is ``T/T_ref``).
 - ``time_breakdown``: seconds per update in generation, scoring, update and idle per batch.
 - ``training_signals``: reward, entropy, KL and response length against responses, the
@@ -24,10 +26,19 @@ Figures (each skipped, with a logged note, when the sweep has no data for it):
 - ``critic`` (PPO): the critic's explained variance per update, warm-up included, and N*
   against the critic's settings (batch scale, LR rule) at the reference.
 
-Curves against responses or time: the seed mean only where every seed has data (runs
-stop at the target, so past the first stop a mean over the seeds still running would be a
-mean over the slow ones), the seed min-max band, and each seed's own curve, faint, beyond;
-the y label names the sweep's validation metric (``eval_metric``).
+Accuracy curves against responses or time: the seed mean only where every seed has data
+(runs stop at the target, so past the first stop a mean over the seeds still running would
+be a mean over the slow ones) with the seed min-max band; beyond it, how the seeds reach
+the target, in a thin strip under the panel: the share of the configuration's seeds at the
+target against x, a step at each seed's crossing (`_plot_reach`), and an x on the panel
+where a seed ended short of it. Each seed's own curve beyond the common range is drawn
+only in ``seed_curves``, one panel per configuration: drawn faint in the shared panels
+(8 configurations x 12 seeds in the default study) they overlapped into an unreadable
+tangle, and one tail per configuration (its slowest seed) would show the extreme, not how
+the seeds spread. The strip keeps every seed's outcome and when it came, the thing a
+reader of a time-to-target study needs past the common range. Training signals
+(``plot_binned``) show each seed's bin means past it as faint dots (no lines to cross).
+The y label names the sweep's validation metric (``eval_metric``).
 
 Error bars are the intervals over seeds (`time_to_target`'s method, Student-t by
 default); an estimate without one (a single seed) is drawn as a hollow marker with no
@@ -74,8 +85,10 @@ from rl_batch.analysis.curves import (
 from rl_batch.analysis.time_to_target import (
     DEFAULT_N_BOOT,
     Analysis,
+    RunTarget,
     analyze_sweep,
     calibrated_seconds,
+    run_time_to_target,
 )
 from rl_batch.artifacts import Configuration
 
@@ -182,58 +195,145 @@ def _grid(runs: Sequence[RunData], points: int = 200) -> np.ndarray:
     return np.linspace(0.0, hi, points)
 
 
-def metric_label(analysis: Analysis) -> str:
-    """The y label of a validation curve, from the runs' ``eval_metric`` (and ``eval_k``)."""
+def metric_label(analysis: Analysis, wrap: bool = False) -> str:
+    """The y label of a validation curve, from the runs' ``eval_metric`` (and ``eval_k``);
+    ``wrap``: its parenthesis on a second line (a panel with a strip under it is too
+    short for the long ``p_ref`` label)."""
     metric = measurement.validation_metric(analysis)
     if metric == "p_ref":
-        return "validation p_ref (exact mean p(reference response))"
-    ks = {e.get("eval_k") for rs in analysis.runs_by_key.values() for r in rs
-          for e in r.eval_records[:1]}  # fmt: skip
-    k = next(iter(ks)) if len(ks) == 1 and None not in ks else "k"
-    return f"validation accuracy (mean@{k})"
+        label = "validation p_ref (exact mean p(reference response))"
+    else:
+        ks = {e.get("eval_k") for rs in analysis.runs_by_key.values() for r in rs
+              for e in r.eval_records[:1]}  # fmt: skip
+        k = next(iter(ks)) if len(ks) == 1 and None not in ks else "k"
+        label = f"validation accuracy (mean@{k})"
+    return label.replace(" (", "\n(", 1) if wrap else label
 
 
-SEED_STYLE = {"linewidth": 0.6, "alpha": 0.35}  # a seed's own curve past the common range
-CURVE_NOTE = "line: seed mean where every seed has data, band: seed min-max; faint: single seeds"
+SEED_STYLE = {"markersize": 3, "alpha": 0.45}  # a seed's own signal past the common range
+CURVE_NOTE = (
+    "line: seed mean where every seed has data (to the first seed's stop); band: seed min-max"
+)
+REACH_NOTE = (
+    "share of seeds at the target: a step at each seed's crossing (x above: a seed\n"
+    "that ended short of it); every seed's whole curve: seed_curves"
+)
+REACH_LABEL = "seeds at\ntarget"  # the y label of the strip under a curves panel
 
 
-def _plot_seed_tails(ax, xs_ys, x_end: float, color, linestyle) -> None:
-    """Each seed's own curve (x [E], y [E]) from ``x_end`` (where the mean stops) on."""
-    for x, y in xs_ys:
-        keep = x >= x_end
-        if keep.sum() >= 1:
-            i = max(int(np.argmax(keep)) - 1, 0)  # from the point before, to join the mean
-            ax.plot(x[i:], y[i:], color=color, linestyle=linestyle, **SEED_STYLE)
+def seed_reach(analysis: Analysis, k: Configuration) -> list[RunTarget]:
+    """Where each seed of ``k`` (with evaluations, in `seed_curves` order) reaches the
+    target itself (not the band): `run_time_to_target` at ``analysis.target`` read the
+    way the analysis reads N* (``crossing``), on its clock (calibrated where it is). Its
+    ``n_star`` and ``time_to_target_s`` are the report's per-seed N* and T at a single
+    target; ``None`` where the seed never reached it."""
+    return [
+        run_time_to_target(
+            r, analysis.target, None, analysis.run_step_s.get(r.name), analysis.crossing
+        )
+        for r in analysis.runs_by_key[k]
+        if r.eval_responses.size
+    ]
 
 
-def _plot_curves(ax, analysis: Analysis, keys: Sequence[Configuration], styles: dict) -> None:
+def reach_steps(crossings: Sequence[float | None], x_end: float) -> tuple[np.ndarray, np.ndarray]:
+    """The share of n seeds at the target against x, as a step curve (``where="post"``).
+
+    Args:
+      crossings: [n] each seed's crossing of the target (``None``: never reached).
+      x_end: where the curve ends (the last seed's last evaluation).
+
+    Returns:
+      (x [K + 2], share [K + 2]) for the K seeds that reached: x = 0, the K crossings in
+      order, ``x_end``; share = 0, 1/n, ..., K/n, K/n (below 1 while a seed has not reached).
+    """
+    c = np.sort(np.array([v for v in crossings if v is not None], dtype=float))
+    n = max(len(crossings), 1)
+    end = max(float(x_end), float(c[-1]) if c.size else 0.0)
+    x = np.concatenate([[0.0], c, [end]])
+    share = np.concatenate([[0.0], np.arange(1, c.size + 1) / n, [c.size / n]])
+    return x, share
+
+
+def _plot_reach(ax, reach_ax, xs_ys, crossings, color, linestyle, name: str) -> None:
+    """Past the common range, how a configuration's seeds reach the target: the share of
+    seeds at the target against x on ``reach_ax`` (`reach_steps`; one step per seed), and
+    on ``ax`` an x at the last evaluation of each seed that ended short of it.
+
+    Args:
+      ax: the curves panel.
+      reach_ax: the strip under it (shared x).
+      xs_ys: [n] each seed's (x [E], accuracy [E]).
+      crossings: [n] each seed's crossing of the target on the same x (``None``: never).
+      color, linestyle: the configuration's.
+      name: the configuration's name (the artists' labels, read back by the tests).
+    """
+    x_end = max(float(x[-1]) for x, _ in xs_ys)
+    sx, share = reach_steps(crossings, x_end)
+    reach_ax.step(sx, share, where="post", color=color, linestyle=linestyle, linewidth=1.2,
+                  label=f"_reach {name}")  # fmt: skip
+    for (x, y), c in zip(xs_ys, crossings):
+        if c is None:  # stopped (or still running) below the target: where it ended
+            ax.plot([x[-1]], [y[-1]], "x", color=color, markersize=5, label=f"_short {name}")
+
+
+def _reach_axes(fig: Figure, spec, ax):
+    """The thin strip under a curves panel ``ax`` (at ``spec``, sharing its x) that
+    `_plot_reach` draws in; ``ax`` keeps its x tick labels off."""
+    reach_ax = fig.add_subplot(spec, sharex=ax)
+    _reach_axes_style(ax, reach_ax)
+    return reach_ax
+
+
+def _reach_axes_style(ax, reach_ax) -> None:
+    """The reach strip's y axis (share of seeds, 0 to all) and note; the curves panel
+    ``ax`` above it without x tick labels."""
+    ax.tick_params(labelbottom=False)
+    reach_ax.set_ylim(-0.05, 1.08)
+    reach_ax.set_yticks([0.0, 0.5, 1.0], ["0", "1/2", "all"])
+    reach_ax.grid(axis="y", color="0.85", linewidth=0.6)
+    reach_ax.set_ylabel(REACH_LABEL, fontsize=7)
+    reach_ax.set_title(REACH_NOTE, fontsize=6, color="0.35", loc="left")
+
+
+def _plot_curves(
+    ax, reach_ax, analysis: Analysis, keys: Sequence[Configuration], styles: dict
+) -> None:
     """Seed-mean accuracy against responses where every seed has data, with the seed
-    min-max band; past the first seed's last evaluation (a seed that stopped at the
-    target), each seed's own curve, faint (no survivors-only mean)."""
+    min-max band; past the first seed's stop (runs stop at the target) no mean over the
+    seeds still running (they are the slow ones) and no per-seed tails either (12 seeds
+    x 8 configurations overlap into a tangle): the strip ``reach_ax`` below shows how the
+    seeds reach the target instead (`_plot_reach`), and `figure_seed_curves` every seed's
+    whole curve."""
     runs = [r for k in keys for r in analysis.runs_by_key[k]]
     grid = _grid(runs)
     for k in keys:
         mean, lo, hi = mean_curve(analysis.runs_by_key[k], grid)
         st = styles[k]
-        ax.plot(
-            grid,
-            mean,
-            label=st.get("label", k.label),
-            color=st.get("color"),
-            linestyle=st.get("linestyle", "-"),
-        )
+        color, linestyle = st.get("color"), st.get("linestyle", "-")
+        ax.plot(grid, mean, label=st.get("label", k.label), color=color, linestyle=linestyle)
         if len(analysis.runs_by_key[k]) > 1:
-            ax.fill_between(grid, lo, hi, color=st.get("color"), alpha=0.15, linewidth=0)
+            ax.fill_between(grid, lo, hi, color=color, alpha=0.15, linewidth=0)
         seeds = [(r.eval_responses, r.eval_accuracy) for r, _ in seed_curves(
             analysis.runs_by_key[k], grid)]  # fmt: skip
         if seeds:
-            x_end = min(float(x[-1]) for x, _ in seeds)
-            _plot_seed_tails(ax, seeds, x_end, st.get("color"), st.get("linestyle", "-"))
+            crossings = [t.n_star for t in seed_reach(analysis, k)]
+            _plot_reach(ax, reach_ax, seeds, crossings, color, linestyle, k.name)
     ax.axhline(analysis.target, color="0.5", linestyle=":", linewidth=1, label="target")
-    ax.set_xlabel("cumulative retained responses")
-    ax.set_ylabel(metric_label(analysis))
+    reach_ax.set_xlabel("cumulative retained responses")
+    ax.set_ylabel(metric_label(analysis, wrap=True))
     ax.text(0.01, 0.01, CURVE_NOTE, transform=ax.transAxes, fontsize=6, color="0.35")
     ax.legend(fontsize=7)
+
+
+def _curves_beside(analysis: Analysis) -> tuple:
+    """A figure of a curves panel with its reach strip (left) beside a full-height
+    panel (right): (figure, curves axes, right axes, strip axes), in ``fig.axes`` order."""
+    fig = _figure(analysis, 2, height=4.6)
+    gs = fig.add_gridspec(2, 2, height_ratios=[3, 1])
+    ax = fig.add_subplot(gs[0, 0])
+    ax2 = fig.add_subplot(gs[:, 1])
+    return fig, ax, ax2, _reach_axes(fig, gs[1, 0], ax)
 
 
 def figure_invariance(analysis: Analysis, tol: float = critical_batch.DEFAULT_TOL) -> Figure | None:
@@ -242,11 +342,11 @@ def figure_invariance(analysis: Analysis, tol: float = critical_batch.DEFAULT_TO
     if not fam:
         log.info("figure invariance: skipped (no sqrt-LR configurations)")
         return None
-    fig = _figure(analysis, 2)
-    ax, ax2 = fig.subplots(1, 2)
+    fig, ax, ax2, reach_ax = _curves_beside(analysis)
     colors = _batch_colors([k.batch for k in fam])
     _plot_curves(
         ax,
+        reach_ax,
         analysis,
         fam,
         {k: {"color": colors[k.batch], "label": f"B={k.batch} ({k.label})"} for k in fam},
@@ -326,9 +426,8 @@ def figure_group_size(analysis: Analysis) -> Figure | None:
         }
         for k in keys
     }
-    fig = _figure(analysis, 2)
-    ax, ax2 = fig.subplots(1, 2)
-    _plot_curves(ax, analysis, keys, styles)
+    fig, ax, ax2, reach_ax = _curves_beside(analysis)
+    _plot_curves(ax, reach_ax, analysis, keys, styles)
     ax.set_title("group size at fixed B = P x G")
     plotted = False
     with_norm = [r for k in keys for r in analysis.runs_by_key[k] if r.has_field("grad_norm")]
@@ -342,6 +441,7 @@ def figure_group_size(analysis: Analysis) -> Figure | None:
     if plotted:
         ax2.set_xlabel("cumulative retained responses")
         ax2.set_ylabel("actor gradient norm")
+        ax2.set_title(SIGNAL_NOTE.replace("; ", ";\n"), fontsize=7)
         ax2.legend(fontsize=7)
     else:
         ax2.text(0.5, 0.5, "no grad_norm logged", ha="center", va="center", transform=ax2.transAxes)
@@ -382,9 +482,8 @@ def figure_lr_rule(analysis: Analysis) -> Figure | None:
         }
         for k in keys
     }
-    fig = _figure(analysis, 2)
-    ax, ax2 = fig.subplots(1, 2)
-    _plot_curves(ax, analysis, keys, styles)
+    fig, ax, ax2, reach_ax = _curves_beside(analysis)
+    _plot_curves(ax, reach_ax, analysis, keys, styles)
     ax.set_title("LR rule at larger batch")
     bars = [k for k in keys if k != ref]
     x = np.arange(len(bars))
@@ -681,7 +780,7 @@ def t_marker_level(analysis: Analysis) -> tuple[float, str, bool]:
         return analysis.target, "markers on the target line: T and its interval", False
     mid = 0.5 * (analysis.band_lo + analysis.target)
     words = (
-        f"markers: T = geometric mean of the crossing times of the {targets.BAND_LEVELS} levels "
+        f"markers: T = geometric mean of the crossing times of the {targets.BAND_LEVELS} levels\n"
         f"of the band [{analysis.band_lo:g}, {analysis.target:g}] (shaded), drawn mid-band"
     )
     return mid, words, True
@@ -689,9 +788,12 @@ def t_marker_level(analysis: Analysis) -> tuple[float, str, bool]:
 
 def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
     """Validation accuracy against training seconds, per configuration: the seed mean
-    where every seed has data, then each seed's own curve (faint) to its end, and each
-    configuration's T (with its interval) at the level it stands for (`t_marker_level`).
-    With a calibration, the x axis is the calibrated time its T is measured on."""
+    where every seed has data (to the first seed's stop) with the seed min-max band, and
+    each configuration's T (with its interval) at the level it stands for
+    (`t_marker_level`); in the strip below, the share of its seeds at the target against
+    time, a step at each seed's crossing (`_plot_reach`: how the seeds get there, where
+    12 faint seed tails per configuration would overlap into a tangle). With a
+    calibration, the x axis is the calibrated time its T is measured on."""
     keys = [k for k in sorted(analysis.stats, key=lambda k: k.sort_key())
             if any(r.eval_responses.size for r in analysis.runs_by_key[k])]  # fmt: skip
     if not keys:
@@ -699,8 +801,9 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
         return None
     calibration = analysis.calibrated
     t_level, t_words, band = t_marker_level(analysis)
-    fig = _figure(analysis, 1, width=7.0)
-    ax = fig.subplots()
+    fig = _figure(analysis, 1, width=7.0, height=5.2)
+    ax, reach_ax = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
+    _reach_axes_style(ax, reach_ax)
     colors = _config_colors(keys)
     dashes = {
         "sqrt": "-",
@@ -711,7 +814,6 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
     }
     for k in keys:
         seeds, grid, acc = time_curves(analysis, k)
-        t_end = float(grid[-1])
         st = analysis.stats[k]
         t = "" if st.time_to_target_s is None else f", T {st.time_to_target_s.fmt('.3g')} s"
         color, style = colors[k], dashes.get(k.lr_rule, "-")
@@ -720,7 +822,8 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
         if len(seeds) > 1:
             lo, hi = acc.min(axis=0), acc.max(axis=0)
             ax.fill_between(grid, lo, hi, color=color, alpha=0.12, linewidth=0)
-        _plot_seed_tails(ax, seeds, t_end, color, style)
+        crossings = [rt.time_to_target_s if rt.reached else None for rt in seed_reach(analysis, k)]
+        _plot_reach(ax, reach_ax, seeds, crossings, color, style, k.name)
         e = st.time_to_target_s
         if e is not None:  # T on the axis it is measured on, at the level it stands for
             has = e.has_interval and not e.exact
@@ -737,12 +840,60 @@ def figure_accuracy_vs_time(analysis: Analysis) -> Figure | None:
         ax.axhspan(analysis.band_lo, analysis.target, color="0.5", alpha=0.08, linewidth=0,
                    label=f"band [{analysis.band_lo:g}, {analysis.target:g}]")  # fmt: skip
     if calibration:
-        ax.set_xlabel("calibrated training time (s): updates x the configuration's step time")
+        reach_ax.set_xlabel("calibrated training time (s): updates x the configuration's step time")
     else:
-        ax.set_xlabel("training time (s): generation + scoring + update + idle")
-    ax.set_ylabel(metric_label(analysis))
+        reach_ax.set_xlabel("training time (s): generation + scoring + update + idle")
+    ax.set_ylabel(metric_label(analysis, wrap=True))
     ax.set_title(f"accuracy against training time\n{t_words}\n{CURVE_NOTE}", fontsize=8)
     ax.legend(fontsize=6, ncol=2)
+    return fig
+
+
+def figure_seed_curves(analysis: Analysis, ncols: int = 4) -> Figure | None:
+    """Small multiples: every seed's whole validation curve against responses, one panel
+    per configuration (the curves the other figures summarise past the common range by
+    the share of seeds at the target), with the target line, each seed's crossing of it
+    (`seed_reach`) as a black tick on the line, and an x at the end of a seed that
+    stopped short of it. Panels share both axes, so configurations compare across them."""
+    keys = [k for k in sorted(analysis.stats, key=lambda k: k.sort_key())
+            if any(r.eval_responses.size for r in analysis.runs_by_key[k])]  # fmt: skip
+    if not keys:
+        log.info("figure seed_curves: skipped (no evaluations)")
+        return None
+    ncols = min(ncols, len(keys))
+    nrows = -(-len(keys) // ncols)
+    fig = _figure(analysis, ncols, width=3.3, height=2.6, nrows=nrows)
+    axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False).ravel()
+    colors = _config_colors(keys)
+    for ax, k in zip(axes, keys):
+        runs = [r for r in analysis.runs_by_key[k] if r.eval_responses.size]
+        reach = seed_reach(analysis, k)
+        for r, rt in zip(runs, reach):
+            ax.plot(r.eval_responses, r.eval_accuracy, color=colors[k], linewidth=0.8,
+                    alpha=0.7, label=f"_seed {r.name}")  # fmt: skip
+            if rt.reached:
+                ax.plot([rt.n_star], [analysis.target], "|", color="k", markersize=7,
+                        label=f"_cross {r.name}")  # fmt: skip
+            else:
+                ax.plot([r.eval_responses[-1]], [r.eval_accuracy[-1]], "x", color="C3",
+                        markersize=5, label=f"_short {r.name}")  # fmt: skip
+        ax.axhline(analysis.target, color="0.5", linestyle=":", linewidth=1)
+        n_reached = sum(rt.reached for rt in reach)
+        ax.set_title(f"B={k.batch} {k.label}: {n_reached}/{len(reach)} seeds reached",
+                     fontsize=7)  # fmt: skip
+    for ax in axes[len(keys) :]:
+        ax.set_visible(False)
+    for i, ax in enumerate(axes[: len(keys)]):
+        if i + ncols >= len(keys):  # no panel under it: its x axis is labelled
+            ax.tick_params(labelbottom=True)
+            ax.set_xlabel("cumulative retained responses", fontsize=7)
+        if i % ncols == 0:
+            ax.set_ylabel(metric_label(analysis, wrap=True), fontsize=7)
+    fig.suptitle(
+        fig.get_suptitle() + "\nevery seed's own curve; tick: its crossing of the target "
+        f"({analysis.crossing} crossing, as N* is read); x: ended short of the target",
+        fontsize=9,
+    )
     return fig
 
 
@@ -762,8 +913,9 @@ def _batch_steps(run: RunData, step_s: float | np.ndarray | None) -> tuple[np.nd
 def figure_schedule(analysis: Analysis) -> Figure | None:
     """Batch-size schedules against the best fixed batch: accuracy against responses
     (left) and against training time (right; calibrated where the sweep has a
-    calibration), each with the training batch every seed had drawn under it, and
-    T / T(best fixed) with its interval in the legend."""
+    calibration), each with the share of seeds at the target (`_plot_reach`) and the
+    training batch every seed had drawn under it, and T / T(best fixed) with its
+    interval in the legend."""
     scheduled = findings.scheduled_configurations(analysis)
     best = findings.best_fixed_batch(analysis)
     if not scheduled or best is None:
@@ -779,20 +931,25 @@ def figure_schedule(analysis: Analysis) -> Figure | None:
         kind = findings.schedule_kind(analysis, k)
         label = (k.label if kind == k.variant else f"{k.label} ({kind})") + t
         styles[k] = {"color": colors[k], "label": label}
-    fig = _figure(analysis, 2, width=5.6, height=3.2, nrows=2)
-    (acc_n, acc_t), (b_n, b_t) = fig.subplots(2, 2, sharex="col", height_ratios=[2.2, 1])
-    _plot_curves(acc_n, analysis, keys, styles)
-    acc_n.set_xlabel("")
+    fig = _figure(analysis, 2, width=5.6, height=2.4, nrows=3)
+    (acc_n, acc_t), (r_n, r_t), (b_n, b_t) = fig.subplots(
+        3, 2, sharex="col", height_ratios=[2.2, 0.8, 1]
+    )
+    _reach_axes_style(acc_n, r_n)
+    _reach_axes_style(acc_t, r_t)
+    _plot_curves(acc_n, r_n, analysis, keys, styles)
+    r_n.set_xlabel("")
     for k in keys:
         seeds, grid, acc = time_curves(analysis, k)
         acc_t.plot(grid, acc.mean(axis=0), color=colors[k])
-        _plot_seed_tails(acc_t, seeds, float(grid[-1]), colors[k], "-")
+        crossings = [rt.time_to_target_s if rt.reached else None for rt in seed_reach(analysis, k)]
+        _plot_reach(acc_t, r_t, seeds, crossings, colors[k], "-", k.name)
         for run in analysis.runs_by_key[k]:
             n, secs, b = _batch_steps(run, analysis.run_step_s.get(run.name))
             b_n.step(n, b, where="pre", color=colors[k], linewidth=0.8, alpha=0.5)
             b_t.step(secs, b, where="pre", color=colors[k], linewidth=0.8, alpha=0.5)
     acc_t.axhline(analysis.target, color="0.5", linestyle=":", linewidth=1)
-    acc_t.set_ylabel(metric_label(analysis))
+    acc_t.set_ylabel(metric_label(analysis, wrap=True))
     acc_n.set_title(f"batch schedules against the best fixed batch (B = {best.batch})", fontsize=8)
     acc_t.set_title("the same against training time", fontsize=8)
     batches = sorted({int(b) for k in keys for r in analysis.runs_by_key[k]
@@ -943,8 +1100,9 @@ def plot_binned(ax, runs: Sequence[RunData], field: str, edges: np.ndarray, colo
                 label: str | None, floor: float | None = None) -> None:  # fmt: skip
     """One configuration's update field against responses: the seed mean of binned values
     (`binned_seeds`) where every seed has data, the seed min-max band, and each seed's own
-    values (faint) past that (no survivors-only mean). ``floor``: values below it are
-    drawn at it (the k3 KL is never negative; below 0 is float rounding)."""
+    bin means past that as faint dots (no survivors-only mean; dots, as lines 12 seeds x
+    8 configurations cross into a tangle). ``floor``: values below it are drawn at it
+    (the k3 KL is never negative; below 0 is float rounding)."""
     centers = 0.5 * (edges[1:] + edges[:-1])
     v_rk = binned_seeds(runs, field, edges)
     if floor is not None:
@@ -958,12 +1116,15 @@ def plot_binned(ax, runs: Sequence[RunData], field: str, edges: np.ndarray, colo
         hi = np.where(all_k, np.max(np.where(all_k, v_rk, -np.inf), axis=0), np.nan)
         ax.fill_between(centers, lo, hi, color=color, alpha=0.15, linewidth=0)
     past = ~all_k & (np.cumsum(all_k[::-1])[::-1] == 0)  # bins after the common range
-    if past.any():
-        i = max(int(np.argmax(past)) - 1, 0)
+    if past.any():  # dots, not lines: 12 seeds x 8 configurations of lines are a tangle
         for row in v_rk:
-            ax.plot(centers[i:], row[i:], color=color, linestyle=style, **SEED_STYLE)
+            ax.plot(centers[past], row[past], ".", color=color, **SEED_STYLE)
 
 
+SIGNAL_NOTE = (
+    "lines: seed mean where every seed has data, band: seed min-max; dots: each seed's "
+    "bin means past that"
+)
 KL_FLOOR = 1e-6  # a k3 KL below this at every update is ~0 (float rounding), drawn so
 
 
@@ -990,7 +1151,7 @@ def kl_axis(ax, runs: Sequence[RunData]) -> None:
 def figure_training_signals(analysis: Analysis, bins: int = 30) -> Figure | None:
     """Reward, entropy, KL and response length against responses: per configuration, the
     seed mean of binned values where every seed has data, the seed min-max band, and
-    each seed's own values (faint) past that; one colour per configuration."""
+    each seed's own bin means (faint dots) past that; one colour per configuration."""
     keys = [k for k in sorted(analysis.stats, key=lambda k: k.sort_key())
             if analysis.runs_by_key[k]]  # fmt: skip
     runs = [r for k in keys for r in analysis.runs_by_key[k]]
@@ -1019,7 +1180,7 @@ def figure_training_signals(analysis: Analysis, bins: int = 30) -> Figure | None
     for ax in axes[len(fields) :]:
         ax.set_visible(False)
     axes[0].legend(fontsize=6, ncol=2)
-    axes[0].set_title(CURVE_NOTE.replace("line", "lines"), fontsize=7)
+    axes[0].set_title(SIGNAL_NOTE, fontsize=7)
     return fig
 
 
@@ -1102,6 +1263,7 @@ def write_figures(
         "critical_batches": lambda: figure_critical_batches(analysis, generation, tol),
         "time_to_target": lambda: figure_time_to_target(analysis),
         "accuracy_vs_time": lambda: figure_accuracy_vs_time(analysis),
+        "seed_curves": lambda: figure_seed_curves(analysis),
         "ratios": lambda: figure_ratios(analysis),
         "time_breakdown": lambda: figure_time_breakdown(analysis),
         "training_signals": lambda: figure_training_signals(analysis),
