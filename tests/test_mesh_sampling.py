@@ -16,7 +16,9 @@ Two checks:
 * a subprocess with 4 fake devices (``experiments.gpu_check --mesh_check``, the mesh case
   of ``launch/gpu_check.sh``) samples on ``data`` x ``tensor`` and ``data`` x
   ``fsdp`` meshes with top-p and top-k + top-p at per-row lengths that differ across the
-  shards, under a timeout, and its tokens equal the unsharded run's.
+  shards, under a timeout, and its tokens equal the unsharded run's; a second one
+  (``stop_id_cases``) does the same with rows ended by sampled stop ids, on those two
+  meshes and a MoE model's ``data`` x ``expert`` mesh.
 """
 
 import dataclasses
@@ -191,14 +193,15 @@ def test_no_cross_shard_collective_in_the_decode_loop(engine, mesh_shape, method
     assert_loop_collectives_stay_in_shards(hlo, mesh)
 
 
+@pytest.mark.parametrize("engine", ["static", "continuous"])
 @pytest.mark.parametrize(
     "sampling",
     [SamplingConfig(greedy=True), SamplingConfig(temperature=0.8), SamplingConfig(top_k=20)],
 )
 @pytest.mark.slow  # 14 s in the fast tier at b3308b3 (2 cores, load 2-5)
-def test_other_methods_keep_loop_collectives_in_shards(sampling):
+def test_other_methods_keep_loop_collectives_in_shards(sampling, engine):
     mesh = sharding.make_mesh(2, 1, 4)
-    assert_loop_collectives_stay_in_shards(_compiled("static", mesh, sampling), mesh)
+    assert_loop_collectives_stay_in_shards(_compiled(engine, mesh, sampling), mesh)
 
 
 @pytest.mark.slow  # 23 s in the fast tier at b3308b3 (2 cores, load 2-5)
@@ -239,3 +242,71 @@ def test_top_p_on_data_x_tensor_and_data_x_fsdp_runs_to_the_end(tmp_path):
         assert r["lengths"] == LIMITS, case
         assert r["same_tokens"] and r["same_mask"], case
         assert r["logprob_diff"] < 1e-5, case
+
+
+# Rows that end on sampled stop ids (16 of the 64 ids: a row stops after about 4 tokens),
+# as a rollout's rows end on EOS: 16 rows, so each of the two data shards holds 8 and
+# the longest of them differs between the shards (checked: the loops run apart).
+STOP_IDS = tuple(range(1, 64, 4))
+STOP_CASES = {  # case -> (preset, make_mesh sizes (data, fsdp, tensor, expert), method)
+    "top_p/data_x_tensor": ("tiny-1m", (2, 1, 2, 1), "top_p"),
+    "top_k_top_p/data_x_fsdp": ("tiny-1m", (2, 2, 1, 1), "top_k_top_p"),
+    "top_p/moe_data_x_expert": ("tiny-moe", (2, 1, 1, 2), "top_p"),
+}
+
+
+def stop_id_cases(out_path: str) -> None:
+    """The ``STOP_CASES`` with both engines on the first 4 devices against one device;
+    writes {"case/engine": {per_shard_steps, same_tokens, same_mask}} as JSON (run in a
+    subprocess by the test below, so that a deadlock cannot hang the test session)."""
+    results = {}
+    rows = PROMPTS * 2
+    kwargs = dict(eos_id=STOP_IDS, pad_id=PAD, max_prompt_len=8, max_new_tokens=32)
+    for case, (preset, (data, fsdp, tensor, expert), method) in STOP_CASES.items():
+        config = model.get_preset(preset)
+        params = model.init_params(config, 0)
+        mesh = sharding.make_mesh(data, fsdp, tensor, jax.devices()[:4], expert=expert)
+        sharded = jax.device_put(params, sharding.param_shardings(config, mesh))
+        for engine in ("static", "continuous"):
+            sampling = dataclasses.replace(METHODS[method], engine=engine, slots=4)
+            call = dict(rng=jax.random.key(1), sampling=sampling)
+            ref = sampler_lib.Sampler(config, **kwargs)(params, rows, **call)
+            out = sampler_lib.Sampler(config, mesh=mesh, **kwargs)(sharded, rows, **call)
+            results[f"{case}/{engine}"] = dict(
+                per_shard_steps=[int(x.max()) for x in np.split(out.lengths, data)],
+                same_tokens=bool((out.response_tokens == ref.response_tokens).all()),
+                same_mask=bool((out.response_mask == ref.response_mask).all()),
+            )
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+
+
+@pytest.mark.slow  # 124 s alone at 5359c6e (2 cores shared, load about 2.5)
+def test_rows_ended_by_sampled_stop_ids_run_to_the_end_on_every_mesh_kind(tmp_path):
+    # The issue's setting: top-p (alone and after top-k) on data x tensor, data x fsdp and
+    # a MoE model's data x expert mesh, rows ended by sampled stop ids, both engines.
+    env = dict(os.environ)
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    out_path = tmp_path / "stop_ids.json"
+    child = f"from tests.test_mesh_sampling import stop_id_cases; stop_id_cases({str(out_path)!r})"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", child],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"mesh sampling hung for {TIMEOUT_S} s (a collective inside a loop?)")
+    assert proc.returncode == 0, (
+        f"rc {proc.returncode} (134 or -6: XLA rendezvous abort)\n{proc.stderr[-3000:]}"
+    )
+    results = json.loads(out_path.read_text())
+    assert len(results) == 2 * len(STOP_CASES)
+    for case, r in results.items():
+        steps = r["per_shard_steps"]
+        assert steps[0] != steps[1], f"{case}: the shards ran the same steps {steps}"
+        assert max(steps) < 32, f"{case}: no row ended on a stop id {steps}"
+        assert r["same_tokens"] and r["same_mask"], case
