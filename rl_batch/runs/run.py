@@ -614,6 +614,11 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
     io, evaluation = spec.io, spec.evaluation
     bar = _Progress(io.budget_responses, io.name, progress)
     status, reward = "running", 0.0
+    warm_start = None  # (what the advice of a run that is never rewarded names)
+    if spec.init.source == "pretrain":
+        from rl_batch.runs import pretrain
+
+        warm_start = pretrain.warm_start_info(spec)
     _write_summary(s, counters, status)  # "running" until the run ends (or dies)
     try:
         while not counters.stopped:
@@ -649,7 +654,7 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
                     rows = generation_rows(evaluator.tokenizer, ro, n, counters, "train")
                     metrics_log.write_generations(counters.step, rows)
             reward = float(ro.rewards_pg.mean())
-            error = stuck_error(c, counters, reward, ckpt.directory)
+            error = stuck_error(c, counters, reward, ckpt.directory, warm_start)
             if error is not None:
                 save_checkpoint(s, state, counters)
                 raise error
