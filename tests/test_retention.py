@@ -75,6 +75,12 @@ def test_a_finished_run_keeps_what_the_policy_says(tmp_path, policy, stopped, le
     assert not os.path.exists(retention.removed_path(run_dir))
 
 
+def test_the_budget_stop_is_the_run_loops():
+    from rl_batch.runs import accounting
+
+    assert retention.STOP_BUDGET == accounting.STOP_BUDGET
+
+
 def test_an_unknown_policy_and_a_damaged_marker_are_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"^sweep.keep_checkpoints='some': must be one of "
                        "extendable, none, all$"):  # fmt: skip

@@ -592,19 +592,9 @@ class _Progress:
 
 
 def _run_point(
-    i,
-    point,
-    spec,
-    record,
-    isolate,
-    run_fn,
-    processes,
-    progress,
-    save,
-    guard,
-    worker=None,
+    i, point, spec, record, isolate, run_fn, processes, progress, save, guard, worker=None,
     keep=retention.DEFAULT_POLICY,
-):
+):  # fmt: skip
     """Runs one point of ``_run_points`` (skips it when finished) and books its status;
     a point it ran to the end keeps the checkpoints ``keep`` (``sweep.keep_checkpoints``)
     says (``rl_batch.runs.retention``; a skipped point keeps what it has)."""
@@ -672,7 +662,11 @@ def _run_point(
         save()
     pruned = ""
     if status == FINISHED and processes.writer:
-        pruned = f"; {note}" if (note := retention.prune_finished(config.run_dir, keep)) else ""
+        try:
+            note = retention.prune_finished(config.run_dir, keep)
+        except OSError as e:  # (the run is finished: a removal that fails keeps them)
+            note = f"checkpoints kept: {e}"
+        pruned = f"; {note}" if note else ""
     log(f"[sweep {i + 1}/{n}] {point.name}: {entry['status']} in {entry['wall_s']:.0f}s{pruned}")
 
 
