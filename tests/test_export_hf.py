@@ -108,6 +108,10 @@ def test_errors_before_any_work(tiny_run, tmp_path):
     (empty_run / artifacts.CHECKPOINT_DIR).mkdir()
     with pytest.raises(export.ExportError, match="no checkpoint"):
         export.export_run(str(empty_run), out)
+    # A sweep point whose checkpoints were removed when it finished: said, with the way out.
+    (empty_run / artifacts.CHECKPOINT_DIR / "removed.json").write_text("{}")
+    with pytest.raises(export.ExportError, match="removed them when the run finished.*=all"):
+        export.export_run(str(empty_run), out)
     os.makedirs(out)
     (tmp_path / "hf" / "keep.txt").write_text("x")
     with pytest.raises(export.ExportError, match="not empty; pass --overwrite"):

@@ -126,6 +126,52 @@ def test_a_policy_that_solves_every_prompt_is_told_to_make_the_task_harder():
     )
 
 
+def test_a_run_from_its_warm_start_is_told_what_the_warm_start_reached(tmp_path):
+    # A run that already starts from the task's warm start (init.source=pretrain) is not
+    # advised to set it: the advice names the warm start's directory and the accuracy its
+    # training recorded (info.json), and what to change.
+    from rl_batch.runs import config as config_lib
+    from rl_batch.runs import pretrain
+    from rl_batch.runs.accounting import Counters, stuck_error
+
+    c = tiny_run_config(str(tmp_path), **{"init.source": "pretrain"})
+    c.max_empty_rollouts = 3
+    c.pretrain.steps, c.pretrain.stop_accuracy = 40, 0.25
+    spec = config_lib.resolve(c)
+    where = pretrain.cache_dir(spec)
+    assert pretrain.warm_start_info(spec) == {
+        "dir": where, "info": None, "pretrain": c.pretrain.to_dict()
+    }  # fmt: skip
+    os.makedirs(where)
+    # The last evaluation of the warm start's training: (step, greedy, sampled accuracy).
+    info = {"steps": 40, "evals": [[20, 0.0, 0.0], [40, 0.0, 0.0625]]}
+    artifacts.write_json_atomic(os.path.join(where, "info.json"), info)
+    warm = pretrain.warm_start_info(spec)
+    assert warm["info"] == info
+    error = str(stuck_error(c, Counters(consecutive_empty=3), 0.0, "ckpt", warm))
+    assert error == (
+        "3 rollout batches in a row had no group with differing rewards (mean reward 0.000): "
+        f"the policy never solves this task: its warm start ({where}) reached sampled "
+        "accuracy 0.062 in 40 steps, below pretrain.stop_accuracy=0.25 (pretrain.steps=40 "
+        "ran out): raise --config.pretrain.steps or --config.pretrain.lr, or make the task "
+        "easier"
+    )
+    assert "init.source" not in error
+    # A warm start that reached its stop accuracy, and yet no rollout is rewarded.
+    info["evals"][-1][2] = 0.3
+    warm["info"] = info
+    error = str(stuck_error(c, Counters(consecutive_empty=3), 0.0, "ckpt", warm))
+    assert error.endswith(
+        f"its warm start ({where}) reached sampled accuracy 0.300 in 40 steps "
+        "(pretrain.stop_accuracy=0.25), yet no rollout is rewarded: check that the task's "
+        "reward accepts its own examples' answers, or raise --config.pretrain.stop_accuracy"
+    )
+    # No info.json: said so (the warm start's directory named).
+    warm["info"] = None
+    error = str(stuck_error(c, Counters(consecutive_empty=3), 0.0, "ckpt", warm))
+    assert f"its warm start ({where}, init.source=pretrain) records no accuracy" in error
+
+
 @pytest.mark.slow  # 12 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_grpo_kl_to_the_initial_policy(work_dir, tmp_path):
     # grpo.kl_coef > 0 keeps the initial policy as the reference. The logged KL is k3 to

@@ -12,10 +12,11 @@ import os
 import pytest
 
 from rl_batch import artifacts
+from rl_batch.runs import retention
 from rl_batch.runs import run as run_lib
 from rl_batch.runs.accounting import STOP_TARGET, Counters, restored_counters
 from rl_batch.runs.checkpoint import Checkpointer
-from tests.run_fixtures import TIMING, tiny_run_config
+from tests.run_fixtures import TIMING, assert_same_records, deterministic, tiny_run_config
 
 # Whole training runs, stopped and resumed: the slow tier (-m slow).
 pytestmark = pytest.mark.slow
@@ -112,3 +113,69 @@ def test_a_damaged_latest_checkpoint_is_rewritten_when_the_run_redoes_it(
     assert "falling back" not in caplog.text and "cannot be read" not in caplog.text
     redone = artifacts.read_metrics(run_dir)
     assert [(r["kind"], r["step"]) for r in redone] == [(r["kind"], r["step"]) for r in metrics]
+
+
+def test_a_run_whose_checkpoints_were_removed_at_its_target_resumes_as_if_kept(
+    work_dir, tmp_path, caplog
+):
+    # sweep.keep_checkpoints="extendable" removes every step of a run stopped at its
+    # target. Resumed, it stays stopped (nothing trained, its summary rebuilt); extended,
+    # it trains again from step 0 with one warning and ends exactly where the run that
+    # kept its checkpoints ends when extended the same way.
+    kept_dir, run_dir = str(tmp_path / "kept"), str(tmp_path / "run")
+    for d in (kept_dir, run_dir):
+        first = run_lib.run(_target_config(work_dir, d), progress=False)
+    assert (first["status"], first["steps"]) == ("finished", 2)
+    note = retention.prune_finished(run_dir, "extendable")
+    assert note == "checkpoints removed (steps 1, 2; sweep.keep_checkpoints=extendable)"
+    ckpt_dir = os.path.join(run_dir, artifacts.CHECKPOINT_DIR)
+    assert retention.saved_steps(ckpt_dir) == []
+    metrics_path = os.path.join(run_dir, artifacts.METRICS_FILE)
+    summary_path = os.path.join(run_dir, artifacts.SUMMARY_FILE)
+    metrics = open(metrics_path).read()
+    for damage in ("none", "summary removed", "metrics cut"):
+        if damage == "summary removed":
+            os.remove(summary_path)
+        elif damage == "metrics cut":  # (rebuilt from the copy removed.json keeps)
+            open(metrics_path, "w").write(metrics.splitlines(keepends=True)[0])
+        again = run_lib.run(_target_config(work_dir, run_dir), progress=False)
+        assert _untimed(again) == _untimed(first), damage
+        assert open(metrics_path).read() == metrics, damage
+        assert retention.saved_steps(ckpt_dir) == [], damage  # nothing trained or saved
+    longer = run_lib.run(_target_config(work_dir, run_dir, budget_responses=256), progress=False)
+    assert longer["steps"] == 2 and open(metrics_path).read() == metrics
+    # Extended: from step 0, said in one line, the same as resuming the kept checkpoint.
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        on = run_lib.run(_target_config(work_dir, run_dir, stop_at_target=False), progress=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"{run_dir}: its checkpoints were removed when it finished (step 2, "
+        "sweep.keep_checkpoints=extendable); this config trains it further: it trains "
+        "again from step 0 (the same seed redoes the same steps, re-timed)"
+    ]
+    kept = run_lib.run(_target_config(work_dir, kept_dir, stop_at_target=False), progress=False)
+    assert (on["stopped"], on["steps"], on["responses_cum"]) == ("budget", 8, 128)
+    untimed = [{k: v for k, v in _untimed(x).items() if k != "q"} for x in (on, kept)]
+    assert untimed[0] == untimed[1]  # (q: responses per second)
+    assert_same_records(
+        deterministic(artifacts.read_metrics(run_dir)),
+        deterministic(artifacts.read_metrics(kept_dir)),
+        rel=1e-6,
+        abs=1e-7,
+    )
+    assert not os.path.exists(retention.removed_path(run_dir))
+
+
+def test_a_run_that_spent_its_budget_keeps_its_final_step_for_a_larger_one(work_dir, tmp_path):
+    run_dir = str(tmp_path / "run")
+    first = run_lib.run(tiny_run_config(work_dir, run_dir, budget_responses=48), progress=False)
+    assert (first["stopped"], first["steps"]) == ("budget", 3)
+    ckpt_dir = os.path.join(run_dir, artifacts.CHECKPOINT_DIR)
+    assert retention.saved_steps(ckpt_dir) == [2, 3]
+    retention.prune_finished(run_dir, "extendable")
+    assert retention.saved_steps(ckpt_dir) == [3]
+    longer = run_lib.run(tiny_run_config(work_dir, run_dir, budget_responses=64), progress=False)
+    assert (longer["stopped"], longer["steps"]) == ("budget", 4)
+    updates = [r["step"] for r in artifacts.read_metrics(run_dir, "update")]
+    assert updates == [1, 2, 3, 4]

@@ -471,3 +471,54 @@ def test_ctrl_c_stops_a_concurrent_sweep_as_sigterm_does(tmp_path, monkeypatch):
     assert status["p4_g4_sqrt_s0"] == status["p8_g4_sqrt_s0"] == "interrupted", status
     assert status["p16_g4_sqrt_s0"] == "pending", status  # never started
     assert not (tmp_path / "errors.log").exists()
+
+
+def _run_with_checkpoints(stopped):
+    """A fake run that leaves steps 1 and 2, the last one stopped for ``stopped``."""
+    import jax.numpy as jnp
+
+    from rl_batch.runs.checkpoint import Checkpointer
+
+    def run_fn(spec):
+        run_dir = spec.inputs.run_dir
+        ckpt = Checkpointer(os.path.join(run_dir, artifacts.CHECKPOINT_DIR))
+        for step in (1, 2):
+            counters = {"step": step, "stopped": stopped if step == 2 else ""}
+            ckpt.save(step, {"state": {"w": jnp.zeros(2)}}, {"counters": counters})
+        ckpt.close()
+        summary = {"status": "finished", "stopped": stopped}
+        artifacts.write_json_atomic(os.path.join(run_dir, artifacts.SUMMARY_FILE), summary)
+        return summary
+
+    return run_fn
+
+
+@pytest.mark.parametrize(
+    "keep, stopped, left",
+    [(None, "target", []), (None, "budget", ["2"]), ("all", "target", ["1", "2"])],
+)
+def test_a_finished_point_keeps_the_checkpoints_sweep_keep_checkpoints_says(
+    tmp_path, keep, stopped, left
+):
+    c = _sweep_config(prompts="2", group_sizes="4")
+    if keep is not None:
+        c.sweep.keep_checkpoints = keep
+    printed = []
+    sweep.run_sweep(c, str(tmp_path), run_fn=_run_with_checkpoints(stopped), log=printed.append)
+    ckpt_dir = tmp_path / "runs" / "p2_g4_sqrt_s0" / artifacts.CHECKPOINT_DIR
+    assert sorted(n for n in os.listdir(ckpt_dir) if n.isdigit()) == left
+    line = next(p for p in printed if "p2_g4_sqrt_s0: finished" in p)
+    if keep is None:  # (the default: "extendable")
+        kept = ", step 2 kept" if stopped == "budget" else ", 2"
+        assert line.endswith(f"; checkpoints removed (steps 1{kept}; "
+                             "sweep.keep_checkpoints=extendable)")  # fmt: skip
+    else:
+        assert "removed" not in line
+
+
+def test_an_unknown_keep_checkpoints_is_refused_before_any_point(tmp_path):
+    c = _sweep_config(prompts="2", group_sizes="4", keep_checkpoints="latest")
+    started = []
+    with pytest.raises(ValueError, match="^sweep.keep_checkpoints='latest': must be one of"):
+        sweep.run_sweep(c, str(tmp_path), run_fn=started.append, log=lambda s: None)
+    assert not started

@@ -209,6 +209,12 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # (rl_batch.analysis.extension.next_edge_points; <sweep>/extensions.json keeps the added
     # points, so a re-run of the same command runs only what is new).
     run.sweep.extend_edges = False
+    # Which checkpoints a point keeps once it has finished (rl_batch.runs.retention; the
+    # analysis reads none): "extendable" keeps the final step of a run that stopped at its
+    # budget (what a larger budget resumes from) and none of a run that stopped at its
+    # target (one extended later trains again from step 0, the same steps); "none" keeps
+    # none; "all" keeps each run's last two steps (~11 MB each for the default model).
+    run.sweep.keep_checkpoints = "extendable"
     run.sweep.extend_max_rounds = 2  # the most extension rounds (each adds 1-2 configurations)
     run.sweep.extend_max_batch = 0  # > 0: never extend past this batch (e.g. from memory)
     return run

@@ -266,11 +266,21 @@ class RunStuckError(RuntimeError):
     """A run stopped because its rollouts give the policy nothing to learn from."""
 
 
-def no_signal_advice(reward_mean: float) -> str:
+def no_signal_advice(reward_mean: float, warm_start: dict | None = None) -> str:
     """What to do when no group of a rollout has differing rewards, by its mean reward:
     a policy that never succeeds needs a start that sometimes does; one that always
-    succeeds, a harder task."""
+    succeeds, a harder task.
+
+    Args:
+      reward_mean: the rollout's mean reward.
+      warm_start: for a run that already starts from the task's warm start
+        (``init.source=pretrain``): ``pretrain.warm_start_info`` (its cache directory, its
+        ``info.json`` or None, the ``pretrain`` settings). The advice then says what that
+        warm start reached, instead of advising the setting the run has.
+    """
     if reward_mean <= 0.5:
+        if warm_start is not None:
+            return "the policy never solves this task: " + warm_start_advice(warm_start)
         return (
             "the policy never solves this task: start from a warm start on it "
             "(--config.init.source=pretrain, a supervised warm start on the task's own "
@@ -282,12 +292,46 @@ def no_signal_advice(reward_mean: float) -> str:
     )
 
 
-def stuck_error(c, counters: Counters, reward_mean: float, ckpt_dir: str) -> Exception | None:
-    """The error that stops a run making no progress (checkpoint it first), else None."""
+def warm_start_advice(warm_start: dict) -> str:
+    """What the warm start of a run that never succeeds reached, and what to change.
+
+    ``warm_start``: ``{"dir": cache directory, "info": its info.json (None when absent),
+    "pretrain": the pretrain settings}`` (``pretrain.warm_start_info``). The accuracy is
+    the last value of ``pretrain.stop_metric`` that the warm start's training measured.
+    """
+    p, info, where = warm_start["pretrain"], warm_start.get("info"), warm_start["dir"]
+    stop, metric = p.get("stop_accuracy"), p.get("stop_metric", "sampled")
+    evals = (info or {}).get("evals") or []
+    if not evals:
+        return (
+            f"its warm start ({where}, init.source=pretrain) records no accuracy: delete that "
+            "directory to train it again, or make the task easier"
+        )
+    accuracy, steps = float(evals[-1][2]), int(info.get("steps", evals[-1][0]))
+    reached = f"its warm start ({where}) reached {metric} accuracy {accuracy:.3f} in {steps} steps"
+    if stop is not None and accuracy < stop:
+        return (
+            f"{reached}, below pretrain.stop_accuracy={stop} (pretrain.steps={p.get('steps')} "
+            "ran out): raise --config.pretrain.steps or --config.pretrain.lr, or make the "
+            "task easier"
+        )
+    return (
+        f"{reached} (pretrain.stop_accuracy={stop}), yet no rollout is rewarded: check that "
+        "the task's reward accepts its own examples' answers, or raise "
+        "--config.pretrain.stop_accuracy"
+    )
+
+
+def stuck_error(
+    c, counters: Counters, reward_mean: float, ckpt_dir: str, warm_start: dict | None = None
+) -> Exception | None:
+    """The error that stops a run making no progress (checkpoint it first), else None
+    (``warm_start``: see `no_signal_advice`)."""
     if counters.consecutive_empty >= c.max_empty_rollouts:
         return RunStuckError(
             f"{counters.consecutive_empty} rollout batches in a row had no group with "
-            f"differing rewards (mean reward {reward_mean:.3f}): " + no_signal_advice(reward_mean)
+            f"differing rewards (mean reward {reward_mean:.3f}): "
+            + no_signal_advice(reward_mean, warm_start)
         )
     if counters.consecutive_skips >= c.max_consecutive_skips:
         return FloatingPointError(

@@ -27,6 +27,7 @@ from rl_batch import artifacts
 from rl_batch.models import hf
 from rl_batch.models import transformer as model_lib
 from rl_batch.runs import config as config_lib
+from rl_batch.runs import retention
 from rl_batch.runs.checkpoint import Checkpointer
 
 # Files of a Hugging Face model directory that describe its tokenizer and generation
@@ -154,6 +155,12 @@ def export_run(
     try:
         steps = ckpt.all_steps()
         if not steps:
+            if os.path.exists(os.path.join(ckpt_dir, retention.REMOVED_FILE)):
+                raise ExportError(
+                    f"no checkpoint in {ckpt_dir}: the sweep removed them when the run "
+                    "finished (sweep.keep_checkpoints); run the point again with "
+                    "--config.sweep.keep_checkpoints=all in a new --sweep_dir"
+                )
             raise ExportError(f"no checkpoint in {ckpt_dir}")
         if step is None:
             step = steps[-1]

@@ -94,6 +94,19 @@ def cache_dir(spec: RunSpec) -> str:
     return os.path.join(os.path.abspath(spec.inputs.work_dir), "base", cache_key(spec))
 
 
+def warm_start_info(spec: RunSpec) -> dict[str, Any]:
+    """What the run's warm start is: ``{"dir": its cache directory, "info": its
+    ``info.json`` (None when absent or unreadable), "pretrain": the pretrain settings}``
+    (the advice of a run whose rollouts are never rewarded,
+    ``accounting.no_signal_advice``)."""
+    directory = cache_dir(spec)
+    try:
+        info = artifacts.read_json(os.path.join(directory, "info.json"))
+    except (OSError, ValueError):
+        info = None
+    return {"dir": directory, "info": info, "pretrain": spec.inputs.pretrain.to_dict()}
+
+
 def make_sequences(tokenizer, examples: list[dict], length: int):
     """Tokens [N, L] (right-padded), input mask [N, L] and loss mask [N, L].
 

@@ -64,6 +64,43 @@ from rl_batch.tasks.tfds_builders import load_split
 log = logging.getLogger(__name__)
 
 
+def _resume_removed(spec: RunSpec) -> dict[str, Any] | None:
+    """A finished run whose checkpoints were all removed (``rl_batch.runs.retention``):
+    under a config that keeps it stopped, its summary (rebuilt from the counters and
+    metrics lines kept in ``checkpoints/removed.json``; nothing is trained). Under one
+    that trains it further, None, after a one-line warning: the run trains again from
+    step 0 (the marker goes), as a fresh run of this config would. None too when the
+    run's checkpoints were not removed."""
+    from rl_batch.runs import retention
+
+    run_dir = os.path.abspath(spec.io.run_dir)
+    removed = retention.read_removed(run_dir)
+    if removed is None:
+        return None
+    _check_resumable(run_dir, spec)
+    c, is_writer = spec.config, jax.process_index() == 0
+    counters = restored_counters(c, removed["counters"])
+    counters.stopped = stop_reason(c, counters)
+    if not counters.stopped:
+        log.warning(
+            "%s: its checkpoints were removed when it finished (step %d, "
+            "sweep.keep_checkpoints=%s); this config trains it further: it trains again "
+            "from step 0 (the same seed redoes the same steps, re-timed)",
+            run_dir, removed["step"], removed.get("policy"),
+        )  # fmt: skip
+        if is_writer:
+            retention.clear_removed(run_dir)
+        return None
+    if is_writer:
+        artifacts.write_json_atomic(os.path.join(run_dir, artifacts.CONFIG_FILE), spec.to_json())
+    # (The metrics file is checked against the kept copy and rebuilt from it if damaged.)
+    metrics_log = MetricsLog(run_dir, is_writer, counters.step, removed.get("metrics"))
+    summary = _summary(c, counters, metrics_log.records, "finished")
+    if is_writer:
+        artifacts.write_json_atomic(os.path.join(run_dir, artifacts.SUMMARY_FILE), summary)
+    return summary
+
+
 def _check_resumable(run_dir: str, spec: RunSpec) -> None:
     """Refuses a config that differs from the one ``run_dir``'s run trained with (a
     config.json left by a run that stopped before any metrics or checkpoint is not
@@ -600,6 +637,10 @@ def run(
 
 def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
     """`run` once the config is resolved and the run directory is this process's."""
+    if resume:
+        kept = _resume_removed(spec)
+        if kept is not None:
+            return kept
     s = _set_up(spec, resume)
     c = s.c
     algo, source, evaluator, metrics_log, ckpt = s.algo, s.source, s.evaluator, s.log, s.ckpt
@@ -614,6 +655,11 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
     io, evaluation = spec.io, spec.evaluation
     bar = _Progress(io.budget_responses, io.name, progress)
     status, reward = "running", 0.0
+    warm_start = None  # (what the advice of a run that is never rewarded names)
+    if spec.init.source == "pretrain":
+        from rl_batch.runs import pretrain
+
+        warm_start = pretrain.warm_start_info(spec)
     _write_summary(s, counters, status)  # "running" until the run ends (or dies)
     try:
         while not counters.stopped:
@@ -650,7 +696,7 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
                     rows = generation_rows(evaluator.tokenizer, ro, n, counters, "train")
                     metrics_log.write_generations(counters.step, rows)
             reward = float(ro.rewards_pg.mean())
-            error = stuck_error(c, counters, reward, ckpt.directory)
+            error = stuck_error(c, counters, reward, ckpt.directory, warm_start)
             if error is not None:
                 save_checkpoint(s, state, counters)
                 raise error

@@ -40,6 +40,7 @@ from ml_collections import ConfigDict
 
 from rl_batch import artifacts, distributed, locks
 from rl_batch.runs import config as config_lib
+from rl_batch.runs import retention
 from rl_batch.runs.spec import RunSpec
 from rl_batch.sweeps import processes as procs
 from rl_batch.sweeps.processes import Processes
@@ -481,6 +482,8 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         too_big = check_memory(check, device_memory, sweep_dir)
         if too_big:
             raise ValueError("sweep points do not fit in memory:\n  " + "\n  ".join(too_big))
+    keep = str(base.sweep.get("keep_checkpoints", retention.DEFAULT_POLICY))
+    retention.check_policy(keep)
     ref_key = reference_key(base, points)
     changed = _changed_settings(resolved if only is None else {only: resolved[only]})
     if changed:
@@ -525,7 +528,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
 
     def run_one(i: int, point: Point) -> None:
         _run_point(i, point, resolved[point.name], record, isolate, run_fn, processes, progress,
-                   lambda: save(sweep_path, record), guard, workers.mine())  # fmt: skip
+                   lambda: save(sweep_path, record), guard, workers.mine(), keep)  # fmt: skip
 
     if concurrent == 1 or len(todo) < 2:
         for i, point in enumerate(todo):
@@ -589,9 +592,12 @@ class _Progress:
 
 
 def _run_point(
-    i, point, spec, record, isolate, run_fn, processes, progress, save, guard, worker=None
-):
-    """Runs one point of ``_run_points`` (skips it when finished) and books its status."""
+    i, point, spec, record, isolate, run_fn, processes, progress, save, guard, worker=None,
+    keep=retention.DEFAULT_POLICY,
+):  # fmt: skip
+    """Runs one point of ``_run_points`` (skips it when finished) and books its status;
+    a point it ran to the end keeps the checkpoints ``keep`` (``sweep.keep_checkpoints``)
+    says (``rl_batch.runs.retention``; a skipped point keeps what it has)."""
     n, log = progress.total, progress.log
     config = spec.inputs
     entry = next(r for r in record["runs"] if r["name"] == point.name)
@@ -654,7 +660,14 @@ def _run_point(
         entry["status"], entry["error"], entry["wall_s"] = status, error, time.time() - t0
         progress.walls.append(entry["wall_s"])
         save()
-    log(f"[sweep {i + 1}/{n}] {point.name}: {entry['status']} in {entry['wall_s']:.0f}s")
+    pruned = ""
+    if status == FINISHED and processes.writer:
+        try:
+            note = retention.prune_finished(config.run_dir, keep)
+        except OSError as e:  # (the run is finished: a removal that fails keeps them)
+            note = f"checkpoints kept: {e}"
+        pruned = f"; {note}" if note else ""
+    log(f"[sweep {i + 1}/{n}] {point.name}: {entry['status']} in {entry['wall_s']:.0f}s{pruned}")
 
 
 def check_not_in_use(run_dir: str, what: str) -> None:
