@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import import_fixtures as fx
 import pytest
@@ -222,7 +223,7 @@ def _damage(kind: str, tmp_path) -> tuple[str, str]:
         run.log({"eval/accuracy": 0.5}, step=1)
         run.finish()
         (f,) = {p.resolve() for p in made.rglob("*.wandb")}
-        data = f.read_bytes()  # a copy, away from the writer's directory
+        data = _settled(f)  # a copy, away from the writer's directory
         # Cut inside the file's last record (the run's exit record), 3 bytes short: a cut
         # at a fixed fraction can land on a record boundary, which reads as a short file.
         (d / f.name).write_bytes(data.rstrip(b"\0")[:-3])
@@ -248,6 +249,20 @@ def _damage(kind: str, tmp_path) -> tuple[str, str]:
             (d / "config.json").write_text('{"data": {"train_batch_size": 8')
         return path, "malformed config file"
     raise AssertionError(kind)
+
+
+def _settled(path, timeout_s: float = 60.0) -> bytes:
+    """The bytes of a file that W&B's service process may still be writing after
+    ``run.finish()`` returns (on a loaded host the header had not reached the disk yet):
+    read once it has its header and its size held still for half a second."""
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        data = path.read_bytes()
+        if data.startswith(b":W&B") and data == last:
+            return data
+        last = data
+        time.sleep(0.5)
+    raise AssertionError(f"{path}: W&B did not finish writing it in {timeout_s} s")
 
 
 @pytest.mark.parametrize(
