@@ -132,3 +132,14 @@ def test_a_pinned_worker_runs_on_its_slice_only(tmp_path, in_repo):
         worker.proc = proc
         worker.close()
     assert proc.returncode == 0  # (end of input: the child exits)
+
+
+def test_sweep_speed_reads_its_settings():
+    from experiments import sweep_speed
+
+    assert sweep_speed.parse_settings("a=--x=1 --y=2,b=--x=2") == {
+        "a": ["--x=1", "--y=2"],
+        "b": ["--x=2"],
+    }
+    with pytest.raises(ValueError, match="'--x=1' is not label=flags"):
+        sweep_speed.parse_settings("--x=1")
