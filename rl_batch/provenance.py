@@ -113,6 +113,11 @@ def hardware() -> dict[str, Any]:
         "process_count": jax.process_count(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        # The CPUs this process may run on (a pinned sweep worker: its slice): XLA sizes
+        # its CPU thread pools to them, and its float results depend on that count.
+        "cpus_allowed": sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else None,
         "hostname": socket.gethostname(),
     }
 

@@ -110,3 +110,36 @@ def test_a_concurrent_sweep_runs_its_points_in_workers(tmp_path, in_repo):
     assert os.path.exists(os.path.join(d, "workers.log"))  # (what workers print between points)
     for r in record["runs"]:
         assert "finished: N*=" in open(os.path.join(d, "runs", r["name"], "stdout.log")).read()
+
+
+def test_cpu_slices_split_the_cpus_evenly_or_not_at_all():
+    assert processes.cpu_slices(2, [0, 1]) == [frozenset({0}), frozenset({1})]
+    assert processes.cpu_slices(2, [0, 1, 2, 3, 4]) == [frozenset({0, 1}), frozenset({2, 3})]
+    assert processes.cpu_slices(3, [0, 1]) is None  # fewer CPUs than workers: shared
+    assert processes.cpu_slices(1, [0, 1]) is None  # one worker: every CPU
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")
+def test_a_pinned_worker_runs_on_its_slice_only(tmp_path, in_repo):
+    cpus = frozenset({sorted(os.sched_getaffinity(0))[0]})
+    worker = processes.Worker(str(tmp_path / "workers.log"), cpus=cpus)
+    proc = worker._start()
+    try:
+        with open(f"/proc/{proc.pid}/status") as f:
+            allowed = next(line for line in f if line.startswith("Cpus_allowed_list:"))
+        assert allowed.split()[1] == str(min(cpus))
+    finally:
+        worker.proc = proc
+        worker.close()
+    assert proc.returncode == 0  # (end of input: the child exits)
+
+
+def test_sweep_speed_reads_its_settings():
+    from experiments import sweep_speed
+
+    assert sweep_speed.parse_settings("a=--x=1 --y=2,b=--x=2") == {
+        "a": ["--x=1", "--y=2"],
+        "b": ["--x=2"],
+    }
+    with pytest.raises(ValueError, match="'--x=1' is not label=flags"):
+        sweep_speed.parse_settings("--x=1")

@@ -190,6 +190,11 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # one point after another (rl_batch.sweeps.processes.Worker), keeping its imports; False starts
     # a process per point.
     run.sweep.reuse_workers = True
+    # True: reused workers each pinned to their own share of the CPUs (concurrent = 2 on
+    # 2 cores: one core each), so that XLA sizes each one's thread pools to its share
+    # (rl_batch.sweeps.processes.cpu_slices). Off: on a 2-core Intel Xeon it used ~12 %
+    # less CPU but no less wall time (experiments.sweep_speed; docs/cpu_study.md).
+    run.sweep.pin_workers = False
     # A reused worker keeps the learner, sampler and scorer of this many configurations
     # (rl_batch.runs.programs): the next seed of one reuses them, compiled. Each kept GRPO
     # learner with a KL term holds a copy of the initial policy; 0 rebuilds per run.

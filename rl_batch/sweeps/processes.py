@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Sequence
 
 import jax
 from ml_collections import ConfigDict
@@ -225,12 +226,15 @@ class Worker:
     receives what the child prints between points.
     """
 
-    def __init__(self, stderr_path: str, keep_programs: int = 0):
-        self.stderr_path, self.keep_programs = stderr_path, keep_programs
+    def __init__(
+        self, stderr_path: str, keep_programs: int = 0, cpus: frozenset[int] | None = None
+    ):
+        self.stderr_path, self.keep_programs, self.cpus = stderr_path, keep_programs, cpus
         self.proc: subprocess.Popen | None = None
 
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, locks.PARENT_PID_ENV: str(os.getpid())}
+        cpus = self.cpus
         with open(self.stderr_path, "a") as err:
             return subprocess.Popen(
                 [*WORKER, "serve"],
@@ -239,6 +243,8 @@ class Worker:
                 stderr=err,
                 env=env,
                 text=True,
+                # Before the child imports jax: XLA sizes its thread pools to these CPUs.
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
             )
 
     def run(self, cfg_path: str, log_path: str) -> None:
@@ -319,23 +325,59 @@ def serve_points(requests, replies) -> None:
             return
 
 
-class Workers:
-    """One `Worker` per thread of a sweep's pool (None for every thread when disabled)."""
+def cpu_slices(count: int, cpus: Sequence[int] | None = None) -> list[frozenset[int]] | None:
+    """``count`` disjoint, equal slices of ``cpus`` (default: the CPUs this process may run
+    on), one per concurrent worker; None where there are fewer CPUs than workers or the
+    OS cannot pin (then the workers share every CPU).
 
-    def __init__(self, stderr_path: str, enabled: bool, keep_programs: int = 0):
+    Pinned, each worker's XLA sizes its thread pools to its own slice: two workers on 2
+    cores no longer run 2 + 2 compute threads that preempt each other
+    (``docs/cpu_study.md``, the measurement).
+    """
+    if cpus is None:
+        if not hasattr(os, "sched_getaffinity"):
+            return None
+        cpus = sorted(os.sched_getaffinity(0))
+    size = len(cpus) // count if count > 0 else 0
+    if count < 2 or size < 1:
+        return None
+    return [frozenset(cpus[i * size : (i + 1) * size]) for i in range(count)]
+
+
+class Workers:
+    """One `Worker` per thread of a sweep's pool (None for every thread when disabled),
+    the i-th worker started pinned to ``cpu_slices[i]`` when given."""
+
+    def __init__(
+        self,
+        stderr_path: str,
+        enabled: bool,
+        keep_programs: int = 0,
+        cpu_slices: Sequence[frozenset[int]] | None = None,
+    ):
         self.stderr_path, self.enabled, self.keep_programs = stderr_path, enabled, keep_programs
+        self.cpu_slices = list(cpu_slices or [])
         self._local, self._all, self._lock = threading.local(), [], threading.Lock()
 
     def mine(self) -> Worker | None:
-        """This thread's worker (the main thread, which runs the first point, has none)."""
-        if not self.enabled or threading.current_thread() is threading.main_thread():
+        """This thread's worker. The main thread, which runs the first point alone, has
+        none unless the workers are pinned (then one on the first slice, so that every
+        point of the sweep computes with the same thread count: XLA's CPU results depend
+        on it in their last bits)."""
+        main = threading.current_thread() is threading.main_thread()
+        if not self.enabled or (main and not self.cpu_slices):
             return None
         if getattr(self._local, "worker", None) is None:
-            self._local.worker = Worker(self.stderr_path, self.keep_programs)
             with self._lock:
+                i = len(self._all)
+                cpus = self.cpu_slices[i] if i < len(self.cpu_slices) else None
+                self._local.worker = Worker(self.stderr_path, self.keep_programs, cpus)
                 self._all.append(self._local.worker)
         return self._local.worker
 
     def close(self) -> None:
-        for w in self._all:
+        """Ends every worker started so far (a later `mine` starts new ones)."""
+        with self._lock:
+            started, self._all = self._all, []
+        for w in started:
             w.close()

@@ -524,6 +524,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         enabled=concurrent > 1 and bool(base.sweep.get("reuse_workers", False))
         and distributed.settings(base) is None,
         keep_programs=int(base.sweep.get("keep_programs", 0)),
+        cpu_slices=procs.cpu_slices(concurrent) if base.sweep.get("pin_workers") else None,
     )  # fmt: skip
 
     def run_one(i: int, point: Point) -> None:
@@ -538,6 +539,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         # then ``concurrent`` child processes at a time (with ``sweep.reuse_workers``,
         # ``concurrent`` workers that each run one point after another).
         run_one(0, todo[0])
+        workers.close()  # (the first point's, if pinned: the pool's threads start their own)
         with concurrent_futures.ThreadPoolExecutor(concurrent) as pool:
             try:
                 futures = [pool.submit(run_one, i, p) for i, p in enumerate(todo) if i > 0]
