@@ -230,6 +230,13 @@ def test_training_signals_one_mean_per_configuration_and_kl_named(stopping):
     assert "KL to the behaviour policy (k3; kl_coef = 0)" in ylabels
 
 
+def test_time_breakdown_says_its_bars_are_the_runs_own_clocks(stopping):
+    (ax,) = figures.figure_time_breakdown(stopping).axes
+    assert figures.BREAKDOWN_NOTE in [t.get_text() for t in ax.texts]
+    heights = [p.get_height() for p in ax.patches]
+    assert heights and all(h >= 0 for h in heights)
+
+
 def test_kl_label_follows_kl_coef(stopping):
     runs = [r for rs in stopping.runs_by_key.values() for r in rs][:2]
     with_ref = [r.__class__(**{**r.__dict__, "config": {"grpo": {"kl_coef": 0.01}}}) for r in runs]

@@ -1045,8 +1045,18 @@ def figure_time_breakdown(analysis: Analysis) -> Figure | None:
     ax.set_title(
         f"time per update by part: generation {min(shares):.0%}-{max(shares):.0%} of training"
     )
-    ax.legend(fontsize=7)
+    ax.text(0.01, 0.99, BREAKDOWN_NOTE, transform=ax.transAxes, fontsize=6, color="0.35",
+            va="top", ha="left", wrap=True)  # fmt: skip
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 0.93))
     return fig
+
+
+# The bars are the runs' own clocks: with runs sharing the host (sweep.concurrent) a
+# batch's seconds per update move with what ran beside it, so only the shares compare.
+BREAKDOWN_NOTE = (
+    "the runs' own timings, not the calibrated step times that T uses: runs that shared\n"
+    "the host (sweep.concurrent) read slower, so compare the parts' shares, not the heights"
+)
 
 
 SIGNALS = (
