@@ -171,12 +171,15 @@ def quiet_disk_full() -> None:
     """Silences orbax's and tensorstore's stderr report of a full disk in this process.
 
     Orbax logs (through absl, logger ``absl``) a save's failure from each of its threads
-    with a traceback; those records are dropped when they report ENOSPC. tensorstore's
+    with a traceback, and asyncio (logger ``asyncio``) reports each of a failed save's
+    write tasks whose exception nobody retrieved ("Task exception was never retrieved",
+    when the loop outlives the save: seen on a loaded host); those records are dropped
+    when they report ENOSPC. tensorstore's
     write callbacks into the event loop a failed save closed print ``RuntimeError: Event
     loop is closed`` through ``sys.unraisablehook``; dropped once a full disk was seen.
     The save raises ``artifacts.DiskFullError``, whose one line says it all. Idempotent.
     """
-    for name in ("absl", "orbax"):
+    for name in ("absl", "orbax", "asyncio"):
         logger = logging.getLogger(name)
         if _DISK_FULL_FILTER not in logger.filters:
             logger.addFilter(_DISK_FULL_FILTER)
