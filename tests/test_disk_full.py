@@ -288,6 +288,7 @@ def test_train_on_a_really_full_disk_prints_one_line_and_resumes(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     assert out.returncode == 1, out.stderr[-3000:]
+    assert len(out.stderr.splitlines()) == 1, out.stderr[-3000:]
     (line,) = out.stderr.splitlines()
     assert line.startswith(f"error: disk full: no space left to write in {run_dir}"), line
     assert "--resume" in line
