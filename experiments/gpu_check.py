@@ -260,11 +260,12 @@ def update_point(mc, state, optimizer, mesh, batch: int, settings: Settings):
         mesh,
     )
     key = jax.random.key(settings.seed)
+    # (The compiled update takes the clip range as its fourth argument: the configured one.)
     compiled = update_fn.lower(state, data, key).compile()
     holder = [state]
 
     def step():
-        holder[0], metrics = compiled(holder[0], data, key)
+        holder[0], metrics = compiled(holder[0], data, key, update_fn.clip)
         jax.block_until_ready(metrics)
 
     time_s = _median_time(step, settings.repeats)
