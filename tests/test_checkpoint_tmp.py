@@ -166,7 +166,15 @@ def test_a_failed_save_leaves_no_writer_and_no_temporary_directory(tmp_path, mon
     before = set(threading.enumerate())
     with pytest.raises(artifacts.DiskFullError):
         ckpt.save(2, TREE, {"step": 2})
-    # The state item's writers have ended (orbax's long-lived store thread may remain).
+    # The state item's writers have ended (orbax's long-lived store thread may remain);
+    # on a loaded host a writer may take a moment to exit after the save has raised.
+    writers = [
+        t
+        for t in set(threading.enumerate()) - before
+        if t.name == "write_metadata_after_commits" or t.name.startswith("asyncio_")
+    ]
+    for t in writers:
+        t.join(timeout=10)
     started = {t.name for t in set(threading.enumerate()) - before if t.is_alive()}
     assert not started & {"write_metadata_after_commits"} and not any(
         n.startswith("asyncio_") for n in started
