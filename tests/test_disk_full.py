@@ -61,6 +61,18 @@ def test_asyncio_reports_of_a_full_disk_are_dropped(caplog):
     assert [r.getMessage() for r in caplog.records] == ["another asyncio error"]
 
 
+def test_a_closed_loop_callback_after_a_full_disk_prints_nothing(monkeypatch, capsys):
+    # tensorstore's write callbacks into the closed loop of a failed save, reported as a
+    # bare traceback through sys.excepthook (seen on a loaded host).
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    checkpoint.quiet_disk_full()
+    checkpoint._DISK_FULL_SEEN.set()
+    sys.excepthook(RuntimeError, RuntimeError("Event loop is closed"), None)
+    sys.excepthook(ValueError, ValueError("something else"), None)
+    err = capsys.readouterr().err
+    assert "Event loop is closed" not in err and "ValueError: something else" in err
+
+
 def test_a_metrics_line_that_does_not_fit_is_taken_back(tmp_path, monkeypatch):
     path = str(tmp_path / "metrics.jsonl")
     artifacts.append_jsonl(path, {"step": 1})

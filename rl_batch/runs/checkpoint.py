@@ -167,6 +167,21 @@ def _quiet_unraisablehook(hook):
     return unraisablehook
 
 
+def _quiet_excepthook(hook):
+    """``hook`` (``sys.excepthook``) that drops the same closed-loop callback's traceback
+    once a full disk was seen: tensorstore's threads also report it through
+    ``PyErr_Print`` (a bare traceback, seen on a loaded host); anything else goes to
+    ``hook``."""
+
+    def excepthook(kind, value, traceback):
+        if _DISK_FULL_SEEN.is_set() and _is_closed_loop_callback(value):
+            return
+        hook(kind, value, traceback)
+
+    excepthook.quiets_disk_full = True
+    return excepthook
+
+
 def quiet_disk_full() -> None:
     """Silences orbax's and tensorstore's stderr report of a full disk in this process.
 
@@ -176,7 +191,8 @@ def quiet_disk_full() -> None:
     when the loop outlives the save: seen on a loaded host); those records are dropped
     when they report ENOSPC. tensorstore's
     write callbacks into the event loop a failed save closed print ``RuntimeError: Event
-    loop is closed`` through ``sys.unraisablehook``; dropped once a full disk was seen.
+    loop is closed`` through ``sys.unraisablehook`` or ``sys.excepthook``; dropped once a
+    full disk was seen.
     The save raises ``artifacts.DiskFullError``, whose one line says it all. Idempotent.
     """
     for name in ("absl", "orbax", "asyncio"):
@@ -185,6 +201,8 @@ def quiet_disk_full() -> None:
             logger.addFilter(_DISK_FULL_FILTER)
     if not getattr(sys.unraisablehook, "quiets_disk_full", False):
         sys.unraisablehook = _quiet_unraisablehook(sys.unraisablehook)
+    if not getattr(sys.excepthook, "quiets_disk_full", False):
+        sys.excepthook = _quiet_excepthook(sys.excepthook)
 
 
 def path_name(path) -> str:
