@@ -243,21 +243,27 @@ def _trailing_comment(line: str) -> str:
 def field_comments(path: str) -> dict[str, str]:
     """``{"task.eval_fraction": "its comment"}`` from the assignments of a config file:
     the comment lines right above an assignment and its own trailing comment."""
+    with open(path) as f:
+        return _comments_by_field(f, _ASSIGNMENT)
+
+
+def _comments_by_field(lines, pattern: re.Pattern) -> dict[str, str]:
+    """``{field: the comment lines right above its line + its trailing comment}`` for
+    the lines ``pattern`` matches (group 1: the field)."""
     comments: dict[str, str] = {}
     block: list[str] = []
-    with open(path) as f:
-        for line in f:
-            stripped = line.strip()
-            if stripped.startswith("#"):
-                block.append(stripped.lstrip("#").strip())
-                continue
-            match = _ASSIGNMENT.match(line)
-            if match:
-                trailing = _trailing_comment(line)
-                text = " ".join(block + ([trailing] if trailing else []))
-                if text:
-                    comments.setdefault(match.group(1), text)
-            block = []
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            block.append(stripped.lstrip("#").strip())
+            continue
+        match = pattern.match(line)
+        if match:
+            trailing = _trailing_comment(line)
+            text = " ".join(block + ([trailing] if trailing else []))
+            if text:
+                comments.setdefault(match.group(1), text)
+        block = []
     return comments
 
 
@@ -296,27 +302,12 @@ def section_docs(cls, prefix: str = "") -> dict[str, str]:
 
 
 def _body_comments(cls) -> dict[str, str]:
-    """``{field: the comment lines above its line in the class body + its trailing
-    comment}``."""
-    comments: dict[str, str] = {}
-    block: list[str] = []
+    """``{field: its comments}`` from the class body's source (`_comments_by_field`)."""
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
-        return comments
-    for line in source.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            block.append(stripped.lstrip("#").strip())
-            continue
-        match = _CLASS_FIELD.match(line)
-        if match:
-            trailing = line.split("  # ", 1)[1].strip() if "  # " in line else ""
-            text = " ".join(block + ([trailing] if trailing else []))
-            if text:
-                comments.setdefault(match.group(1), text)
-        block = []
-    return comments
+        return {}
+    return _comments_by_field(source.splitlines(), _CLASS_FIELD)
 
 
 def _leaves(config: ConfigDict, prefix: str = "") -> Iterator[tuple[str, object]]:
