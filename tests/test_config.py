@@ -297,7 +297,7 @@ def test_default_study_config_resolves():
 
 
 @pytest.mark.parametrize(
-    "name", ["grpo_cpu", "grpo_schedule_cpu", "ppo_cpu", "grpo_gpu", "grpo_tpu"]
+    "name", ["grpo_cpu", "grpo_schedule_cpu", "grpo_long_cpu", "ppo_cpu", "grpo_gpu", "grpo_tpu"]
 )
 @pytest.mark.slow  # 9 s in the fast tier at b3308b3 (2 cores, load 2-5)
 def test_every_study_grid_resolves(name, tmp_path):

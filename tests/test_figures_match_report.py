@@ -265,3 +265,24 @@ def test_report_header_and_measurement_say_the_same(tmp_path, band_lo):
         assert estimator in part and intervals in part and crossing in part
     assert "first crossing (interpolated)" not in text
     assert "compared seed by seed (paired); every other ratio as independent samples" in section
+
+
+def test_config_table_gives_each_batchs_updates_to_the_bands_lower_edge(band, tmp_path):
+    # The column is what a single-target analysis at the band's lower edge reads per seed.
+    d = fx.write_sweep(str(tmp_path))
+    edge = ttt.analyze_sweep(curves.load_sweep(d), target=BAND_LO, band_lo=None, n_boot=50)
+    table = report.config_table(band)
+    assert table[0].endswith(f"| updates to {BAND_LO:g} (median [min, max]) |")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table[2:]}
+    cells = []
+    for k in band.stats:
+        per_seed = [edge.targets[r.name].updates_to_target for r in edge.runs_by_key[k]]
+        reached = [u for u in per_seed if u is not None]
+        if reached:
+            cells.append(f"{np.median(reached):.4g} [{min(reached):.4g}, {max(reached):.4g}]")
+        else:
+            cells.append("-")
+        assert rows[k.name].endswith(f"| {cells[-1]} |")
+    assert len(set(cells) - {"-"}) >= 2  # the fixtures' batches differ
+    # Without a band the column is not there.
+    assert "updates to" not in report.config_table(edge)[0].split("updates to target")[1]

@@ -23,6 +23,7 @@ from rl_batch.analysis import (
     planner,
     saturation,
     stability,
+    time_to_target,
 )
 from rl_batch.analysis.time_to_target import (
     INCOMPLETE,
@@ -45,25 +46,49 @@ def _seeds_cell(s: ConfigStats) -> str:
     return cell + (f" ({s.n_pending} running)" if s.incomplete else "")
 
 
+def updates_to_band_edge(analysis: Analysis, k) -> list[float]:
+    """The updates each seed of configuration ``k`` needed to the band's lower edge
+    (its first crossing, read as N* is: ``analysis.crossing``), of the seeds that
+    reached it; [] without a band. How far past Adam's first steps the band lies."""
+    if analysis.band_lo is None:
+        return []
+    out = []
+    for run in analysis.runs_by_key.get(k, []):
+        edge = time_to_target.run_time_to_target(
+            run, analysis.band_lo, None, crossing=analysis.crossing
+        )
+        if edge.updates_to_target is not None:
+            out.append(float(edge.updates_to_target))
+    return out
+
+
+def _edge_cell(updates: list[float]) -> str:
+    """``median [min, max]`` of updates to the band's lower edge, or "-"."""
+    if not updates:
+        return "-"
+    return f"{np.median(updates):.4g} [{min(updates):.4g}, {max(updates):.4g}]"
+
+
 def config_table(analysis: Analysis) -> list[str]:
-    """Per-configuration N*, q, T and updates to target (mean [bootstrap CI])."""
+    """Per-configuration N*, q, T and updates to target (mean [bootstrap CI]); with a
+    band, the updates to its lower edge (median [min, max] over seeds)."""
+    band = analysis.band_lo is not None
     rows = []
     for k, s in analysis.stats.items():
         miss = s.missing_label
-        rows.append(
-            [
-                k.name,
-                k.batch,
-                k.prompts,
-                k.group_size,
-                k.lr_rule,
-                _seeds_cell(s),
-                fmt_estimate(s.n_star, ".4g", miss),
-                fmt_estimate(s.q, ".4g", "-"),
-                fmt_estimate(s.time_to_target_s, ".4g", s.time_missing_label),
-                fmt_estimate(s.updates_to_target, ".4g", miss),
-            ]
-        )
+        row = [
+            k.name,
+            k.batch,
+            k.prompts,
+            k.group_size,
+            k.lr_rule,
+            _seeds_cell(s),
+            fmt_estimate(s.n_star, ".4g", miss),
+            fmt_estimate(s.q, ".4g", "-"),
+            fmt_estimate(s.time_to_target_s, ".4g", s.time_missing_label),
+            fmt_estimate(s.updates_to_target, ".4g", miss),
+        ]
+        rows.append(row + ([_edge_cell(updates_to_band_edge(analysis, k))] if band else []))
     header = [
         "config",
         "B",
@@ -76,6 +101,8 @@ def config_table(analysis: Analysis) -> list[str]:
         "T (s)",
         "updates to target",
     ]
+    if band:
+        header.append(f"updates to {analysis.band_lo:g} (median [min, max])")
     return markdown_table(header, rows)
 
 
