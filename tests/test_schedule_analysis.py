@@ -140,3 +140,20 @@ def test_under_four_seeds_every_fixed_batch_the_best_could_be_is_compared(tmp_pa
     assert best_could_be in f.note, f
     assert f.measured.count("T / T(B = ") == 2, f
     assert f.verdict == findings.HOLDS
+
+
+def test_a_schedule_shown_to_gain_at_most_the_margin_does_not_beat_the_best(tmp_path):
+    # P = 8 updates at 0.19-0.205 s (P = 16's 0.39-0.41 s for twice the responses): the
+    # warm-up costs about what 16x8 costs per response, on the same curves: T ratio 1
+    # [0.997, 1]. Not decidedly faster or slower: it does not beat the best fixed batch by
+    # more than the sweep's equivalence margin (5 %), a decided "does not hold".
+    same = [0.19, 0.20, 0.205]
+    d = _scheduled_sweep(tmp_path, step_at_p8=same, seeds=(0.97, 1.0, 1.03, 0.99))
+    a = ttt.analyze_sweep(curves.load_sweep(d))
+    f = findings.schedule_finding(a)
+    assert f.verdict == findings.FAILS, f
+    assert "gain at most 5% (90% lower end" in f.measured, f
+    assert "does not hold when each is slower or gains at most 5%" in f.note
+    # Neither faster nor slower at 95 %: before the margin this was "undecided".
+    ((_, r),) = findings.schedule_ratios(a)
+    assert r.lo <= 1.0 <= r.hi, r

@@ -609,23 +609,35 @@ def _on_seeds(analysis: Analysis, seeds: Sequence[int]) -> Analysis | None:
         return None
 
 
+NO_GAIN_LEVEL = 0.90  # one-sided 5 %: the lower end of a 90 % interval (equivalence.ALPHA)
+
+
 def _schedule_verdict(
     analysis: Analysis, k: Configuration, against: Sequence[Configuration], any_level: float
 ) -> tuple[str, str]:
     """(verdict, measured) of schedule ``k`` against the fixed configurations ``against``
     (the best, or every one the best could be): holds when its T is decidedly below each
-    (at ``any_level``), does not hold when decidedly above each (at the analysis' level)."""
+    (at ``any_level``); does not hold when, against each, it is decidedly slower (the
+    analysis' level) or shown to gain no more than the sweep's equivalence margin
+    (``T / T(fixed) >= 1 - delta`` at one-sided 5 %: the 90 % interval's lower end, the
+    equivalence test's level)."""
     s = analysis.stats[k]
     if not s.reached or s.time_to_target_s is None:
         return (UNDECIDED, "incomplete") if s.incomplete else (FAILS, "not reached")
-    below, above, shown = [], [], []
+    below, not_faster, shown = [], [], []
     for f in against:
         r_any = analysis.ratio(k, f, any_level).r_t
         r = analysis.ratio(k, f).r_t
+        r_gain = analysis.ratio(k, f, NO_GAIN_LEVEL).r_t
         shown.append(f"T / T(B = {f.batch}) = {_fmt_ratio(r)}")
         below.append(r_any is not None and r_any.has_interval and r_any.hi < 1.0)
-        above.append(r is not None and r.has_interval and r.lo > 1.0)
-    verdict = HOLDS if all(below) else (FAILS if all(above) else UNDECIDED)
+        slower = r is not None and r.has_interval and r.lo > 1.0
+        no_gain = r_gain is not None and r_gain.has_interval and r_gain.lo >= 1 - analysis.delta
+        if no_gain and not slower:
+            lo = f"{NO_GAIN_LEVEL:.0%} lower end {r_gain.lo:.3g}"
+            shown[-1] += f", gain at most {analysis.delta:.0%} ({lo})"
+        not_faster.append(slower or no_gain)
+    verdict = HOLDS if all(below) else (FAILS if all(not_faster) else UNDECIDED)
     return verdict, ", ".join(shown)
 
 
@@ -633,7 +645,12 @@ def schedule_finding(analysis: Analysis) -> Finding:
     """Does a batch-size schedule reach the target in less time than the best fixed batch
     of the sweep? Holds when some schedule's T is decidedly below the best fixed batch's
     (any of K schedules: each read at Holm's level, `intervals.holm_level`); does not hold
-    when every schedule's is decidedly above (or it never reached); else undecided.
+    when every schedule is decidedly slower, gains at most the margin, or never reached;
+    else undecided.
+
+    "Beats" means by more than the sweep's equivalence margin: a schedule whose T is shown
+    to be at least ``1 - delta`` of the best fixed batch's does not beat it
+    (`_schedule_verdict`).
 
     The best fixed batch is the smallest mean T, and a best picked on the seeds it is then
     compared on looks faster than it is (a winner's curse). With 4 or more seeds it is
@@ -683,6 +700,8 @@ def schedule_finding(analysis: Analysis) -> Finding:
         how
         + "; holds when a schedule's interval lies below 1"
         + _holm_words(analysis.level, len(scheduled))
+        + f"; does not hold when each is slower or gains at most {analysis.delta:.0%}"
+        + f" (its {NO_GAIN_LEVEL:.0%} interval's lower end >= {1 - analysis.delta:.3g})"
     )
     return Finding(name, paper, "; ".join(parts), verdict, note)
 
