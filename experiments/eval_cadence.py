@@ -92,19 +92,33 @@ def cadence_table(sweep: Sweep, every: Sequence[int]) -> list[str]:
                 t_ratio.append(s_k.time_to_target_s.mean / s.time_to_target_s.mean)
         w_n, w_t = widest(a)
         changed = [f"{n}: {v_full[n]} -> {v}" for n, v in verdicts(a).items() if v != v_full[n]]
-        span = lambda xs: f"{min(xs):.3f}-{max(xs):.3f}" if xs else "-"  # noqa: E731
         rows.append(
             f"| {k} x {base:g} | {kept} of {n_evals} | {t_eval * kept / n_evals:.0f} | "
-            f"{span(n_ratio)} | {span(t_ratio)} | {w_n:.3f} / {w_t:.3f} | "
+            f"{_span(n_ratio)} | {_span(t_ratio)} | {w_n:.3f} / {w_t:.3f} | "
             f"{'; '.join(changed) or 'none'} |"
         )
     return rows
 
 
+def parse_every(text: str) -> list[int]:
+    """``--every`` as integers >= 2 (ValueError naming the flag otherwise)."""
+    try:
+        every = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        every = []
+    if not every or min(every) < 2:
+        raise ValueError(f"--every={text!r}: give integers >= 2, e.g. 2,4")
+    return every
+
+
+def _span(xs: list[float]) -> str:
+    return f"{min(xs):.3f}-{max(xs):.3f}" if xs else "-"
+
+
 def main(argv: Sequence[str]) -> None:
     del argv
     sweep = curves.load_sweep(flags.FLAGS.sweep)
-    every = [int(x) for x in flags.FLAGS.every.split(",") if x.strip()]
+    every = parse_every(flags.FLAGS.every)
     print(f"eval_cadence: {flags.FLAGS.sweep} ({len(sweep.runs)} runs)")
     print("\n".join(cadence_table(sweep, every)))
 

@@ -31,3 +31,12 @@ def test_the_table_has_the_full_cadence_as_its_first_row(tmp_path):
     assert f"| {n} of {n} |" in rows[2] and "| 1.000-1.000 | 1.000-1.000 |" in rows[2]
     kept = sum(len(eval_cadence.thin_run(r, 2).eval_responses) for r in sweep.runs)
     assert f"| {kept} of {n} |" in rows[3] and kept < n
+
+
+def test_every_below_two_or_not_a_number_is_refused():
+    import pytest
+
+    assert eval_cadence.parse_every("2,4") == [2, 4]
+    for bad in ("0", "1", "x", ""):
+        with pytest.raises(ValueError, match="--every="):
+            eval_cadence.parse_every(bad)

@@ -1,7 +1,8 @@
 """The long-horizon companion of the default CPU study: its findings outside Adam's first steps.
 
 The default study (``grpo_cpu.py``) measures N* in the band [0.43, 0.53], which its largest
-batch (B = 256) reaches in about 3-8 updates: Adam's first, sign-like steps, not the steady
+batch (B = 256) reaches in 1 update to its lower edge and about 3 to N* (D1 in
+docs/cpu_study.md): Adam's first, sign-like steps, not the steady
 regime the paper's findings speak of. This study asks the same questions where every batch
 needs many updates: the same task, base policy, LR rule and measurement, with a harder
 target, the band [0.585, 0.61], so that every run of the largest batch (B = 128 here)
@@ -20,8 +21,8 @@ with the lower edge 0.585 (the band enters only the analysis, not training), 35.
 Grid: P x 8 for P = 2 ... 16 (B = 16 ... 128, sqrt rule), the fixed LR rule at 2x the
 reference batch and the group-size pair (8 x 16 against 16 x 8), 12 seeds each: the
 default study's findings, each decidable here. Validation every 512 retained responses
-(not 256: a run here is 10-40x longer, and validation was 30 % of the default study's run
-time); the crossing is still interpolated between two validations. The grid's edges are
+(not 256: a run here is 10-40x longer, and validation was 27 % of the default study's
+process time in D1); the crossing is still interpolated between two validations. The grid's edges are
 not extended (``extend_edges = False``) so that the study stays within an hour on a
 2-core machine; an optimum at B = 16 is reported as an edge optimum. One command::
 
