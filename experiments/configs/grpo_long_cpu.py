@@ -22,8 +22,8 @@ Grid: P x 8 for P = 2 ... 16 (B = 16 ... 128, sqrt rule), the fixed LR rule at 2
 reference batch and the group-size pair (8 x 16 against 16 x 8), 12 seeds each: the
 default study's findings, each decidable here. Validation every 512 retained responses
 (not 256: a run here is 10-40x longer, and validation was 27 % of the default study's
-process time in D1); the crossing is still interpolated between two validations. The grid's edges are
-not extended (``extend_edges = False``) so that the study stays within an hour on a
+process time in D1); the crossing is still interpolated between two validations. The
+grid's edges are not extended (``extend_edges = False``) so that the study stays within an hour on a
 2-core machine; an optimum at B = 16 is reported as an edge optimum. One command::
 
   python -m experiments.grpo_sweep --config=grpo_long_cpu --sweep_dir=sweeps/grpo_long_cpu
