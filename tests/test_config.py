@@ -1,6 +1,7 @@
 """Run-config validation: one clear error per bad field, derived values computed once."""
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -226,6 +227,7 @@ PPO = {"algo": "ppo", "group_size": 1, "filter_groups": False}
         ({"pretrain.stop_metric": "greedy"}, "pretrain.stop_metric='greedy': expected"),
         ({"eval_metric": "pass"}, "eval_metric='pass': expected one of ('mean_at_k', 'p_ref')"),
         ({"eval_ref_prompts": -1}, "eval_ref_prompts=-1: must be >= 0"),
+        ({"eval_ref_chunk": 0}, "eval_ref_chunk=0: must be >= 1"),
         ({"target": 0.4, "target_band_lo": 0.4}, "target_band_lo=0.4: must be below the target"),
         ({"target_crossing": "nearest"}, "target_crossing='nearest': expected one of"),
         ({"task.name": "math", "eval_metric": "p_ref"}, "eval_metric='p_ref' needs a task with"),
@@ -404,14 +406,16 @@ def test_a_config_json_written_at_62017dd_resumes_under_todays_defaults():
 @pytest.mark.parametrize(
     "name, module, overrides",
     [
-        ("grpo", "grpo_cpu", {"prompts": 8, "group_size": 8, "lr_rule": "sqrt"}),
+        # (grpo_cpu's settings changed since: micro-batches of 32 and 64-row p_ref calls.)
+        ("grpo", "grpo_cpu", {"prompts": 8, "group_size": 8, "lr_rule": "sqrt",
+                              "grpo.micro_batch_seqs": 0, "eval_ref_chunk": 256}),  # fmt: skip
         ("ppo", "ppo_cpu", {}),
     ],
 )
 def test_a_config_json_written_at_35add6f_loads_and_resumes(name, module, overrides):
     """config.json files written by 35add6f (the behaviour check's reference and ppo_cpu
     runs, before the typed sections) read back as their specs and resume under today's
-    config of the same point."""
+    config of the same point, with the settings changed since set back."""
     import importlib
 
     path = os.path.join(os.path.dirname(__file__), "data", f"config_35add6f_{name}.json")
@@ -420,7 +424,8 @@ def test_a_config_json_written_at_35add6f_loads_and_resumes(name, module, overri
     c = importlib.import_module(f"experiments.configs.{module}").get_config()
     c.run_dir, c.budget_responses, c.stop_at_target = old["run_dir"], 1024, False
     for key, value in overrides.items():
-        c[key] = value
+        *parents, leaf = key.split(".")
+        functools.reduce(lambda node, name: node[name], parents, c)[leaf] = value
     new = config_lib.resolve(c, 1)
     if old["init"]["source"] == "params":  # (the same base policy file, in this checkout)
         assert os.path.basename(old["init"]["path"]) == os.path.basename(c.init.path)

@@ -54,3 +54,24 @@ def test_examples_without_a_reference_are_refused():
     with pytest.raises(ValueError, match="example 1 has answer=''"):
         exact_eval.reference_batch(CharTokenizer(), [{"prompt": "1+1=", "answer": "2"},
                                                      {"prompt": "1+2=", "answer": ""}])  # fmt: skip
+
+
+def test_the_run_scorer_calls_the_configured_rows_at_a_time():
+    """``eval_ref_chunk`` reaches the run's scorer: 5 prompts at 2 rows a call are 3 calls
+    (the last padded), and p_ref agrees with one call of all 5 to float rounding."""
+    from experiments.configs import base
+    from rl_batch.runs import config as config_lib
+    from rl_batch.runs import run as run_lib
+
+    c = base.run_config()
+    c.run_dir, c.eval_metric, c.eval_ref_prompts, c.eval_ref_chunk = "/tmp/r", "p_ref", 5, 2
+    spec = config_lib.resolve(c, 1)
+    tokenizer = config_lib.make_tokenizer(c)
+    task = config_lib.make_task(c)
+    rng = np.random.default_rng(0)
+    examples = [task.make_example(rng).to_dict() for _ in range(6)]
+    scorer = run_lib.make_scorer(spec, tokenizer, examples)
+    assert (scorer.chunk, scorer.n, scorer.batch.prompt_tokens.shape[0]) == (2, 5, 6)
+    params = run_lib.initial_params(spec)
+    whole = exact_eval.ReferenceScorer(spec.model, tokenizer, examples[:5], chunk=0)
+    assert scorer(params)["eval_p_ref"] == pytest.approx(whole(params)["eval_p_ref"], rel=1e-5)

@@ -39,7 +39,10 @@ def get_config(arg=None):
     c.sweep.prompts = "2,4,8,16"
     c.sweep.extra_points = "8x8:sqrt@warmup,16x8:sqrt@adaptive,16x8:sqrt@adam-sde"
     c.sweep.variants = {
-        "warmup": {"batch_schedule": {"kind": "warmup", "start_prompts": 2, "responses": 512}},
+        "warmup": {
+            "batch_schedule": {"kind": "warmup", "start_prompts": 2, "responses": 512},
+            "grpo": {"micro_batch_seqs": 0},  # a schedule takes a fixed micro-batch count
+        },
         "adaptive": {
             "batch_schedule": {
                 "kind": "adaptive",
@@ -47,7 +50,8 @@ def get_config(arg=None):
                 "window": 8,
                 "calibration": "sweeps/grpo_cpu/calibration.json",
             },
-            "grpo": {"micro_batches": 2, "micro_layout": "groups"},
+            # Two whole-group micro-batches at every P it takes (the noise statistics).
+            "grpo": {"micro_batches": 2, "micro_batch_seqs": 0, "micro_layout": "groups"},
         },
         "adam-sde": {"hparam_rules": {"adam": "sde"}},
     }

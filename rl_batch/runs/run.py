@@ -404,6 +404,7 @@ def make_scorer(spec: RunSpec, tokenizer, val_data):
         tokenizer,
         [val_data[i] for i in range(n_ref)],
         temperature=spec.rollout.sampling.temperature,
+        chunk=evaluation.eval_ref_chunk,
     )
 
 

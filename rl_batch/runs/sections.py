@@ -431,6 +431,10 @@ class Evaluation:
         response) at the sampling temperature on ``eval_ref_prompts`` validation prompts
         (0 = all; synthetic tasks, ``rl_batch.algorithms.exact_eval``).
       eval_ref_prompts: see ``eval_metric``.
+      eval_ref_chunk: validation prompts per call of the teacher-forced p_ref pass (the
+        last call padded). A CPU's caches favour small calls (64 rows took 0.77x the time
+        of 256 on a 2-core AMD EPYC, docs/cpu_study.md); the values agree to float
+        rounding, not bit for bit.
       target: the validation accuracy (``eval_metric``) to reach.
       target_band_lo: set: N*, T and q are also taken over the band [target_band_lo,
         target] (``rl_batch.targets.time_to_band``); None: the single target.
@@ -446,6 +450,7 @@ class Evaluation:
     eval_greedy: bool = True
     eval_metric: str = "mean_at_k"
     eval_ref_prompts: int = 0
+    eval_ref_chunk: int = 256
     target: float = 0.5
     target_band_lo: float | None = None
     target_crossing: str = dataclasses.field(default="update", metadata={"resume": True})
