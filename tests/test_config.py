@@ -407,8 +407,17 @@ def test_a_config_json_written_at_62017dd_resumes_under_todays_defaults():
     "name, module, overrides",
     [
         # (grpo_cpu's settings changed since: micro-batches of 32 and 64-row p_ref calls.)
-        ("grpo", "grpo_cpu", {"prompts": 8, "group_size": 8, "lr_rule": "sqrt",
-                              "grpo.micro_batch_seqs": 0, "eval_ref_chunk": 256}),  # fmt: skip
+        (
+            "grpo",
+            "grpo_cpu",
+            {
+                "prompts": 8,
+                "group_size": 8,
+                "lr_rule": "sqrt",
+                "grpo.micro_batch_seqs": 0,
+                "eval_ref_chunk": 256,
+            },
+        ),  # fmt: skip
         ("ppo", "ppo_cpu", {}),
     ],
 )

@@ -42,6 +42,7 @@ from rl_batch import artifacts, distributed, locks
 from rl_batch.runs import config as config_lib
 from rl_batch.runs import retention
 from rl_batch.runs.spec import RunSpec
+from rl_batch.sweeps import dispatch
 from rl_batch.sweeps import processes as procs
 from rl_batch.sweeps.processes import Processes
 
@@ -537,12 +538,25 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     else:
         # The first point alone builds the shared caches (task data, the warm start);
         # then ``concurrent`` child processes at a time (with ``sweep.reuse_workers``,
-        # ``concurrent`` workers that each run one point after another).
+        # ``concurrent`` workers that each run one point after another), each staying on
+        # one configuration while it has seeds left (``dispatch``: compiled once).
         run_one(0, todo[0])
         workers.close()  # (the first point's, if pinned: the pool's threads start their own)
+        queue = dispatch.PointQueue(list(enumerate(todo))[1:], lambda item: item[1].key)
+
+        def work(worker: int) -> None:
+            errors = []  # (every point is still tried; the first error is raised after)
+            while (handed := queue.next(worker)) is not None:
+                try:
+                    run_one(*handed[1])
+                except Exception as e:  # noqa: BLE001 (re-raised once the queue is empty)
+                    errors.append(e)
+            if errors:
+                raise errors[0]
+
         with concurrent_futures.ThreadPoolExecutor(concurrent) as pool:
             try:
-                futures = [pool.submit(run_one, i, p) for i, p in enumerate(todo) if i > 0]
+                futures = [pool.submit(work, w) for w in range(concurrent)]
                 pending = set(futures)
                 while pending:  # (a timed wait: the main thread takes Ctrl-C while it waits)
                     _, pending = concurrent_futures.wait(pending, timeout=0.5)
@@ -551,6 +565,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
             except KeyboardInterrupt:
                 # Ctrl-C stops the sweep as SIGTERM does: no further point starts, and the
                 # running ones stop (each records "interrupted") before this one exits.
+                queue.close()
                 pool.shutdown(wait=False, cancel_futures=True)
                 procs.terminate_children()
                 raise
