@@ -227,7 +227,7 @@ PPO = {"algo": "ppo", "group_size": 1, "filter_groups": False}
         ({"pretrain.stop_metric": "greedy"}, "pretrain.stop_metric='greedy': expected"),
         ({"eval_metric": "pass"}, "eval_metric='pass': expected one of ('mean_at_k', 'p_ref')"),
         ({"eval_ref_prompts": -1}, "eval_ref_prompts=-1: must be >= 0"),
-        ({"eval_ref_chunk": 0}, "eval_ref_chunk=0: must be >= 1"),
+        ({"eval_ref_chunk": 0}, "eval_ref_chunk=0: must be an int >= 1"),
         ({"target": 0.4, "target_band_lo": 0.4}, "target_band_lo=0.4: must be below the target"),
         ({"target_crossing": "nearest"}, "target_crossing='nearest': expected one of"),
         ({"task.name": "math", "eval_metric": "p_ref"}, "eval_metric='p_ref' needs a task with"),

@@ -448,7 +448,8 @@ def _field_errors(c: ConfigDict) -> list[str]:
         f"eval_metric={c.eval_metric!r}: expected one of {EVAL_METRICS}",
     )
     check(c.eval_ref_prompts >= 0, f"eval_ref_prompts={c.eval_ref_prompts}: must be >= 0")
-    check(c.eval_ref_chunk >= 1, f"eval_ref_chunk={c.eval_ref_chunk}: must be >= 1")
+    chunk = c.get("eval_ref_chunk", 256)  # (older config files lack it)
+    check(_is_int(chunk) and chunk >= 1, f"eval_ref_chunk={chunk!r}: must be an int >= 1")
     errors.extend(tracking.config_errors(c.get("tracking", "jsonl")))
     n_gen = c.get("log_generations", 0)
     check(_is_int(n_gen) and n_gen >= 0, f"log_generations={n_gen!r}: must be an int >= 0")
