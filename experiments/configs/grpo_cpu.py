@@ -39,9 +39,9 @@ def get_config(arg=None):
     c.eval_prompts = 64
     c.eval_k = 1
     c.eval_greedy = False
-    # At most 32 sequences per micro-batch: the update of B = 256 in 0.6x the time of one
-    # piece on a 2-core CPU (its caches), the same sums to float rounding; B >= 64 then
-    # also logs the gradient-noise statistics (docs/cpu_study.md, lab notes).
+    # At most 32 sequences per micro-batch: a training step of B = 64-256 in 0.80-0.85x
+    # the time of one piece on a 2-core CPU (its caches), the same sums to float rounding;
+    # B >= 64 then also logs the gradient-noise statistics (docs/cpu_study.md, lab notes).
     c.grpo.micro_batch_seqs = 32
     c.target = 0.53
     c.target_band_lo = 0.43
