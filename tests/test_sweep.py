@@ -461,10 +461,16 @@ def test_ctrl_c_stops_a_concurrent_sweep_as_sigterm_does(tmp_path, monkeypatch):
     monkeypatch.setattr(processes, "run_point_process", fake_point_process)
     c = _sweep_config(prompts="2,4,8,16", group_sizes="4", seeds="0")
     c.sweep.concurrent, c.sweep.reuse_workers = 2, False
+    # Ctrl-C as Python's default handler turns it into KeyboardInterrupt, whatever an
+    # earlier test in this process (a library it imported) left installed for SIGINT.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # as Ctrl-C
     t0 = time.time()
-    with pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(c, str(tmp_path), log=lambda s: None)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run_sweep(c, str(tmp_path), log=lambda s: None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.time() - t0 < 15  # not the 30 s the slow points sleep
     status = {r["name"]: r["status"] for r in artifacts.read_json(tmp_path / "sweep.json")["runs"]}
     assert status["p2_g4_sqrt_s0"] == "finished"
