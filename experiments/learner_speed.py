@@ -21,8 +21,6 @@ configuration (median [min, max]); the host load is printed before and after.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from absl import flags, logging
 from ml_collections import ConfigDict
@@ -97,12 +95,12 @@ def ref_rows(base, chunks: list[int], rounds: int) -> list[list[str]]:
         for k in chunks
     ]  # fmt: skip
     logps = [s.logp(params) for s in scorers]  # (compiles each once, untimed)
-    seconds: list[list[float]] = [[] for _ in chunks]
-    for r in range(rounds):
-        for i in list(range(len(chunks)))[r % len(chunks) :] + list(range(r % len(chunks))):
-            t0 = time.perf_counter()
-            scorers[i].logp(params)
-            seconds[i].append(time.perf_counter() - t0)
+    timings = bench.time_interleaved(
+        {str(k): (lambda r, s=s: s.logp(params)) for k, s in zip(chunks, scorers)},
+        min_repeats=rounds,
+        min_time_s=0.0,
+    )
+    seconds = [timings[str(k)].time_s for k in chunks]
     return [
         [str(k), str(n), f"{np.median(s):.3f}", _ratio(bench.ratio_summary(seconds[0], s)),
          f"{np.abs(lp - logps[0]).max():.1e}"]

@@ -32,19 +32,19 @@ class PointQueue(Generic[T]):
       points: the points to run, in grid order.
       config_of: a point's configuration (points with equal keys share compiled programs).
 
-    ``next(worker)`` returns ``(index into points, point)`` or None once every point has
-    been handed out or `close` was called. Thread-safe.
+    ``next(worker)`` returns a point, or None once every point has been handed out or
+    `close` was called. Thread-safe.
     """
 
     def __init__(self, points: Sequence[T], config_of: Callable[[T], Hashable]):
-        self._left: dict[Hashable, collections.deque[tuple[int, T]]] = {}
-        for i, point in enumerate(points):
-            self._left.setdefault(config_of(point), collections.deque()).append((i, point))
+        self._left: dict[Hashable, collections.deque[T]] = {}
+        for point in points:
+            self._left.setdefault(config_of(point), collections.deque()).append(point)
         self._on: dict[int, Hashable] = {}  # worker -> the configuration it is on
         self._lock = threading.Lock()
         self._closed = False
 
-    def next(self, worker: int) -> tuple[int, T] | None:
+    def next(self, worker: int) -> T | None:
         """The next point for ``worker`` (see the module doc), or None when done."""
         with self._lock:
             if self._closed:

@@ -548,7 +548,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
             errors = []  # (every point is still tried; the first error is raised after)
             while (handed := queue.next(worker)) is not None:
                 try:
-                    run_one(*handed[1])
+                    run_one(*handed)  # (index in todo, point)
                 except Exception as e:  # noqa: BLE001 (re-raised once the queue is empty)
                     errors.append(e)
             if errors:
