@@ -94,6 +94,14 @@ def next_edge_step(sweep_dir: str, **limits):
     return extension.next_edge_points(analysis, **limits)
 
 
+def _ahead_points(keys, min_group: int):
+    """The grid extension's points a calibration times ahead (``rl_batch.sweeps.extend``'s
+    ``ahead``): `extension.ahead_points`."""
+    from rl_batch.analysis import extension
+
+    return extension.ahead_points(keys, min_group)
+
+
 def main(argv, algo: str = "grpo"):
     """Runs the sweep (or lists its grid); exits with status 1 if a requested point failed.
 
@@ -142,8 +150,9 @@ def main(argv, algo: str = "grpo"):
     )  # fmt: skip
     if config.sweep.get("extend_edges", False) and f.only is None:
         record = _or_exit(
-            extend.run_extending, config, sweep_dir, run_grid, processes, next_edge_step
-        )
+            extend.run_extending, config, sweep_dir, run_grid, processes, next_edge_step,
+            ahead=_ahead_points,
+        )  # fmt: skip
     else:
         record = _or_exit(run_grid, config)
     if not processes.writer:

@@ -326,6 +326,29 @@ def write_extensions(sweep_dir: str, ext: dict[str, Any]) -> None:
     write_json_atomic(os.path.join(sweep_dir, EXTENSIONS_FILE), ext)
 
 
+CALIBRATION_AHEAD_FILE = "calibration_ahead.json"  # configurations timed before their runs
+
+
+def read_calibration_ahead(sweep_dir: str) -> dict[str, dict[str, Any]]:
+    """``"PxG:rule"`` -> the run config (a ``config.json``'s content) of each point a
+    calibration times ahead of its runs (empty when ``<sweep>/calibration_ahead.json``
+    is absent).
+
+    Format (written by ``rl_batch.sweeps.extend`` before each pass of an extending
+    sweep, read by ``rl_batch.sweeps.calibrate.sweep_configs``): ``{"version": 1,
+    "configs": {"PxG:rule": config}}``: the smaller-side points the grid extension
+    could add (``rl_batch.analysis.extension.ahead_points``).
+    """
+    path = os.path.join(sweep_dir, CALIBRATION_AHEAD_FILE)
+    if not os.path.exists(path):
+        return {}
+    obj = read_json(path)
+    configs = obj.get("configs") if isinstance(obj, dict) else None
+    if not isinstance(configs, dict) or not all(isinstance(c, dict) for c in configs.values()):
+        raise ValueError(f"{path}: expected {{'configs': {{'PxG:rule': config, ...}}}}")
+    return {str(k): c for k, c in configs.items()}
+
+
 def entry_batch(entry: dict[str, Any]) -> Any:
     """The configured batch B = P x G of a sweep.json entry: ``batch``, or
     ``batch_responses`` in an entry written before the rename, else prompts x group_size

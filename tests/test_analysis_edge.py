@@ -95,3 +95,24 @@ def test_report_lists_the_grid_extension(tmp_path):
     artifacts.write_json_atomic(str(tmp_path / extension.EXTENSIONS_FILE), ext)
     text = report.build_report(a, resamples=0)
     assert "- round 1: added 16x8:sqrt: why" in text and "- stopped: s" in text
+
+
+def _keys(*specs):
+    return [artifacts.Configuration("grpo", p, g, r, "", v) for p, g, r, v in specs]
+
+
+def test_ahead_points_are_the_smaller_side_below_every_batch():
+    # The default study's grid: the sqrt family P = 2..32 x 8 and two one-batch families.
+    keys = _keys(*[(p, 8, "sqrt", "") for p in (2, 4, 8, 16, 32)],
+                 (16, 8, "fixed", ""), (8, 16, "sqrt", ""))  # fmt: skip
+    # 8 x 16 is of the sqrt family (any split); 8 x 8:fixed (B = 64) is not below B = 16.
+    assert extension.ahead_points(keys) == ("1x8:sqrt",)
+    # At P = 1 the group halves (not below min_group); a variant's family is not extended.
+    keys = _keys((1, 4, "sqrt", ""), (2, 4, "sqrt", ""), (2, 4, "sqrt", "warmup"))
+    assert extension.ahead_points(keys) == ("1x2:sqrt",)
+    assert extension.ahead_points(keys, min_group=4) == ()
+
+
+def test_ahead_points_match_what_the_extension_adds(tmp_path):
+    a = _analysis(tmp_path, LEFT_EDGE, "P32_G8_sqrt_s0")
+    assert extension.ahead_points(list(a.stats)) == extension.next_edge_points(a).points

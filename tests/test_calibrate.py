@@ -38,18 +38,17 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     record = calibrate.calibrate(configs, rounds=3, steps=2, log_fn=lambda s: None)
     warm, timed = calls[:3], calls[3:]
     assert warm == ["a", "b", "c"]  # one untimed (compiling) step each
-    assert (
-        timed
-        == ["a"] * 2
-        + ["b"] * 2
-        + ["c"] * 2
-        + ["b"] * 2
-        + ["c"] * 2
-        + ["a"] * 2
-        + ["c"] * 2
-        + ["a"] * 2
-        + ["b"] * 2
-    )
+    # In turn, one step each (B = 8, 16, 32: none below half the median, 2 steps each).
+    assert timed == ["a", "b", "c"] * 2 + ["b", "c", "a"] * 2 + ["c", "a", "b"] * 2
+    assert record["configs"]["b"]["steps_s"] == [[2.0, 2.0]] * 3
+    calls.clear()
+    record = calibrate.calibrate(configs, rounds=3, steps=2, log_fn=lambda s: None,
+                                  interleave="visit")  # fmt: skip
+    # The earlier scheme: each configuration's steps in a row.
+    assert calls[3:] == (
+        ["a"] * 2 + ["b"] * 2 + ["c"] * 2 + ["b"] * 2 + ["c"] * 2 + ["a"] * 2
+        + ["c"] * 2 + ["a"] * 2 + ["b"] * 2
+    )  # fmt: skip
     assert record["configs"]["b"]["step_s"] == [2.0, 2.0, 2.0]
     assert record["configs"]["c"]["step_s_median"] == 4.0
     assert record["configs"]["a"]["batch"] == 2 * 4
@@ -57,6 +56,25 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     assert record["configs"]["c"]["generate_s"] == [1.0, 1.0, 1.0]
     assert record["configs"]["c"]["gen_tokens_per_s"] == [400.0, 400.0, 400.0]
     assert record["configs"]["b"]["gen_concurrency"] == 4 * 4
+
+
+def test_a_small_batch_takes_more_steps_spread_over_the_round():
+    # Median batch 48, half 24: B = 8 takes ceil(24 / 8) = 3x the steps, B = 16 2x.
+    batches = {"1x8": 8, "2x8": 16, "4x8": 32, "8x8": 64, "16x8": 128, "32x8": 256}
+    assert calibrate.visit_steps(batches, 2) == {
+        "1x8": 6, "2x8": 4, "4x8": 2, "8x8": 2, "16x8": 2, "32x8": 2
+    }  # fmt: skip
+    assert calibrate.visit_steps({"a": 8, "b": 8}, 3) == {"a": 3, "b": 3}
+    # Six passes in the order a, b, c: b steps in each, a's 2 steps and c's 3 spread
+    # over them (passes 3, 6 and 2, 4, 6), not bunched at the start.
+    order = calibrate.round_order(["a", "b", "c"], {"a": 2, "b": 6, "c": 3})
+    passes = [["b"], ["b", "c"], ["a", "b"], ["b", "c"], ["b"], ["a", "b", "c"]]
+    assert order == [k for p in passes for k in p]
+
+
+def test_an_unknown_interleave_is_refused():
+    with pytest.raises(ValueError, match="interleave='rows'"):
+        calibrate.calibrate({}, rounds=1, steps=1, interleave="rows")
 
 
 def test_the_calibration_records_which_engine_it_timed(monkeypatch):

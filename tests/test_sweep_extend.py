@@ -11,7 +11,7 @@ from experiments import sweep_main
 from experiments.configs import base
 from rl_batch import artifacts
 from rl_batch.analysis import extension
-from rl_batch.sweeps import extend, processes, sweep
+from rl_batch.sweeps import calibrate, extend, processes, sweep
 
 
 def _mult(batch: int) -> float:
@@ -138,10 +138,19 @@ def test_with_the_sweeps_own_run_loop(tmp_path):
     d = str(tmp_path / "sweep")
     grid = functools.partial(sweep.run_sweep, sweep_dir=d, run_fn=run_fn, processes=WRITER,
                              log=lambda s: None)  # fmt: skip
-    extend.run_extending(c, d, grid, WRITER, NEXT, log=lambda s: None)
+    ahead = sweep_main._ahead_points
+    extend.run_extending(c, d, grid, WRITER, NEXT, log=lambda s: None, ahead=ahead)
     assert [n.rsplit("_", 1)[0] for n in calls[4:]] == ["p4_g8_sqrt"] * 2 + ["p2_g8_sqrt"] * 2
     raw = artifacts.read_json(os.path.join(d, artifacts.SWEEP_FILE))
     assert len(raw["runs"]) == 8 and raw["reference"] == "p8_g8_sqrt_s0"
+    # The last pass's calibration would time the next smaller point ahead of any run, as
+    # its point would run (the sqrt LR of B = 8), beside the configurations that ran.
+    timed = calibrate.sweep_configs(d)
+    assert list(timed) == ["2x8:sqrt", "4x8:sqrt", "8x8:sqrt", "16x8:sqrt", "1x8:sqrt"]
+    one = timed["1x8:sqrt"]
+    lr = {k: s.optimizer.lr for k, s in timed.items()}
+    assert one.batch == 8 and lr["1x8:sqrt"] == pytest.approx(lr["2x8:sqrt"] / 2**0.5)
+    assert not os.path.exists(one.inputs.run_dir)  # (nothing of the point is written)
     calls.clear()
     extend.run_extending(c, d, grid, WRITER, NEXT, log=lambda s: None)
     assert calls == []

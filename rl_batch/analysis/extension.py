@@ -50,6 +50,45 @@ def _grid_factor(batches: Sequence[int], best: int, toward: int, default: int) -
     return hi // lo if hi % lo == 0 and hi // lo >= 2 else None
 
 
+def _smaller_point(
+    best: Configuration, batches: Sequence[int], min_group: int, default_factor: int
+) -> tuple[tuple[int, int] | None, str]:
+    """``(P, G)`` of the batch below ``best`` (the smallest of its family's ``batches``)
+    by the grid's factor (`next_edge_points`), or None and why it cannot be formed."""
+    f = _grid_factor(batches, best.batch, +1, default_factor)
+    p, g = best.prompts, best.group_size
+    if f is None:
+        return None, f"no integer grid factor above B = {best.batch}"
+    if p > 1 and p % f == 0:
+        return (p // f, g), ""
+    if p == 1 and g % f == 0 and g // f >= min_group:
+        return (1, g // f), ""
+    if p == 1:
+        return None, f"limit: P = 1 and G = {g} / {f} would be below {min_group}"
+    return None, f"limit: P = {p} does not divide by the grid's factor {f}"
+
+
+def ahead_points(
+    keys: Sequence[Configuration], min_group: int = 2, default_factor: int = 2
+) -> tuple[str, ...]:
+    """The smaller-side extension points a calibration can time ahead: for each family
+    without a variant, the point `next_edge_points` adds when its smallest batch is the
+    best, where that point's batch is below every batch of ``keys`` (its steps are the
+    cheapest of the sweep). A sweep calibrated with them needs no second calibration
+    when its extension adds one (`rl_batch.sweeps.extend`)."""
+    smallest = min((k.batch for k in keys), default=0)
+    out: list[str] = []
+    for fam in {k.family for k in keys if not k.variant}:
+        members = sorted((k for k in keys if k.family == fam), key=Configuration.sort_key)
+        first = members[0]
+        batches = sorted({k.batch for k in members})
+        point, _ = _smaller_point(first, batches, min_group, default_factor)
+        if point and point[0] * point[1] < smallest:
+            key = Configuration(first.algo, *point, first.lr_rule, first.critic, "").key
+            out += [key] if key not in out else []
+    return tuple(sorted(out))
+
+
 def next_edge_points(
     analysis: Analysis,
     rounds_done: int = 0,
@@ -106,18 +145,9 @@ def next_edge_points(
     batches = sorted({k.batch for k in edge_family(keys, best)})
     points, notes = [], []
     if side in (SMALLER, BOTH):
-        f = _grid_factor(batches, best.batch, +1, default_factor)
-        p, g = best.prompts, best.group_size
-        if f is None:
-            notes.append(f"no integer grid factor above B = {best.batch}")
-        elif p > 1 and p % f == 0:
-            points.append((p // f, g))
-        elif p == 1 and g % f == 0 and g // f >= min_group:
-            points.append((1, g // f))
-        elif p == 1:
-            notes.append(f"limit: P = 1 and G = {g} / {f} would be below {min_group}")
-        else:
-            notes.append(f"limit: P = {p} does not divide by the grid's factor {f}")
+        point, note = _smaller_point(best, batches, min_group, default_factor)
+        points += [point] if point else []
+        notes += [note] if note else []
     if side in (LARGER, BOTH):
         f = _grid_factor(batches, best.batch, -1, default_factor)
         if f is None:

@@ -6,10 +6,13 @@ have measured q 143 and 180 responses/s in one sweep. ``calibrate_sweep`` times 
 training step of each configuration of a sweep (the run loop's own code path:
 ``RolloutSource.next`` -> filter -> ``make_batch`` -> ``update_fn`` -> metrics to host,
 from the warm-start policy, the run's resolved config and shapes) in one process,
-interleaved: round r visits the configurations in order, starting one further along
-each round (A B C, B C A, C A B, ...), ``steps`` steps per visit. Every configuration
+interleaved: round r steps through the configurations in turn, one step each, starting
+one further along each round (A B C, B C A, C A B, ...), until each has taken ``steps``
+steps (a batch below half the median batch more, `visit_steps`: its short steps vary the
+most; its extra steps are spread over the round, `round_order`). Every configuration
 then sees the same host load, and the ratio of two step times is a side-by-side
-measurement. The spread over rounds is kept.
+measurement. A configuration's steps in one round are its "visit"; the spread over
+rounds is kept.
 
 A sweep's calibration is kept once made: it is redone only when the sweep has a
 configuration it did not time or other calibration settings (``calibrate_sweep``), and the
@@ -21,6 +24,7 @@ one it replaces moves to ``<sweep>/calibrations/``; report.md names the one it u
      "load_end": [...], "wall_s": float, "written_at": ISO 8601 UTC,
      "configs": {"PxG:rule": {"batch": B, "step_s": [R per-visit mean seconds],
                              "step_s_median": float, "run": run name used,
+                             "steps_s": [R lists: each timed step's seconds],
                              "generate_s": [R per-visit mean seconds generating],
                              "gen_tokens_per_s": [R per-visit generated tokens/s],
                              "gen_concurrency": sequences decoded together,
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import statistics
 import time
@@ -170,22 +175,29 @@ def calibrate(
     steps: int = 2,
     gen_probe: tuple[int, ...] = (),
     log_fn=print,
+    interleave: str = "step",
 ) -> dict[str, Any]:
     """Times one training step of each configuration, interleaved (see the module doc).
 
     Args:
       configs: ``"PxG:rule"`` -> the spec of one run of that configuration.
       rounds: visits per configuration (R >= 1).
-      steps: timed steps per visit (their mean is the visit's value).
+      steps: timed steps per visit (their mean is the visit's value); a small batch's
+        visit times more (`visit_steps`).
       gen_probe: concurrencies whose generation alone is timed in the same rotation (the
         first configuration's rollout with ``C / G`` prompts).
       log_fn: where progress lines go.
+      interleave: ``"step"`` (`round_order`) or ``"visit"``: each configuration's steps
+        of a round in a row, ``steps`` of each (the scheme before `visit_steps` and
+        `round_order`, kept to compare the two: ``experiments.calibration_noise``).
 
     Returns:
       The ``calibration.json`` record.
     """
     if rounds < 1 or steps < 1:
         raise ValueError(f"calibration needs rounds >= 1 and steps >= 1, got {rounds}, {steps}")
+    if interleave not in ("step", "visit"):
+        raise ValueError(f"interleave={interleave!r}: expected 'step' or 'visit'")
     t_start = time.time()
     load_start = provenance.load_average()
     first = next(iter(configs.values())).inputs
@@ -203,6 +215,9 @@ def calibrate(
             else {key: spec}
         )
     keys = list(timed) + list(probes)
+    per_visit = visit_steps({k: spec.batch for k, spec in timed.items()}, steps)
+    if interleave == "visit":
+        per_visit = {}
     steppers = {}
     for key in keys:  # build and compile (one untimed step each)
         steppers[key] = _Stepper(timed[key]) if key in timed else _Stepper(probes[key], True)
@@ -210,8 +225,13 @@ def calibrate(
     visits: dict[str, list[list[StepTime]]] = {k: [] for k in keys}
     for r in range(rounds):
         order = keys[r % len(keys) :] + keys[: r % len(keys)]
-        for key in order:
-            visits[key].append([steppers[key].step() for _ in range(steps)])
+        timed_steps: dict[str, list[StepTime]] = {k: [] for k in keys}
+        counts = {k: per_visit.get(k, steps) for k in keys}
+        in_turn = round_order(order, counts) if interleave == "step" else None
+        for key in in_turn or [k for k in order for _ in range(counts[k])]:
+            timed_steps[key].append(steppers[key].step())
+        for key in keys:
+            visits[key].append(timed_steps[key])
         log_fn(f"[calibrate] round {r + 1}/{rounds} done")
     for s in steppers.values():
         s.close()
@@ -238,6 +258,34 @@ def calibrate(
     }
 
 
+def visit_steps(batches: dict[str, int], steps: int) -> dict[str, int]:
+    """Timed steps per visit of each configuration: ``steps``, times ``ceil(B_half / B)``
+    for a batch B below ``B_half``, half the median batch (of ``batches``, key -> B).
+
+    A small batch's step is short and its time varies the most (a step whose groups are
+    all filtered skips its update; a burst of host load is a larger part of it): its
+    visit then times as many responses as ``steps`` steps at ``B_half``, for about the
+    length of the larger batches' visits, at little cost (its steps are the cheapest)."""
+    if not batches:
+        return {}
+    half = statistics.median(batches.values()) / 2
+    return {k: steps * max(1, math.ceil(half / b)) for k, b in batches.items()}
+
+
+def round_order(order: list[str], counts: dict[str, int]) -> list[str]:
+    """One calibration round's steps: the keys of ``order`` in turn, one step each, in
+    ``max(counts)`` passes; a key with fewer steps (``counts[k]``) steps in evenly spaced
+    passes. A burst of host load (seconds long on a shared machine) then falls on every
+    configuration's steps alike instead of on one configuration's run of steps."""
+    n_max = max(counts[k] for k in order)
+    return [
+        k
+        for j in range(n_max)
+        for k in order
+        if (j + 1) * counts[k] // n_max > j * counts[k] // n_max
+    ]
+
+
 def _gen_tokens_per_s(visits: list[list[StepTime]]) -> list[float]:
     return [sum(t.gen_tokens for t in v) / max(sum(t.generate_s for t in v), 1e-12) for v in visits]
 
@@ -258,6 +306,7 @@ def _config_record(
     buckets = schedule_buckets(spec)
     visits = all_visits[f"{key}#P{buckets[-1]}"] if buckets else all_visits[key]
     step_s = [float(np.mean([t.step_s for t in v])) for v in visits]
+    steps_s = [[float(t.step_s) for t in v] for v in visits]
     per_prompts = {
         str(p): [float(np.mean([t.step_s for t in v])) for v in all_visits[f"{key}#P{p}"]]
         for p in buckets
@@ -267,6 +316,7 @@ def _config_record(
         "batch": spec.batch,
         "step_s": step_s,
         "step_s_median": statistics.median(step_s),
+        "steps_s": steps_s,
         "run": c.name,
         "generate_s": generate_s,
         "gen_tokens_per_s": _gen_tokens_per_s(visits),
@@ -300,13 +350,14 @@ def engine_label(record: dict[str, Any]) -> str:
 
 def sweep_configs(sweep_dir: str) -> dict[str, RunSpec]:
     """``"PxG:rule"`` -> the spec (``config.json``) of its first listed run
-    (``artifacts.sweep_run_configs``)."""
-    configs = {
-        k: config_lib.load_spec(c) for k, c in artifacts.sweep_run_configs(sweep_dir).items()
-    }
-    if not configs:
+    (``artifacts.sweep_run_configs``), then the points timed ahead of their runs
+    (``artifacts.read_calibration_ahead``) that have none yet."""
+    runs = artifacts.sweep_run_configs(sweep_dir)
+    if not runs:
         raise ValueError(f"{sweep_dir}: no run has a config.json to calibrate")
-    return configs
+    ahead = artifacts.read_calibration_ahead(sweep_dir)
+    configs = {**runs, **{k: c for k, c in ahead.items() if k not in runs}}
+    return {k: config_lib.load_spec(c) for k, c in configs.items()}
 
 
 def calibrate_sweep(

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from ml_collections import ConfigDict
 
 from rl_batch import artifacts, distributed
+from rl_batch.runs import config as config_lib
 from rl_batch.sweeps import sweep
 from rl_batch.sweeps.processes import Processes
 
@@ -38,6 +39,8 @@ class Step(Protocol):
 
 # (sweep_dir, rounds_done=, max_rounds=, max_batch=, min_group=) -> the next step
 NextStep = Callable[..., Step]
+# (the grid's configurations, min_group) -> points to calibrate ahead of their runs
+AheadPoints = Callable[[Sequence[artifacts.Configuration], int], Sequence[str]]
 
 
 def extended_config(config: ConfigDict, points: Sequence[str]) -> ConfigDict:
@@ -118,6 +121,25 @@ def _too_big(config, sweep_dir: str, points: list[str], processes: Processes) ->
     return sweep.check_memory(mine, memory, sweep_dir)
 
 
+def write_ahead(
+    config: ConfigDict, sweep_dir: str, points: Sequence[str], device_count: int | None
+) -> None:
+    """Writes ``<sweep>/calibration_ahead.json`` (`artifacts.read_calibration_ahead`):
+    the resolved run config of each of ``points`` (keys the grid of ``config`` may add),
+    so that the sweep's calibration times them beside its own configurations; removes
+    the file when there are none."""
+    path = os.path.join(sweep_dir, artifacts.CALIBRATION_AHEAD_FILE)
+    configs = {}
+    for point in sweep.expand_grid(extended_config(config, points)):
+        if point.key in points and point.key not in configs:
+            spec = config_lib.resolve(sweep.point_config(config, point, sweep_dir), device_count)
+            configs[point.key] = spec.to_json()
+    if configs:
+        artifacts.write_json_atomic(path, {"version": 1, "configs": configs})
+    elif os.path.exists(path):
+        os.remove(path)
+
+
 def run_extending(
     config: ConfigDict,
     sweep_dir: str,
@@ -125,6 +147,7 @@ def run_extending(
     processes: Processes,
     next_step: NextStep,
     log: Callable[[str], None] = print,
+    ahead: AheadPoints | None = None,
 ) -> dict[str, Any]:
     """Runs the grid, then extends it past an edge optimum (``sweep.extend_edges``).
 
@@ -146,6 +169,9 @@ def run_extending(
       next_step: the analysis of the sweep so far (see `NextStep`;
         ``experiments.sweep_main.next_edge_step``).
       log: where progress lines go.
+      ahead: the points a pass's calibration times ahead of their runs (`write_ahead`;
+        ``extension.ahead_points``: the smaller-side points, the cheapest to time), so
+        that an extension adding them needs no second calibration. None: none.
 
     Returns:
       The last pass's sweep record.
@@ -177,7 +203,11 @@ def run_extending(
         log(f"[sweep] grid extension recorded in {path}: adds {', '.join(added)}")
     min_group = 1 if config.algo == "ppo" else 2
     while True:
-        record = run_grid(extended_config(config, added))
+        grid_config = extended_config(config, added)
+        if ahead is not None and processes.writer:
+            keys = [pt.configuration for pt in sweep.expand_grid(grid_config)]
+            write_ahead(grid_config, sweep_dir, ahead(keys, min_group), processes.device_count)
+        record = run_grid(grid_config)
         if not processes.writer:
             return record
         if sweep.failed_points(record):
