@@ -147,6 +147,16 @@ class _DiskFullRecords(logging.Filter):
 
 _DISK_FULL_FILTER = _DiskFullRecords()
 _DISK_FULL_SEEN = threading.Event()  # a full disk was reported in this process
+# How long a closed-loop callback's report waits to learn that a full disk explains it:
+# tensorstore's threads can report before the failed save's own error reaches the
+# thread that records it (then the report began, and the process's exit cut it short).
+_HOLD_S = 2.0
+
+
+def _explained_by_full_disk(error: BaseException | None) -> bool:
+    """Whether ``error`` is a closed-loop callback of a save that failed on a full disk
+    (waiting up to ``_HOLD_S`` for that failure to be recorded)."""
+    return _is_closed_loop_callback(error) and _DISK_FULL_SEEN.wait(timeout=_HOLD_S)
 
 
 def _is_closed_loop_callback(error: BaseException | None) -> bool:
@@ -156,10 +166,11 @@ def _is_closed_loop_callback(error: BaseException | None) -> bool:
 
 def _quiet_unraisablehook(hook):
     """``hook`` (``sys.unraisablehook``) that drops a closed-loop callback's traceback
-    once a full disk was seen; anything else goes to ``hook``."""
+    when a full disk explains it (`_explained_by_full_disk`); anything else goes to
+    ``hook``."""
 
     def unraisablehook(unraisable):
-        if _DISK_FULL_SEEN.is_set() and _is_closed_loop_callback(unraisable.exc_value):
+        if _explained_by_full_disk(unraisable.exc_value):
             return
         hook(unraisable)
 
@@ -169,12 +180,12 @@ def _quiet_unraisablehook(hook):
 
 def _quiet_excepthook(hook):
     """``hook`` (``sys.excepthook``) that drops the same closed-loop callback's traceback
-    once a full disk was seen: tensorstore's threads also report it through
+    when a full disk explains it: tensorstore's threads also report it through
     ``PyErr_Print`` (a bare traceback, seen on a loaded host); anything else goes to
     ``hook``."""
 
     def excepthook(kind, value, traceback):
-        if _DISK_FULL_SEEN.is_set() and _is_closed_loop_callback(value):
+        if _explained_by_full_disk(value):
             return
         hook(kind, value, traceback)
 
