@@ -14,14 +14,30 @@ SIGTERM when the parent named in ``RL_BATCH_PARENT_PID`` dies, however it dies.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import json
 import os
 import socket
+from collections.abc import Iterator
 
 LOCK_FILE = ".lock"
 PARENT_PID_ENV = "RL_BATCH_PARENT_PID"
+
+
+@contextlib.contextmanager
+def held(path: str) -> Iterator[None]:
+    """Waits for, then holds, an exclusive ``flock`` on the file ``path`` (created, with
+    its directory): processes that build one shared cache (a task's data, a warm start)
+    take turns, and the later ones find it built."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class DirectoryLocked(RuntimeError):

@@ -135,3 +135,31 @@ def test_a_second_run_on_one_directory_is_refused_before_it_writes(tmp_path):
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert sorted(os.listdir(run_dir)) == [LOCK_FILE]  # no config.json, no metrics
+
+
+_TAKE_TURNS = """
+import sys, time
+from rl_batch.locks import held
+path, log, name = sys.argv[1:]
+with held(path):
+    with open(log, "a") as f:
+        f.write(name + " in\\n")
+    time.sleep(0.3)
+    with open(log, "a") as f:
+        f.write(name + " out\\n")
+"""
+
+
+def test_builders_of_one_cache_take_turns(tmp_path):
+    # What lets a sweep start every point at once: the processes that would build one
+    # cache (task data, a warm start) wait for each other, never overlap.
+    lock, log = str(tmp_path / "cache" / "x.lock"), str(tmp_path / "log")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _TAKE_TURNS, lock, log, name], env=env)
+        for name in ("a", "b", "c")
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
+    lines = open(log).read().split()
+    pairs = [lines[i : i + 4] for i in range(0, len(lines), 4)]
+    assert len(lines) == 12 and all(p[0] == p[2] and p[1:4:2] == ["in", "out"] for p in pairs)

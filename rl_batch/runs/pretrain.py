@@ -32,7 +32,7 @@ import numpy as np
 import optax
 from ml_collections import ConfigDict
 
-from rl_batch import artifacts
+from rl_batch import artifacts, locks
 from rl_batch.algorithms import exact_eval
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import groups as rollout_lib
@@ -278,16 +278,18 @@ def base_params(spec: RunSpec, *, progress: bool = True) -> Any:
     if jax.process_count() > 1:
         return _base_params_multiprocess(spec, directory, model_config)
     like = {"params": model_lib.abstract_params(model_config)}
-    ckpt = Checkpointer(directory, max_to_keep=1)
-    if ckpt.latest_step() is not None:
-        tree, _ = ckpt.restore(like)
-        return tree["params"]
-    if jax.process_index() == 0 and progress:
-        print(f"[pretrain] no base policy in {directory}: training one", flush=True)
-    params, info = train_base(spec, progress=progress)
-    ckpt.save(info["steps"], {"params": params}, {"key": info["key"]})
-    artifacts.write_json_atomic(os.path.join(directory, "info.json"), info)
-    ckpt.close()
+    # (Concurrent runs of a sweep take turns: the first trains it, the others restore it.)
+    with locks.held(directory + ".lock"):
+        ckpt = Checkpointer(directory, max_to_keep=1)
+        if ckpt.latest_step() is not None:
+            tree, _ = ckpt.restore(like)
+            return tree["params"]
+        if jax.process_index() == 0 and progress:
+            print(f"[pretrain] no base policy in {directory}: training one", flush=True)
+        params, info = train_base(spec, progress=progress)
+        ckpt.save(info["steps"], {"params": params}, {"key": info["key"]})
+        artifacts.write_json_atomic(os.path.join(directory, "info.json"), info)
+        ckpt.close()
     return params
 
 

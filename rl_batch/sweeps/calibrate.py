@@ -215,9 +215,8 @@ def calibrate(
             else {key: spec}
         )
     keys = list(timed) + list(probes)
-    per_visit = visit_steps({k: spec.batch for k, spec in timed.items()}, steps)
-    if interleave == "visit":
-        per_visit = {}
+    batches = {k: spec.batch for k, spec in timed.items()}
+    per_visit = visit_steps(batches, steps) if interleave == "step" else {}
     steppers = {}
     for key in keys:  # build and compile (one untimed step each)
         steppers[key] = _Stepper(timed[key]) if key in timed else _Stepper(probes[key], True)
@@ -227,8 +226,11 @@ def calibrate(
         order = keys[r % len(keys) :] + keys[: r % len(keys)]
         timed_steps: dict[str, list[StepTime]] = {k: [] for k in keys}
         counts = {k: per_visit.get(k, steps) for k in keys}
-        in_turn = round_order(order, counts) if interleave == "step" else None
-        for key in in_turn or [k for k in order for _ in range(counts[k])]:
+        if interleave == "step":
+            sequence = round_order(order, counts)
+        else:
+            sequence = [k for k in order for _ in range(counts[k])]
+        for key in sequence:
             timed_steps[key].append(steppers[key].step())
         for key in keys:
             visits[key].append(timed_steps[key])

@@ -536,13 +536,12 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         for i, point in enumerate(todo):
             run_one(i, point)
     else:
-        # The first point alone builds the shared caches (task data, the warm start);
-        # then ``concurrent`` child processes at a time (with ``sweep.reuse_workers``,
+        # ``concurrent`` child processes at a time (with ``sweep.reuse_workers``,
         # ``concurrent`` workers that each run one point after another), each staying on
-        # one configuration while it has seeds left (``dispatch``: compiled once).
-        run_one(0, todo[0])
-        workers.close()  # (the first point's, if pinned: the pool's threads start their own)
-        queue = dispatch.PointQueue(list(enumerate(todo))[1:], lambda item: item[1].key)
+        # one configuration while it has seeds left (``dispatch``: compiled once). The
+        # shared caches (task data, a warm start to train) are built under a file lock:
+        # the first point to need one builds it while the others wait for it.
+        queue = dispatch.PointQueue(list(enumerate(todo)), lambda item: item[1].key)
 
         def work(worker: int) -> None:
             errors = []  # (every point is still tried; the first error is raised after)
@@ -597,7 +596,7 @@ class _Progress:
         (none: no ETA).
 
         Points skipped as finished count as done: a grid extension's round re-lists the
-        whole grid and runs only its new points. The first point run also builds the
+        whole grid and runs only its new points. The first point to finish also built
         shared caches (the warm start, task data, compiled programs), so its wall time is
         left out once another point has finished.
         """

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
@@ -28,6 +27,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 from etils import epath
 
+from rl_batch import locks
 from rl_batch.tasks.base import Example
 from rl_batch.tasks.plugin import draw_splits
 from rl_batch.tasks.registry import get_task, task_kwargs
@@ -220,16 +220,9 @@ def _benign_warning(record: logging.LogRecord) -> bool:
     return not any(text in record.getMessage() for text in _BENIGN)
 
 
-@contextlib.contextmanager
-def _file_lock(directory: str) -> Iterator[None]:
+def _file_lock(directory: str):
     """Serialises preparation across processes sharing a data dir (e.g. a sweep's runs)."""
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, f".{_BUILDER_NAME}.lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return locks.held(os.path.join(directory, f".{_BUILDER_NAME}.lock"))
 
 
 def load_split(
