@@ -360,10 +360,10 @@ class Workers:
         self._local, self._all, self._lock = threading.local(), [], threading.Lock()
 
     def mine(self) -> Worker | None:
-        """This thread's worker. The main thread (a sweep of one point at a time) has
-        none unless the workers are pinned (then one on the first slice, so that every
-        point of the sweep computes with the same thread count: XLA's CPU results depend
-        on it in their last bits)."""
+        """This thread's worker. The main thread (it runs points only in a sweep of one
+        point, or of one point at a time) has none unless the workers are pinned (then
+        one on the first slice, so that every point of the sweep computes with the same
+        thread count: XLA's CPU results depend on it in their last bits)."""
         main = threading.current_thread() is threading.main_thread()
         if not self.enabled or (main and not self.cpu_slices):
             return None
