@@ -91,8 +91,16 @@ _SLOTS = flags.DEFINE_list("slots", ["8", "16", "32"], "--part=engine: continuou
 _LENGTH_SIGMA = flags.DEFINE_float(
     "length_sigma", 1.0, "--part=engine: sigma of the log-normal response lengths."
 )
-_ATTN_BLOCK = flags.DEFINE_integer(
-    "attn_block", 32, "--part=engine: block of the blocked decode attention (0: none)."
+_ATTN_BLOCKS = flags.DEFINE_list(
+    "attn_blocks",
+    ["0", "32"],
+    "--part=engine: decode attention modes every engine runs in: 0 full attention, K > 0 "
+    "blocked attention in blocks of K slots.",
+)
+_MIN_SLOTS = flags.DEFINE_integer(
+    "min_slots",
+    sampler_lib.SamplingConfig.min_slots,
+    "--part=engine: the continuous engine's narrowest loop (SamplingConfig.min_slots).",
 )
 _DATA_DEVICES = flags.DEFINE_integer(
     "data_devices",
@@ -122,7 +130,8 @@ class Settings:
     engine_rows: int = 64  # --part=engine: responses per call
     slots: tuple[int, ...] = (8, 16, 32)  # --part=engine: continuous slot counts
     length_sigma: float = 1.0  # --part=engine: log-normal sigma of the forced lengths
-    attn_block: int = 32  # --part=engine: blocked decode attention block (0: none)
+    attn_blocks: tuple[int, ...] = (0, 32)  # --part=engine: attention modes (0: full)
+    min_slots: int = sampler_lib.SamplingConfig.min_slots  # --part=engine: narrowest loop
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -622,15 +631,20 @@ def run_all(settings: Settings) -> dict:
 
 def engine_configs(settings: Settings) -> list[tuple[str, sampler_lib.SamplingConfig]]:
     """(label, sampling config) of each engine the part times: static, then continuous
-    at each slot count, each with full and (``attn_block`` > 0) blocked attention."""
-    block = settings.attn_block
-    configs = [("static", sampler_lib.SamplingConfig())]
-    if block:
-        configs.append((f"static blk{block}", sampler_lib.SamplingConfig(attn_block=block)))
+    at each slot count, each in every attention mode of ``attn_blocks`` (0: full)."""
+
+    def label(name: str, block: int) -> str:
+        return name + (f" blk{block}" if block else "")
+
+    configs = [
+        (label("static", b), sampler_lib.SamplingConfig(attn_block=b)) for b in settings.attn_blocks
+    ]
     for slots in settings.slots:
-        for b in dict.fromkeys((0, block)):
-            cfg = sampler_lib.SamplingConfig(engine="continuous", slots=slots, attn_block=b)
-            configs.append((f"continuous {slots}" + (f" blk{b}" if b else ""), cfg))
+        for b in settings.attn_blocks:
+            cfg = sampler_lib.SamplingConfig(
+                engine="continuous", slots=slots, attn_block=b, min_slots=settings.min_slots
+            )
+            configs.append((label(f"continuous {slots}", b), cfg))
     return configs
 
 
@@ -641,10 +655,13 @@ def run_engine(settings: Settings) -> dict:
     is ``new_tokens``) are sampled by every engine of ``engine_configs``, interleaved in
     one process (``bench.time_interleaved``): each round calls every engine once, and each
     engine's median wall time over the rounds is reported. Every engine must give the
-    static engine's tokens. Columns: generated tokens/s (all tokens of the call over its
-    wall time), the useful-token fraction (tokens of decode steps / slot-steps), cache
-    bytes read by decode attention per generated token, and the median 1-minute host load
-    (``bench.load_1min``) read before each engine's timed calls.
+    static engine's tokens. Columns (``format_engine_table``): compile seconds (the first,
+    untimed call's wall time less the median), generated tokens/s (all tokens of the call
+    over its wall time), the speedup over the fastest static attention mode and its share
+    of the count-of-work ideal (``ideal_speedup``), the useful-token fraction (tokens of
+    decode steps / slot-steps), cache bytes read by decode attention per generated token,
+    and the median 1-minute host load (``bench.load_1min``) read before each engine's
+    timed calls.
     """
     rows, p_len, r_len = settings.engine_rows, settings.prompt_len, settings.new_tokens
     config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
@@ -655,18 +672,23 @@ def run_engine(settings: Settings) -> dict:
     prompts = rng.randint(1, config.vocab_size, (rows, p_len)).tolist()
     sampler = _make_sampler(config, p_len, r_len)
     slot_bytes = model_lib.kv_cache_bytes(config, 1, 1)
+    ideal = ideal_speedup(lengths)
     print(
         f"engine: model {settings.preset} ({config.num_params / 1e6:.2f}M params), {rows} rows, "
         f"prompt {p_len}, lengths log-normal sigma {settings.length_sigma}: mean "
         f"{lengths.mean():.1f}, p50 {np.median(lengths):.0f}, max {lengths.max()}, max/mean "
-        f"{lengths.max() / lengths.mean():.2f}; device {device_description()}",
+        f"{lengths.max() / lengths.mean():.2f} (count-of-work ideal {ideal:.2f}x); device "
+        f"{device_description()}",
         flush=True,
     )
     configs = engine_configs(settings)
     key = jax.random.key(settings.seed)
     reference = None
+    first_s = {}
     for label, cfg in configs:  # warm-up (compile) and the equality check
+        start = time.perf_counter()
         out = sampler(params, prompts, rng=key, sampling=cfg, max_new_tokens=lengths.tolist())
+        first_s[label] = time.perf_counter() - start
         np.testing.assert_array_equal(out.lengths, lengths)
         if reference is None:
             reference = out.response_tokens
@@ -692,7 +714,9 @@ def run_engine(settings: Settings) -> dict:
                 "engine": label,
                 "slots": st["slots"],
                 "attn_block": cfg.attn_block,
+                "min_slots": cfg.min_slots,
                 "time_s": time_s,
+                "compile_s": max(first_s[label] - time_s, 0.0),
                 "tokens_per_s": generated / time_s,
                 "useful_fraction": decode_tokens / max(st["slot_steps"], 1),
                 "cache_bytes_per_token": st["slots_read"]
@@ -703,20 +727,34 @@ def run_engine(settings: Settings) -> dict:
                 "repeats": timed[label].repeats,
             }
         )
-    print(format_engine_table(table))
+    print(format_engine_table(table, ideal))
     return {
         "device": device_description(),
         "engine": table,
         "engine_settings": dataclasses.asdict(settings)
-        | {"lengths_mean": float(lengths.mean()), "lengths_max": int(lengths.max())},
+        | {
+            "lengths_mean": float(lengths.mean()),
+            "lengths_max": int(lengths.max()),
+            "ideal_speedup": ideal,
+        },
     }
 
 
-def format_engine_table(rows: list[dict]) -> str:
-    """The engine table, with the speedup over the first (static) row."""
+def ideal_speedup(lengths: np.ndarray) -> float:
+    """The count-of-work ideal of a continuous engine over a static one: the static engine
+    decodes every row for the longest row's steps (B x max), a continuous one only each
+    row's own tokens (the sum), so the ratio is max / mean of the response lengths."""
+    return float(len(lengths) * lengths.max() / lengths.sum())
+
+
+def format_engine_table(rows: list[dict], ideal: float) -> str:
+    """The engine table: each row's speedup over the fastest static row ("x best static")
+    and that speedup's share of the count-of-work ``ideal`` ("of ideal")."""
     columns = [
-        "engine", "slots", "time s", "tok/s", "x static", "useful", "KV B/tok", "steps", "load1"
+        "engine", "slots", "time s", "compile s", "tok/s", "x best static", "of ideal",
+        "useful", "KV B/tok", "steps", "load1",
     ]  # fmt: skip
+    best = max(r["tokens_per_s"] for r in rows if r["engine"].startswith("static"))
     return bench.markdown_table(
         columns,
         [
@@ -724,8 +762,10 @@ def format_engine_table(rows: list[dict]) -> str:
                 row["engine"],
                 row["slots"],
                 f"{row['time_s']:.3f}",
+                f"{row['compile_s']:.1f}",
                 f"{row['tokens_per_s']:.0f}",
-                f"{row['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}",
+                f"{row['tokens_per_s'] / best:.2f}",
+                f"{row['tokens_per_s'] / best / ideal:.2f}",
                 f"{row['useful_fraction']:.3f}",
                 f"{row['cache_bytes_per_token']:.0f}",
                 row["decode_steps"],
@@ -773,7 +813,8 @@ def settings_from_flags() -> Settings:
         engine_rows=_ENGINE_ROWS.value,
         slots=tuple(int(x) for x in _SLOTS.value),
         length_sigma=_LENGTH_SIGMA.value,
-        attn_block=_ATTN_BLOCK.value,
+        attn_blocks=tuple(int(x) for x in _ATTN_BLOCKS.value),
+        min_slots=_MIN_SLOTS.value,
     )
 
 

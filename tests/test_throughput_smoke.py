@@ -95,3 +95,43 @@ def test_flop_count_by_hand():
     assert flops.matmul_weights(config) == config.num_params - norms
     attention = 4 * 4 * 10 * 4 * 32
     assert flops.model_flops_per_token(config, 10) == 2 * flops.matmul_weights(config) + attention
+
+
+def test_ideal_speedup_is_the_count_of_work_ratio():
+    # static: 4 rows x 8 steps = 32 row-steps; continuous: 8 + 2 + 1 + 1 = 12 tokens.
+    assert throughput.ideal_speedup(np.array([8, 2, 1, 1])) == pytest.approx(32 / 12)
+    assert throughput.ideal_speedup(np.array([5, 5, 5])) == 1.0
+
+
+@pytest.mark.slow  # about 40 s on 2 cores (six engines compiled)
+def test_engine_part_compares_every_engine_in_every_attention_mode(capsys):
+    settings = throughput.Settings(
+        preset="tiny-1m",
+        prompt_len=4,
+        new_tokens=16,
+        engine_rows=8,
+        slots=(2, 4),
+        attn_blocks=(0, 8),
+        min_slots=2,
+        min_repeats=1,
+        min_time_s=0,
+    )
+    result = throughput.run_engine(settings)
+    labels = [row["engine"] for row in result["engine"]]
+    assert labels == [
+        "static", "static blk8", "continuous 2", "continuous 2 blk8",
+        "continuous 4", "continuous 4 blk8",
+    ]  # fmt: skip
+    lengths = throughput.sampler_lib.long_tail_lengths(8, 16, 1.0, 0)
+    ideal = result["engine_settings"]["ideal_speedup"]
+    assert ideal == pytest.approx(8 * lengths.max() / lengths.sum())
+    for row in result["engine"]:
+        assert row["compile_s"] >= 0 and row["time_s"] > 0
+        assert row["min_slots"] == 2 and 0 < row["useful_fraction"] <= 1
+    # The table's ratios are against the fastest static mode, and its share of the ideal.
+    table = capsys.readouterr().out
+    best = max(r["tokens_per_s"] for r in result["engine"][:2])
+    last = result["engine"][-1]
+    ratio = last["tokens_per_s"] / best
+    assert f"| {ratio:.2f} | {ratio / ideal:.2f} |" in table
+    assert "| x best static | of ideal |" in table

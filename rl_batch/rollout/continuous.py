@@ -254,6 +254,10 @@ def sample_continuous(
         s = jax.lax.cond(refill, _refill, lambda x: x, s)
         return _continuous_step(config, params, s)
 
+    def narrow_body(s: ContinuousState) -> ContinuousState:
+        # A narrower loop starts once no row waits: it never refills.
+        return _continuous_step(config, params, s)
+
     widths = slot_widths(c, sampling.min_slots)
     for i, width in enumerate(widths):
         if i:
@@ -267,7 +271,7 @@ def sample_continuous(
             narrow = ~queued & (jnp.sum(busy_w) <= width // 2) & (not last)
             return (queued | jnp.any(busy_w)) & ~narrow
 
-        state = jax.lax.while_loop(cond, body, state)
+        state = jax.lax.while_loop(cond, narrow_body if i else body, state)
     out = SampleOutput(
         prompt_tokens=first.prompt_tokens_bi,
         prompt_mask=state.prompt_mask_bi,
