@@ -22,6 +22,7 @@ any layer (a CLI in ``experiments/``, the calibration in ``rl_batch.sweeps``) ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -91,6 +92,34 @@ def time_calls(
     return time_interleaved(
         {"": fn}, min_repeats=min_repeats, min_time_s=min_time_s, warmup=warmup
     )[""]
+
+
+# jax.monitoring's duration events of a jit compile: tracing, lowering, XLA's compile.
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+@contextlib.contextmanager
+def compile_seconds():
+    """Sums the seconds JAX spends compiling (tracing, lowering, XLA's backend compile)
+    inside the block, from ``jax.monitoring``'s duration events: a dict whose ``"s"`` is
+    the total once the block ends. A program found in the compilation cache adds 0."""
+    import jax  # (here: the rest of this module runs without JAX)
+
+    total = {"s": 0.0}
+
+    def listen(event: str, duration_s: float, **_) -> None:
+        if event in _COMPILE_EVENTS:
+            total["s"] += duration_s
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield total
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def time_interleaved(

@@ -135,3 +135,17 @@ def test_engine_part_compares_every_engine_in_every_attention_mode(capsys):
     ratio = last["tokens_per_s"] / best
     assert f"| {ratio:.2f} | {ratio / ideal:.2f} |" in table
     assert "| x best static | of ideal |" in table
+
+
+def test_compile_seconds_counts_a_new_program_and_not_a_cached_one():
+    import jax
+    import jax.numpy as jnp
+
+    from rl_batch import bench
+
+    f = jax.jit(lambda x: jnp.sin(x) * 3 + 1)
+    with bench.compile_seconds() as first:
+        f(jnp.ones(7)).block_until_ready()
+    with bench.compile_seconds() as again:
+        f(jnp.ones(7)).block_until_ready()
+    assert first["s"] > 0 and again["s"] == 0
