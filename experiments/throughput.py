@@ -836,6 +836,8 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _PART.value not in PARTS:
         raise app.UsageError(f"--part={_PART.value!r}; expected one of {sorted(PARTS)}")
+    if _PART.value == "engine" and not _ATTN_BLOCKS.value:
+        raise app.UsageError("--attn_blocks is empty; expected attention modes, e.g. 0,32")
     if _CPU_DEVICES.value < 0:
         raise app.UsageError(f"--cpu_devices={_CPU_DEVICES.value}; expected >= 0")
     # Before JAX creates its CPU client: as asked, else JAX_NUM_CPU_DEVICES if set, else

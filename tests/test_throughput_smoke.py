@@ -149,3 +149,10 @@ def test_compile_seconds_counts_a_new_program_and_not_a_cached_one():
     with bench.compile_seconds() as again:
         f(jnp.ones(7)).block_until_ready()
     assert first["s"] > 0 and again["s"] == 0
+
+
+def test_an_empty_attention_mode_list_is_rejected():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "experiments.throughput", "--part=engine", "--attn_blocks="]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "--attn_blocks is empty" in proc.stderr
