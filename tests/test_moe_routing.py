@@ -120,7 +120,9 @@ def test_continuous_engine_records_the_static_engines_routing():
     cont = sampler_lib.SamplingConfig(temperature=1.0, engine="continuous", slots=3)
     out = sampler(params, PROMPTS, rng=KEY, sampling=cont)
     np.testing.assert_array_equal(out.response_tokens, ref.response_tokens)
-    np.testing.assert_array_equal(out.response_logprobs, ref.response_logprobs)
+    # Log-probs within the engines' stated fp32 bound (docs/rollout_engine.md), not bit for
+    # bit: on one 2-core AMD EPYC (2026-12-07) 2 of 64 differed by 4.8e-7.
+    np.testing.assert_allclose(out.response_logprobs, ref.response_logprobs, rtol=0, atol=1e-5)
     np.testing.assert_array_equal(out.routed_experts, ref.routed_experts)
     assert sampler.last_stats["decode_steps"] > 7  # 3 slots took more steps than 8 rows
 
