@@ -787,9 +787,17 @@ PARTS: dict[str, Callable[[Settings], dict]] = {
 # ------------------------------------------------------------------------------ main
 
 
+def _ints(flag: flags.FlagHolder) -> tuple[int, ...]:
+    """A comma-list flag's values as ints; a ValueError that names the flag otherwise."""
+    try:
+        return tuple(int(x) for x in flag.value)
+    except ValueError:
+        raise ValueError(f"--{flag.name}={','.join(flag.value)}: expected integers") from None
+
+
 def settings_from_flags() -> Settings:
     if _BATCHES.value:
-        batches = tuple(int(b) for b in _BATCHES.value)
+        batches = _ints(_BATCHES)
     else:
         batches = tuple(
             2**i for i in range(_MAX_BATCH.value.bit_length()) if 2**i <= _MAX_BATCH.value
@@ -803,17 +811,15 @@ def settings_from_flags() -> Settings:
         hf=_HF.value,
         min_repeats=_MIN_REPEATS.value,
         hf_min_repeats=_HF_MIN_REPEATS.value,
-        hf_threads=tuple(int(t) for t in _HF_THREADS.value)
-        if _HF_THREADS.value
-        else Settings.hf_threads,
+        hf_threads=_ints(_HF_THREADS) if _HF_THREADS.value else Settings.hf_threads,
         min_time_s=_MIN_TIME.value,
         matmul_size=_MATMUL.value,
         seed=_SEED.value,
         data_devices=_DATA_DEVICES.value,
         engine_rows=_ENGINE_ROWS.value,
-        slots=tuple(int(x) for x in _SLOTS.value),
+        slots=_ints(_SLOTS),
         length_sigma=_LENGTH_SIGMA.value,
-        attn_blocks=tuple(int(x) for x in _ATTN_BLOCKS.value),
+        attn_blocks=_ints(_ATTN_BLOCKS),
         min_slots=_MIN_SLOTS.value,
     )
 
@@ -844,7 +850,13 @@ def main(argv: list[str]) -> None:
     # one host device per core.
     if _CPU_DEVICES.value or "JAX_NUM_CPU_DEVICES" not in os.environ:
         jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value or os.cpu_count() or 1)
-    results = PARTS[_PART.value](settings_from_flags())
+    try:  # a flag that does not parse, or an engine setting SamplingConfig rejects
+        settings = settings_from_flags()
+        if _PART.value == "engine":
+            engine_configs(settings)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    results = PARTS[_PART.value](settings)
     if _OUT.value:
         write_results(_OUT.value, results)
         print(f"wrote {_OUT.value}")

@@ -156,3 +156,19 @@ def test_an_empty_attention_mode_list_is_rejected():
     cmd = [sys.executable, "-m", "experiments.throughput", "--part=engine", "--attn_blocks="]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "--attn_blocks is empty" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "flag,message",
+    [
+        ("--attn_blocks=abc", "--attn_blocks=abc: expected integers"),
+        ("--attn_blocks=-1", "attn_block must be an int >= 0"),
+        ("--min_slots=1", "min_slots must be an int >= 2"),
+    ],
+)
+def test_a_bad_engine_flag_is_one_line(flag, message):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "experiments.throughput", "--part=engine", flag]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr
+    assert "Traceback" not in proc.stderr

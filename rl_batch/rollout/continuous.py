@@ -249,14 +249,11 @@ def sample_continuous(
         sampling=sampling,
     )
 
+    step = functools.partial(_continuous_step, config, params)
+
     def body(s: ContinuousState) -> ContinuousState:
         refill = jnp.any(s.done_w) & (s.next_q < s.num_queued)
-        s = jax.lax.cond(refill, _refill, lambda x: x, s)
-        return _continuous_step(config, params, s)
-
-    def narrow_body(s: ContinuousState) -> ContinuousState:
-        # A narrower loop starts once no row waits: it never refills.
-        return _continuous_step(config, params, s)
+        return step(jax.lax.cond(refill, _refill, lambda x: x, s))
 
     widths = slot_widths(c, sampling.min_slots)
     for i, width in enumerate(widths):
@@ -271,7 +268,8 @@ def sample_continuous(
             narrow = ~queued & (jnp.sum(busy_w) <= width // 2) & (not last)
             return (queued | jnp.any(busy_w)) & ~narrow
 
-        state = jax.lax.while_loop(cond, narrow_body if i else body, state)
+        # A narrower loop starts once no row waits: it never refills.
+        state = jax.lax.while_loop(cond, step if i else body, state)
     out = SampleOutput(
         prompt_tokens=first.prompt_tokens_bi,
         prompt_mask=state.prompt_mask_bi,
