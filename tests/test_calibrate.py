@@ -142,6 +142,52 @@ def test_generation_probes_join_the_rotation(monkeypatch):
         calibrate.calibrate(configs, rounds=1, steps=1, gen_probe=(18,), log_fn=print)
 
 
+def test_configurations_of_equal_compute_are_timed_once(monkeypatch):
+    calls, built = [], []
+
+    class FakeStepper:
+        def __init__(self, spec, generate_only=False):
+            self.key = f"gen{spec.batch}" if generate_only else spec.inputs.name
+            built.append(self.key)
+
+        def step(self):
+            calls.append(self.key)
+            return calibrate.StepTime(1.0 + len(calls) / 100, 0.5, 100)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(calibrate, "_Stepper", FakeStepper)
+
+    def spec(name, prompts, rule, **changes):
+        c = tiny_run_config("/unused", "/unused", name=name, prompts=prompts, lr_rule=rule)
+        c.batch_ref = 8  # (B = 16 and 32: two LR rules give two LRs)
+        for k, v in changes.items():
+            c[k] = v
+        return config_lib.resolve(c, 1)
+
+    configs = {
+        "4x4:sqrt": spec("sqrt4", 4, "sqrt"),
+        "4x4:fixed": spec("fixed4", 4, "fixed", seed=3),
+        "8x4:sqrt": spec("sqrt8", 8, "sqrt"),
+    }
+    key = calibrate.compute_key
+    assert key(configs["4x4:sqrt"]) == key(configs["4x4:fixed"])
+    assert key(configs["4x4:sqrt"]) != key(configs["8x4:sqrt"])
+    assert configs["4x4:sqrt"].optimizer.lr != configs["4x4:fixed"].optimizer.lr
+    other_work = spec("sqrt4", 4, "sqrt", max_new_tokens=8)  # (a config that is not an LR)
+    assert key(other_work) != key(configs["4x4:sqrt"])
+    record = calibrate.calibrate(configs, rounds=2, steps=2, gen_probe=(16,), log_fn=print)
+    # The fixed rule's steps are the sqrt rule's: it is never built nor stepped.
+    assert built == ["sqrt4", "sqrt8", "gen16"] and "fixed4" not in calls
+    # 2 steps a visit for each configuration, 1 call for the probe (PROBE_STEPS).
+    assert calls[3:].count("sqrt4") == 4 and calls[3:].count("gen16") == 2
+    sqrt4, fixed4 = record["configs"]["4x4:sqrt"], record["configs"]["4x4:fixed"]
+    assert fixed4["timed_as"] == "4x4:sqrt" and "timed_as" not in sqrt4
+    assert fixed4["steps_s"] == sqrt4["steps_s"] and fixed4["run"] == "fixed4"
+    assert "timed as 4x4:sqrt" in calibrate.describe(record)
+
+
 def test_a_bad_generation_probe_is_refused_before_any_run(tmp_path):
     c = base.sweep_config(tiny_run_config(str(tmp_path / "unused")))
     c.sweep.prompts, c.sweep.group_sizes, c.sweep.seeds = "2", "4", "0"

@@ -12,7 +12,9 @@ steps (a batch below half the median batch more, `visit_steps`: its short steps 
 most; its extra steps are spread over the round, `round_order`). Every configuration
 then sees the same host load, and the ratio of two step times is a side-by-side
 measurement. A configuration's steps in one round are its "visit"; the spread over
-rounds is kept.
+rounds is kept. Configurations whose steps do the same work (their configs differ only in
+the learning rate, e.g. the sqrt and fixed rules at one P x G: `compute_key`) are timed
+once; the others' entries repeat its times and name it (``timed_as``).
 
 A sweep's calibration is kept once made: it is redone only when the sweep has a
 configuration it did not time or other calibration settings (``calibrate_sweep``), and the
@@ -30,7 +32,8 @@ one it replaces moves to ``<sweep>/calibrations/``; report.md names the one it u
                              "gen_concurrency": sequences decoded together,
                              "engine": "static" | "continuous", "slots": int,
                              "attn_block": int,
-                             "prompts_step_s": {"P": [R]}}},  # batch schedules only
+                             "prompts_step_s": {"P": [R]},  # batch schedules only
+                             "timed_as": "PxG:rule"}},  # timed as that one's steps
      "gen_probe": {"C": {"gen_concurrency": C, "generate_s": [R], "gen_tokens_per_s": [R],
                          "engine": ..., "slots": ..., "attn_block": ...}}}
 
@@ -47,8 +50,9 @@ largest P's. The analysis books each of a run's updates at the step time of the 
 
 ``gen_probe`` (optional, ``sweep.calibrate_gen_probe``) times generation alone at
 concurrencies past the grid's (the first configuration's rollout with ``C / G`` prompts),
-in the same rotation: where a CPU's generation throughput still rises at the largest
-training batch, the plateau that the critical generation batch names lies beyond it.
+in the same rotation, one call a visit (`PROBE_STEPS`): where a CPU's generation
+throughput still rises at the largest training batch, the plateau that the critical
+generation batch names lies beyond it.
 
 The analysis turns a run's updates-to-target ``u*`` into calibrated training time
 ``T = u* x step_s_median`` of its configuration (``rl_batch.analysis.time_to_target``),
@@ -59,6 +63,7 @@ and takes the generation throughput per concurrency (the critical generation bat
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -80,6 +85,14 @@ from rl_batch.runs.accounting import Counters, keep_mask
 from rl_batch.runs.spec import RunSpec
 
 log = logging.getLogger(__name__)
+
+# A generation probe's visit: one call (a probe decodes 512-1024 sequences, a call as long
+# as the largest batch's step; its tokens/s varies less than a short step's seconds).
+PROBE_STEPS = 1
+# Config fields that name a run or set only its learning rate: two configurations that
+# differ in nothing else run the same programs on the same shapes (`compute_key`).
+_NAME_OR_RATE = ("name", "run_dir", "seed", "lr", "lr_rule")
+_DERIVED_RATE = ("lr", "lr_arithmetic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +122,18 @@ def probe_config(c: ConfigDict, concurrency: int) -> ConfigDict:
     probe = ConfigDict(c.to_dict())
     probe.prompts, probe.gen_batch = concurrency // g, 0
     return probe
+
+
+def compute_key(spec: RunSpec) -> str:
+    """The work of one training step of ``spec``: its resolved config (``config.json``)
+    less the fields that only name the run or set its learning rate (`_NAME_OR_RATE`).
+    Equal keys: the same programs on the same shapes with another LR value (e.g. the
+    sqrt and fixed rules at one P x G), whose step times differ only by timing noise."""
+    d = spec.to_json()
+    for name in _NAME_OR_RATE:
+        d.pop(name, None)
+    d["derived"] = {k: v for k, v in d.get("derived", {}).items() if k not in _DERIVED_RATE}
+    return json.dumps(d, sort_keys=True, default=str)
 
 
 def schedule_buckets(spec: RunSpec) -> tuple[int, ...]:
@@ -214,9 +239,14 @@ def calibrate(
             if buckets
             else {key: spec}
         )
-    keys = list(timed) + list(probes)
+    # Configurations of equal compute (`compute_key`) are timed once: the first one's
+    # steps stand for the others (their step-time ratio is 1, not timing noise).
+    first_of: dict[str, str] = {}
+    timed_as = {k: first_of.setdefault(compute_key(spec), k) for k, spec in timed.items()}
+    keys = [k for k in timed if timed_as[k] == k] + list(probes)
     batches = {k: spec.batch for k, spec in timed.items()}
     per_visit = visit_steps(batches, steps) if interleave == "step" else {}
+    per_visit.update({k: PROBE_STEPS for k in probes})
     steppers = {}
     for key in keys:  # build and compile (one untimed step each)
         steppers[key] = _Stepper(timed[key]) if key in timed else _Stepper(probes[key], True)
@@ -237,6 +267,7 @@ def calibrate(
         log_fn(f"[calibrate] round {r + 1}/{rounds} done")
     for s in steppers.values():
         s.close()
+    visits.update({k: visits[rep] for k, rep in timed_as.items() if rep != k})
     return {
         "version": artifacts.CALIBRATION_VERSION,
         "rounds": rounds,
@@ -246,7 +277,7 @@ def calibrate(
         "load_end": provenance.load_average(),
         "wall_s": time.time() - t_start,
         "written_at": provenance.now(),
-        "configs": {k: _config_record(k, configs[k], visits) for k in configs},
+        "configs": {k: _config_record(k, configs[k], visits, timed_as) for k in configs},
         **(
             {
                 "gen_probe": {
@@ -300,13 +331,19 @@ def engine_record(c: ConfigDict) -> dict[str, Any]:
 
 
 def _config_record(
-    key: str, spec: RunSpec, all_visits: dict[str, list[list[StepTime]]]
+    key: str,
+    spec: RunSpec,
+    all_visits: dict[str, list[list[StepTime]]],
+    timed_as: dict[str, str],
 ) -> dict[str, Any]:
     """Configuration ``key``'s entry of ``calibration.json`` from its visits' step times
-    (a scheduled one's: its largest P's, with each P's under ``prompts_step_s``)."""
+    (a scheduled one's: its largest P's, with each P's under ``prompts_step_s``);
+    ``timed_as`` names the configuration whose steps were timed for it when not itself."""
     c = spec.inputs
     buckets = schedule_buckets(spec)
-    visits = all_visits[f"{key}#P{buckets[-1]}"] if buckets else all_visits[key]
+    main = f"{key}#P{buckets[-1]}" if buckets else key
+    visits = all_visits[main]
+    twin = timed_as.get(main, main).split("#")[0]
     step_s = [float(np.mean([t.step_s for t in v])) for v in visits]
     steps_s = [[float(t.step_s) for t in v] for v in visits]
     per_prompts = {
@@ -325,6 +362,7 @@ def _config_record(
         "gen_concurrency": gen_concurrency(c),
         **engine_record(c),
         **({"prompts_step_s": per_prompts} if per_prompts else {}),
+        **({"timed_as": twin} if twin != key else {}),
     }
 
 
@@ -404,6 +442,7 @@ def describe(record: dict[str, Any]) -> str:
         lines.append(
             f"{key:>12}  B={v['batch']:<5d} step {v['step_s_median']:.3f} s  [{spread}]  "
             f"engine {engine_label(v)}"
+            + (f"  (timed as {v['timed_as']}: equal compute)" if "timed_as" in v else "")
         )
     for c, v in record.get("gen_probe", {}).items():
         spread = ", ".join(f"{x:.0f}" for x in v["gen_tokens_per_s"])
