@@ -82,6 +82,12 @@ class ReferenceScorer:
       examples: validation examples with ``prompt`` and ``answer``.
       temperature: the sampling temperature (p_ref is the probability of sampling it).
       chunk: rows per jitted call (0 = all at once); the last chunk is padded.
+
+    A call with a ``memo_key`` keeps its result under it and a later call with that key
+    returns it without a pass: the caller's promise that the params are the same (a run's
+    warm start, scored by every run of its configuration that a process runs:
+    ``rl_batch.runs.run.Evaluator``). The pass is deterministic, so the values are the ones
+    a new pass would give; ``time_eval_ref_s`` is then the lookup's.
     """
 
     def __init__(
@@ -104,6 +110,7 @@ class ReferenceScorer:
             return logp_cr.sum(axis=1)
 
         self._seq_logp = jax.jit(seq_logp)
+        self._memo: dict[Any, dict[str, float]] = {}
 
     def logp(self, params: Any) -> np.ndarray:
         """[N] float64 log p(reference response) of each example."""
@@ -115,12 +122,18 @@ class ReferenceScorer:
             out.append(np.asarray(self._seq_logp(params, piece)))
         return np.concatenate(out)[: self.n].astype(np.float64)
 
-    def __call__(self, params: Any) -> dict[str, float]:
-        """``eval_p_ref``, ``eval_ref_logp`` and ``time_eval_ref_s`` of ``params``."""
+    def __call__(self, params: Any, memo_key: Any = None) -> dict[str, float]:
+        """``eval_p_ref``, ``eval_ref_logp`` and ``time_eval_ref_s`` of ``params`` (kept
+        under ``memo_key`` when given, and taken from there when kept: see the class doc)."""
         t0 = time.perf_counter()
-        logp_n = self.logp(params)
-        return {
-            "eval_p_ref": float(np.mean(np.exp(logp_n))),
-            "eval_ref_logp": float(np.mean(logp_n)),
-            "time_eval_ref_s": time.perf_counter() - t0,
-        }
+        if memo_key is None or memo_key not in self._memo:
+            logp_n = self.logp(params)
+            values = {
+                "eval_p_ref": float(np.mean(np.exp(logp_n))),
+                "eval_ref_logp": float(np.mean(logp_n)),
+            }
+            if memo_key is not None:
+                self._memo[memo_key] = values
+        else:
+            values = self._memo[memo_key]
+        return {**values, "time_eval_ref_s": time.perf_counter() - t0}

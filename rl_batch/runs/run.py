@@ -334,7 +334,11 @@ class Evaluator:
     prompts and, with ``eval_metric="p_ref"``, the exact p(reference response) on
     ``eval_ref_prompts`` of them (``rl_batch.algorithms.exact_eval``). ``eval_accuracy``, the
     validation accuracy that the target and N* are on, is the metric ``eval_metric``
-    names (``eval_metric`` in the line); ``eval_mean_at_k`` is always the sampled one."""
+    names (``eval_metric`` in the line); ``eval_mean_at_k`` is always the sampled one.
+
+    The exact p_ref of the warm start (step 0) is scored once per scorer, i.e. once per
+    configuration in a process that keeps programs (``rl_batch.runs.programs``), when the
+    warm start does not depend on the seed (`warm_start_key`): a sweep's seeds share it."""
 
     def __init__(self, spec: RunSpec, sampler, task, tokenizer, val_data, base_rng, scorer):
         self.c, self.sampler, self.task, self.tokenizer = spec.evaluation, sampler, task, tokenizer
@@ -347,6 +351,7 @@ class Evaluator:
         # ``log_generations`` prompts of each validation (`MetricsLog.write_generations`).
         self.on_generations = None
         self.scorer = scorer  # ``make_scorer``: exact p_ref, or None (sampled only)
+        self.warm_start = warm_start_key(spec)
 
     def __call__(self, params, counters: Counters) -> dict:
         """Validates ``params``; returns the eval line (and schedules the next validation)."""
@@ -373,7 +378,7 @@ class Evaluator:
         )
         m["eval_mean_at_k"] = m["eval_accuracy"]
         if self.scorer is not None:
-            exact = self.scorer(params)
+            exact = self.scorer(params, self.warm_start if counters.step == 0 else None)
             m["time_eval_s"] += exact.pop("time_eval_ref_s")
             m.update(exact, eval_accuracy=exact["eval_p_ref"])
         counters.time_eval_s += m["time_eval_s"]
@@ -390,6 +395,17 @@ class Evaluator:
             "eval_metric": c.eval_metric,
             **m,
         }
+
+
+def warm_start_key(spec: RunSpec) -> tuple | None:
+    """What names a run's starting policy when it is read from a file (``init.source``
+    params, hf or a checkpoint directory: the path, with its size and modification time),
+    else None (``scratch`` and ``pretrain`` draw it from seeds)."""
+    init = spec.init
+    if init.source in ("scratch", "pretrain") or not os.path.exists(init.path):
+        return None
+    stat = os.stat(init.path)
+    return (init.source, os.path.abspath(init.path), stat.st_size, stat.st_mtime_ns)
 
 
 def make_scorer(spec: RunSpec, tokenizer, val_data):
@@ -662,6 +678,7 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
 
         warm_start = pretrain.warm_start_info(spec)
     _write_summary(s, counters, status)  # "running" until the run ends (or dies)
+    saved_at = time.perf_counter()  # (``checkpoint_min_s`` counts from here or a save)
     try:
         while not counters.stopped:
             t_step = time.perf_counter()
@@ -716,8 +733,10 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
             if counters.stopped:  # (its checkpoint follows the final validation)
                 bar.update(counters, reward, accuracy)
                 break
-            if counters.step and counters.step % io.checkpoint_every == 0 and record is not None:
+            due = counters.step and counters.step % io.checkpoint_every == 0
+            if due and record is not None and time.perf_counter() - saved_at >= io.checkpoint_min_s:
                 save_checkpoint(s, state, counters)
+                saved_at = time.perf_counter()
                 _write_summary(s, counters, status)
             bar.update(counters, reward, accuracy)
         # The rollouts in flight go into the last checkpoint (a longer run resumed from it
