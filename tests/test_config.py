@@ -208,6 +208,8 @@ PPO = {"algo": "ppo", "group_size": 1, "filter_groups": False}
         ({"grpo.clip_low": -0.1}, "grpo.clip_low=-0.1"),
         ({"grpo.num_epochs": 0}, "grpo.num_epochs=0"),
         ({"checkpoint_every": 0}, "checkpoint_every=0: must be an int >= 1"),
+        ({"checkpoint_min_s": -1.0}, "checkpoint_min_s=-1.0: must be a number >= 0"),
+        ({"checkpoint_min_s": float("nan")}, "checkpoint_min_s=nan: must be a number >= 0"),
         ({"confirm_evals": 0}, "confirm_evals=0: must be an int >= 1"),
         ({"max_consecutive_skips": 0}, "max_consecutive_skips=0: must be an int >= 1"),
         ({"max_empty_rollouts": -1}, "max_empty_rollouts=-1: must be an int >= 1"),
@@ -406,7 +408,8 @@ def test_a_config_json_written_at_62017dd_resumes_under_todays_defaults():
 @pytest.mark.parametrize(
     "name, module, overrides",
     [
-        # (grpo_cpu's settings changed since: micro-batches of 32 and 64-row p_ref calls.)
+        # (grpo_cpu's settings changed since: micro-batches of 32, 64-row p_ref calls
+        # and a minute between checkpoints.)
         (
             "grpo",
             "grpo_cpu",
@@ -416,6 +419,7 @@ def test_a_config_json_written_at_62017dd_resumes_under_todays_defaults():
                 "lr_rule": "sqrt",
                 "grpo.micro_batch_seqs": 0,
                 "eval_ref_chunk": 256,
+                "checkpoint_min_s": 0.0,
             },
         ),  # fmt: skip
         ("ppo", "ppo_cpu", {}),

@@ -226,8 +226,21 @@ def test_summary_says_running_while_the_run_is_alive(work_dir, tmp_path, monkeyp
     monkeypatch.setattr(run_lib, "save_checkpoint", spy)
     config = tiny_run_config(work_dir, run_dir, budget_responses=48, checkpoint_every=1)
     assert run_lib.run(config, progress=False)["status"] == "finished"
-    assert seen and all(status == "running" for _, status in seen), seen
+    assert [step for step, _ in seen] == [1, 2, 3]  # each update's (the last: the final)
+    assert all(status == "running" for _, status in seen), seen
     assert json.load(open(path))["status"] == "finished"
+
+
+def test_checkpoints_wait_checkpoint_min_s_between_saves(work_dir, tmp_path, monkeypatch):
+    saved, save = [], run_lib.save_checkpoint
+    monkeypatch.setattr(
+        run_lib, "save_checkpoint", lambda s, state, c: saved.append(c.step) or save(s, state, c)
+    )
+    changes = dict(budget_responses=48, checkpoint_every=1, checkpoint_min_s=3600.0)
+    run_lib.run(tiny_run_config(work_dir, str(tmp_path / "run"), **changes), progress=False)
+    # Due after each of the 3 updates, none an hour after the start: the final one alone.
+    # (checkpoint_min_s=0 saves after each: test_summary_says_running_while_the_run_is_alive.)
+    assert saved == [3]
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])

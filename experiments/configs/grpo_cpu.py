@@ -31,6 +31,9 @@ def get_config(arg=None):
     c.pretrain.eval_every = 2
     c.pretrain.seed = 2
     c.budget_responses = 8192
+    # A run here takes 10-30 s: it checkpoints at its end, and every 25 updates only once
+    # a minute has passed (a crash redoes at most that much; docs/cpu_study.md).
+    c.checkpoint_min_s = 60.0
     c.eval_every_responses = 256
     c.rollout_keys = "prompt"  # common random numbers across P x G (docs/cpu_study.md)
     c.eval_metric = "p_ref"

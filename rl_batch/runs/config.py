@@ -161,6 +161,11 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value) -> bool:
+    """True for a finite int or float that is not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _dataclass_errors(cls, fields: dict[str, tuple[str, object]]) -> list[str]:
     """Runs ``cls``'s own validation on each config key, beside the keys valid alone.
 
@@ -201,6 +206,11 @@ def _check_run_fields(c: ConfigDict, check) -> None:
         "max_empty_rollouts",
     ):
         check(_is_int(c[name]) and c[name] >= 1, f"{name}={c[name]!r}: must be an int >= 1")
+    every_s = c.get("checkpoint_min_s", 0.0)
+    check(
+        _is_number(every_s) and every_s >= 0,
+        f"checkpoint_min_s={every_s!r}: must be a number >= 0 (seconds; 0 = none skipped)",
+    )
     check(
         _is_int(c.gen_batch) and c.gen_batch >= 0,
         f"gen_batch={c.gen_batch!r}: must be an int >= 0 (0 = the whole batch at once)",

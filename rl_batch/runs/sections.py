@@ -478,6 +478,9 @@ class RunIO:
         cache; ``$JAX_COMPILATION_CACHE_DIR``, when set, wins).
       budget_responses: the runway: retained responses before the run stops.
       checkpoint_every: updates between checkpoints.
+      checkpoint_min_s: a checkpoint due by ``checkpoint_every`` is skipped while fewer
+        than this many seconds passed since the run's last save (or its start); 0 = none
+        skipped. The final checkpoint is always written: a crash loses at most this long.
       max_consecutive_skips: non-finite updates in a row before the run stops.
       max_empty_rollouts: all-filtered rollout batches in a row before the run stops.
       max_kv_bytes: KV-cache bound of one generation chunk; 0 = unchecked (the run stops
@@ -499,6 +502,7 @@ class RunIO:
     xla_cache: bool = dataclasses.field(default=True, metadata={"resume": True})
     budget_responses: int = dataclasses.field(default=16_384, metadata={"resume": True})
     checkpoint_every: int = dataclasses.field(default=25, metadata={"resume": True})
+    checkpoint_min_s: float = dataclasses.field(default=0.0, metadata={"resume": True})
     max_consecutive_skips: int = dataclasses.field(default=5, metadata={"resume": True})
     max_empty_rollouts: int = dataclasses.field(default=20, metadata={"resume": True})
     max_kv_bytes: int = 0
