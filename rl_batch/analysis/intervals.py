@@ -24,6 +24,7 @@ function returns ``(point, lo, hi)``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,8 +33,10 @@ from scipy import stats
 NAN = float("nan")
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(df: float, level: float) -> float:
-    """The two-sided Student-t quantile for coverage ``level`` at ``df`` degrees of freedom."""
+    """The two-sided Student-t quantile for coverage ``level`` at ``df`` degrees of freedom
+    (kept: a report's resamples ask for the same few tens of thousands of times)."""
     return float(stats.t.ppf(0.5 + level / 2.0, df))
 
 
