@@ -31,8 +31,8 @@ def get_config(arg=None):
     c.pretrain.eval_every = 2
     c.pretrain.seed = 2
     c.budget_responses = 8192
-    # A run here takes 10-30 s: it checkpoints at its end, and every 25 updates only once
-    # a minute has passed (a crash redoes at most that much; docs/cpu_study.md).
+    # A run here takes 10-60 s: it checkpoints at its end, and every 25 updates only once
+    # a minute has passed since its last save (docs/reliability.md).
     c.checkpoint_min_s = 60.0
     c.eval_every_responses = 256
     c.rollout_keys = "prompt"  # common random numbers across P x G (docs/cpu_study.md)

@@ -480,7 +480,8 @@ class RunIO:
       checkpoint_every: updates between checkpoints.
       checkpoint_min_s: a checkpoint due by ``checkpoint_every`` is skipped while fewer
         than this many seconds passed since the run's last save (or its start); 0 = none
-        skipped. The final checkpoint is always written: a crash loses at most this long.
+        skipped. The final checkpoint is always written; a crash loses at most this long
+        plus ``checkpoint_every`` updates.
       max_consecutive_skips: non-finite updates in a row before the run stops.
       max_empty_rollouts: all-filtered rollout batches in a row before the run stops.
       max_kv_bytes: KV-cache bound of one generation chunk; 0 = unchecked (the run stops
