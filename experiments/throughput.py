@@ -102,6 +102,12 @@ _MIN_SLOTS = flags.DEFINE_integer(
     sampler_lib.SamplingConfig.min_slots,
     "--part=engine: the continuous engine's narrowest loop (SamplingConfig.min_slots).",
 )
+_WIDTHS_PER_HALVING = flags.DEFINE_list(
+    "widths_per_halving",
+    [str(sampler_lib.SamplingConfig.widths_per_halving)],
+    "--part=engine: the continuous engine's loop widths per halving of its slots "
+    "(SamplingConfig.widths_per_halving); a list runs each (labels end in 'wN').",
+)
 _DATA_DEVICES = flags.DEFINE_integer(
     "data_devices",
     -1,
@@ -132,6 +138,8 @@ class Settings:
     length_sigma: float = 1.0  # --part=engine: log-normal sigma of the forced lengths
     attn_blocks: tuple[int, ...] = (0, 32)  # --part=engine: attention modes (0: full)
     min_slots: int = sampler_lib.SamplingConfig.min_slots  # --part=engine: narrowest loop
+    # --part=engine: loop widths per halving of the continuous engine's slots, each timed
+    widths_per_halving: tuple[int, ...] = (sampler_lib.SamplingConfig.widths_per_halving,)
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -631,20 +639,27 @@ def run_all(settings: Settings) -> dict:
 
 def engine_configs(settings: Settings) -> list[tuple[str, sampler_lib.SamplingConfig]]:
     """(label, sampling config) of each engine the part times: static, then continuous
-    at each slot count, each in every attention mode of ``attn_blocks`` (0: full)."""
+    at each slot count and each of ``widths_per_halving`` (labelled ``wN`` when more than
+    one), each in every attention mode of ``attn_blocks`` (0: full)."""
 
-    def label(name: str, block: int) -> str:
-        return name + (f" blk{block}" if block else "")
+    def label(name: str, block: int, per_halving: int = 0) -> str:
+        several = per_halving and len(settings.widths_per_halving) > 1
+        return name + (f" blk{block}" if block else "") + (f" w{per_halving}" if several else "")
 
     configs = [
         (label("static", b), sampler_lib.SamplingConfig(attn_block=b)) for b in settings.attn_blocks
     ]
     for slots in settings.slots:
-        for b in settings.attn_blocks:
-            cfg = sampler_lib.SamplingConfig(
-                engine="continuous", slots=slots, attn_block=b, min_slots=settings.min_slots
-            )
-            configs.append((label(f"continuous {slots}", b), cfg))
+        for k in settings.widths_per_halving:
+            for b in settings.attn_blocks:
+                cfg = sampler_lib.SamplingConfig(
+                    engine="continuous",
+                    slots=slots,
+                    attn_block=b,
+                    min_slots=settings.min_slots,
+                    widths_per_halving=k,
+                )
+                configs.append((label(f"continuous {slots}", b, k), cfg))
     return configs
 
 
@@ -715,6 +730,7 @@ def run_engine(settings: Settings) -> dict:
                 "slots": st["slots"],
                 "attn_block": cfg.attn_block,
                 "min_slots": cfg.min_slots,
+                "widths_per_halving": cfg.widths_per_halving,
                 "time_s": time_s,
                 "compile_s": compile_s[label],
                 "tokens_per_s": generated / time_s,
@@ -821,6 +837,7 @@ def settings_from_flags() -> Settings:
         length_sigma=_LENGTH_SIGMA.value,
         attn_blocks=_ints(_ATTN_BLOCKS),
         min_slots=_MIN_SLOTS.value,
+        widths_per_halving=_ints(_WIDTHS_PER_HALVING),
     )
 
 

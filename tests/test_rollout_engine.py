@@ -73,21 +73,19 @@ def test_per_row_limits_end_each_row_at_its_own_length(params, sampler):
 GREEDY, TEMPERATURE = SamplingConfig(greedy=True), SamplingConfig(temperature=1.3, top_k=20)
 
 
-def slot_schedule(decode_lens, slots, min_slots):
+def slot_schedule(decode_lens, slots, min_slots, per_halving=1):
     """(decode steps, slot-steps) of the continuous engine, simulated in Python: queued
     rows (decode tokens each, in queue order) fill free slots in slot order before each
-    step; once no row waits and at most half the slots are busy, the busy ones move to
-    the front of a loop of half the width, down to ``min_slots``."""
-    widths = [slots]
-    while widths[-1] // 2 >= min_slots:
-        widths.append(widths[-1] // 2)
+    step; once no row waits and the next width holds every busy slot, the busy ones move
+    to the front of that narrower loop (``slot_widths``, checked by hand below)."""
+    widths = sampler_lib.slot_widths(slots, min_slots, per_halving)
     queue, left = list(decode_lens), [0] * slots  # tokens left per slot
     steps = slot_steps = 0
     for i, width in enumerate(widths):
         left = sorted(left, key=lambda x: x == 0)[:width]
-        last = i == len(widths) - 1
+        narrower = widths[i + 1] if i + 1 < len(widths) else 0
         while queue or any(left):
-            if not queue and not last and sum(x > 0 for x in left) <= width // 2:
+            if not queue and narrower and sum(x > 0 for x in left) <= narrower:
                 break
             for j in range(width):
                 if left[j] == 0 and queue:
@@ -106,6 +104,10 @@ def test_slot_schedule_by_hand():
     # 2 slots for 7 steps: 4 + 14 slot-steps instead of 32.
     assert slot_schedule([8, 1, 1, 1], 4, 2) == (8, 18)
     assert slot_schedule([8, 1, 1, 1], 4, 4) == (8, 32)
+    # 4 slots with a width of 3 between the halvings: rows of 8, 8, 2, 1 narrow to 3
+    # slots after step 1 (3 busy), to 2 after step 2: 4 + 3 + 2 x 6 slot-steps.
+    assert slot_schedule([8, 8, 2, 1], 4, 2, 2) == (8, 19)
+    assert slot_schedule([8, 8, 2, 1], 4, 2, 1) == (8, 4 * 2 + 2 * 6)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +133,9 @@ def test_continuous_gives_each_row_the_static_tokens(params, sampler, base, slot
     assert stats["engine"] == "continuous" and stats["slots"] == (min(slots, 8) or 8)
     assert stats["decode_tokens"] == int(ref.lengths.sum()) - len(PROMPTS)
     decode_lens = [int(n) - 1 for n in ref.lengths if n > 1]  # queued rows, in row order
-    expected = slot_schedule(decode_lens, stats["slots"], cont.min_slots)
+    expected = slot_schedule(
+        decode_lens, stats["slots"], cont.min_slots, cont.widths_per_halving
+    )
     assert (stats["decode_steps"], stats["slot_steps"]) == expected
     if slots == 1:  # one slot never idles while rows wait: every slot-step is useful
         assert stats["slot_steps"] == stats["decode_tokens"]
@@ -216,7 +220,7 @@ def test_continuous_on_a_sharded_batch_gives_the_static_samples(params, mesh_sha
     lens = [int(n) - 1 for n in ref.lengths] + [0] * 4
     per = 16 // mesh_shape[0]
     parts = [[x for x in lens[i : i + per] if x > 0] for i in range(0, 16, per)]
-    steps = [slot_schedule(part, per, 2) for part in parts]
+    steps = [slot_schedule(part, per, 2, cont.widths_per_halving) for part in parts]
     assert stats["decode_steps"] == max(s for s, _ in steps)
     assert stats["slot_steps"] == sum(s for _, s in steps)
 
@@ -230,8 +234,13 @@ def test_continuous_config_errors(params):
         SamplingConfig(attn_block=-1)
     with pytest.raises(ValueError, match="min_slots must be an int >= 2"):
         SamplingConfig(engine="continuous", min_slots=1)
+    with pytest.raises(ValueError, match="widths_per_halving must be an int >= 1"):
+        SamplingConfig(engine="continuous", widths_per_halving=0)
     assert sampler_lib.slot_widths(64, 2) == [64, 32, 16, 8, 4, 2]
     assert sampler_lib.slot_widths(6, 2) == [6, 3] and sampler_lib.slot_widths(8, 8) == [8]
+    assert sampler_lib.slot_widths(64, 2, 2) == [64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2]
+    assert sampler_lib.slot_widths(6, 2, 2) == [6, 5, 3] and sampler_lib.slot_widths(3, 2, 2) == [3]
+    assert sampler_lib.slot_widths(8, 2, 4) == [8, 7, 6, 5, 4, 3, 2]
     cfg = SamplingConfig.from_dict({"engine": "continuous", "slots": 4, "attn_block": 16})
     assert (cfg.engine, cfg.slots, cfg.attn_block) == ("continuous", 4, 16)
 

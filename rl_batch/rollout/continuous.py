@@ -88,11 +88,19 @@ def _refill(state: ContinuousState) -> ContinuousState:
     )
 
 
-def slot_widths(slots: int, min_slots: int) -> list[int]:
-    """The continuous engine's loop widths: ``slots``, then halved while >= ``min_slots``."""
+def slot_widths(slots: int, min_slots: int, per_halving: int = 1) -> list[int]:
+    """The continuous engine's loop widths, widest first: ``slots`` halved while >=
+    ``min_slots``, with ``per_halving`` - 1 evenly spaced widths between each halving
+    (per_halving 2: 64, 48, 32, 24, ..., 3, 2)."""
+    halvings = [slots]
+    while halvings[-1] // 2 >= min_slots:
+        halvings.append(halvings[-1] // 2)
     widths = [slots]
-    while widths[-1] // 2 >= min_slots:
-        widths.append(widths[-1] // 2)
+    for wide, narrow in zip(halvings, halvings[1:]):
+        for j in range(1, per_halving + 1):
+            width = wide - (j * (wide - narrow)) // per_halving  # narrow at j = per_halving
+            if width < widths[-1]:
+                widths.append(width)
     return widths
 
 
@@ -180,9 +188,10 @@ def sample_continuous(
     token 0 (as ``prefill``). Rows not done then wait in a queue. Each iteration of one
     ``lax.while_loop`` first starts queued rows in the free slots (``_refill``), then
     runs one decode step for all slots, each at its own position. Once the queue is
-    empty and at most half the slots are busy, the busy ones move into a loop of half
-    the width (``_compact``; ``slot_widths`` down to ``sampling.min_slots``), so the
-    tail of long rows does not decode beside idle slots. The last loop ends when every
+    empty and no more slots are busy than the next width holds, the busy ones move into
+    that narrower loop (``_compact``; ``slot_widths``: halvings down to
+    ``sampling.min_slots``, ``sampling.widths_per_halving`` widths each), so the tail of
+    long rows does not decode beside idle slots. The last loop ends when every
     slot is free. Row b draws its token i with ``fold_in(row_keys(rng, B)[b], i)``, its
     cache slots are laid out as in ``decode`` and both engines write a step's keys with
     the same per-row scatter, so its tokens are the static engine's and its log-probs
@@ -255,17 +264,17 @@ def sample_continuous(
         refill = jnp.any(s.done_w) & (s.next_q < s.num_queued)
         return step(jax.lax.cond(refill, _refill, lambda x: x, s))
 
-    widths = slot_widths(c, sampling.min_slots)
+    widths = slot_widths(c, sampling.min_slots, sampling.widths_per_halving)
     for i, width in enumerate(widths):
         if i:
             state = _compact(state, width)
-        last = i == len(widths) - 1
+        narrower = widths[i + 1] if i + 1 < len(widths) else 0
 
-        def cond(s: ContinuousState, width=width, last=last) -> jax.Array:
+        def cond(s: ContinuousState, narrower=narrower) -> jax.Array:
             queued = s.next_q < s.num_queued
             busy_w = ~s.done_w
-            # A narrower loop takes over once no row waits and half the slots hold all.
-            narrow = ~queued & (jnp.sum(busy_w) <= width // 2) & (not last)
+            # A narrower loop takes over once no row waits and its slots hold every busy one.
+            narrow = ~queued & (jnp.sum(busy_w) <= narrower) & (narrower > 0)
             return (queued | jnp.any(busy_w)) & ~narrow
 
         # A narrower loop starts once no row waits: it never refills.
@@ -354,8 +363,8 @@ def kv_cache_slots(sampling: SamplingConfig, rows: int, prompt_len: int, respons
     """Cache slots (one K and one V vector per layer and KV head each) that a call of
     ``rows`` bucketed rows holds: static, the [B, K, I + R, H] decode cache (B x (I + R));
     continuous, every row's prompt cache [B, K, I, H] plus the [W, K, I + R, H] slot cache
-    (B x I + W x (I + R), W = ``decode_slots``), and while the loop narrows to W / 2
-    slots (``_compact``) the narrower cache beside the wider one (+ W / 2 x (I + R))."""
+    (B x I + W x (I + R), W = ``decode_slots``), and while the loop narrows to its next
+    width W' (``_compact``) the narrower cache beside the wider one (+ W' x (I + R))."""
     s = prompt_len + response_len
     if sampling.engine != "continuous":
         return rows * s
@@ -364,6 +373,7 @@ def kv_cache_slots(sampling: SamplingConfig, rows: int, prompt_len: int, respons
 
 
 def narrowed_slots(sampling: SamplingConfig, slots: int) -> int:
-    """Slots of the continuous engine's first narrower loop (W / 2), made while the
-    W-slot cache still lives; 0 when ``slots`` never narrow (``slot_widths``)."""
-    return slots // 2 if len(slot_widths(slots, sampling.min_slots)) > 1 else 0
+    """Slots of the continuous engine's first narrower loop (``slot_widths``' second
+    width), made while the W-slot cache still lives; 0 when ``slots`` never narrow."""
+    widths = slot_widths(slots, sampling.min_slots, sampling.widths_per_halving)
+    return widths[1] if len(widths) > 1 else 0

@@ -183,6 +183,10 @@ class SamplingConfig:
         that the last long rows do not decode beside idle slots. Each width is its own
         loop in the program (compile time grows with log2(slots / min_slots)); the
         tokens and log-probs do not change.
+      widths_per_halving: loop widths per halving of the continuous engine's slots (>= 1):
+        1 steps W, W / 2, W / 4, ...; 2 adds 3/4 between (W, 3W / 4, W / 2, 3W / 8, ...),
+        so a narrower loop takes over once a quarter of the slots idle instead of half,
+        for about twice the loops to compile (``continuous.slot_widths``).
     """
 
     temperature: float = 1.0
@@ -193,6 +197,7 @@ class SamplingConfig:
     slots: int = 0
     attn_block: int = 0
     min_slots: int = 2
+    widths_per_halving: int = 2
 
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
@@ -208,6 +213,11 @@ class SamplingConfig:
         if not (isinstance(self.min_slots, int) and self.min_slots >= 2):
             raise ValueError(
                 f"SamplingConfig.min_slots must be an int >= 2, got {self.min_slots!r}"
+            )
+        if not (isinstance(self.widths_per_halving, int) and self.widths_per_halving >= 1):
+            raise ValueError(
+                "SamplingConfig.widths_per_halving must be an int >= 1, got "
+                f"{self.widths_per_halving!r}"
             )
         if not (isinstance(self.attn_block, int) and self.attn_block >= 0):
             raise ValueError(

@@ -115,6 +115,8 @@ class Sampling:
         (either engine); 0 = the einsum reference over all slots.
       min_slots: the continuous engine halves its slots once no row waits and half are
         idle, down to this many (>= 2; = slots: never); each width compiles its own loop.
+      widths_per_halving: the continuous engine's loop widths per halving of its slots
+        (1: halve; 2: W, 3W / 4, W / 2, ...: less idle tail, twice the loops).
     """
 
     temperature: float = _SAMPLER_DEFAULTS["temperature"]
@@ -125,6 +127,7 @@ class Sampling:
     slots: int = _SAMPLER_DEFAULTS["slots"]
     attn_block: int = _SAMPLER_DEFAULTS["attn_block"]
     min_slots: int = _SAMPLER_DEFAULTS["min_slots"]
+    widths_per_halving: int = _SAMPLER_DEFAULTS["widths_per_halving"]
 
     def __post_init__(self):
         # (a config.json's list of stop strings, JSON having no tuples)
