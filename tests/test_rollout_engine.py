@@ -133,9 +133,7 @@ def test_continuous_gives_each_row_the_static_tokens(params, sampler, base, slot
     assert stats["engine"] == "continuous" and stats["slots"] == (min(slots, 8) or 8)
     assert stats["decode_tokens"] == int(ref.lengths.sum()) - len(PROMPTS)
     decode_lens = [int(n) - 1 for n in ref.lengths if n > 1]  # queued rows, in row order
-    expected = slot_schedule(
-        decode_lens, stats["slots"], cont.min_slots, cont.widths_per_halving
-    )
+    expected = slot_schedule(decode_lens, stats["slots"], cont.min_slots, cont.widths_per_halving)
     assert (stats["decode_steps"], stats["slot_steps"]) == expected
     if slots == 1:  # one slot never idles while rows wait: every slot-step is useful
         assert stats["slot_steps"] == stats["decode_tokens"]
