@@ -741,6 +741,7 @@ def run_engine(settings: Settings) -> dict:
                 "decode_steps": st["decode_steps"],
                 "load_1min": timed[label].median_load1,
                 "repeats": timed[label].repeats,
+                "times_s": list(timed[label].time_s),  # one per round, in round order
             }
         )
     print(format_engine_table(table, ideal))
@@ -764,13 +765,22 @@ def ideal_speedup(lengths: np.ndarray) -> float:
 
 
 def format_engine_table(rows: list[dict], ideal: float) -> str:
-    """The engine table: each row's speedup over the fastest static row ("x best static")
-    and that speedup's share of the count-of-work ``ideal`` ("of ideal")."""
+    """The engine table: each row's speedup over the fastest static row ("x best static"),
+    that speedup's share of the count-of-work ``ideal`` ("of ideal", from median times)
+    and the least and largest share over the rounds ("rounds": each round's time against
+    the fastest static row's time in the same round, ``bench.ratio_summary``)."""
     columns = [
         "engine", "slots", "time s", "compile s", "tok/s", "x best static", "of ideal",
-        "useful", "KV B/tok", "steps", "load1",
+        "rounds", "useful", "KV B/tok", "steps", "load1",
     ]  # fmt: skip
-    best = max(r["tokens_per_s"] for r in rows if r["engine"].startswith("static"))
+    static = [r for r in rows if r["engine"].startswith("static")]
+    best_row = max(static, key=lambda r: r["tokens_per_s"])
+    best = best_row["tokens_per_s"]
+
+    def rounds(row: dict) -> str:
+        _, lo, hi = bench.ratio_summary(row["times_s"], best_row["times_s"])
+        return f"{lo / ideal:.2f}-{hi / ideal:.2f}"
+
     return bench.markdown_table(
         columns,
         [
@@ -782,6 +792,7 @@ def format_engine_table(rows: list[dict], ideal: float) -> str:
                 f"{row['tokens_per_s']:.0f}",
                 f"{row['tokens_per_s'] / best:.2f}",
                 f"{row['tokens_per_s'] / best / ideal:.2f}",
+                rounds(row),
                 f"{row['useful_fraction']:.3f}",
                 f"{row['cache_bytes_per_token']:.0f}",
                 row["decode_steps"],
