@@ -111,11 +111,20 @@ def test_slot_schedule_by_hand():
 
 
 @pytest.mark.parametrize(
-    "base,slots,block",
-    [(GREEDY, 1, 0), (GREEDY, 3, 8), (TEMPERATURE, 2, 0), (TEMPERATURE, 64, 16), (GREEDY, 0, 0)],
+    "base,slots,block,per_halving",
+    [
+        (GREEDY, 1, 0, 1),
+        (GREEDY, 3, 8, 1),
+        (TEMPERATURE, 2, 0, 1),
+        (TEMPERATURE, 64, 16, 1),
+        (GREEDY, 0, 0, 1),
+        (TEMPERATURE, 8, 0, 2),  # widths 8, 6, 4, 3, 2
+    ],
 )
 @pytest.mark.slow  # 34 s in the fast tier at b3308b3 (2 cores, load 2-5)
-def test_continuous_gives_each_row_the_static_tokens(params, sampler, base, slots, block):
+def test_continuous_gives_each_row_the_static_tokens(
+    params, sampler, base, slots, block, per_halving
+):
     # EOS inside the vocabulary and forced limits: rows stop at very different lengths.
     stopping = sampler_lib.Sampler(
         CONFIG, eos_id=(9, 30), pad_id=PAD, max_prompt_len=8, max_new_tokens=32
@@ -125,7 +134,9 @@ def test_continuous_gives_each_row_the_static_tokens(params, sampler, base, slot
     ref_cfg = dataclasses.replace(base, attn_block=block)
     ref = stopping(params, PROMPTS, rng=jax.random.key(3), sampling=ref_cfg, max_new_tokens=limits)
     static_steps = stopping.last_stats["slot_steps"]
-    cont = dataclasses.replace(base, engine="continuous", slots=slots, attn_block=block)
+    cont = dataclasses.replace(
+        base, engine="continuous", slots=slots, attn_block=block, widths_per_halving=per_halving
+    )
     out = stopping(params, PROMPTS, rng=jax.random.key(3), sampling=cont, max_new_tokens=limits)
     assert_same_samples(out, ref, exact=slots != 1)
     stats = stopping.last_stats
@@ -239,6 +250,10 @@ def test_continuous_config_errors(params):
     assert sampler_lib.slot_widths(64, 2, 2) == [64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2]
     assert sampler_lib.slot_widths(6, 2, 2) == [6, 5, 3] and sampler_lib.slot_widths(3, 2, 2) == [3]
     assert sampler_lib.slot_widths(8, 2, 4) == [8, 7, 6, 5, 4, 3, 2]
+    # The cache while 4 slots narrow: their next width's beside them (8 rows, I 32, R 480).
+    for per_halving, narrower in ((1, 2), (2, 3)):
+        cfg = SamplingConfig(engine="continuous", slots=4, widths_per_halving=per_halving)
+        assert sampler_lib.kv_cache_slots(cfg, 8, 32, 480) == 8 * 32 + (4 + narrower) * 512
     cfg = SamplingConfig.from_dict({"engine": "continuous", "slots": 4, "attn_block": 16})
     assert (cfg.engine, cfg.slots, cfg.attn_block) == ("continuous", 4, 16)
 

@@ -186,7 +186,9 @@ class SamplingConfig:
       widths_per_halving: loop widths per halving of the continuous engine's slots (>= 1):
         1 steps W, W / 2, W / 4, ...; 2 adds 3/4 between (W, 3W / 4, W / 2, 3W / 8, ...),
         so a narrower loop takes over once a quarter of the slots idle instead of half,
-        for about twice the loops to compile (``continuous.slot_widths``).
+        for about twice the loops to compile (``continuous.slot_widths``). On a CPU the
+        tail's narrow steps cost about as much as wider ones, so 2 was no faster
+        (docs/rollout_engine.md).
     """
 
     temperature: float = 1.0
@@ -197,7 +199,7 @@ class SamplingConfig:
     slots: int = 0
     attn_block: int = 0
     min_slots: int = 2
-    widths_per_halving: int = 2
+    widths_per_halving: int = 1
 
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
