@@ -6,6 +6,10 @@ r"""Throughput benchmarks, one part per component.
 ``--part=engine``: static against continuous batching (and full against blocked decode
 attention) at forced long-tail response lengths; see ``run_engine``.
 
+``--part=widths``: the seconds of one decode step at each width of ``--batches`` (both
+engines, every row ``--new_tokens`` long, interleaved): what a narrow loop in the
+continuous engine's tail costs per row against a wide one; see ``run_widths``.
+
 ``--part=sampler``: tokens/s of ``rl_batch.rollout.sampler.Sampler`` against Hugging Face
 ``generate`` (PyTorch CPU, KV cache, sampling) on the same Qwen3 weights, for a range of
 batch sizes, plus the FLOP/s achieved while decoding against a large jitted matmul
@@ -757,6 +761,72 @@ def run_engine(settings: Settings) -> dict:
     }
 
 
+def run_widths(settings: Settings) -> dict:
+    """Seconds per decode step at each width W of ``batches``: W rows of ``new_tokens``
+    tokens each (no row ends early, so every step decodes all W), with the static engine
+    and the continuous one (``slots`` = W: one loop), in the first attention mode of
+    ``attn_blocks``, interleaved (``bench.time_interleaved``). Each call's median time
+    over its ``new_tokens`` - 1 decode steps (prefill included: one step's worth) gives
+    ms/step, and ms/step / W the cost of one row-step. The continuous engine's tail runs
+    at narrow widths, so where a row-step costs more there, fewer idle slots (a higher
+    useful fraction) saves less time than their count."""
+    p_len, r_len = settings.prompt_len, settings.new_tokens
+    config = model_lib.get_preset(settings.preset, vocab_size=settings.vocab_size)
+    config = config.replace(max_seq_len=max(config.max_seq_len, p_len + r_len))
+    params = model_lib.init_params(config, settings.seed)
+    sampler = _make_sampler(config, p_len, r_len)
+    block = settings.attn_blocks[0]
+    rng, key = np.random.RandomState(settings.seed + 1), jax.random.key(settings.seed)
+    calls = {}
+    for width in settings.batches:
+        prompts = rng.randint(1, config.vocab_size, (width, p_len)).tolist()
+        for engine in ("static", "continuous"):
+            cfg = sampler_lib.SamplingConfig(engine=engine, attn_block=block)
+
+            def call(_, prompts=prompts, cfg=cfg) -> None:
+                out = sampler(params, prompts, rng=key, sampling=cfg, max_new_tokens=r_len)
+                assert int(out.lengths.min()) == r_len, out.lengths
+
+            calls[(engine, width)] = call
+    print(
+        f"widths: model {settings.preset} ({config.num_params / 1e6:.2f}M params), prompt "
+        f"{p_len}, {r_len} tokens a row, attn_block {block}; device {device_description()}",
+        flush=True,
+    )
+    timed = bench.time_interleaved(
+        calls, min_repeats=settings.min_repeats, min_time_s=settings.min_time_s, warmup=True
+    )
+    widest = max(settings.batches)
+    table = []
+    for (engine, width), t in timed.items():
+        step_s = t.median_s / max(r_len - 1, 1)
+        row = {"engine": engine, "width": width, "attn_block": block, "step_s": step_s}
+        row |= {"row_step_s": step_s / width, "load_1min": t.median_load1, "repeats": t.repeats}
+        table.append(row)
+    wide = {r["engine"]: r["row_step_s"] for r in table if r["width"] == widest}
+    print(
+        bench.markdown_table(
+            ["engine", "W", "ms/step", "ms/row-step", f"x W = {widest}", "load1"],
+            [
+                [
+                    r["engine"],
+                    r["width"],
+                    f"{r['step_s'] * 1e3:.2f}",
+                    f"{r['row_step_s'] * 1e3:.3f}",
+                    f"{r['row_step_s'] / wide[r['engine']]:.2f}",
+                    f"{r['load_1min']:.2f}",
+                ]
+                for r in table
+            ],
+        )
+    )
+    return {
+        "device": device_description(),
+        "widths": table,
+        "widths_settings": dataclasses.asdict(settings),
+    }
+
+
 def ideal_speedup(lengths: np.ndarray) -> float:
     """The count-of-work ideal of a continuous engine over a static one: the static engine
     decodes every row for the longest row's steps (B x max), a continuous one only each
@@ -806,6 +876,7 @@ def format_engine_table(rows: list[dict], ideal: float) -> str:
 PARTS: dict[str, Callable[[Settings], dict]] = {
     "sampler": run_sampler,
     "engine": run_engine,
+    "widths": run_widths,
     "update": run_update,
     "all": run_all,
 }
@@ -870,7 +941,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _PART.value not in PARTS:
         raise app.UsageError(f"--part={_PART.value!r}; expected one of {sorted(PARTS)}")
-    if _PART.value == "engine" and not _ATTN_BLOCKS.value:
+    if _PART.value in ("engine", "widths") and not _ATTN_BLOCKS.value:
         raise app.UsageError("--attn_blocks is empty; expected attention modes, e.g. 0,32")
     if _CPU_DEVICES.value < 0:
         raise app.UsageError(f"--cpu_devices={_CPU_DEVICES.value}; expected >= 0")

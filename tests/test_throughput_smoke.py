@@ -139,6 +139,25 @@ def test_engine_part_compares_every_engine_in_every_attention_mode(capsys):
     assert f"| {ratio / ideal:.2f} | {ratio / ideal:.2f}-{ratio / ideal:.2f} |" in table
 
 
+def test_widths_part_times_a_decode_step_at_each_width(capsys):
+    settings = throughput.Settings(
+        preset="tiny-1m", prompt_len=4, new_tokens=9, batches=(1, 4), attn_blocks=(8,),
+        min_repeats=2, min_time_s=0,
+    )  # fmt: skip
+    result = throughput.run_widths(settings)
+    rows = {(r["engine"], r["width"]): r for r in result["widths"]}
+    assert sorted(rows) == [("continuous", 1), ("continuous", 4), ("static", 1), ("static", 4)]
+    for (_, width), row in rows.items():
+        assert row["repeats"] == 2 and row["attn_block"] == 8
+        assert row["row_step_s"] == pytest.approx(row["step_s"] / width) and row["step_s"] > 0
+    # The table's last column: a row-step's cost against the widest width's, per engine.
+    table = capsys.readouterr().out
+    wide = rows[("static", 4)]["row_step_s"]
+    one = rows[("static", 1)]
+    assert f"| static | 1 | {one['step_s'] * 1e3:.2f} |" in table
+    assert f"| {one['row_step_s'] / wide:.2f} |" in table and "| x W = 4 |" in table
+
+
 def test_compile_seconds_counts_a_new_program_and_not_a_cached_one():
     import jax
     import jax.numpy as jnp
