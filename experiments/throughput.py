@@ -44,6 +44,7 @@ register it in ``PARTS``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import platform
@@ -101,10 +102,11 @@ _ATTN_BLOCKS = flags.DEFINE_list(
     "--part=engine: decode attention modes every engine runs in: 0 full attention, K > 0 "
     "blocked attention in blocks of K slots.",
 )
-_MIN_SLOTS = flags.DEFINE_integer(
+_MIN_SLOTS = flags.DEFINE_list(
     "min_slots",
-    sampler_lib.SamplingConfig.min_slots,
-    "--part=engine: the continuous engine's narrowest loop (SamplingConfig.min_slots).",
+    [str(sampler_lib.SamplingConfig.min_slots)],
+    "--part=engine: the continuous engine's narrowest loop (SamplingConfig.min_slots); a "
+    "list runs each (labels end in 'mN').",
 )
 _WIDTHS_PER_HALVING = flags.DEFINE_list(
     "widths_per_halving",
@@ -141,7 +143,8 @@ class Settings:
     slots: tuple[int, ...] = (8, 16, 32)  # --part=engine: continuous slot counts
     length_sigma: float = 1.0  # --part=engine: log-normal sigma of the forced lengths
     attn_blocks: tuple[int, ...] = (0, 32)  # --part=engine: attention modes (0: full)
-    min_slots: int = sampler_lib.SamplingConfig.min_slots  # --part=engine: narrowest loop
+    # --part=engine: the continuous engine's narrowest loops, each timed
+    min_slots: tuple[int, ...] = (sampler_lib.SamplingConfig.min_slots,)
     # --part=engine: loop widths per halving of the continuous engine's slots, each timed
     widths_per_halving: tuple[int, ...] = (sampler_lib.SamplingConfig.widths_per_halving,)
 
@@ -643,27 +646,28 @@ def run_all(settings: Settings) -> dict:
 
 def engine_configs(settings: Settings) -> list[tuple[str, sampler_lib.SamplingConfig]]:
     """(label, sampling config) of each engine the part times: static, then continuous
-    at each slot count and each of ``widths_per_halving`` (labelled ``wN`` when more than
-    one), each in every attention mode of ``attn_blocks`` (0: full)."""
+    at each slot count, each ``min_slots`` and each ``widths_per_halving`` (labelled
+    ``mN`` and ``wN`` when more than one is given), each in every attention mode of
+    ``attn_blocks`` (0: full)."""
 
-    def label(name: str, block: int, per_halving: int = 0) -> str:
-        several = per_halving and len(settings.widths_per_halving) > 1
-        return name + (f" blk{block}" if block else "") + (f" w{per_halving}" if several else "")
+    def label(name: str, block: int, cfg: sampler_lib.SamplingConfig | None = None) -> str:
+        name += f" blk{block}" if block else ""
+        if cfg is not None and len(settings.min_slots) > 1:
+            name += f" m{cfg.min_slots}"
+        if cfg is not None and len(settings.widths_per_halving) > 1:
+            name += f" w{cfg.widths_per_halving}"
+        return name
 
     configs = [
         (label("static", b), sampler_lib.SamplingConfig(attn_block=b)) for b in settings.attn_blocks
     ]
-    for slots in settings.slots:
-        for k in settings.widths_per_halving:
-            for b in settings.attn_blocks:
-                cfg = sampler_lib.SamplingConfig(
-                    engine="continuous",
-                    slots=slots,
-                    attn_block=b,
-                    min_slots=settings.min_slots,
-                    widths_per_halving=k,
-                )
-                configs.append((label(f"continuous {slots}", b, k), cfg))
+    for slots, m, k, b in itertools.product(
+        settings.slots, settings.min_slots, settings.widths_per_halving, settings.attn_blocks
+    ):
+        cfg = sampler_lib.SamplingConfig(
+            engine="continuous", slots=slots, attn_block=b, min_slots=m, widths_per_halving=k
+        )
+        configs.append((label(f"continuous {slots}", b, cfg), cfg))
     return configs
 
 
@@ -918,7 +922,7 @@ def settings_from_flags() -> Settings:
         slots=_ints(_SLOTS),
         length_sigma=_LENGTH_SIGMA.value,
         attn_blocks=_ints(_ATTN_BLOCKS),
-        min_slots=_MIN_SLOTS.value,
+        min_slots=_ints(_MIN_SLOTS),
         widths_per_halving=_ints(_WIDTHS_PER_HALVING),
     )
 

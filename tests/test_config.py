@@ -358,7 +358,7 @@ def test_the_rollout_engine_fields_are_checked_before_any_compute():
         "sampling.engine": ("paged", "sampling.engine='paged': SamplingConfig.engine must be"),
         "sampling.slots": (-1, "sampling.slots=-1: SamplingConfig.slots must be an int >= 0"),
         "sampling.attn_block": (-8, "sampling.attn_block=-8: SamplingConfig.attn_block must"),
-        "sampling.min_slots": (1, "sampling.min_slots=1: SamplingConfig.min_slots must be"),
+        "sampling.min_slots": (0, "sampling.min_slots=0: SamplingConfig.min_slots must be"),
     }
     for key, (value, message) in cases.items():
         with pytest.raises(ValueError, match=re.escape(message)):

@@ -112,7 +112,7 @@ def test_engine_part_compares_every_engine_in_every_attention_mode(capsys):
         engine_rows=8,
         slots=(2, 4),
         attn_blocks=(0, 8),
-        min_slots=2,
+        min_slots=(2,),
         min_repeats=1,
         min_time_s=0,
     )
@@ -184,7 +184,7 @@ def test_an_empty_attention_mode_list_is_rejected():
     [
         ("--attn_blocks=abc", "--attn_blocks=abc: expected integers"),
         ("--attn_blocks=-1", "attn_block must be an int >= 0"),
-        ("--min_slots=1", "min_slots must be an int >= 2"),
+        ("--min_slots=0", "min_slots must be an int >= 1"),
     ],
 )
 def test_a_bad_engine_flag_is_one_line(flag, message):

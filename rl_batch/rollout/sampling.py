@@ -179,7 +179,7 @@ class SamplingConfig:
         many slots (flash-decoding; ``model.forward_with_cache``'s ``kv_block``); 0 reads
         all I + R slots with the einsum reference.
       min_slots: the continuous engine halves its slots once no row waits and at most
-        half of them are busy, down to this many (>= 2; ``slots`` or more: never), so
+        half of them are busy, down to this many (>= 1; ``slots`` or more: never), so
         that the last long rows do not decode beside idle slots. Each width is its own
         loop in the program (compile time grows with log2(slots / min_slots)); the
         tokens and log-probs do not change.
@@ -212,9 +212,9 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.engine must be one of {ENGINES}, got {self.engine!r}")
         if not (isinstance(self.slots, int) and self.slots >= 0):
             raise ValueError(f"SamplingConfig.slots must be an int >= 0, got {self.slots!r}")
-        if not (isinstance(self.min_slots, int) and self.min_slots >= 2):
+        if not (isinstance(self.min_slots, int) and self.min_slots >= 1):
             raise ValueError(
-                f"SamplingConfig.min_slots must be an int >= 2, got {self.min_slots!r}"
+                f"SamplingConfig.min_slots must be an int >= 1, got {self.min_slots!r}"
             )
         if not (isinstance(self.widths_per_halving, int) and self.widths_per_halving >= 1):
             raise ValueError(
