@@ -387,9 +387,12 @@ def test_a_run_dir_from_before_the_engine_fields_resumes_with_the_static_engine(
     for spec in (config_lib.load_spec(old), config_lib.resolve(ConfigDict(old), 1)):
         sampling = spec.rollout.sampling.method
         assert (sampling.engine, sampling.slots, sampling.attn_block) == ("static", 0, 0)
-        assert sampling.min_slots == 2
+        assert sampling.min_slots == 1
     changed = config_lib.resolve(_config(**{"sampling.engine": "continuous"}), 1).to_json()
     assert config_lib.resume_diffs(old, changed) == ["sampling.engine: 'static' -> 'continuous'"]
+    # The loop widths change no token: a run resumes with others.
+    widths = {"sampling.min_slots": 4, "sampling.widths_per_halving": 2}
+    assert config_lib.resume_diffs(old, config_lib.resolve(_config(**widths), 1).to_json()) == []
 
 
 def test_a_config_json_written_at_62017dd_resumes_under_todays_defaults():
@@ -409,7 +412,8 @@ def test_a_config_json_written_at_62017dd_resumes_under_todays_defaults():
     "name, module, overrides",
     [
         # (grpo_cpu's settings changed since: micro-batches of 32, 64-row p_ref calls
-        # and a minute between checkpoints.)
+        # and a minute between checkpoints; every config's continuous engine narrows to
+        # one slot.)
         (
             "grpo",
             "grpo_cpu",
@@ -420,9 +424,10 @@ def test_a_config_json_written_at_62017dd_resumes_under_todays_defaults():
                 "grpo.micro_batch_seqs": 0,
                 "eval_ref_chunk": 256,
                 "checkpoint_min_s": 0.0,
+                "sampling.min_slots": 2,
             },
         ),  # fmt: skip
-        ("ppo", "ppo_cpu", {}),
+        ("ppo", "ppo_cpu", {"sampling.min_slots": 2}),
     ],
 )
 def test_a_config_json_written_at_35add6f_loads_and_resumes(name, module, overrides):

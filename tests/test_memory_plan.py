@@ -178,11 +178,12 @@ def test_the_sampler_plan_follows_the_continuous_engines_cache_layout(compiled):
     out = compiled[1]
     static, cont = out["static"], out["continuous"]
     # By hand: static B x (P + R) = 8 x 512 slots; continuous N x P + C x (P + R) = 8 x 32
-    # + 2 x 512 (every row's prompt cache, and the 2 decode slots).
-    assert static["slots"] == 4096 and cont["slots"] == 8 * 32 + 2 * 512
+    # + 2 x 512 (every row's prompt cache, and the 2 decode slots), + 1 x 512 while the 2
+    # slots narrow to 1.
+    assert static["slots"] == 4096 and cont["slots"] == 8 * 32 + 3 * 512
     # The compiled programs hold those caches: each peak covers its cache, and the
     # continuous program (sample_continuous, not the static prefill + decode) saves at
-    # least half of the 2816 slots' bytes it does not allocate.
+    # least half of the 2304 slots' bytes it does not allocate.
     # 4 slots narrow to 2 (``_compact``): both caches at once, 8 x 32 + (4 + 2) x 512.
     assert out["narrowing"]["slots"] == 8 * 32 + 6 * 512
     for m in (static, cont, out["narrowing"]):

@@ -73,7 +73,7 @@ def test_unknown_part_is_rejected():
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert (
         proc.returncode != 0
-        and "expected one of ['all', 'engine', 'sampler', 'update']" in proc.stderr
+        and "expected one of ['all', 'engine', 'sampler', 'update', 'widths']" in proc.stderr
     )
 
 
@@ -112,7 +112,7 @@ def test_engine_part_compares_every_engine_in_every_attention_mode(capsys):
         engine_rows=8,
         slots=(2, 4),
         attn_blocks=(0, 8),
-        min_slots=(2,),
+        min_slots=(2,),  # (the default is 1)
         min_repeats=1,
         min_time_s=0,
     )
@@ -127,7 +127,8 @@ def test_engine_part_compares_every_engine_in_every_attention_mode(capsys):
     assert ideal == pytest.approx(8 * lengths.max() / lengths.sum())
     for row in result["engine"]:
         assert row["compile_s"] >= 0 and row["time_s"] > 0
-        assert row["min_slots"] == 2 and 0 < row["useful_fraction"] <= 1
+        assert 0 < row["useful_fraction"] <= 1
+        assert row["min_slots"] == 2 or row["engine"].startswith("static")
     # The table's ratios are against the fastest static mode, and its share of the ideal.
     table = capsys.readouterr().out
     best = max(r["tokens_per_s"] for r in result["engine"][:2])

@@ -198,7 +198,7 @@ class SamplingConfig:
     engine: str = "static"
     slots: int = 0
     attn_block: int = 0
-    min_slots: int = 2
+    min_slots: int = 1
     widths_per_halving: int = 1
 
     def __post_init__(self):

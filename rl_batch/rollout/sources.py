@@ -114,7 +114,7 @@ class Sampling:
       attn_block: decode attention reads the filled cache in blocks of this many slots
         (either engine); 0 = the einsum reference over all slots.
       min_slots: the continuous engine halves its slots once no row waits and half are
-        idle, down to this many (>= 2; = slots: never); each width compiles its own loop.
+        idle, down to this many (>= 1; = slots: never); each width compiles its own loop.
       widths_per_halving: the continuous engine's loop widths per halving of its slots
         (1: halve; 2: W, 3W / 4, W / 2, ...: less idle tail, twice the loops).
     """
@@ -126,8 +126,13 @@ class Sampling:
     engine: str = _SAMPLER_DEFAULTS["engine"]
     slots: int = _SAMPLER_DEFAULTS["slots"]
     attn_block: int = _SAMPLER_DEFAULTS["attn_block"]
-    min_slots: int = _SAMPLER_DEFAULTS["min_slots"]
-    widths_per_halving: int = _SAMPLER_DEFAULTS["widths_per_halving"]
+    # (The loop widths change no token: they may change when a run resumes.)
+    min_slots: int = dataclasses.field(
+        default=_SAMPLER_DEFAULTS["min_slots"], metadata={"resume": True}
+    )
+    widths_per_halving: int = dataclasses.field(
+        default=_SAMPLER_DEFAULTS["widths_per_halving"], metadata={"resume": True}
+    )
 
     def __post_init__(self):
         # (a config.json's list of stop strings, JSON having no tuples)

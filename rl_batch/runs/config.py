@@ -722,12 +722,14 @@ RESUME_ALLOWED = (
     # The typed sections' fields marked so: the runway, when to stop, how summary.json
     # reads N* (target_crossing), checkpoint cadence, the stuck-run guards, where things
     # live and where copies of the metrics go (sections.RunIO, sections.Evaluation), and
-    # e.g. async_rollout.enabled.
+    # e.g. async_rollout.enabled; the continuous engine's loop widths (sampling.min_slots,
+    # sampling.widths_per_halving: no token changes).
     *sections.resumable(sections.RunIO),
     *sections.resumable(sections.Evaluation),
     *sections.resumable(sections.Optimizer),
     *sections.resumable(RolloutSettings),
     *sections.resumable(AsyncRollout, "async_rollout."),
+    *sections.resumable(Sampling, "sampling."),
 )
 
 

@@ -109,7 +109,7 @@ def resumable(cls, prefix: str = "") -> tuple[str, ...]:
 def rollout_settings(c: Any) -> RolloutSettings:
     """The rollout sections of run config ``c`` (``sources.RolloutSettings``, whose
     classes own their fields' defaults and checks): each field a config.json written
-    before it existed lacks at its default (e.g. the static engine, min_slots 2)."""
+    before it existed lacks at its default (e.g. the static engine, min_slots 1)."""
     values = _plain(c)
     return read(
         RolloutSettings,
