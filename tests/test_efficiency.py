@@ -97,11 +97,11 @@ def test_kv_memory_bound_by_hand(work_dir):
     with pytest.raises(ValueError, match=r"chunk of 6 sequences.*max_kv_bytes=11263.*gen_batch=6"):
         rollout_lib.check_kv_memory(sampler, 16, 6, need - 1, "training rollout")
     # The continuous engine: every row's 7 prompt slots, plus 2 decode slots x 11:
-    # (8 x 7 + 2 x 11) x 128 bytes.
-    cont = SamplingConfig(engine="continuous", slots=2)
+    # (8 x 7 + 2 x 11) x 128 bytes (min_slots 2: the 2 slots never narrow).
+    cont = SamplingConfig(engine="continuous", slots=2, min_slots=2)
     need_c = (8 * 7 + 2 * 11) * 128
     assert rollout_lib.check_kv_memory(sampler, 16, 6, 0, "x", cont) == need_c
-    # slots=0 decodes all 8 rows at once and narrows to 4 (then 2) slots at the tail:
+    # slots=0 decodes all 8 rows at once and narrows to 4 (then 2, 1) slots at the tail:
     # the 4-slot cache is made while the 8-slot one still lives.
     every = SamplingConfig(engine="continuous")
     need_every = (8 * 7 + (8 + 4) * 11) * 128
