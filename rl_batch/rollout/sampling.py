@@ -178,16 +178,17 @@ class SamplingConfig:
       attn_block: decode attention reads only the filled cache slots, in blocks of this
         many slots (flash-decoding; ``model.forward_with_cache``'s ``kv_block``); 0 reads
         all I + R slots with the einsum reference.
-      min_slots: the continuous engine halves its slots once no row waits and at most
-        half of them are busy, down to this many (>= 1; ``slots`` or more: never), so
-        that the last long rows do not decode beside idle slots. Each width is its own
-        loop in the program (compile time grows with log2(slots / min_slots)); the
-        tokens and log-probs do not change.
+      min_slots: the continuous engine narrows its loop once no row waits and the next
+        width holds every busy slot, down to this many slots (>= 1; ``slots`` or more:
+        never), so that the last long rows do not decode beside idle slots. Each width is
+        its own loop in the program (compile time grows with log2(slots / min_slots)).
+        Tokens do not change; log-probs within fp32 rounding (a one-slot loop's one-row
+        matmuls round differently on XLA's CPU backend).
       widths_per_halving: loop widths per halving of the continuous engine's slots (>= 1):
         1 steps W, W / 2, W / 4, ...; 2 adds 3/4 between (W, 3W / 4, W / 2, 3W / 8, ...),
         so a narrower loop takes over once a quarter of the slots idle instead of half,
-        for about twice the loops to compile (``continuous.slot_widths``). On a CPU the
-        tail's narrow steps cost about as much as wider ones, so 2 was no faster
+        for about twice the loops to compile (``continuous.slot_widths``). On a CPU a
+        narrow step costs more per row than a wide one, so 2 was not measurably faster
         (docs/rollout_engine.md).
     """
 
