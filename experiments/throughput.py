@@ -947,6 +947,9 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"--part={_PART.value!r}; expected one of {sorted(PARTS)}")
     if _PART.value in ("engine", "widths") and not _ATTN_BLOCKS.value:
         raise app.UsageError("--attn_blocks is empty; expected attention modes, e.g. 0,32")
+    for flag in (_MIN_SLOTS, _WIDTHS_PER_HALVING):
+        if _PART.value == "engine" and not flag.value:
+            raise app.UsageError(f"--{flag.name} is empty; expected e.g. 1 or 1,2")
     if _CPU_DEVICES.value < 0:
         raise app.UsageError(f"--cpu_devices={_CPU_DEVICES.value}; expected >= 0")
     # Before JAX creates its CPU client: as asked, else JAX_NUM_CPU_DEVICES if set, else

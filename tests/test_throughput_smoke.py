@@ -186,6 +186,7 @@ def test_an_empty_attention_mode_list_is_rejected():
         ("--attn_blocks=abc", "--attn_blocks=abc: expected integers"),
         ("--attn_blocks=-1", "attn_block must be an int >= 0"),
         ("--min_slots=0", "min_slots must be an int >= 1"),
+        ("--widths_per_halving=", "--widths_per_halving is empty"),
     ],
 )
 def test_a_bad_engine_flag_is_one_line(flag, message):

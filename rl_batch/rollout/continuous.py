@@ -273,8 +273,9 @@ def sample_continuous(
         def cond(s: ContinuousState, narrower=narrower) -> jax.Array:
             queued = s.next_q < s.num_queued
             busy_w = ~s.done_w
-            # A narrower loop takes over once no row waits and its slots hold every busy one.
-            narrow = ~queued & (jnp.sum(busy_w) <= narrower) & (narrower > 0)
+            # A narrower loop takes over once no row waits and its slots hold every busy
+            # one (the last loop, narrower 0: once none is busy, when it ends anyway).
+            narrow = ~queued & (jnp.sum(busy_w) <= narrower)
             return (queued | jnp.any(busy_w)) & ~narrow
 
         # A narrower loop starts once no row waits: it never refills.

@@ -113,8 +113,9 @@ class Sampling:
       slots: the continuous engine's rows at a time; 0 = the chunk.
       attn_block: decode attention reads the filled cache in blocks of this many slots
         (either engine); 0 = the einsum reference over all slots.
-      min_slots: the continuous engine halves its slots once no row waits and half are
-        idle, down to this many (>= 1; = slots: never); each width compiles its own loop.
+      min_slots: the continuous engine narrows its loop once no row waits and the next
+        width holds every busy slot, down to this many (>= 1; = slots: never); each
+        width compiles its own loop.
       widths_per_halving: the continuous engine's loop widths per halving of its slots
         (1: halve; 2: W, 3W / 4, W / 2, ...: less idle tail, twice the loops).
     """
