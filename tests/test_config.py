@@ -230,6 +230,8 @@ PPO = {"algo": "ppo", "group_size": 1, "filter_groups": False}
         ({"eval_metric": "pass"}, "eval_metric='pass': expected one of ('mean_at_k', 'p_ref')"),
         ({"eval_ref_prompts": -1}, "eval_ref_prompts=-1: must be >= 0"),
         ({"eval_ref_chunk": 0}, "eval_ref_chunk=0: must be an int >= 1"),
+        ({"eval_metric": "p_ref", "eval_sampled_every": 0}, "eval_sampled_every=0: must be"),
+        ({"eval_sampled_every": 2}, "eval_sampled_every=2 needs eval_metric='p_ref'"),
         ({"target": 0.4, "target_band_lo": 0.4}, "target_band_lo=0.4: must be below the target"),
         ({"target_crossing": "nearest"}, "target_crossing='nearest': expected one of"),
         ({"task.name": "math", "eval_metric": "p_ref"}, "eval_metric='p_ref' needs a task with"),
@@ -425,6 +427,7 @@ def test_a_config_json_written_at_62017dd_resumes_under_todays_defaults():
                 "eval_ref_chunk": 256,
                 "checkpoint_min_s": 0.0,
                 "sampling.min_slots": 2,
+                "eval_sampled_every": 1,
             },
         ),  # fmt: skip
         ("ppo", "ppo_cpu", {"sampling.min_slots": 2}),

@@ -40,6 +40,9 @@ def get_config(arg=None):
     c.eval_ref_prompts = 512
     c.eval_ref_chunk = 64  # 0.77x the time of 256-row calls here (docs/cpu_study.md)
     c.eval_prompts = 64
+    # The sampled mean@k (~20 % of a validation here) checks that p_ref tracks the
+    # sampled accuracy; N* is on p_ref: it is taken at every 4th validation.
+    c.eval_sampled_every = 4
     c.eval_k = 1
     c.eval_greedy = False
     # At most 32 sequences per micro-batch: a training step of B = 64-256 in 0.80-0.85x

@@ -49,6 +49,7 @@ class Counters:
     consecutive_skips: int = 0
     consecutive_empty: int = 0  # rollouts in a row whose groups were all filtered out
     evals_at_target: int = 0
+    evals: int = 0  # validations done (``eval_sampled_every`` counts them)
     # Tokens (and their FLOPs) of the generation timed in time_generate_s: the numerator
     # of the run's generation throughput. A token counts once (partial rollout: in the
     # iteration that decoded it); a rollout whose time was booked as compilation adds

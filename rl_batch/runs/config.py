@@ -460,6 +460,16 @@ def _field_errors(c: ConfigDict) -> list[str]:
     check(c.eval_ref_prompts >= 0, f"eval_ref_prompts={c.eval_ref_prompts}: must be >= 0")
     chunk = c.get("eval_ref_chunk", 256)  # (older config files lack it)
     check(_is_int(chunk) and chunk >= 1, f"eval_ref_chunk={chunk!r}: must be an int >= 1")
+    sampled_every = c.get("eval_sampled_every", 1)
+    check(
+        _is_int(sampled_every) and sampled_every >= 1,
+        f"eval_sampled_every={sampled_every!r}: must be an int >= 1",
+    )
+    check(
+        sampled_every == 1 or c.eval_metric == "p_ref",
+        f"eval_sampled_every={sampled_every!r} needs eval_metric='p_ref' (the sampled "
+        f"mean@k is what eval_metric={c.eval_metric!r} puts N* on: every validation)",
+    )
     errors.extend(tracking.config_errors(c.get("tracking", "jsonl")))
     n_gen = c.get("log_generations", 0)
     check(_is_int(n_gen) and n_gen >= 0, f"log_generations={n_gen!r}: must be an int >= 0")

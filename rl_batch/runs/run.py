@@ -354,7 +354,11 @@ class Evaluator:
         self.warm_start = warm_start_key(spec)
 
     def __call__(self, params, counters: Counters) -> dict:
-        """Validates ``params``; returns the eval line (and schedules the next validation)."""
+        """Validates ``params``; returns the eval line (and schedules the next validation).
+
+        With ``eval_sampled_every`` > 1 (p_ref runs), the sampled metrics (``eval_mean_at_k``,
+        ``eval_pass_at_k``, ``eval_response_len``, logged generations) are in every that
+        many lines, the first included; p_ref is in every line."""
         c = self.c
         rows: list[dict] = []
         n_rows = self.log_generations if self.on_generations is not None else 0
@@ -362,21 +366,24 @@ class Evaluator:
         def keep(ro: rollout_lib.Rollout) -> None:
             rows.extend(generation_rows(self.tokenizer, ro, n_rows, counters, "validation"))
 
-        m = rollout_lib.evaluate(
-            self.sampler,
-            params,
-            self.task,
-            self.tokenizer,
-            self.examples,
-            k=c.eval_k,
-            rng=jax.random.fold_in(self.rng, counters.step),
-            sampling=self.sampling,
-            greedy=c.eval_greedy,
-            gen_batch=self.gen_batch,
-            on_rollout=keep if n_rows else None,
-            stop_strings=self.stop_strings,
-        )
-        m["eval_mean_at_k"] = m["eval_accuracy"]
+        m: dict[str, Any] = {"time_eval_s": 0.0}
+        if self.scorer is None or counters.evals % c.eval_sampled_every == 0:
+            m = rollout_lib.evaluate(
+                self.sampler,
+                params,
+                self.task,
+                self.tokenizer,
+                self.examples,
+                k=c.eval_k,
+                rng=jax.random.fold_in(self.rng, counters.step),
+                sampling=self.sampling,
+                greedy=c.eval_greedy,
+                gen_batch=self.gen_batch,
+                on_rollout=keep if n_rows else None,
+                stop_strings=self.stop_strings,
+            )
+            m["eval_mean_at_k"] = m["eval_accuracy"]
+        counters.evals += 1
         if self.scorer is not None:
             exact = self.scorer(params, self.warm_start if counters.step == 0 else None)
             m["time_eval_s"] += exact.pop("time_eval_ref_s")

@@ -431,6 +431,12 @@ class Evaluation:
         response) at the sampling temperature on ``eval_ref_prompts`` validation prompts
         (0 = all; synthetic tasks, ``rl_batch.algorithms.exact_eval``).
       eval_ref_prompts: see ``eval_metric``.
+      eval_sampled_every: with ``eval_metric="p_ref"``, the sampled mean@k (``eval_prompts``
+        x ``eval_k`` responses) is taken at every this many validations, the first one
+        included (validation 0, 1 x this, 2 x this, ...); the others log p_ref alone. The
+        sampled metric is then a check that p_ref tracks the sampled accuracy
+        (``rl_batch.analysis.measurement.validation_noise``), not what N* is on. 1 = every
+        validation; ``eval_metric="mean_at_k"`` needs 1.
       eval_ref_chunk: validation prompts per call of the teacher-forced p_ref pass (the
         last call padded). A CPU's caches favour small calls (64 rows took 0.77x the time
         of 256 on a 2-core AMD EPYC, docs/cpu_study.md); the values agree to float
@@ -451,6 +457,7 @@ class Evaluation:
     eval_metric: str = "mean_at_k"
     eval_ref_prompts: int = 0
     eval_ref_chunk: int = 256
+    eval_sampled_every: int = dataclasses.field(default=1, metadata={"resume": True})
     target: float = 0.5
     target_band_lo: float | None = None
     target_crossing: str = dataclasses.field(default="update", metadata={"resume": True})
