@@ -1,5 +1,6 @@
 """Time-to-target: N*, q, T, updates, seed bootstrap and ratios, on hand-made runs."""
 
+import dataclasses
 import json
 import os
 
@@ -7,7 +8,7 @@ import analysis_fixtures as fx
 import numpy as np
 import pytest
 
-from rl_batch import artifacts
+from rl_batch import artifacts, targets
 from rl_batch.analysis import curves
 from rl_batch.analysis import time_to_target as ttt
 
@@ -360,3 +361,42 @@ def test_a_run_whose_metrics_end_before_its_summary_is_excluded(tmp_path):
     ((excluded, why),) = analysis.excluded
     assert excluded == name and "metrics disagree with summary.json" in why
     assert name not in analysis.targets
+
+
+def _uncached_reach(run, target, band_lo=None, crossing="update"):
+    return targets.time_to_band(
+        eval_responses=run.eval_responses,
+        eval_accuracy=run.eval_accuracy,
+        responses=run.responses,
+        time_train=run.time_train,
+        updates_done=run.updates_done,
+        levels=targets.band_levels(target, band_lo),
+        crossing=crossing,
+    )
+
+
+def test_remembered_reach_follows_the_arrays_not_the_run(tmp_path):
+    # The per-run reach is remembered by the arrays' content (the seed resamples' runs are
+    # new RunData of the same arrays): a new RunData of the same arrays hits, and a run of
+    # the same name with other arrays, or an array changed in place, never gets a stale one.
+    run = _hand_run(tmp_path)
+    first = ttt.run_time_to_target(run, 0.6, band_lo=0.2)
+    hits = ttt.band_reach.cache_info()["hits"]
+    again = ttt.run_time_to_target(dataclasses.replace(run, name="run@1", seed=1), 0.6, 0.2)
+    assert ttt.band_reach.cache_info()["hits"] == hits + 1
+    assert (again.n_star, again.time_to_target_s) == (first.n_star, first.time_to_target_s)
+
+    slower = dataclasses.replace(run, time_train=run.time_train * 2.0)  # same name
+    other = ttt.run_time_to_target(slower, 0.6, band_lo=0.2)
+    assert other.time_to_target_s == _uncached_reach(slower, 0.6, 0.2).time_to_target_s
+    assert other.time_to_target_s == pytest.approx(2.0 * first.time_to_target_s)
+
+    late = dataclasses.replace(run, eval_responses=run.eval_responses.copy())
+    ttt.run_time_to_target(late, 0.6, band_lo=0.2)
+    late.eval_responses[1:] += 100.0  # changed in place after a call: a new key
+    moved = ttt.run_time_to_target(late, 0.6, band_lo=0.2)
+    assert moved.n_star == _uncached_reach(late, 0.6, 0.2).n_star != first.n_star
+    # The target, the band and the crossing are in the key too.
+    for args in [(0.7, 0.2, "update"), (0.6, None, "update"), (0.6, 0.2, "linear")]:
+        rt = ttt.run_time_to_target(run, args[0], args[1], crossing=args[2])
+        assert rt.n_star == _uncached_reach(run, *args).n_star

@@ -28,7 +28,9 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
+
+from rl_batch.analysis import memo
 
 NAN = float("nan")
 
@@ -36,8 +38,15 @@ NAN = float("nan")
 @functools.lru_cache(maxsize=4096)
 def t_quantile(df: float, level: float) -> float:
     """The two-sided Student-t quantile for coverage ``level`` at ``df`` degrees of freedom
-    (kept: a report's resamples ask for the same few tens of thousands of times)."""
-    return float(stats.t.ppf(0.5 + level / 2.0, df))
+    (kept: a report's resamples ask for the same few tens of thousands of times).
+
+    Inside the distribution's domain this is ``scipy.special.stdtrit``, the function
+    ``stats.t.ppf`` evaluates there (the same float, without its argument checks, the
+    larger part of its cost); elsewhere ``stats.t.ppf`` itself."""
+    q = 0.5 + level / 2.0
+    if df > 0 and 0 < q < 1:
+        return float(special.stdtrit(df, q))
+    return float(stats.t.ppf(q, df))
 
 
 def t_mean(values: Sequence[float], level: float) -> tuple[float, float, float]:
@@ -52,6 +61,9 @@ def t_mean(values: Sequence[float], level: float) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+# Remembered by content (`memo.by_content`): a report's seed resamples ask for the same
+# variances many thousand times (each interval level, each finding), in new arrays.
+@memo.by_content(max_bytes=16 << 20)
 def _log_mean_var(x: np.ndarray, w: np.ndarray) -> float:
     """Delta-method variance of ``sum_j w_j log mean(x[:, j])``; x is [n, d]."""
     m = x.mean(axis=0)
@@ -88,23 +100,29 @@ def t_log_ratio(
 
 def _welch_parts(
     a: np.ndarray, ref: np.ndarray, weights: Sequence[float]
-) -> tuple[float, list[tuple[float, float]]]:
-    """(point, [(variance, df)] of its log per independent sample; [] when a side has
+) -> tuple[float, tuple[tuple[float, float], ...]]:
+    """(point, ((variance, df), ...) of its log per independent sample; () when a side has
     fewer than two seeds or a mean is not positive)."""
     a = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
     ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
-    w = np.asarray(weights, dtype=np.float64)
+    return _welch_parts_of(a, ref, np.asarray(weights, dtype=np.float64))
+
+
+@memo.by_content(max_bytes=16 << 20)
+def _welch_parts_of(
+    a: np.ndarray, ref: np.ndarray, w: np.ndarray
+) -> tuple[float, tuple[tuple[float, float], ...]]:
     ma, mr = a.mean(axis=0), ref.mean(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         point = float(np.prod((ma / mr) ** w))
     if min(len(a), len(ref)) < 2 or np.any(ma <= 0) or np.any(mr <= 0):
-        return point, []
-    return point, [(_log_mean_var(a, w), len(a) - 1), (_log_mean_var(ref, w), len(ref) - 1)]
+        return point, ()
+    return point, ((_log_mean_var(a, w), len(a) - 1), (_log_mean_var(ref, w), len(ref) - 1))
 
 
 def _interval(
     point: float,
-    parts: list[tuple[float, float]],
+    parts: Sequence[tuple[float, float]],
     level: float,
     timing: Sequence[float] | None = None,
 ) -> tuple[float, float, float]:
@@ -157,15 +175,22 @@ def t_log_ratio_paired(
     ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
     if a.shape != ref.shape:
         raise ValueError(f"paired ratio needs matched rows, got {a.shape} and {ref.shape}")
-    w = np.asarray(weights, dtype=np.float64)
+    point, var = _paired_parts(a, ref, np.asarray(weights, dtype=np.float64))
+    if var is None:
+        return point, NAN, NAN
+    return _interval(point, [(var, len(a) - 1)], level, timing)
+
+
+@memo.by_content(max_bytes=16 << 20)
+def _paired_parts(a: np.ndarray, ref: np.ndarray, w: np.ndarray) -> tuple[float, float | None]:
+    """(point, variance of its log) of `t_log_ratio_paired`; variance None with fewer than
+    two pairs or a non-positive mean."""
     ma, mr = a.mean(axis=0), ref.mean(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         point = float(np.prod((ma / mr) ** w))
-    n = len(a)
-    if n < 2 or np.any(ma <= 0) or np.any(mr <= 0):
-        return point, NAN, NAN
-    var = _log_mean_var(np.concatenate([a, ref], axis=1), np.concatenate([w, -w]))
-    return _interval(point, [(var, n - 1)], level, timing)
+    if len(a) < 2 or np.any(ma <= 0) or np.any(mr <= 0):
+        return point, None
+    return point, _log_mean_var(np.concatenate([a, ref], axis=1), np.concatenate([w, -w]))
 
 
 def seeds_for_half_width(

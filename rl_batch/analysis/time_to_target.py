@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from rl_batch import artifacts, targets
-from rl_batch.analysis import intervals
+from rl_batch.analysis import intervals, memo
 from rl_batch.analysis.curves import RunData, Sweep, group_runs
 from rl_batch.artifacts import Configuration
 
@@ -188,6 +188,31 @@ def schedule_step_rounds(
     ]
 
 
+@memo.by_content(max_bytes=64 << 20)
+def band_reach(
+    eval_responses: np.ndarray,
+    eval_accuracy: np.ndarray,
+    responses: np.ndarray,
+    time_train: np.ndarray,
+    updates_done: np.ndarray,
+    levels: np.ndarray,
+    crossing: str,
+) -> targets.Reach:
+    """`targets.time_to_band` of a run's axes, remembered by their content
+    (`memo.by_content`): a report's seed resamples (`rl_batch.analysis.stability`) analyse
+    the same runs some hundred times over, each time as a new `RunData` holding the same
+    arrays (a D9 sweep's 96 runs hold 100 kB of them). ``Reach`` is immutable."""
+    return targets.time_to_band(
+        eval_responses=eval_responses,
+        eval_accuracy=eval_accuracy,
+        responses=responses,
+        time_train=time_train,
+        updates_done=updates_done,
+        levels=levels,
+        crossing=crossing,
+    )
+
+
 def run_time_to_target(
     run: RunData,
     target: float,
@@ -212,14 +237,14 @@ def run_time_to_target(
       or ``pilot``).
     """
     finished = run.status in FINISHED_STATUSES
-    r = targets.time_to_band(
-        eval_responses=run.eval_responses,
-        eval_accuracy=run.eval_accuracy,
-        responses=run.responses,
-        time_train=run.time_train,
-        updates_done=run.updates_done,
-        levels=targets.band_levels(target, band_lo),
-        crossing=crossing,
+    r = band_reach(
+        run.eval_responses,
+        run.eval_accuracy,
+        run.responses,
+        run.time_train,
+        run.updates_done,
+        targets.band_levels(target, band_lo),
+        crossing,
     )
     t, q = r.time_to_target_s, r.q
     if step_s is not None:
