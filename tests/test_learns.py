@@ -26,6 +26,7 @@ def test_grpo_raises_validation_accuracy_from_a_warm_start(tmp_path):
     c.run_dir = str(tmp_path / "run")
     c.prompts, c.group_size = 8, 8
     c.eval_prompts, c.eval_k, c.eval_greedy = 128, 4, True  # mean@4: standard error ~0.02
+    c.eval_sampled_every = 1  # (the study samples every 4th validation; this test, each)
     c.eval_every_responses = 512
     c.budget_responses = 1024
     c.stop_at_target = False
