@@ -431,16 +431,16 @@ class Evaluation:
         response) at the sampling temperature on ``eval_ref_prompts`` validation prompts
         (0 = all; synthetic tasks, ``rl_batch.algorithms.exact_eval``).
       eval_ref_prompts: see ``eval_metric``.
+      eval_ref_chunk: validation prompts per call of the teacher-forced p_ref pass (the
+        last call padded). A CPU's caches favour small calls (64 rows took 0.77x the time
+        of 256 on a 2-core AMD EPYC, docs/cpu_study.md); the values agree to float
+        rounding, not bit for bit.
       eval_sampled_every: with ``eval_metric="p_ref"``, the sampled mean@k (``eval_prompts``
         x ``eval_k`` responses) is taken at every this many validations, the first one
         included (validation 0, 1 x this, 2 x this, ...); the others log p_ref alone. The
         sampled metric is then a check that p_ref tracks the sampled accuracy
         (``rl_batch.analysis.measurement.validation_noise``), not what N* is on. 1 = every
         validation; ``eval_metric="mean_at_k"`` needs 1.
-      eval_ref_chunk: validation prompts per call of the teacher-forced p_ref pass (the
-        last call padded). A CPU's caches favour small calls (64 rows took 0.77x the time
-        of 256 on a 2-core AMD EPYC, docs/cpu_study.md); the values agree to float
-        rounding, not bit for bit.
       target: the validation accuracy (``eval_metric``) to reach.
       target_band_lo: set: N*, T and q are also taken over the band [target_band_lo,
         target] (``rl_batch.targets.time_to_band``); None: the single target.
