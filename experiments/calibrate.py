@@ -10,6 +10,12 @@ host load each run happened to see. ``experiments.grpo_sweep`` runs this after i
 points when ``--config.sweep.calibrate_rounds`` > 0. A calibration.json that already times
 every configuration with these settings is kept (T and q stay as they were) unless
 ``--recalibrate``; one that is replaced moves to ``<sweep>/calibrations/``.
+
+A calibration in two sittings (``--before=B``: B of the rounds in a first block,
+``--stage=before``; later, ``--stage=after`` times the rest and joins them) lets the
+intervals carry how far the host's relative step times moved between the sittings
+(``rl_batch.analysis.intervals.block_drift``), as a sweep with
+``sweep.calibrate_rounds_before`` does around its runs.
 """
 
 from absl import flags
@@ -22,6 +28,10 @@ _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved visits per configuratio
 _STEPS = flags.DEFINE_integer("steps", 2, "Timed training steps per visit.")
 _GEN_PROBE = flags.DEFINE_list(
     "gen_probe", [], "Concurrencies whose generation alone is timed beside the steps."
+)
+_BEFORE = flags.DEFINE_integer("before", 0, "Of the rounds, those in the first block (0: one).")
+_STAGE = flags.DEFINE_enum(
+    "stage", "after", ["before", "after"], "The first block, or the rest (joined to it)."
 )
 _RECALIBRATE = flags.DEFINE_bool(
     "recalibrate",
@@ -40,6 +50,8 @@ def main(argv):
         steps=_STEPS.value,
         gen_probe=probe,
         force=_RECALIBRATE.value,
+        before=_BEFORE.value,
+        stage=_STAGE.value,
     )
     print(calibrate.describe(record))
 

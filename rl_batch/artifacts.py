@@ -66,7 +66,7 @@ import errno
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 CONFIG_FILE = "config.json"
@@ -691,6 +691,31 @@ def read_calibration_rounds(sweep_dir: str) -> dict[str, list[float]] | None:
     return out if len({len(v) for v in out.values()}) == 1 else None
 
 
+def read_calibration_blocks(sweep_dir: str) -> tuple[int, ...] | None:
+    """Each calibration round's block (``round_blocks``: rounds timed before the runs, then
+    after them, ``rl_batch.sweeps.calibrate``), or None: one block (a record without them,
+    or none)."""
+    path = os.path.join(sweep_dir, CALIBRATION_FILE)
+    if not os.path.exists(path):
+        return None
+    blocks = read_json(path).get("round_blocks")
+    try:
+        return tuple(int(b) for b in blocks) if blocks else None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: malformed calibration record (round_blocks: {e!r})") from e
+
+
+def calibration_block_sizes(rounds: int, before: int) -> list[int]:
+    """Rounds per calibration block: ``[before, rounds - before]`` (timed before the runs
+    and after them), or ``[rounds]`` (after them) when ``before`` is 0."""
+    return [before, rounds - before] if before else [rounds]
+
+
+def _block_sizes(record: dict[str, Any]) -> list[int]:
+    blocks = record.get("round_blocks") or [0] * int(record.get("rounds") or 0)
+    return [blocks.count(b) for b in sorted(set(blocks))]
+
+
 def read_calibration_prompts(sweep_dir: str) -> dict[str, dict[int, list[float]]]:
     """``"PxG:rule@variant"`` -> {P: calibrated step seconds per round} of each
     configuration with a batch-size schedule (``prompts_step_s``; empty when none)."""
@@ -742,11 +767,18 @@ def sweep_run_configs(sweep_dir: str) -> dict[str, dict[str, Any]]:
 
 
 def calibration_stale(
-    sweep_dir: str, rounds: int, steps: int, gen_probe: tuple[int, ...] = ()
+    sweep_dir: str,
+    rounds: int,
+    steps: int,
+    gen_probe: tuple[int, ...] = (),
+    before: int = 0,
+    keys: Sequence[str] = (),
 ) -> list[str]:
     """Why ``<sweep>/calibration.json`` does not serve the sweep as it is now (empty: it
-    does, and is kept): none yet, unreadable, a configuration it did not time, or other
-    calibration settings (rounds, steps, generation probes) than asked for.
+    does, and is kept): none yet, unreadable, a configuration it did not time (of the
+    sweep's runs, or of ``keys``: the grid's, before its runs), or other calibration
+    settings (rounds, steps, generation probes, rounds per block: ``before`` of them timed
+    before the runs) than asked for.
 
     A calibration is redone only for one of these, so rerunning a finished sweep keeps
     its T and q; the one it replaces is kept (``archive_calibration``).
@@ -760,7 +792,7 @@ def calibration_stale(
     except (ValueError, KeyError, TypeError) as e:
         return [f"{path} unreadable ({e})"]
     reasons = []
-    new = sorted(set(sweep_run_configs(sweep_dir)) - timed)
+    new = sorted((set(sweep_run_configs(sweep_dir)) | set(keys)) - timed)
     if new:
         reasons.append(f"configurations not calibrated yet: {', '.join(new)}")
     for name, asked in (("rounds", rounds), ("steps", steps)):
@@ -769,7 +801,30 @@ def calibration_stale(
     probes = sorted(int(c) for c in record.get("gen_probe", {}))
     if probes != sorted(int(c) for c in gen_probe):
         reasons.append(f"generation probes {probes} -> {sorted(gen_probe)}")
+    sizes, asked = _block_sizes(record), calibration_block_sizes(rounds, before)
+    if not reasons and sizes != asked:
+        reasons.append(f"rounds per block {sizes} -> {asked}")
     return reasons
+
+
+def calibration_action(
+    sweep_dir: str,
+    rounds: int,
+    steps: int,
+    gen_probe: tuple[int, ...] = (),
+    before: int = 0,
+    keys: Sequence[str] = (),
+) -> tuple[str, list[str]]:
+    """What a sweep's calibration does now, and why: ``"keep"`` (`calibration_stale` finds
+    nothing), ``"append"`` (the record is this calibration's block before the runs, with
+    every configuration and these settings: the rounds after the runs join it) or
+    ``"redo"``."""
+    stale = calibration_stale(sweep_dir, rounds, steps, gen_probe, before, keys)
+    if not stale:
+        return "keep", []
+    if before and not calibration_stale(sweep_dir, before, steps, gen_probe, 0, keys):
+        return "append", [f"{before} rounds before the runs; {rounds - before} to time after"]
+    return "redo", stale
 
 
 def archive_calibration(sweep_dir: str) -> str | None:
@@ -805,6 +860,9 @@ def calibration_note(sweep_dir: str) -> str | None:
     parts = [f"written {written}"]
     if record.get("rounds") is not None:
         parts.append(f"{record['rounds']} rounds of {record.get('steps', '?')} steps")
+    sizes = _block_sizes(record)
+    if len(sizes) > 1:
+        parts.append(f"in blocks of {' + '.join(map(str, sizes))} rounds (before / after the runs)")
     parts.append(f"{len(record.get('configs') or {})} configurations")
     folder = os.path.join(sweep_dir, CALIBRATIONS_DIR)
     earlier = sorted(os.listdir(folder)) if os.path.isdir(folder) else []

@@ -166,6 +166,49 @@ def test_timing_rounds_add_their_spread_by_hand():
     )
 
 
+def test_calibration_blocks_split_the_timing_into_noise_and_drift_by_hand():
+    # log(step_a / step_ref) in 4 rounds, two blocks of 2: block means 0.2 and 0.6, the
+    # squares within blocks sum to 4 x 0.01 = 0.04 over R - n_blocks = 2 df: 0.02, over
+    # R = 4: 0.005. Drift tau^2 = 0.015 of each configuration: the mean over 2 blocks of a
+    # difference of two carries 2 x 0.015 / 2.
+    timing = intervals.Timing((0.1, 0.3, 0.5, 0.7), (0, 0, 1, 1), (0.015, 2.0))
+    assert np.ravel(timing.parts()) == pytest.approx([0.005, 2, 0.015, 2])
+    a, ref = np.array([[2.0], [4.0]]), np.ones((3, 1))
+    parts = [(1 / 9, 1), (0.005, 2), (0.015, 2)]
+    var = sum(v for v, _ in parts)
+    half = stats.t.ppf(0.975, var**2 / sum(v**2 / d for v, d in parts)) * math.sqrt(var)
+    _, lo, hi = intervals.t_log_ratio(a, ref, [1.0], 0.95, timing=timing)
+    assert (lo, hi) == pytest.approx((3.0 * math.exp(-half), 3.0 * math.exp(half)))
+    # One block, or blocks given without a drift: the rounds' spread as before (within
+    # blocks when there are several).
+    x = (0.1, 0.3, 0.5, 0.7)
+    assert np.ravel(intervals.Timing(x).parts()) == pytest.approx([np.var(x, ddof=1) / 4, 3])
+    assert np.ravel(intervals.Timing(x, (0, 0, 1, 1)).parts()) == pytest.approx([0.005, 2])
+
+
+def test_block_drift_by_hand():
+    # Log step seconds, 3 configurations x 4 rounds (2 blocks of 2), no noise within a
+    # block: A's moves by 0.3 between the blocks, B's and C's not. Less each round's mean,
+    # A's block means differ by 0.2, B's and C's by -0.1: variances over the 2 blocks
+    # 0.02, 0.005, 0.005; their mean 0.01 is tau^2 (1 - 1/3): tau^2 = 0.015, at
+    # (3 - 1)(2 - 1) = 2 df -- the sample variance of the moves [0.3, 0, 0], over 2.
+    y = {"a": [0, 0, 0.3, 0.3], "b": [0, 0, 0, 0], "c": [0.5, 0.5, 0.5, 0.5]}
+    rounds = {k: list(np.exp(v)) for k, v in y.items()}
+    tau2, df = intervals.block_drift(rounds, [0, 0, 1, 1])
+    assert [tau2, df] == pytest.approx([0.015, 2.0])
+    assert np.var([0.3, 0, 0], ddof=1) / 2 == pytest.approx(tau2)
+    # A configuration timed as another (the same series) counts once.
+    assert intervals.block_drift({**rounds, "a2": rounds["a"]}, [0, 0, 1, 1]) == pytest.approx(
+        (tau2, df)
+    )
+    # Block means that agree: noise within blocks only, tau^2 floored at 0.
+    flat = {"a": list(np.exp([0, 0.1, 0.1, 0])), "b": rounds["b"], "c": rounds["c"]}
+    assert intervals.block_drift(flat, [0, 0, 1, 1]) == pytest.approx((0.0, 2.0))
+    # One block, or one configuration: nothing to estimate.
+    assert intervals.block_drift(rounds, [0, 0, 0, 0]) is None
+    assert intervals.block_drift({"a": rounds["a"]}, [0, 0, 1, 1]) is None
+
+
 def test_matched_pair_needs_the_same_seeds_and_shape():
     def runs(prompts, group, rule, seeds):
         key = ttt.Configuration("grpo", prompts, group, rule)

@@ -4,6 +4,7 @@ import json
 import os
 
 import analysis_fixtures as fx
+import numpy as np
 import pytest
 from run_fixtures import tiny_run_config
 
@@ -230,15 +231,23 @@ def test_a_malformed_calibration_names_the_file(tmp_path):
 
 @pytest.mark.slow  # 27 s on a loaded 2-core machine
 def test_concurrent_sweep_runs_every_point_and_calibrates(tmp_path):
-    """Two points at a time in child processes, then the interleaved calibration."""
+    """Two points at a time in child processes, with the interleaved calibration's rounds
+    before and after them."""
     c = tiny_run_config(str(tmp_path / "work"))
     c.budget_responses = 32
     c = base.sweep_config(c)
     c.sweep.prompts, c.sweep.group_sizes, c.sweep.seeds = "2,4", "4", "0"
-    c.sweep.concurrent, c.sweep.calibrate_rounds, c.sweep.calibrate_steps = 2, 1, 1
+    c.sweep.concurrent, c.sweep.calibrate_rounds, c.sweep.calibrate_steps = 2, 4, 1
+    c.sweep.calibrate_rounds_before = 2  # (timed from the grid's specs: no run yet)
     c.sweep.calibrate_gen_probe = "32"  # generation alone past the grid's 16
     d = str(tmp_path / "sweep")
-    record = sweep.run_sweep(c, d, log=lambda s: None)
+    lines = []
+    record = sweep.run_sweep(c, d, log=lines.append)
+    stages = [s for s in lines if s.startswith("[sweep] calibrating")]
+    assert [s.split(", ")[-1] for s in stages] == ["before the runs)", "after the runs)"], lines
+    assert lines.index(stages[0]) < min(i for i, s in enumerate(lines) if "[sweep 1/2]" in s)
+    assert artifacts.read_calibration_blocks(d) == (0, 0, 1, 1)
+    assert not os.path.exists(os.path.join(d, "calibration_grid.json"))
     logs = {r["name"]: r["status"] for r in record["runs"]}
     assert set(logs.values()) == {"finished"}, logs
     for r in record["runs"]:
@@ -269,6 +278,7 @@ def _fake_calibrate(calls):
             "rounds": rounds,
             "steps": steps,
             "written_at": f"time {len(calls)}",
+            "wall_s": 1.0,
             "configs": {k: {"step_s": [step] * rounds, "step_s_median": step} for k in configs},
         }
 
@@ -290,7 +300,9 @@ def test_a_calibration_is_kept_until_a_configuration_is_new(tmp_path, monkeypatc
     calls = []
     monkeypatch.setattr(calibrate, "calibrate", _fake_calibrate(calls))
     # (the synthetic runs' config.json is not a whole run config: the fake reads keys only)
-    monkeypatch.setattr(calibrate, "sweep_configs", artifacts.sweep_run_configs)
+    monkeypatch.setattr(
+        calibrate, "sweep_configs", lambda d, grid=None: artifacts.sweep_run_configs(d)
+    )
     d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:2])
     _add_top_level_keys(d)
     first = calibrate.calibrate_sweep(d, rounds=2, steps=1, log_fn=lambda s: None)
@@ -326,10 +338,12 @@ def test_a_rerun_sweep_keeps_its_calibration(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(calibrate, "calibrate", _fake_calibrate(calls))
 
-    def calibrate_here(sweep_dir, rounds, steps, probe, log):  # (the sweep runs a child)
-        calibrate.calibrate_sweep(sweep_dir, rounds=rounds, steps=steps, gen_probe=probe)
+    def calibrate_here(sweep_dir, s, stage, grid):  # (the sweep runs a child)
+        calibrate.calibrate_sweep(sweep_dir, rounds=s.rounds, steps=s.steps, gen_probe=s.probe,
+                                  before=s.before, stage=stage, grid=grid)  # fmt: skip
+        return 0
 
-    monkeypatch.setattr(sweep, "_calibrate", calibrate_here)
+    monkeypatch.setattr(sweep, "_calibration_child", calibrate_here)
     c = _sweep_config(str(tmp_path / "work"))
     c.sweep.calibrate_rounds, c.sweep.calibrate_steps = 2, 1
     d, lines = str(tmp_path / "sweep"), []
@@ -340,3 +354,109 @@ def test_a_rerun_sweep_keeps_its_calibration(tmp_path, monkeypatch):
     assert artifacts.read_json(os.path.join(d, artifacts.CALIBRATION_FILE))["written_at"] == (
         "time 1"
     )
+
+
+def test_blocks_before_and_after_the_runs_make_one_calibration(tmp_path, monkeypatch):
+    from tests.test_collect_reference import _sweep_config, _synthetic_run
+
+    calls, runs_then = [], []
+    fake = _fake_calibrate(calls)
+
+    def calibrate_counting(configs, **kw):  # the runs finished when each block was timed
+        runs_then.append(len(artifacts.sweep_run_configs(d)))
+        return fake(configs, **kw)
+
+    monkeypatch.setattr(calibrate, "calibrate", calibrate_counting)
+
+    def calibrate_here(sweep_dir, s, stage, grid):  # (the sweep runs a child)
+        calibrate.calibrate_sweep(sweep_dir, rounds=s.rounds, steps=s.steps, gen_probe=s.probe,
+                                  before=s.before, stage=stage, grid=grid)  # fmt: skip
+        return 0
+
+    monkeypatch.setattr(sweep, "_calibration_child", calibrate_here)
+    c = _sweep_config(str(tmp_path / "work"))
+    c.sweep.calibrate_rounds, c.sweep.calibrate_steps, c.sweep.calibrate_rounds_before = 4, 1, 2
+    d, lines = str(tmp_path / "sweep"), []
+    sweep.run_sweep(c, d, run_fn=_synthetic_run, log=lines.append)
+    # Two rounds before any run (from the grid's specs), two after every run.
+    assert runs_then == [0, 3] and calls == [["16x4:sqrt", "4x4:sqrt", "8x4:sqrt"]] * 2
+    record = artifacts.read_json(os.path.join(d, artifacts.CALIBRATION_FILE))
+    assert record["rounds"] == 4 and record["round_blocks"] == [0, 0, 1, 1]
+    assert record["configs"]["8x4:sqrt"]["step_s"] == [0.5, 0.5, 1.0, 1.0]
+    assert record["configs"]["8x4:sqrt"]["step_s_median"] == 0.75
+    assert [b["written_at"] for b in record["blocks"]] == ["time 1", "time 2"]
+    assert artifacts.read_calibration_blocks(d) == (0, 0, 1, 1)
+    assert not os.path.exists(os.path.join(d, artifacts.CALIBRATIONS_DIR))  # joined, not replaced
+    assert "in blocks of 2 + 2 rounds" in artifacts.calibration_note(d)
+    # A rerun keeps it; other rounds per block redo it, starting before the runs.
+    lines.clear()
+    sweep.run_sweep(c, d, run_fn=_synthetic_run, log=lines.append)
+    assert (
+        len(calls) == 2
+        and lines.count("[sweep] calibration.json kept: it times every configuration") == 2
+    )
+    assert artifacts.calibration_stale(d, 4, 1, (), 0) == ["rounds per block [2, 2] -> [4]"]
+    assert artifacts.calibration_action(d, 6, 1, (), 3)[0] == "redo"
+    # A block before the runs alone (a sweep stopped during its runs): the rounds after
+    # them join it.
+    first = {**fake(calls[0], rounds=2, steps=1), "round_blocks": [0, 0]}
+    artifacts.write_json_atomic(os.path.join(d, artifacts.CALIBRATION_FILE), first)
+    assert artifacts.calibration_action(d, 4, 1, (), 2)[0] == "append"
+    assert artifacts.calibration_action(d, 4, 1, (), 2, ("2x4:sqrt",))[0] == "redo"  # new
+    assert artifacts.calibration_action(d, 4, 2, (), 2)[0] == "redo"  # other steps
+
+
+def test_appending_a_block_joins_every_per_round_list():
+    def record(step, rounds, when):
+        entry = {"step_s": [step] * rounds, "steps_s": [[step]] * rounds,
+                 "generate_s": [step / 2] * rounds, "gen_tokens_per_s": [1.0] * rounds,
+                 "prompts_step_s": {"4": [step] * rounds}, "batch": 8}  # fmt: skip
+        return {"rounds": rounds, "wall_s": 2.0, "written_at": when, "load_start": [when],
+                "load_end": [when], "configs": {"a": entry},
+                "gen_probe": {"64": {"generate_s": [step] * rounds,
+                                     "gen_tokens_per_s": [9.0] * rounds}}}  # fmt: skip
+
+    joined = calibrate.append_block(record(1.0, 2, "t1"), record(3.0, 1, "t2"))
+    a = joined["configs"]["a"]
+    assert a["step_s"] == [1.0, 1.0, 3.0] and a["step_s_median"] == 1.0
+    assert a["steps_s"] == [[1.0], [1.0], [3.0]] and a["generate_s"] == [0.5, 0.5, 1.5]
+    assert a["prompts_step_s"] == {"4": [1.0, 1.0, 3.0]}
+    assert joined["gen_probe"]["64"]["generate_s"] == [1.0, 1.0, 3.0]
+    assert joined["rounds"] == 3 and joined["round_blocks"] == [0, 0, 1]
+    assert joined["wall_s"] == 4.0 and joined["load_start"] == ["t1"]
+    assert joined["written_at"] == "t2" and joined["load_end"] == ["t2"]
+    assert [(b["rounds"], b["written_at"]) for b in joined["blocks"]] == [(2, "t1"), (1, "t2")]
+    other = record(3.0, 1, "t2")
+    other["configs"] = {"b": other["configs"]["a"]}
+    with pytest.raises(ValueError, match="different configurations"):
+        calibrate.append_block(record(1.0, 2, "t1"), other)
+
+
+def test_bad_rounds_before_the_runs_are_refused_before_any_run(tmp_path):
+    c = base.sweep_config(tiny_run_config(str(tmp_path / "work")))
+    c.sweep.calibrate_rounds, c.sweep.calibrate_rounds_before = 4, 3
+    with pytest.raises(ValueError, match="sweep.calibrate_rounds_before=3: the rounds timed"):
+        sweep.plan(c, str(tmp_path / "sweep"), device_count=1)
+
+
+def test_drift_between_blocks_widens_t_intervals(tmp_path):
+    d = fx.write_sweep(str(tmp_path), configs=fx.STANDARD_CONFIGS[:3])
+    keys = ["8x8:sqrt", "16x8:sqrt", "32x8:sqrt"]
+    # 16 x 8 is 10 % slower relative to the others after the runs than before them.
+    rounds = {k: [0.5, 0.51, 0.5, 0.49] for k in keys}
+    rounds["16x8:sqrt"] = [0.75, 0.76, 0.83, 0.82]
+    path = os.path.join(d, artifacts.CALIBRATION_FILE)
+
+    def ratio_with(blocks):
+        configs = {
+            k: {"step_s": v, "step_s_median": float(np.median(v))} for k, v in rounds.items()
+        }
+        artifacts.write_json_atomic(path, {"configs": configs, **blocks})
+        a = ttt.analyze_sweep(curves.load_sweep(d))
+        return a, a.ratios[artifacts.Configuration("grpo", 16, 8, "sqrt")].r_t
+
+    one, r_one = ratio_with({})
+    two, r_two = ratio_with({"round_blocks": [0, 0, 1, 1]})
+    assert one.step_rounds.drift is None and two.step_rounds.drift[0] > 0
+    assert r_two.mean == r_one.mean
+    assert np.log(r_two.hi / r_two.lo) > 1.2 * np.log(r_one.hi / r_one.lo)

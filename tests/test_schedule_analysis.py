@@ -74,7 +74,7 @@ def test_a_schedules_T_books_each_update_at_its_P(tmp_path):
         fixed = a.targets[f"P16_G8_sqrt_s{seed}"]  # a fixed batch: updates x step
         assert fixed.time_to_target_s == pytest.approx(fixed.updates_to_target * STEP[16][1])
     # The scheduled configuration's per-round step time mixes its P values by its updates.
-    rounds = a.step_rounds["16x8:sqrt@warmup"]
+    rounds = a.step_rounds.seconds["16x8:sqrt@warmup"]
     assert all(STEP[8][r] < rounds[r] < STEP[16][r] for r in range(3))
 
 

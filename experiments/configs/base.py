@@ -204,6 +204,11 @@ def sweep_config(run: ConfigDict) -> ConfigDict:
     # analysis takes T and q from those step times (calibration.json).
     run.sweep.calibrate_rounds = 0
     run.sweep.calibrate_steps = 2  # timed steps per configuration and round
+    # > 0: this many of the rounds are timed before the points (a block of its own; the
+    # rest after them). A shared host's relative step times move between sittings; the
+    # intervals of T then carry how far they moved (rl_batch.analysis.intervals.block_drift),
+    # and the block before the points compiles their programs into the XLA cache.
+    run.sweep.calibrate_rounds_before = 0
     # Concurrencies ("512,1024") whose generation alone is timed in the same rotation: the
     # generation plateau (critical generation batch) can lie past the largest batch.
     run.sweep.calibrate_gen_probe = ""

@@ -62,6 +62,9 @@ def get_config(arg=None):
     c.sweep.seeds = ",".join(map(str, range(12)))  # (docs/cpu_study.md: power, time)
     c.sweep.concurrent = 2
     # 10 rounds: at 5 the step-time ratios' spread alone made T/T_ref +-0.21 (R23, R24).
+    # 5 of them before the runs and 5 after: this host's relative step times move from one
+    # sitting to the next by more than one sitting's rounds say (docs/cpu_study.md, D10).
     c.sweep.calibrate_rounds = 10
+    c.sweep.calibrate_rounds_before = 5
     c.sweep.calibrate_gen_probe = "512,1024"
     return c

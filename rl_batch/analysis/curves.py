@@ -111,6 +111,7 @@ class Sweep:
     target_crossing: str = "linear"
     calibration: dict[str, float] | None = None  # "PxG:rule" -> calibrated step seconds
     calibration_rounds: dict[str, list[float]] | None = None  # ... per calibration round
+    calibration_blocks: tuple[int, ...] | None = None  # each round's block (None: one)
     # A scheduled configuration's step seconds per round at each P it takes.
     calibration_prompts: dict[str, dict[int, list[float]]] = dataclasses.field(default_factory=dict)
     calibration_note: str | None = None  # which calibration.json (artifacts.calibration_note)
@@ -510,6 +511,7 @@ def load_sweep(sweep_dir: str) -> Sweep:
         target_crossing=str(raw.get("target_crossing", "linear")),
         calibration=artifacts.read_calibration(sweep_dir),
         calibration_rounds=artifacts.read_calibration_rounds(sweep_dir),
+        calibration_blocks=artifacts.read_calibration_blocks(sweep_dir),
         calibration_prompts=artifacts.read_calibration_prompts(sweep_dir),
         calibration_note=artifacts.calibration_note(sweep_dir),
         excluded=tuple(excluded),

@@ -10,9 +10,12 @@ too narrow and jumps with the rng. The default here is Student's t:
   configurations' variances of the log of their means (each ``w' D^-1 S D^-1 w / n``:
   ``S`` the covariance of the run's fields, ``D`` their means, ``w`` the exponents) and
   ``df`` is Welch-Satterthwaite's. The interval is ``exp`` of that: positive, asymmetric.
-  A ratio that holds calibrated step times (``r_q``, ``T/T_ref``) adds the timing noise:
-  the variance over calibration rounds of the log ratio of the two step times (each round
-  times both side by side), divided by the rounds R, with R - 1 degrees of freedom;
+  A ratio that holds calibrated step times (``r_q``, ``T/T_ref``) adds the timing noise
+  (`Timing`): the variance over calibration rounds of the log ratio of the two step times
+  (each round times both side by side), divided by the rounds R, with R - 1 degrees of
+  freedom; with rounds in blocks timed apart (before and after the runs) the spread within
+  blocks, plus how far the host's relative step times moved between blocks
+  (`block_drift`);
 - the same ratio of two configurations run as a matched pair (`t_log_ratio_paired`): the
   two rows of one seed share their randomness (common random numbers: same prompts, same
   rollout keys), so ``S`` is the joint covariance of both configurations' fields over the
@@ -24,6 +27,7 @@ function returns ``(point, lo, hi)``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 
@@ -61,6 +65,77 @@ def t_mean(values: Sequence[float], level: float) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """The calibration's part of a ratio that holds calibrated step times.
+
+    Attributes:
+      log_ratios: ``log(step_a / step_b)`` in each calibration round (both timed side by
+        side in one round).
+      blocks: each round's block: rounds timed in one sitting (``rl_batch.sweeps.calibrate``:
+        one block before the runs, one after them); ``None``: all in one.
+      drift: ``(variance, df)`` of one configuration's relative log step time from block to
+        block (`block_drift`, over every configuration); ``None``: not estimated.
+    """
+
+    log_ratios: tuple[float, ...]
+    blocks: tuple[int, ...] | None = None
+    drift: tuple[float, float] | None = None
+
+    def parts(self) -> list[tuple[float, float]]:
+        """``(variance, df)`` parts of the mean log ratio: one block, ``var / R`` with
+        ``R - 1`` df; several, the spread within blocks (``R - n_blocks`` df) and the drift
+        of both configurations between blocks, ``2 tau^2 / n_blocks``."""
+        x = np.asarray(self.log_ratios, dtype=np.float64)
+        if x.size < 2:
+            return []
+        b = np.asarray(self.blocks if self.blocks is not None else [0] * x.size)
+        labels = np.unique(b)
+        if labels.size < 2:
+            return [(float(x.var(ddof=1)) / x.size, x.size - 1)]
+        within = sum(float(((x[b == k] - x[b == k].mean()) ** 2).sum()) for k in labels)
+        out = []
+        if x.size > labels.size:
+            out.append((within / (x.size - labels.size) / x.size, x.size - labels.size))
+        if self.drift is not None and self.drift[0] > 0:
+            out.append((2 * self.drift[0] / labels.size, self.drift[1]))
+        return out
+
+
+def block_drift(
+    rounds: dict[str, Sequence[float]], blocks: Sequence[int]
+) -> tuple[float, float] | None:
+    """How far one configuration's step time, relative to the others', moves between
+    calibration blocks: ``(tau^2, df)`` on the log scale, or None with fewer than two
+    blocks or two distinct configurations.
+
+    ``z[k, r]`` is configuration k's log step seconds in round r less the round's mean over
+    configurations (the host's overall speed cancels in every ratio); its block means vary
+    by ``tau^2 (1 - 1/K)`` from the drift and by the within-block noise of a mean, which is
+    subtracted: ``tau^2 = K / (K - 1) mean_k [var_b(mean z[k, b]) - s_k^2 mean_b(1 / n_b)]``,
+    floored at 0, with ``(K - 1)(n_blocks - 1)`` degrees of freedom. Configurations timed as
+    another (identical series) count once.
+
+    Args:
+      rounds: configuration -> step seconds per round (every series as long as ``blocks``).
+      blocks: each round's block.
+    """
+    b = np.asarray(blocks)
+    labels = np.unique(b)
+    series = {tuple(float(v) for v in s) for s in rounds.values() if len(s) == b.size}
+    if labels.size < 2 or len(series) < 2 or b.size <= labels.size:
+        return None
+    z = np.log(np.asarray(sorted(series), dtype=np.float64))  # [K, R]
+    z = z - z.mean(axis=0)
+    k = z.shape[0]
+    means = np.stack([z[:, b == lab].mean(axis=1) for lab in labels], axis=1)  # [K, nb]
+    resid = z - means[:, np.searchsorted(labels, b)]
+    s2 = (resid**2).sum(axis=1) / (b.size - labels.size)  # [K] within-block variance
+    noise = s2 * float(np.mean([1.0 / np.sum(b == lab) for lab in labels]))
+    tau2 = max(0.0, float(np.mean(means.var(axis=1, ddof=1) - noise))) * k / (k - 1)
+    return tau2, float((k - 1) * (labels.size - 1))
+
+
 # Remembered by content (`memo.by_content`): a report's seed resamples ask for the same
 # variances many thousand times (each interval level, each finding), in new arrays.
 @memo.by_content(max_bytes=16 << 20)
@@ -77,7 +152,7 @@ def t_log_ratio(
     ref: np.ndarray,
     weights: Sequence[float],
     level: float,
-    timing: Sequence[float] | None = None,
+    timing: Timing | Sequence[float] | None = None,
 ) -> tuple[float, float, float]:
     """``prod_j (mean a_j / mean ref_j)^w_j`` with a delta-method t interval on its log.
 
@@ -88,8 +163,8 @@ def t_log_ratio(
       level: coverage.
       timing: for a ratio that holds calibrated step times (r_q, T/T_ref), the log ratio of
         the two configurations' step times in each calibration round (measured side by
-        side); its spread over rounds is added to the variance (``R - 1`` df). ``None``:
-        seed noise only.
+        side; a plain sequence: one block); its parts (`Timing.parts`) are added to the
+        variance. ``None``: seed noise only.
 
     Returns:
       (point, lo, hi); NaN bounds when a side has fewer than two seeds or a mean is not
@@ -124,16 +199,18 @@ def _interval(
     point: float,
     parts: Sequence[tuple[float, float]],
     level: float,
-    timing: Sequence[float] | None = None,
+    timing: Timing | Sequence[float] | None = None,
 ) -> tuple[float, float, float]:
     """``exp(log point ± t_df sqrt(sum var))`` over independent variance parts ``(var,
-    df)``, ``df`` by Welch-Satterthwaite; ``timing`` (log step-time ratios, one per
-    calibration round) adds ``var(timing) / R`` with ``R - 1`` degrees of freedom."""
+    df)``, ``df`` by Welch-Satterthwaite; ``timing`` adds its parts (`Timing.parts`; a
+    plain sequence of log step-time ratios, one per calibration round: ``var / R`` with
+    ``R - 1`` degrees of freedom)."""
     if not parts:
         return point, NAN, NAN
-    t = np.asarray(timing if timing is not None else [], dtype=np.float64)
-    if t.size >= 2:
-        parts = [*parts, (float(t.var(ddof=1)) / t.size, t.size - 1)]
+    if timing is not None:
+        if not isinstance(timing, Timing):
+            timing = Timing(tuple(float(v) for v in timing))
+        parts = [*parts, *timing.parts()]
     var = sum(v for v, _ in parts)
     if not var > 0:
         return point, point, point  # every seed identical: no spread to show
@@ -148,7 +225,7 @@ def t_log_ratio_paired(
     ref: np.ndarray,
     weights: Sequence[float],
     level: float,
-    timing: Sequence[float] | None = None,
+    timing: Timing | Sequence[float] | None = None,
 ) -> tuple[float, float, float]:
     """`t_log_ratio` of two configurations whose rows are matched (row i of both ran seed i).
 

@@ -21,6 +21,7 @@ The report's "Measurement" section, from the same runs as the rest of it:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from rl_batch import targets
 from rl_batch.analysis import intervals
 from rl_batch.analysis import time_to_target as ttt
-from rl_batch.analysis.time_to_target import Analysis, fmt_estimate, markdown_table
+from rl_batch.analysis.time_to_target import Analysis, StepRounds, fmt_estimate, markdown_table
 
 Q_DISAGREEMENT = 0.10  # measured q of identical-compute runs: max/min above 1 + this warns
 POWER_HALF_WIDTH = 0.2  # the ratio half-width a decided study aims at (ratio units)
@@ -63,6 +64,19 @@ def compute_groups(analysis: Analysis) -> list[ComputeGroup]:
         ComputeGroup(p, g, tuple(n for n, _ in v), tuple(q for _, q in v))
         for (p, g), v in sorted(groups.items())
     ]
+
+
+def drift_words(step_rounds: StepRounds) -> str:
+    """What the intervals of r_q and T/T_ref take from a calibration in blocks."""
+    tau2, df = step_rounds.drift
+    sizes = [step_rounds.blocks.count(b) for b in sorted(set(step_rounds.blocks))]
+    return (
+        f"The intervals of r_q and T/T_ref add, to the seeds' spread, the step-time ratio's "
+        f"spread within the calibration's {len(sizes)} blocks ({' + '.join(map(str, sizes))} "
+        f"rounds, before and after the runs) and how far one configuration's step time "
+        f"relative to the others' moved between blocks: {math.sqrt(tau2):.3f} on the log "
+        f"scale ({df:.0f} df; `intervals.block_drift`)."
+    )
 
 
 def q_warnings(analysis: Analysis, tol: float = Q_DISAGREEMENT) -> list[str]:
@@ -313,13 +327,15 @@ def measurement_section(analysis: Analysis) -> list[str]:
             f"mean@k would carry)."
         )
     if analysis.calibrated:
-        rounds = len(next(iter(analysis.step_rounds.values()))) if analysis.step_rounds else 0
+        rounds = analysis.step_rounds.rounds if analysis.step_rounds else 0
         out.append(
             "- Throughput: T and q use calibrated step times (every configuration's step "
             "timed side by side, interleaved, in one process: `calibration.json`); the "
             "measured q of each run is shown beside. "
             + (
-                f"The intervals of r_q and T/T_ref add the spread of the step-time ratio "
+                drift_words(analysis.step_rounds)
+                if analysis.step_rounds and analysis.step_rounds.drift
+                else f"The intervals of r_q and T/T_ref add the spread of the step-time ratio "
                 f"over the {rounds} calibration rounds to the seeds' spread."
                 if rounds >= 2
                 else "The intervals of r_q and T/T_ref carry the seeds' spread only (one "

@@ -398,15 +398,16 @@ def ratio_estimate(
     seed,
     method,
     paired: bool = False,
-    timing: Sequence[float] | None = None,
+    timing: intervals.Timing | None = None,
 ) -> Estimate:
     """``prod_j (mean a_j / mean ref_j)^w_j`` over seeds; a, ref are [n, d] (or [n]).
 
     ``paired``: row i of ``a`` and of ``ref`` ran the same seed with shared randomness
     (`matched_pair`); the t interval is then `intervals.t_log_ratio_paired`, the bootstrap
     resamples seeds, each with both of its rows. ``timing``: the log step-time ratio of
-    the two configurations per calibration round, for a ratio that holds calibrated step
-    times (t intervals add its spread; the bootstrap carries seed noise only).
+    the two configurations per calibration round (`StepRounds.timing`), for a ratio that
+    holds calibrated step times (t intervals add its parts; the bootstrap carries seed
+    noise only).
     """
     a2 = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
     r2 = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
@@ -585,7 +586,7 @@ def ratio_estimates(
     level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
     method: str = DEFAULT_METHOD,
-    timing: Sequence[float] | None = None,
+    timing: intervals.Timing | None = None,
     paired: bool = False,
 ) -> tuple[Estimate | None, Estimate | None, Estimate | None]:
     """``(r_N, r_q, r_N / r_q)`` of configuration a against the reference.
@@ -596,8 +597,9 @@ def ratio_estimates(
       n_ref, q_ref: the same for the reference.
       n_boot, level, seed: bootstrap settings (``method="bootstrap"``).
       method: ``t`` (default) or ``bootstrap`` (see the module docstring).
-      timing: with calibrated q, ``log(step_a / step_ref)`` per calibration round; r_q
-        and r_N / r_q then carry the step times' noise too (``ratio_estimate``).
+      timing: with calibrated q, ``log(step_a / step_ref)`` per calibration round
+        (`StepRounds.timing`); r_q and r_N / r_q then carry the step times' noise too
+        (``ratio_estimate``).
       paired: row i of a and of the reference ran the same seed with common random
         numbers (`matched_pair`; the rows sorted by seed): seed-by-seed intervals.
 
@@ -649,13 +651,13 @@ def config_ratios(
     level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
     method: str = DEFAULT_METHOD,
-    step_rounds: dict[str, list[float]] | None = None,
+    step_rounds: StepRounds | None = None,
 ) -> Ratios:
     """Ratios of one configuration against the reference configuration.
 
-    ``step_rounds``: ``"PxG:rule"`` -> calibrated step seconds per round (the q of both
-    configurations is calibrated): r_q and T/T_ref then carry the step times' spread over
-    rounds (`step_time_log_ratios`)."""
+    ``step_rounds``: the calibrated step seconds per round (the q of both configurations
+    is calibrated): r_q and T/T_ref then carry the step times' spread over rounds and the
+    drift between calibration blocks (`StepRounds.timing`)."""
     if stats.key == ref.key:
         one = exact_one(stats.n_seeds)
         reached = stats.reached
@@ -684,17 +686,47 @@ def config_ratios(
     return Ratios(stats.key, ref.key, r_n, r_q, r_t, r_u, incomplete)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRounds:
+    """A sweep's calibrated step seconds per round, and how its rounds fall into blocks.
+
+    Attributes:
+      seconds: ``"PxG:rule"`` -> step seconds in each calibration round (a schedule's: its
+        P values' mixed as its runs ran, `schedule_step_rounds`).
+      blocks: each round's block (``calibration.json``'s ``round_blocks``: rounds timed
+        before the runs, then after them); ``None``: one block.
+      drift: `intervals.block_drift` of the calibration's own configurations (None with
+        one block).
+    """
+
+    seconds: dict[str, list[float]]
+    blocks: tuple[int, ...] | None = None
+    drift: tuple[float, float] | None = None
+
+    @property
+    def rounds(self) -> int:
+        """Calibration rounds per configuration."""
+        return len(next(iter(self.seconds.values()))) if self.seconds else 0
+
+    def timing(self, key: str, ref_key: str) -> intervals.Timing | None:
+        """``log(step_key / step_ref)`` in each calibration round (both timed side by side
+        in one round), with the blocks and their drift; None without per-round step times
+        for both."""
+        if key not in self.seconds or ref_key not in self.seconds:
+            return None
+        a, r = self.seconds[key], self.seconds[ref_key]
+        if len(a) != len(r) or not a:
+            return None
+        log_ratios = tuple(float(np.log(x / y)) for x, y in zip(a, r))
+        blocks = self.blocks if self.blocks is not None and len(self.blocks) == len(a) else None
+        return intervals.Timing(log_ratios, blocks, self.drift if blocks else None)
+
+
 def step_time_log_ratios(
-    step_rounds: dict[str, list[float]] | None, key: str, ref_key: str
-) -> list[float] | None:
-    """``log(step_key / step_ref)`` in each calibration round (both timed side by side in
-    one round), or None without per-round step times for both."""
-    if not step_rounds or key not in step_rounds or ref_key not in step_rounds:
-        return None
-    a, r = step_rounds[key], step_rounds[ref_key]
-    if len(a) != len(r) or not a:
-        return None
-    return [float(np.log(x / y)) for x, y in zip(a, r)]
+    step_rounds: StepRounds | None, key: str, ref_key: str
+) -> intervals.Timing | None:
+    """`StepRounds.timing` of two configurations (None without a calibration)."""
+    return step_rounds.timing(key, ref_key) if step_rounds else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -730,7 +762,7 @@ class Analysis:
     band_lo: float | None = None  # set: N*, T, q are band means over [band_lo, target]
     calibrated: bool = False  # T and q from the sweep's calibration.json
     crossing: str = "update"  # how N* is read off the evaluations (targets.CROSSINGS)
-    step_rounds: dict[str, list[float]] | None = None  # calibrated step s per round
+    step_rounds: StepRounds | None = None  # calibrated step s per round, in blocks
     # Run name -> its calibrated step seconds (a batch schedule's: [U] per update).
     run_step_s: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Equivalence margin of T ratios (planner: T(k) / T(best) within 1 +- delta).
@@ -902,16 +934,21 @@ def analyze_sweep(
     }
     ref_key = resolve_reference(reference, sweep, list(stats))
     ref = stats[ref_key]
-    rounds = sweep.calibration_rounds if step_s else None
-    if rounds and per_prompts:  # a schedule's rounds: its P values' mixed as its runs ran
-        rounds = {
-            **rounds,
-            **{
-                k.key: schedule_step_rounds(rs, targets, per_prompts[k.key])
-                for k, rs in runs_by_key.items()
-                if k.key in per_prompts
-            },
-        }
+    rounds = None
+    if step_s and sweep.calibration_rounds:
+        seconds = sweep.calibration_rounds
+        blocks = sweep.calibration_blocks
+        drift = intervals.block_drift(seconds, blocks) if blocks else None
+        if per_prompts:  # a schedule's rounds: its P values' mixed as its runs ran
+            seconds = {
+                **seconds,
+                **{
+                    k.key: schedule_step_rounds(rs, targets, per_prompts[k.key])
+                    for k, rs in runs_by_key.items()
+                    if k.key in per_prompts
+                },
+            }
+        rounds = StepRounds(seconds, blocks, drift)
     ratios = {
         k: config_ratios(s, ref, n_boot, level, seed, method, rounds) for k, s in stats.items()
     }

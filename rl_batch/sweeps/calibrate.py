@@ -20,10 +20,21 @@ A sweep's calibration is kept once made: it is redone only when the sweep has a
 configuration it did not time or other calibration settings (``calibrate_sweep``), and the
 one it replaces moves to ``<sweep>/calibrations/``; report.md names the one it uses.
 
+Its rounds can come in two blocks (``sweep.calibrate_rounds_before``): that many before
+the runs, the rest after them, 10-20 minutes apart on a CPU study. A shared host's
+relative step times move on that scale (the B = 16 / B = 64 cost ratio of one 2-core
+machine read 1.09-1.37 in eight calibrations of a day, each +-5 % within itself): rounds
+timed in one sitting see one state of the host, and the analysis adds how far the
+configurations' relative step times moved between the blocks to its intervals
+(``rl_batch.analysis.intervals.block_drift``). The block before the runs also compiles
+every configuration's programs into the runs' XLA cache.
+
 ``<sweep>/calibration.json`` (written here; its reader is ``artifacts.read_calibration``)::
 
     {"version": 1, "rounds": R, "steps": S, "host": ..., "load_start": [1, 5, 15 min],
      "load_end": [...], "wall_s": float, "written_at": ISO 8601 UTC,
+     "round_blocks": [R block indices], "blocks": [{"rounds", "written_at", "wall_s",
+                                                   "load_start", "load_end"}],
      "configs": {"PxG:rule": {"batch": B, "step_s": [R per-visit mean seconds],
                              "step_s_median": float, "run": run name used,
                              "steps_s": [R lists: each timed step's seconds],
@@ -36,6 +47,10 @@ one it replaces moves to ``<sweep>/calibrations/``; report.md names the one it u
                              "timed_as": "PxG:rule"}},  # timed as that one's steps
      "gen_probe": {"C": {"gen_concurrency": C, "generate_s": [R], "gen_tokens_per_s": [R],
                          "engine": ..., "slots": ..., "attn_block": ...}}}
+
+Every per-round list holds the rounds of all blocks in order; ``round_blocks`` says which
+block each round is in (0: the first). Records written before blocks existed have neither
+(one block). ``load_start`` and ``written_at`` are the first block's and the last's.
 
 ``engine``, ``slots`` and ``attn_block`` are the rollout engine the configuration's run
 config selects (``sampling.*``, ``rl_batch.runs.sections.rollout_settings``; slots 0 = the
@@ -268,15 +283,20 @@ def calibrate(
     for s in steppers.values():
         s.close()
     visits.update({k: visits[rep] for k, rep in timed_as.items() if rep != k})
+    when = {
+        "load_start": load_start,
+        "load_end": provenance.load_average(),
+        "wall_s": time.time() - t_start,
+        "written_at": provenance.now(),
+    }
     return {
         "version": artifacts.CALIBRATION_VERSION,
         "rounds": rounds,
         "steps": steps,
         "host": provenance.hardware(),
-        "load_start": load_start,
-        "load_end": provenance.load_average(),
-        "wall_s": time.time() - t_start,
-        "written_at": provenance.now(),
+        **when,
+        "round_blocks": [0] * rounds,
+        "blocks": [{"rounds": rounds, **when}],
         "configs": {k: _config_record(k, configs[k], visits, timed_as) for k in configs},
         **(
             {
@@ -286,6 +306,62 @@ def calibrate(
                 }
             }
             if gen_probe
+            else {}
+        ),  # fmt: skip
+    }
+
+
+# Per-round lists of a configuration's (and a probe's) entry: a later block's join them.
+_ROUND_LISTS = ("step_s", "steps_s", "generate_s", "gen_tokens_per_s")
+
+
+def _blocks_meta(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A record's ``blocks`` (one made of its top-level fields when it has none)."""
+    keys = ("load_start", "load_end", "wall_s", "written_at")
+    return list(
+        record.get("blocks") or [{"rounds": record["rounds"], **{k: record.get(k) for k in keys}}]
+    )
+
+
+def append_block(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """One ``calibration.json`` record of two calibrations of the same configurations and
+    settings, timed apart (``first``: the block before the runs): every per-round list
+    holds ``first``'s rounds then ``later``'s, the medians are the whole lists', and
+    ``round_blocks`` / ``blocks`` name the block of each round (a ValueError when the two
+    time different configurations or probes)."""
+    if set(first["configs"]) != set(later["configs"]) or set(first.get("gen_probe", {})) != set(
+        later.get("gen_probe", {})
+    ):
+        raise ValueError("calibration blocks of different configurations cannot be joined")
+    n_first = int(first["rounds"])
+    first_blocks = first.get("round_blocks") or [0] * n_first
+    next_block = max(first_blocks) + 1
+
+    def joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        out = {**b, **{k: a[k] + b[k] for k in _ROUND_LISTS if k in a and k in b}}
+        if "prompts_step_s" in a and "prompts_step_s" in b:
+            out["prompts_step_s"] = {
+                p: a["prompts_step_s"][p] + b["prompts_step_s"][p] for p in a["prompts_step_s"]
+            }
+        if "step_s" in out:
+            out["step_s_median"] = statistics.median(out["step_s"])
+        return out
+
+    return {
+        **later,
+        "rounds": n_first + int(later["rounds"]),
+        "load_start": first.get("load_start"),
+        "wall_s": float(first.get("wall_s") or 0.0) + float(later["wall_s"]),
+        "round_blocks": list(first_blocks) + [next_block] * int(later["rounds"]),
+        "blocks": _blocks_meta(first) + _blocks_meta(later),
+        "configs": {k: joined(first["configs"][k], v) for k, v in later["configs"].items()},
+        **(
+            {
+                "gen_probe": {
+                    c: joined(first["gen_probe"][c], v) for c, v in later["gen_probe"].items()
+                }
+            }
+            if "gen_probe" in later
             else {}
         ),  # fmt: skip
     }
@@ -388,16 +464,20 @@ def engine_label(record: dict[str, Any]) -> str:
     return label
 
 
-def sweep_configs(sweep_dir: str) -> dict[str, RunSpec]:
+def sweep_configs(sweep_dir: str, grid: dict[str, Any] | None = None) -> dict[str, RunSpec]:
     """``"PxG:rule"`` -> the spec (``config.json``) of its first listed run
-    (``artifacts.sweep_run_configs``), then the points timed ahead of their runs
-    (``artifacts.read_calibration_ahead``) that have none yet."""
-    runs = artifacts.sweep_run_configs(sweep_dir)
-    if not runs:
+    (``artifacts.sweep_run_configs``), then, for configurations with none yet, ``grid``
+    (``"PxG:rule"`` -> a spec as JSON: the grid's points before their runs) and the points
+    timed ahead of their runs (``artifacts.read_calibration_ahead``)."""
+    configs = artifacts.sweep_run_configs(sweep_dir)
+    for more in (grid or {}, artifacts.read_calibration_ahead(sweep_dir)):
+        configs.update({k: c for k, c in more.items() if k not in configs})
+    if not configs:
         raise ValueError(f"{sweep_dir}: no run has a config.json to calibrate")
-    ahead = artifacts.read_calibration_ahead(sweep_dir)
-    configs = {**runs, **{k: c for k, c in ahead.items() if k not in runs}}
     return {k: config_lib.load_spec(c) for k, c in configs.items()}
+
+
+STAGES = ("before", "after")
 
 
 def calibrate_sweep(
@@ -408,27 +488,58 @@ def calibrate_sweep(
     gen_probe: tuple[int, ...] = (),
     log_fn=print,
     force: bool = False,
+    before: int = 0,
+    stage: str = "after",
+    grid: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``calibrate`` each configuration of a sweep (its first run's config) and the
     generation probes; writes ``<sweep>/calibration.json`` and returns the record.
 
     An existing calibration.json that times every configuration with these settings is
-    kept and returned (``artifacts.calibration_stale``): T and q do not change when no
+    kept and returned (``artifacts.calibration_action``): T and q do not change when no
     configuration is new. One that is redone (or ``force``) is kept in
     ``<sweep>/calibrations/`` (``artifacts.archive_calibration``).
+
+    Args:
+      sweep_dir: the sweep directory.
+      rounds, steps, gen_probe: the calibration's settings (`calibrate`).
+      log_fn: where progress lines go.
+      force: calibrate again even when the record serves.
+      before: of ``rounds``, those timed in a block before the runs (0: all after them).
+      stage: ``"before"`` the runs (their ``before`` rounds; a block already there is kept)
+        or ``"after"`` them: the other rounds, joined to the block before the runs when it
+        is there (`append_block`), else all ``rounds`` in one block.
+      grid: ``"PxG:rule"`` -> spec JSON of configurations without a run yet (the grid's,
+        before its runs).
     """
-    stale = artifacts.calibration_stale(sweep_dir, rounds, steps, gen_probe)
+    if stage not in STAGES:
+        raise ValueError(f"calibration stage {stage!r}: expected one of {STAGES}")
+    if not 0 <= before < rounds or (stage == "before" and not before):
+        raise ValueError(f"calibration: {before} of {rounds} rounds before the runs")
+    keys = tuple(grid or ())
+    action, why = artifacts.calibration_action(sweep_dir, rounds, steps, gen_probe, before, keys)
     path = os.path.join(sweep_dir, artifacts.CALIBRATION_FILE)
-    if not stale and not force:
-        log_fn(f"[calibrate] {path} kept: it times every configuration with these settings")
+    if force:
+        action, why = "redo", ["asked to"]
+    if action == "keep" or (stage == "before" and action == "append"):
+        what = "every configuration with these settings" if action == "keep" else "its block"
+        log_fn(f"[calibrate] {path} kept: it times {what}")
         return artifacts.read_json(path)
-    log_fn(f"[calibrate] calibrating: {'; '.join(stale) if stale else 'asked to'}")
-    record = calibrate(
-        sweep_configs(sweep_dir), rounds=rounds, steps=steps, gen_probe=gen_probe, log_fn=log_fn
-    )
-    kept = artifacts.archive_calibration(sweep_dir)
-    if kept:
-        log_fn(f"[calibrate] the calibration it replaces is kept as {kept}")
+    log_fn(f"[calibrate] calibrating: {'; '.join(why)}")
+    configs = sweep_configs(sweep_dir, grid)
+    first = artifacts.read_json(path) if action == "append" else {"configs": {}}
+    if action == "append" and stage == "after" and set(first["configs"]) <= set(configs):
+        configs = {k: v for k, v in configs.items() if k in first["configs"]}
+        later = calibrate(
+            configs, rounds=rounds - before, steps=steps, gen_probe=gen_probe, log_fn=log_fn
+        )
+        record = append_block(first, later)
+    else:
+        n = before if stage == "before" else rounds
+        record = calibrate(configs, rounds=n, steps=steps, gen_probe=gen_probe, log_fn=log_fn)
+        kept = artifacts.archive_calibration(sweep_dir)
+        if kept:
+            log_fn(f"[calibrate] the calibration it replaces is kept as {kept}")
     artifacts.write_json_atomic(path, record)
     return record
 

@@ -291,6 +291,35 @@ def gen_probe(base: ConfigDict, points: list[Point]) -> tuple[int, ...]:
     return values
 
 
+@dataclasses.dataclass(frozen=True)
+class CalibrationSettings:
+    """A sweep's calibration (``sweep.calibrate_*``): ``rounds`` (0: none), ``steps`` per
+    visit, ``before`` of the rounds timed before the runs, generation ``probe``s."""
+
+    rounds: int
+    steps: int
+    before: int
+    probe: tuple[int, ...]
+
+
+def calibration_settings(base: ConfigDict, points: list[Point]) -> CalibrationSettings:
+    """``sweep.calibrate_*`` checked: a ValueError names a bad value."""
+    rounds = int(base.sweep.get("calibrate_rounds", 0))
+    steps = int(base.sweep.get("calibrate_steps", 2))
+    before = int(base.sweep.get("calibrate_rounds_before", 0))
+    if rounds < 0 or (rounds and steps < 1):
+        raise ValueError(
+            f"sweep.calibrate_rounds={rounds}, calibrate_steps={steps}: need >= 0, >= 1"
+        )
+    if rounds and before and not 2 <= before <= rounds - 2:
+        raise ValueError(
+            f"sweep.calibrate_rounds_before={before}: the rounds timed before the runs need 2 "
+            f"or more, and 2 or more of sweep.calibrate_rounds={rounds} left for after them "
+            "(0: all after)"
+        )
+    return CalibrationSettings(rounds, steps, before if rounds else 0, gen_probe(base, points))
+
+
 def plan(
     base: ConfigDict, sweep_dir: str, device_count: int | None = None
 ) -> tuple[list[Point], dict[str, RunSpec]]:
@@ -316,7 +345,7 @@ def plan(
     )
     points = expand_grid(base)
     reference_key(base, points)
-    gen_probe(base, points)
+    calibration_settings(base, points)
     resolved, errors = {}, {}  # error message -> the points it is about
     for point in points:
         try:
@@ -516,6 +545,10 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         run_fn = run_lib.run
 
     todo = [p for p in points if only is None or p.name == only]
+    calibration = calibration_settings(base, points)
+    calibrating = only is None and writer and calibration.rounds > 0
+    if calibrating and calibration.before:  # (the rounds before the runs: fresh XLA caches)
+        _calibrate(sweep_dir, calibration, points, resolved, log, "before")
     concurrent = max(1, int(base.sweep.get("concurrent", 1))) if only is None else 1
     isolate = isolate or concurrent > 1
     progress = _Progress(len(todo), log, concurrent)
@@ -571,15 +604,8 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
             finally:  # (before the pool's threads end: a worker stops with its thread)
                 workers.close()
     log(f"sweep finished in {(time.time() - progress.t_start) / 60:.1f} min: {sweep_path}")
-    rounds = int(base.sweep.get("calibrate_rounds", 0))
-    if only is None and writer and rounds > 0:
-        steps, probe = int(base.sweep.get("calibrate_steps", 2)), gen_probe(base, points)
-        stale = artifacts.calibration_stale(sweep_dir, rounds, steps, probe)
-        if stale:  # (else kept: T and q do not change without a new configuration)
-            log(f"[sweep] calibration: {'; '.join(stale)}")
-            _calibrate(sweep_dir, rounds, steps, probe, log)
-        else:
-            log(f"[sweep] {artifacts.CALIBRATION_FILE} kept: it times every configuration")
+    if calibrating:
+        _calibrate(sweep_dir, calibration, points, resolved, log, "after")
     return record
 
 
@@ -706,17 +732,51 @@ def _budget_of(run_dir: str) -> float:
 
 
 def _calibrate(
-    sweep_dir: str, rounds: int, steps: int, probe: tuple[int, ...], log: Callable[[str], None]
+    sweep_dir: str,
+    settings: CalibrationSettings,
+    points: list[Point],
+    resolved: dict[str, RunSpec],
+    log: Callable[[str], None],
+    stage: str,
 ) -> None:
-    """The worker's ``calibrate`` of the sweep in a child process (a clean, JAX-free
-    parent; every configuration timed in one process); a failure is logged, not raised."""
-    log(f"[sweep] calibrating the configurations' step times ({rounds} interleaved rounds)")
-    probe_flag = "--gen_probe=" + ",".join(map(str, probe))
-    cmd = [*procs.WORKER, "calibrate", sweep_dir, f"--rounds={rounds}", f"--steps={steps}"]
-    cmd.append(probe_flag)
-    code = procs.run_child(cmd, os.path.join(sweep_dir, "calibration.log"))
+    """One stage (``"before"`` or ``"after"`` the runs) of the sweep's calibration: the
+    worker's ``calibrate`` in a child process (a clean, JAX-free parent; every
+    configuration timed in one process), unless ``calibration.json`` already serves it
+    (T and q do not change without a new configuration). A failure is logged, not raised."""
+    grid = {}  # configuration -> its first point (timed as that before it has a run)
+    for point in points:
+        grid.setdefault(point.key, resolved[point.name])
+    s = settings
+    action, why = artifacts.calibration_action(
+        sweep_dir, s.rounds, s.steps, s.probe, s.before, tuple(grid)
+    )
+    if action == "keep" or (stage == "before" and action == "append"):
+        what = "every configuration" if action == "keep" else "its rounds before the runs"
+        log(f"[sweep] {artifacts.CALIBRATION_FILE} kept: it times {what}")
+        return
+    n = s.before if stage == "before" else s.rounds - (s.before if action == "append" else 0)
+    log(f"[sweep] calibration: {'; '.join(why)}")
+    log(f"[sweep] calibrating the configurations' step times ({n} interleaved rounds, {stage} "
+        "the runs)")  # fmt: skip
+    code = _calibration_child(sweep_dir, s, stage, {k: v.to_json() for k, v in grid.items()})
     if code != 0:
         log(f"[sweep] calibration failed (exit {code}); see {sweep_dir}/calibration.log")
+
+
+def _calibration_child(
+    sweep_dir: str, s: CalibrationSettings, stage: str, grid: dict[str, Any]
+) -> int:
+    """``python -m rl_batch.sweeps.worker calibrate`` (``calibrate.calibrate_sweep``) of one
+    stage; ``grid``: configuration -> spec JSON; returns the exit status."""
+    grid_path = os.path.join(sweep_dir, "calibration_grid.json")  # (the child's input only)
+    artifacts.write_json_atomic(grid_path, grid)
+    cmd = [*procs.WORKER, "calibrate", sweep_dir, f"--rounds={s.rounds}", f"--steps={s.steps}",
+           "--gen_probe=" + ",".join(map(str, s.probe)), f"--before={s.before}",
+           f"--stage={stage}", f"--grid={grid_path}"]  # fmt: skip
+    try:
+        return procs.run_child(cmd, os.path.join(sweep_dir, "calibration.log"))
+    finally:
+        os.remove(grid_path)
 
 
 def _discard(*args) -> None:

@@ -3,6 +3,7 @@
     python -m rl_batch.sweeps.worker run SPEC_JSON        # one point, resumed if begun
     python -m rl_batch.sweeps.worker serve                # points sent on stdin (Worker)
     python -m rl_batch.sweeps.worker calibrate SWEEP_DIR --rounds=R --steps=S [--gen_probe=..]
+        [--before=B --stage=before|after --grid=GRID_JSON]
     python -m rl_batch.sweeps.worker memory CHECK_JSON --device_memory=BYTES
 
 ``run`` and ``serve`` read each point's ``RunSpec`` JSON (``spec.to_json()``, written by
@@ -49,11 +50,16 @@ def _serve() -> int:
     return 0
 
 
-def _calibrate(sweep_dir: str, rounds: int, steps: int, gen_probe: str) -> int:
+def _calibrate(args: argparse.Namespace) -> int:
+    from rl_batch import artifacts
     from rl_batch.sweeps import calibrate
 
-    probe = tuple(int(x) for x in gen_probe.split(",") if x.strip())
-    record = calibrate.calibrate_sweep(sweep_dir, rounds=rounds, steps=steps, gen_probe=probe)
+    probe = tuple(int(x) for x in args.gen_probe.split(",") if x.strip())
+    grid = artifacts.read_json(args.grid) if args.grid else None
+    record = calibrate.calibrate_sweep(
+        args.sweep_dir, rounds=args.rounds, steps=args.steps, gen_probe=probe,
+        before=args.before, stage=args.stage, grid=grid,
+    )  # fmt: skip
     print(calibrate.describe(record))
     return 0
 
@@ -79,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--rounds", type=int, default=3)
     cal.add_argument("--steps", type=int, default=2)
     cal.add_argument("--gen_probe", default="")
+    cal.add_argument("--before", type=int, default=0, help="of the rounds, timed before the runs")
+    cal.add_argument("--stage", choices=("before", "after"), default="after")
+    cal.add_argument("--grid", default="", help="JSON: configuration -> spec, without a run yet")
     mem = sub.add_parser("memory", help="which points do not fit a device")
     mem.add_argument("check_json")
     mem.add_argument("--device_memory", type=float, required=True)
@@ -96,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve()
     if args.command == "calibrate":
-        return _calibrate(args.sweep_dir, args.rounds, args.steps, args.gen_probe)
+        return _calibrate(args)
     return _memory(args.check_json, args.device_memory)
 
 
