@@ -11,7 +11,8 @@ model and cores, from ``calibration.json``'s ``host`` or else a run's
 ``provenance.json``), the number of finished runs (``sweep.json``) and the machine's
 calibrated speed: ``q(B = 64) = 64 / step_s``, the calibrated median seconds of one
 training step of the 64-response configuration (``calibration.json``, timed side by side
-after the runs; the load at its ends is given beside it). The records live in
+after the runs, or in blocks before and after them; the load at its ends is given beside
+it). The records live in
 ``docs/runtimes.jsonl`` (this module owns that file); a record with the same sweep name
 and start time is replaced. ``docs/runtimes.md`` is rewritten from all of them, oldest
 first. The README and the notebook point to that page instead of quoting numbers.

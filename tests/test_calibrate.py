@@ -285,6 +285,13 @@ def _fake_calibrate(calls):
     return fake
 
 
+def _calibrate_in_process(sweep_dir, s, stage, grid):
+    """Stands in for `sweep._calibration_child` (the sweep runs a child process)."""
+    calibrate.calibrate_sweep(sweep_dir, rounds=s.rounds, steps=s.steps, gen_probe=s.probe,
+                              before=s.before, stage=stage, grid=grid)  # fmt: skip
+    return 0
+
+
 def _add_top_level_keys(sweep_dir):
     """The synthetic runs' config.json with the top-level fields a resolved config has."""
     for name in os.listdir(os.path.join(sweep_dir, artifacts.RUNS_DIR)):
@@ -338,12 +345,7 @@ def test_a_rerun_sweep_keeps_its_calibration(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(calibrate, "calibrate", _fake_calibrate(calls))
 
-    def calibrate_here(sweep_dir, s, stage, grid):  # (the sweep runs a child)
-        calibrate.calibrate_sweep(sweep_dir, rounds=s.rounds, steps=s.steps, gen_probe=s.probe,
-                                  before=s.before, stage=stage, grid=grid)  # fmt: skip
-        return 0
-
-    monkeypatch.setattr(sweep, "_calibration_child", calibrate_here)
+    monkeypatch.setattr(sweep, "_calibration_child", _calibrate_in_process)
     c = _sweep_config(str(tmp_path / "work"))
     c.sweep.calibrate_rounds, c.sweep.calibrate_steps = 2, 1
     d, lines = str(tmp_path / "sweep"), []
@@ -368,12 +370,7 @@ def test_blocks_before_and_after_the_runs_make_one_calibration(tmp_path, monkeyp
 
     monkeypatch.setattr(calibrate, "calibrate", calibrate_counting)
 
-    def calibrate_here(sweep_dir, s, stage, grid):  # (the sweep runs a child)
-        calibrate.calibrate_sweep(sweep_dir, rounds=s.rounds, steps=s.steps, gen_probe=s.probe,
-                                  before=s.before, stage=stage, grid=grid)  # fmt: skip
-        return 0
-
-    monkeypatch.setattr(sweep, "_calibration_child", calibrate_here)
+    monkeypatch.setattr(sweep, "_calibration_child", _calibrate_in_process)
     c = _sweep_config(str(tmp_path / "work"))
     c.sweep.calibrate_rounds, c.sweep.calibrate_steps, c.sweep.calibrate_rounds_before = 4, 1, 2
     d, lines = str(tmp_path / "sweep"), []
