@@ -707,7 +707,13 @@ def read_calibration_blocks(sweep_dir: str) -> tuple[int, ...] | None:
 
 def calibration_block_sizes(rounds: int, before: int) -> list[int]:
     """Rounds per calibration block: ``[before, rounds - before]`` (timed before the runs
-    and after them), or ``[rounds]`` (after them) when ``before`` is 0."""
+    and after them), or ``[rounds]`` (after them) when ``before`` is 0; a ValueError unless
+    each of two blocks has 2 or more rounds."""
+    if before and not 2 <= before <= rounds - 2:
+        raise ValueError(
+            f"{before} of {rounds} calibration rounds before the runs: each block needs 2 or "
+            "more (0: all after them)"
+        )
     return [before, rounds - before] if before else [rounds]
 
 

@@ -432,8 +432,13 @@ def test_appending_a_block_joins_every_per_round_list():
 def test_bad_rounds_before_the_runs_are_refused_before_any_run(tmp_path):
     c = base.sweep_config(tiny_run_config(str(tmp_path / "work")))
     c.sweep.calibrate_rounds, c.sweep.calibrate_rounds_before = 4, 3
-    with pytest.raises(ValueError, match="sweep.calibrate_rounds_before=3: the rounds timed"):
+    with pytest.raises(ValueError, match="sweep.calibrate_rounds_before=3: 3 of 4 calibration"):
         sweep.plan(c, str(tmp_path / "sweep"), device_count=1)
+    # The same rule where a calibration is asked for directly (experiments.calibrate).
+    with pytest.raises(ValueError, match="3 of 4 calibration rounds before the runs: each block"):
+        calibrate.calibrate_sweep(str(tmp_path), rounds=4, steps=1, before=3, stage="before")
+    c.sweep.calibrate_rounds = 0  # (no calibration: nothing to split)
+    sweep.plan(c, str(tmp_path / "sweep"), device_count=1)
 
 
 def test_drift_between_blocks_widens_t_intervals(tmp_path):

@@ -514,8 +514,9 @@ def calibrate_sweep(
     """
     if stage not in STAGES:
         raise ValueError(f"calibration stage {stage!r}: expected one of {STAGES}")
-    if not 0 <= before < rounds or (stage == "before" and not before):
-        raise ValueError(f"calibration: {before} of {rounds} rounds before the runs")
+    artifacts.calibration_block_sizes(rounds, before)  # (a ValueError names a bad split)
+    if stage == "before" and not before:
+        raise ValueError("calibration stage 'before' needs rounds before the runs (before > 0)")
     keys = tuple(grid or ())
     action, why = artifacts.calibration_action(sweep_dir, rounds, steps, gen_probe, before, keys)
     path = os.path.join(sweep_dir, artifacts.CALIBRATION_FILE)
@@ -527,9 +528,9 @@ def calibrate_sweep(
         return artifacts.read_json(path)
     log_fn(f"[calibrate] calibrating: {'; '.join(why)}")
     configs = sweep_configs(sweep_dir, grid)
-    first = artifacts.read_json(path) if action == "append" else {"configs": {}}
-    if action == "append" and stage == "after" and set(first["configs"]) <= set(configs):
-        configs = {k: v for k, v in configs.items() if k in first["configs"]}
+    first = artifacts.read_json(path) if action == "append" else None  # (stage "after")
+    if first is not None and set(first["configs"]) <= set(configs):
+        configs = {k: configs[k] for k in first["configs"]}
         later = calibrate(
             configs, rounds=rounds - before, steps=steps, gen_probe=gen_probe, log_fn=log_fn
         )

@@ -311,12 +311,10 @@ def calibration_settings(base: ConfigDict, points: list[Point]) -> CalibrationSe
         raise ValueError(
             f"sweep.calibrate_rounds={rounds}, calibrate_steps={steps}: need >= 0, >= 1"
         )
-    if rounds and before and not 2 <= before <= rounds - 2:
-        raise ValueError(
-            f"sweep.calibrate_rounds_before={before}: the rounds timed before the runs need 2 "
-            f"or more, and 2 or more of sweep.calibrate_rounds={rounds} left for after them "
-            "(0: all after)"
-        )
+    try:
+        artifacts.calibration_block_sizes(rounds, before if rounds else 0)
+    except ValueError as e:
+        raise ValueError(f"sweep.calibrate_rounds_before={before}: {e}") from e
     return CalibrationSettings(rounds, steps, before if rounds else 0, gen_probe(base, points))
 
 
