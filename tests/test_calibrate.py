@@ -244,7 +244,12 @@ def test_concurrent_sweep_runs_every_point_and_calibrates(tmp_path):
     lines = []
     record = sweep.run_sweep(c, d, log=lines.append)
     stages = [s for s in lines if s.startswith("[sweep] calibrating")]
-    assert [s.split(", ")[-1] for s in stages] == ["before the runs)", "after the runs)"], lines
+    # The rounds after the runs in the child that timed those before (kept through them).
+    assert [s.split(" rounds, ")[-1] for s in stages] == [
+        "before the runs)",
+        "after the runs, in the process that timed the rounds before them)",
+    ], lines
+    assert open(os.path.join(d, "calibration.log")).read().count("[calibrate] calibrating") == 1
     assert lines.index(stages[0]) < min(i for i, s in enumerate(lines) if "[sweep 1/2]" in s)
     assert artifacts.read_calibration_blocks(d) == (0, 0, 1, 1)
     assert not os.path.exists(os.path.join(d, "calibration_grid.json"))
@@ -270,7 +275,7 @@ def test_concurrent_sweep_runs_every_point_and_calibrates(tmp_path):
 def _fake_calibrate(calls):
     """Stands in for `calibrate.calibrate`: the n-th calibration times every step at n/2 s."""
 
-    def fake(configs, *, rounds, steps, gen_probe=(), log_fn=print):
+    def block(configs, rounds, steps):
         calls.append(sorted(configs))
         step = 0.5 * len(calls)
         return {
@@ -281,6 +286,11 @@ def _fake_calibrate(calls):
             "wall_s": 1.0,
             "configs": {k: {"step_s": [step] * rounds, "step_s_median": step} for k in configs},
         }
+
+    def fake(configs, *, rounds, steps, gen_probe=(), log_fn=print, then=None):
+        record = block(configs, rounds, steps)
+        more = then(record) if then is not None else 0
+        return calibrate.append_block(record, block(configs, more, steps)) if more else record
 
     return fake
 
@@ -401,6 +411,37 @@ def test_blocks_before_and_after_the_runs_make_one_calibration(tmp_path, monkeyp
     assert artifacts.calibration_action(d, 4, 1, (), 2)[0] == "append"
     assert artifacts.calibration_action(d, 4, 1, (), 2, ("2x4:sqrt",))[0] == "redo"  # new
     assert artifacts.calibration_action(d, 4, 2, (), 2)[0] == "redo"  # other steps
+
+
+def test_a_held_calibration_times_its_rounds_after_the_runs_in_one_process(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(calibrate, "calibrate", _fake_calibrate(calls))
+    monkeypatch.setattr(
+        calibrate, "sweep_configs", lambda d, grid=None: artifacts.sweep_run_configs(d)
+    )
+    d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:2])
+    _add_top_level_keys(d)
+    on_disk = []
+
+    def hold(go):  # the runs: the block before them is on disk while they train
+        def wait():
+            on_disk.append(artifacts.read_json(os.path.join(d, artifacts.CALIBRATION_FILE)))
+            return go
+
+        return wait
+
+    kw = dict(rounds=4, steps=1, before=2, stage="before", log_fn=lambda s: None)
+    record = calibrate.calibrate_sweep(d, hold=hold(True), **kw)
+    assert on_disk[0]["rounds"] == 2 and len(calls) == 2
+    assert record["round_blocks"] == [0, 0, 1, 1] and record == artifacts.read_json(
+        os.path.join(d, artifacts.CALIBRATION_FILE)
+    )
+    assert artifacts.calibration_action(d, 4, 1, (), 2)[0] == "keep"
+    # Not released to time them (the runs stopped): the block before stays for a rerun.
+    os.remove(os.path.join(d, artifacts.CALIBRATION_FILE))
+    record = calibrate.calibrate_sweep(d, hold=hold(False), **kw)
+    assert record["rounds"] == 2 and len(calls) == 3
+    assert artifacts.calibration_action(d, 4, 1, (), 2)[0] == "append"
 
 
 def test_appending_a_block_joins_every_per_round_list():

@@ -106,6 +106,32 @@ def test_the_child_of_a_stopped_parent_stops_too(tmp_path, sig, code):
     assert _wait_for(mark) == "terminated"  # SIGTERM passed on, or sent at the parent's death
 
 
+# A calibration child that holds (processes.HeldChild): "held", then a line on its stdin.
+HELD = """
+import sys
+print("building", flush=True)  # (its log)
+if sys.argv[1] == "hold":
+    sys.__stdout__.write("held\\n")
+    sys.__stdout__.flush()
+    print("released:", sys.stdin.readline().strip() or "(end of input)", file=sys.stderr)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("mode, go", [("hold", True), ("hold", False), ("end", None)])
+def test_a_held_child_waits_for_its_release(tmp_path, mode, go):
+    from rl_batch.sweeps import processes
+
+    log = tmp_path / "child.log"
+    child = processes.HeldChild.start([sys.executable, "-c", HELD, mode], str(log))
+    if mode == "end":  # it ended without holding: its exit status
+        assert child == 3 and "released" not in log.read_text()
+        return
+    assert isinstance(child, processes.HeldChild) and child.proc.poll() is None
+    assert child.release(go) == 3
+    assert ("released: after" if go else "released: (end of input)") in log.read_text()
+
+
 def test_a_second_sweep_on_one_directory_is_refused(tmp_path):
     from rl_batch.sweeps import sweep
     from tests.test_sweep import _sweep_config

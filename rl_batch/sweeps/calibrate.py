@@ -216,6 +216,7 @@ def calibrate(
     gen_probe: tuple[int, ...] = (),
     log_fn=print,
     interleave: str = "step",
+    then=None,
 ) -> dict[str, Any]:
     """Times one training step of each configuration, interleaved (see the module doc).
 
@@ -230,9 +231,13 @@ def calibrate(
       interleave: ``"step"`` (`round_order`) or ``"visit"``: each configuration's steps
         of a round in a row, ``steps`` of each (the scheme before `visit_steps` and
         `round_order`, kept to compare the two: ``experiments.calibration_noise``).
+      then: called with the record of these ``rounds`` once they are timed; it returns
+        how many rounds to time next with the same compiled programs (0: none), as a
+        later block (`append_block`): a calibration that waits through a sweep's runs
+        (``calibrate_sweep``'s ``hold``) needs no second build and compile.
 
     Returns:
-      The ``calibration.json`` record.
+      The ``calibration.json`` record (its blocks joined).
     """
     if rounds < 1 or steps < 1:
         raise ValueError(f"calibration needs rounds >= 1 and steps >= 1, got {rounds}, {steps}")
@@ -263,32 +268,56 @@ def calibrate(
     per_visit = visit_steps(batches, steps) if interleave == "step" else {}
     per_visit.update({k: PROBE_STEPS for k in probes})
     steppers = {}
-    for key in keys:  # build and compile (one untimed step each)
-        steppers[key] = _Stepper(timed[key]) if key in timed else _Stepper(probes[key], True)
-        steppers[key].step()
+    try:
+        for key in keys:  # build and compile (one untimed step each)
+            steppers[key] = _Stepper(timed[key]) if key in timed else _Stepper(probes[key], True)
+            steppers[key].step()
+        per_visit = {k: per_visit.get(k, steps) for k in keys}
+        block = _time_rounds(steppers, per_visit, rounds, interleave, log_fn)
+        record = _record(block, configs, probes, timed_as, t_start, load_start, steps)
+        more = then(record) if then is not None else 0
+        if more:
+            t_later, load_later = time.time(), provenance.load_average()
+            block = _time_rounds(steppers, per_visit, more, interleave, log_fn)
+            later = _record(block, configs, probes, timed_as, t_later, load_later, steps)
+            record = append_block(record, later)
+        return record
+    finally:
+        for s in steppers.values():
+            s.close()
+
+
+def _time_rounds(steppers, per_visit, rounds, interleave, log_fn):
+    """``rounds`` rounds of visits to every stepper (key -> its visits: a list per round
+    of that round's StepTimes), each round's rotation starting one key later."""
+    keys = list(steppers)
     visits: dict[str, list[list[StepTime]]] = {k: [] for k in keys}
     for r in range(rounds):
         order = keys[r % len(keys) :] + keys[: r % len(keys)]
         timed_steps: dict[str, list[StepTime]] = {k: [] for k in keys}
-        counts = {k: per_visit.get(k, steps) for k in keys}
         if interleave == "step":
-            sequence = round_order(order, counts)
+            sequence = round_order(order, per_visit)
         else:
-            sequence = [k for k in order for _ in range(counts[k])]
+            sequence = [k for k in order for _ in range(per_visit[k])]
         for key in sequence:
             timed_steps[key].append(steppers[key].step())
         for key in keys:
             visits[key].append(timed_steps[key])
         log_fn(f"[calibrate] round {r + 1}/{rounds} done")
-    for s in steppers.values():
-        s.close()
-    visits.update({k: visits[rep] for k, rep in timed_as.items() if rep != k})
+    return visits
+
+
+def _record(visits, configs, probes, timed_as, t_start, load_start, steps) -> dict[str, Any]:
+    """The ``calibration.json`` record of one block of rounds (``visits``: `_time_rounds`)."""
+    rounds = len(next(iter(visits.values())))
+    visits = {**visits, **{k: visits[rep] for k, rep in timed_as.items() if rep != k}}
     when = {
         "load_start": load_start,
         "load_end": provenance.load_average(),
         "wall_s": time.time() - t_start,
         "written_at": provenance.now(),
     }
+    gen_probe = [int(k.split("@", 1)[1]) for k in probes]
     return {
         "version": artifacts.CALIBRATION_VERSION,
         "rounds": rounds,
@@ -301,7 +330,7 @@ def calibrate(
         **(
             {
                 "gen_probe": {
-                    str(c): _probe_record(visits[f"gen@{c}"], probes[f"gen@{c}"], int(c))
+                    str(c): _probe_record(visits[f"gen@{c}"], probes[f"gen@{c}"], c)
                     for c in gen_probe
                 }
             }
@@ -491,6 +520,7 @@ def calibrate_sweep(
     before: int = 0,
     stage: str = "after",
     grid: dict[str, Any] | None = None,
+    hold=None,
 ) -> dict[str, Any]:
     """``calibrate`` each configuration of a sweep (its first run's config) and the
     generation probes; writes ``<sweep>/calibration.json`` and returns the record.
@@ -511,6 +541,11 @@ def calibrate_sweep(
         is there (`append_block`), else all ``rounds`` in one block.
       grid: ``"PxG:rule"`` -> spec JSON of configurations without a run yet (the grid's,
         before its runs).
+      hold: stage ``"before"``: called once the block before the runs is written; it
+        returns (when the runs have ended) whether to time the other rounds now, with the
+        programs this process compiled (``rl_batch.sweeps.worker calibrate --hold``: a
+        sweep on a CPU host saves the second block's build and compile). False: they are
+        left to a stage ``"after"``, as without ``hold``.
     """
     if stage not in STAGES:
         raise ValueError(f"calibration stage {stage!r}: expected one of {STAGES}")
@@ -536,11 +571,27 @@ def calibrate_sweep(
         )
         record = append_block(first, later)
     else:
-        n = before if stage == "before" else rounds
-        record = calibrate(configs, rounds=n, steps=steps, gen_probe=gen_probe, log_fn=log_fn)
-        kept = artifacts.archive_calibration(sweep_dir)
-        if kept:
-            log_fn(f"[calibrate] the calibration it replaces is kept as {kept}")
+
+        def replace(record: dict[str, Any]) -> None:  # (the one it replaces is archived)
+            kept = artifacts.archive_calibration(sweep_dir)
+            if kept:
+                log_fn(f"[calibrate] the calibration it replaces is kept as {kept}")
+            artifacts.write_json_atomic(path, record)
+
+        def written_then_held(record: dict[str, Any]) -> int:  # -> rounds to time next
+            replace(record)  # (on disk before the runs start)
+            if hold is None or not hold():
+                return 0
+            log_fn(f"[calibrate] timing the {rounds - before} rounds after the runs")
+            return rounds - before
+
+        if stage == "before":
+            record = calibrate(configs, rounds=before, steps=steps, gen_probe=gen_probe,
+                               log_fn=log_fn, then=written_then_held)  # fmt: skip
+        else:
+            record = calibrate(configs, rounds=rounds, steps=steps, gen_probe=gen_probe,
+                               log_fn=log_fn)  # fmt: skip
+            replace(record)
     artifacts.write_json_atomic(path, record)
     return record
 

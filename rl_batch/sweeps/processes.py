@@ -5,7 +5,7 @@ the protocol between them (kept apart from the grid, ``rl_batch.sweeps.sweep``).
   before any JAX call; with ``--isolate`` counted by a short-lived child
   (`child_local_device_count`) so that this process never holds the accelerators.
 - `run_child`: a child whose output goes to a log, that dies with this process and
-  gets the SIGTERM this one receives.
+  gets the SIGTERM this one receives; `HeldChild`: one that waits through the runs.
 - `run_point_process`: one point in a child (``rl_batch.sweeps.worker run``), or in a
   `Worker` (``rl_batch.sweeps.worker serve``) that runs points one after another; the
   other end of the worker protocol is `serve_points`. `Workers`: one per pool thread.
@@ -167,32 +167,93 @@ def run_child(cmd: list[str], log_path: str) -> int:
     process is passed on to it (this process then waits for it and exits 143), so the
     child is never left training a run that a rerun would start a second time.
     """
-    env = {**os.environ, locks.PARENT_PID_ENV: str(os.getpid())}
     with open(log_path, "a") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        _track(proc)
-        forward = threading.current_thread() is threading.main_thread()
-        terminated = []
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_child_env())
+    return _wait(proc, proc.wait)
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, locks.PARENT_PID_ENV: str(os.getpid())}
+
+
+def _wait(proc: subprocess.Popen, wait, done: bool = True):
+    """``wait()`` (``proc.wait`` or a read from it) with a SIGTERM to this process passed on
+    to ``proc`` (this process then exits 143 once ``wait`` returns); ``proc`` is stopped if
+    ``wait`` raises, and also when it returns unless it is not ``done``."""
+    _track(proc)
+    forward = threading.current_thread() is threading.main_thread()
+    terminated = []
+    if forward:
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_term(signum, frame):  # (no wait here: the main thread is in one)
+            terminated.append(signum)
+            proc.send_signal(signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_term)
+    ok = False
+    try:
+        result = wait()
+        if terminated:
+            raise SystemExit(128 + terminated[0])
+        ok = True
+        return result
+    finally:
         if forward:
-            previous = signal.getsignal(signal.SIGTERM)
-
-            def on_term(signum, frame):  # (no wait here: the main thread is in one)
-                terminated.append(signum)
-                proc.send_signal(signal.SIGTERM)
-
-            signal.signal(signal.SIGTERM, on_term)
-        try:
-            returncode = proc.wait()
-            if terminated:
-                raise SystemExit(128 + terminated[0])
-            return returncode
-        finally:
-            if forward:
-                signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, previous)
+        if not ok or done:
             if proc.poll() is None:  # (an exception here: the child must not outlive it)
                 proc.terminate()
                 proc.wait()
             _track(proc, live=False)
+
+
+class HeldChild:
+    """A child (``rl_batch.sweeps.worker calibrate --hold``) that does a first part, says
+    ``held`` on its stdout and waits through the sweep's runs for a line on its stdin
+    (`release`), keeping what it built (its compiled programs). Started with `start`,
+    which returns the exit status instead when the child ends without holding. Its
+    output goes to a log; it dies with this process and gets the SIGTERM this one gets
+    (`run_child`)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    @classmethod
+    def start(cls, cmd: list[str], log_path: str) -> HeldChild | int:
+        """Runs ``cmd`` until it holds (a HeldChild) or ends (its exit status)."""
+        with open(log_path, "a") as log:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                env=_child_env(), text=True,
+            )  # fmt: skip
+
+            def until_held() -> bool:  # (other lines on its stdout go to the log)
+                for line in proc.stdout:
+                    if line.strip() == "held":
+                        return True
+                    log.write(line)
+                    log.flush()
+                return False
+
+            if _wait(proc, until_held, done=False):
+                return cls(proc)
+        proc.stdout.close()
+        return _wait(proc, proc.wait)
+
+    def release(self, go: bool) -> int:
+        """``go``: the child does its second part (``after``); else it ends. Returns its
+        exit status."""
+        proc = self.proc
+        try:
+            if go:
+                proc.stdin.write("after\n")
+                proc.stdin.flush()
+            proc.stdin.close()
+        except BrokenPipeError:  # (it has died: its status says how)
+            pass
+        proc.stdout.close()
+        return _wait(proc, proc.wait)
 
 
 def run_point_process(spec: RunSpec, log_path: str, worker: Worker | None = None) -> None:

@@ -545,8 +545,24 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
     todo = [p for p in points if only is None or p.name == only]
     calibration = calibration_settings(base, points)
     calibrating = only is None and writer and calibration.rounds > 0
+    held = None  # (a calibration child holding its compiled programs through the runs)
     if calibrating and calibration.before:  # (the rounds before the runs: fresh XLA caches)
-        _calibrate(sweep_dir, calibration, points, resolved, log, "before")
+        held = _calibrate(sweep_dir, calibration, points, resolved, log, "before")
+    try:
+        record = _run_todo(base, sweep_dir, todo, resolved, record, isolate, run_fn, processes,
+                           log, save, sweep_path, keep, only)  # fmt: skip
+        if calibrating:
+            _calibrate(sweep_dir, calibration, points, resolved, log, "after", held)
+            held = None
+    finally:
+        if held is not None:  # (the runs stopped: the rounds after them are left to a rerun)
+            held.release(go=False)
+    return record
+
+
+def _run_todo(base, sweep_dir, todo, resolved, record, isolate, run_fn, processes, log, save,
+              sweep_path, keep, only) -> dict[str, Any]:  # fmt: skip
+    """`_run_points`' runs: one after another, or ``sweep.concurrent`` at a time."""
     concurrent = max(1, int(base.sweep.get("concurrent", 1))) if only is None else 1
     isolate = isolate or concurrent > 1
     progress = _Progress(len(todo), log, concurrent)
@@ -602,8 +618,6 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
             finally:  # (before the pool's threads end: a worker stops with its thread)
                 workers.close()
     log(f"sweep finished in {(time.time() - progress.t_start) / 60:.1f} min: {sweep_path}")
-    if calibrating:
-        _calibrate(sweep_dir, calibration, points, resolved, log, "after")
     return record
 
 
@@ -736,11 +750,16 @@ def _calibrate(
     resolved: dict[str, RunSpec],
     log: Callable[[str], None],
     stage: str,
-) -> None:
+    held: procs.HeldChild | None = None,
+) -> procs.HeldChild | None:
     """One stage (``"before"`` or ``"after"`` the runs) of the sweep's calibration: the
     worker's ``calibrate`` in a child process (a clean, JAX-free parent; every
     configuration timed in one process), unless ``calibration.json`` already serves it
-    (T and q do not change without a new configuration). A failure is logged, not raised."""
+    (T and q do not change without a new configuration). A failure is logged, not raised.
+
+    The child of stage ``"before"`` holds its compiled programs through the runs on a CPU
+    host (returned; None where it ended); ``"after"`` times the other rounds in it
+    (``held``) when its block is the one on disk, else in a new child."""
     grid = {}  # configuration -> its first point (timed as that before it has a run)
     for point in points:
         grid.setdefault(point.key, resolved[point.name])
@@ -748,33 +767,48 @@ def _calibrate(
     action, why = artifacts.calibration_action(
         sweep_dir, s.rounds, s.steps, s.probe, s.before, tuple(grid)
     )
+    if held is not None and action != "append":
+        held.release(go=False)
+        held = None
     if action == "keep" or (stage == "before" and action == "append"):
         what = "every configuration" if action == "keep" else "its rounds before the runs"
         log(f"[sweep] {artifacts.CALIBRATION_FILE} kept: it times {what}")
-        return
+        return None
     n = s.before if stage == "before" else s.rounds - (s.before if action == "append" else 0)
     log(f"[sweep] calibration: {'; '.join(why)}")
+    where = ", in the process that timed the rounds before them" if held else ""
     log(f"[sweep] calibrating the configurations' step times ({n} interleaved rounds, {stage} "
-        "the runs)")  # fmt: skip
-    code = _calibration_child(sweep_dir, s, stage, {k: v.to_json() for k, v in grid.items()})
+        f"the runs{where})")  # fmt: skip
+    if held is not None:
+        code = held.release(go=True)
+    else:
+        child = _calibration_child(sweep_dir, s, stage, {k: v.to_json() for k, v in grid.items()})
+        if isinstance(child, procs.HeldChild):
+            return child
+        code = child
     if code != 0:
         log(f"[sweep] calibration failed (exit {code}); see {sweep_dir}/calibration.log")
+    return None
 
 
 def _calibration_child(
     sweep_dir: str, s: CalibrationSettings, stage: str, grid: dict[str, Any]
-) -> int:
+) -> int | procs.HeldChild:
     """``python -m rl_batch.sweeps.worker calibrate`` (``calibrate.calibrate_sweep``) of one
-    stage; ``grid``: configuration -> spec JSON; returns the exit status."""
+    stage; ``grid``: configuration -> spec JSON. Returns the exit status, or, for stage
+    ``"before"``, the child holding its programs (`procs.HeldChild`) where it does."""
     grid_path = os.path.join(sweep_dir, "calibration_grid.json")  # (the child's input only)
     artifacts.write_json_atomic(grid_path, grid)
     cmd = [*procs.WORKER, "calibrate", sweep_dir, f"--rounds={s.rounds}", f"--steps={s.steps}",
            "--gen_probe=" + ",".join(map(str, s.probe)), f"--before={s.before}",
            f"--stage={stage}", f"--grid={grid_path}"]  # fmt: skip
+    log_path = os.path.join(sweep_dir, "calibration.log")
     try:
-        return procs.run_child(cmd, os.path.join(sweep_dir, "calibration.log"))
+        if stage == "before":
+            return procs.HeldChild.start([*cmd, "--hold"], log_path)
+        return procs.run_child(cmd, log_path)
     finally:
-        os.remove(grid_path)
+        os.remove(grid_path)  # (read by the child before it times anything)
 
 
 def _discard(*args) -> None:

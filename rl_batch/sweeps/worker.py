@@ -3,13 +3,18 @@
     python -m rl_batch.sweeps.worker run SPEC_JSON        # one point, resumed if begun
     python -m rl_batch.sweeps.worker serve                # points sent on stdin (Worker)
     python -m rl_batch.sweeps.worker calibrate SWEEP_DIR --rounds=R --steps=S [--gen_probe=..]
-        [--before=B --stage=before|after --grid=GRID_JSON]
+        [--before=B --stage=before|after --grid=GRID_JSON [--hold]]
     python -m rl_batch.sweeps.worker memory CHECK_JSON --device_memory=BYTES
 
 ``run`` and ``serve`` read each point's ``RunSpec`` JSON (``spec.to_json()``, written by
 the sweep) and never resolve it again. ``memory`` runs CPU-only (the sweep sets
 ``JAX_PLATFORMS=cpu``) and prints the points that do not fit as a JSON list on its last
-line. Each stops on SIGTERM as on Ctrl-C (a run records "interrupted") and dies with its
+line. ``calibrate --stage=before --hold`` on a CPU backend, once its block before the
+runs is written, says ``held`` on its stdout and waits for a line on its stdin: ``after``
+(the runs have ended) times the other rounds with the programs it compiled; anything
+else, or the end of its input, ends it (``processes.HeldChild`` is the other end). On an
+accelerator it ends at once (the runs need the device's memory). Each stops on SIGTERM
+as on Ctrl-C (a run records "interrupted") and dies with its
 parent (``locks.die_with_parent``).
 """
 
@@ -56,9 +61,23 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     probe = tuple(int(x) for x in args.gen_probe.split(",") if x.strip())
     grid = artifacts.read_json(args.grid) if args.grid else None
+    hold = None
+    if args.hold:
+        replies = os.fdopen(os.dup(1), "w")  # the protocol; the log gets stdout from here on
+        os.dup2(2, 1)
+
+        def hold() -> bool:
+            import jax
+
+            if jax.default_backend() != "cpu":
+                return False
+            replies.write("held\n")
+            replies.flush()
+            return sys.stdin.readline().strip() == "after"
+
     record = calibrate.calibrate_sweep(
         args.sweep_dir, rounds=args.rounds, steps=args.steps, gen_probe=probe,
-        before=args.before, stage=args.stage, grid=grid,
+        before=args.before, stage=args.stage, grid=grid, hold=hold,
     )  # fmt: skip
     print(calibrate.describe(record))
     return 0
@@ -88,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--before", type=int, default=0, help="of the rounds, timed before the runs")
     cal.add_argument("--stage", choices=("before", "after"), default="after")
     cal.add_argument("--grid", default="", help="JSON: configuration -> spec, without a run yet")
+    cal.add_argument("--hold", action="store_true", help="wait through the runs (see above)")
     mem = sub.add_parser("memory", help="which points do not fit a device")
     mem.add_argument("check_json")
     mem.add_argument("--device_memory", type=float, required=True)
