@@ -65,6 +65,7 @@ def test_the_run_scorer_calls_the_configured_rows_at_a_time():
 
     c = base.run_config()
     c.run_dir, c.eval_metric, c.eval_ref_prompts, c.eval_ref_chunk = "/tmp/r", "p_ref", 5, 2
+    c.init.source = "scratch"  # (any params: not the task's warm start, 210 s in the suite)
     spec = config_lib.resolve(c, 1)
     tokenizer = config_lib.make_tokenizer(c)
     task = config_lib.make_task(c)
