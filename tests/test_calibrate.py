@@ -311,10 +311,8 @@ def _add_top_level_keys(sweep_dir):
         artifacts.write_json_atomic(path, {**c, "lr_rule": c["optim"]["lr_rule"]})
 
 
-def test_a_calibration_is_kept_until_a_configuration_is_new(tmp_path, monkeypatch):
-    from rl_batch.analysis import measurement
-
-    calls = []
+def _faked_sweep(tmp_path, monkeypatch, calls):
+    """A synthetic two-configuration sweep whose calibrations `_fake_calibrate` times."""
     monkeypatch.setattr(calibrate, "calibrate", _fake_calibrate(calls))
     # (the synthetic runs' config.json is not a whole run config: the fake reads keys only)
     monkeypatch.setattr(
@@ -322,6 +320,14 @@ def test_a_calibration_is_kept_until_a_configuration_is_new(tmp_path, monkeypatc
     )
     d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:2])
     _add_top_level_keys(d)
+    return d
+
+
+def test_a_calibration_is_kept_until_a_configuration_is_new(tmp_path, monkeypatch):
+    from rl_batch.analysis import measurement
+
+    calls = []
+    d = _faked_sweep(tmp_path, monkeypatch, calls)
     first = calibrate.calibrate_sweep(d, rounds=2, steps=1, log_fn=lambda s: None)
     t_first = ttt.analyze_sweep(curves.load_sweep(d), n_boot=20).targets
 
@@ -415,12 +421,7 @@ def test_blocks_before_and_after_the_runs_make_one_calibration(tmp_path, monkeyp
 
 def test_a_held_calibration_times_its_rounds_after_the_runs_in_one_process(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(calibrate, "calibrate", _fake_calibrate(calls))
-    monkeypatch.setattr(
-        calibrate, "sweep_configs", lambda d, grid=None: artifacts.sweep_run_configs(d)
-    )
-    d = fx.write_sweep(str(tmp_path / "s"), configs=fx.STANDARD_CONFIGS[:2])
-    _add_top_level_keys(d)
+    d = _faked_sweep(tmp_path, monkeypatch, calls)
     on_disk = []
 
     def hold(go):  # the runs: the block before them is on disk while they train

@@ -273,14 +273,15 @@ def calibrate(
             steppers[key] = _Stepper(timed[key]) if key in timed else _Stepper(probes[key], True)
             steppers[key].step()
         per_visit = {k: per_visit.get(k, steps) for k in keys}
-        block = _time_rounds(steppers, per_visit, rounds, interleave, log_fn)
-        record = _record(block, configs, probes, timed_as, t_start, load_start, steps)
+
+        def block(n: int, t0: float, load0: list[float]) -> dict[str, Any]:
+            visits = _time_rounds(steppers, per_visit, n, interleave, log_fn)
+            return _record(visits, configs, probes, gen_probe, timed_as, t0, load0, steps)
+
+        record = block(rounds, t_start, load_start)
         more = then(record) if then is not None else 0
         if more:
-            t_later, load_later = time.time(), provenance.load_average()
-            block = _time_rounds(steppers, per_visit, more, interleave, log_fn)
-            later = _record(block, configs, probes, timed_as, t_later, load_later, steps)
-            record = append_block(record, later)
+            record = append_block(record, block(more, time.time(), provenance.load_average()))
         return record
     finally:
         for s in steppers.values():
@@ -307,7 +308,9 @@ def _time_rounds(steppers, per_visit, rounds, interleave, log_fn):
     return visits
 
 
-def _record(visits, configs, probes, timed_as, t_start, load_start, steps) -> dict[str, Any]:
+def _record(
+    visits, configs, probes, gen_probe, timed_as, t_start, load_start, steps
+) -> dict[str, Any]:
     """The ``calibration.json`` record of one block of rounds (``visits``: `_time_rounds`)."""
     rounds = len(next(iter(visits.values())))
     visits = {**visits, **{k: visits[rep] for k, rep in timed_as.items() if rep != k}}
@@ -317,7 +320,6 @@ def _record(visits, configs, probes, timed_as, t_start, load_start, steps) -> di
         "wall_s": time.time() - t_start,
         "written_at": provenance.now(),
     }
-    gen_probe = [int(k.split("@", 1)[1]) for k in probes]
     return {
         "version": artifacts.CALIBRATION_VERSION,
         "rounds": rounds,
@@ -330,7 +332,7 @@ def _record(visits, configs, probes, timed_as, t_start, load_start, steps) -> di
         **(
             {
                 "gen_probe": {
-                    str(c): _probe_record(visits[f"gen@{c}"], probes[f"gen@{c}"], c)
+                    str(c): _probe_record(visits[f"gen@{c}"], probes[f"gen@{c}"], int(c))
                     for c in gen_probe
                 }
             }
@@ -572,14 +574,14 @@ def calibrate_sweep(
         record = append_block(first, later)
     else:
 
-        def replace(record: dict[str, Any]) -> None:  # (the one it replaces is archived)
+        def archive() -> None:  # (the calibration this one replaces)
             kept = artifacts.archive_calibration(sweep_dir)
             if kept:
                 log_fn(f"[calibrate] the calibration it replaces is kept as {kept}")
-            artifacts.write_json_atomic(path, record)
 
         def written_then_held(record: dict[str, Any]) -> int:  # -> rounds to time next
-            replace(record)  # (on disk before the runs start)
+            archive()
+            artifacts.write_json_atomic(path, record)  # (on disk before the runs start)
             if hold is None or not hold():
                 return 0
             log_fn(f"[calibrate] timing the {rounds - before} rounds after the runs")
@@ -591,7 +593,7 @@ def calibrate_sweep(
         else:
             record = calibrate(configs, rounds=rounds, steps=steps, gen_probe=gen_probe,
                                log_fn=log_fn)  # fmt: skip
-            replace(record)
+            archive()
     artifacts.write_json_atomic(path, record)
     return record
 

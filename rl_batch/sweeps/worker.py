@@ -14,8 +14,8 @@ runs is written, says ``held`` on its stdout and waits for a line on its stdin: 
 (the runs have ended) times the other rounds with the programs it compiled; anything
 else, or the end of its input, ends it (``processes.HeldChild`` is the other end). On an
 accelerator it ends at once (the runs need the device's memory). Each stops on SIGTERM
-as on Ctrl-C (a run records "interrupted") and dies with its
-parent (``locks.die_with_parent``).
+as on Ctrl-C (a run records "interrupted") and dies with its parent
+(``locks.die_with_parent``).
 """
 
 from __future__ import annotations
