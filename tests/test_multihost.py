@@ -30,8 +30,9 @@ def _env(devices: int, cache_dir: str) -> dict:
         JAX_PLATFORMS="cpu",
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
-        # The resumed leg reuses the first leg's compiled programs.
-        JAX_COMPILATION_CACHE_DIR=cache_dir,
+        # The test session's cache (tests/conftest.py), else the test's own: a resumed
+        # leg, and every later test here, reuses the programs compiled before it.
+        JAX_COMPILATION_CACHE_DIR=env.get("JAX_COMPILATION_CACHE_DIR") or cache_dir,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
