@@ -24,17 +24,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 240  # per leg; a hung collective fails the test instead of the suite
 
 
-def _env(devices: int, cache_dir: str) -> dict:
+def _env(devices: int) -> dict:
+    """The child's environment: CPU, ``devices`` devices, and the test session's
+    compilation cache (tests/conftest.py sets it), so that a resumed leg, and every later
+    test here, reuses the programs compiled before it."""
     env = dict(os.environ)
     env.update(
         JAX_PLATFORMS="cpu",
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
-        # The test session's cache (tests/conftest.py), else the test's own: a resumed
-        # leg, and every later test here, reuses the programs compiled before it.
-        JAX_COMPILATION_CACHE_DIR=env.get("JAX_COMPILATION_CACHE_DIR") or cache_dir,
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
     return env
 
@@ -49,11 +47,10 @@ def _start(config_json: str, log_path: str, devices: int, extra=(), resume=False
     cmd = [sys.executable, "-m", "experiments.train", f"--config_json={config_json}", "--quiet"]
     cmd += ["--resume"] if resume else []
     log = open(log_path, "w")
-    cache_dir = os.path.join(os.path.dirname(config_json), "jax_cache")
     proc = subprocess.Popen(
         cmd + list(extra),
         cwd=REPO,
-        env=_env(devices, cache_dir),
+        env=_env(devices),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
