@@ -210,6 +210,7 @@ PPO = {"algo": "ppo", "group_size": 1, "filter_groups": False}
         ({"checkpoint_every": 0}, "checkpoint_every=0: must be an int >= 1"),
         ({"checkpoint_min_s": -1.0}, "checkpoint_min_s=-1.0: must be a number >= 0"),
         ({"checkpoint_min_s": float("nan")}, "checkpoint_min_s=nan: must be a number >= 0"),
+        ({"prune_at_target": "latest"}, "prune_at_target='latest': must be '' or a sweep"),
         ({"confirm_evals": 0}, "confirm_evals=0: must be an int >= 1"),
         ({"max_consecutive_skips": 0}, "max_consecutive_skips=0: must be an int >= 1"),
         ({"max_empty_rollouts": -1}, "max_empty_rollouts=-1: must be an int >= 1"),

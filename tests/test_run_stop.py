@@ -172,6 +172,40 @@ def test_a_run_whose_checkpoints_were_removed_at_its_target_resumes_as_if_kept(
     assert not os.path.exists(retention.removed_path(run_dir))
 
 
+def test_a_run_pruned_at_its_target_by_itself_leaves_what_the_sweeps_prune_leaves(
+    work_dir, tmp_path
+):
+    # io.prune_at_target (what a sweep sets under "extendable"): no final save, the
+    # marker the sweep's prune would write for the twin that saved, its earlier steps gone.
+    twin_dir, run_dir = str(tmp_path / "twin"), str(tmp_path / "run")
+    twin = run_lib.run(_target_config(work_dir, twin_dir), progress=False)
+    retention.prune_finished(twin_dir, "extendable")
+    first = run_lib.run(
+        _target_config(work_dir, run_dir, prune_at_target="extendable"), progress=False
+    )
+    assert (first["stopped"], first["steps"]) == ("target", 2)
+    untimed = [{k: v for k, v in _untimed(x).items() if k != "q"} for x in (first, twin)]
+    assert untimed[0] == untimed[1]  # (q: responses per second)
+    assert retention.saved_steps(os.path.join(run_dir, artifacts.CHECKPOINT_DIR)) == []
+    ours, theirs = (retention.read_removed(d) for d in (run_dir, twin_dir))
+    for marker in (ours, theirs):
+        marker["counters"] = _untimed(marker["counters"])
+        marker["metrics"] = deterministic(marker["metrics"])
+    assert ours == theirs and ours["step"] == 2 and ours["policy"] == "extendable"
+    metrics = open(os.path.join(run_dir, artifacts.METRICS_FILE)).read()
+    again = run_lib.run(  # resumed: nothing trained, as the twin's resume
+        _target_config(work_dir, run_dir, prune_at_target="extendable"), progress=False
+    )
+    assert _untimed(again) == _untimed(first)
+    assert open(os.path.join(run_dir, artifacts.METRICS_FILE)).read() == metrics
+    # A budget stop keeps its final save under the same setting ("extendable" keeps it).
+    budget_dir = str(tmp_path / "budget")
+    config = tiny_run_config(work_dir, budget_dir, budget_responses=48)
+    config.prune_at_target = "extendable"
+    assert run_lib.run(config, progress=False)["stopped"] == "budget"
+    assert retention.saved_steps(os.path.join(budget_dir, artifacts.CHECKPOINT_DIR)) == [2, 3]
+
+
 def test_a_run_that_spent_its_budget_keeps_its_final_step_for_a_larger_one(work_dir, tmp_path):
     run_dir = str(tmp_path / "run")
     first = run_lib.run(tiny_run_config(work_dir, run_dir, budget_responses=48), progress=False)

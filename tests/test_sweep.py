@@ -522,6 +522,17 @@ def test_a_finished_point_keeps_the_checkpoints_sweep_keep_checkpoints_says(
         assert "removed" not in line
 
 
+@pytest.mark.parametrize("keep, prune", [(None, "extendable"), ("none", "none"), ("all", "")])
+def test_a_point_prunes_its_own_final_step_where_the_policy_keeps_none_at_target(keep, prune):
+    c = _sweep_config(prompts="2", group_sizes="4")
+    if keep is not None:
+        c.sweep.keep_checkpoints = keep
+    point = sweep.expand_grid(c)[0]
+    run_config = sweep.point_config(c, point, "/tmp/unused")
+    assert run_config.prune_at_target == prune
+    config_lib.resolve(run_config)  # (a valid run config)
+
+
 def test_an_unknown_keep_checkpoints_is_refused_before_any_point(tmp_path):
     c = _sweep_config(prompts="2", group_sizes="4", keep_checkpoints="latest")
     started = []

@@ -29,7 +29,7 @@ from rl_batch.algorithms import grpo, learner, lr_rules, ppo
 from rl_batch.models import transformer as model_lib
 from rl_batch.rollout.sampler import Sampler, SamplingConfig
 from rl_batch.rollout.sources import AsyncRollout, RolloutSettings, Sampling
-from rl_batch.runs import batch_schedule, sections, tracking
+from rl_batch.runs import batch_schedule, retention, sections, tracking
 from rl_batch.runs.spec import RunSpec
 from rl_batch.tasks.custom_reward import WithReward
 from rl_batch.tasks.plugin import is_plugin, make_plugin_task
@@ -210,6 +210,12 @@ def _check_run_fields(c: ConfigDict, check) -> None:
     check(
         _is_number(every_s) and every_s >= 0,
         f"checkpoint_min_s={every_s!r}: must be a number >= 0 (seconds; 0 = none skipped)",
+    )
+    prune = c.get("prune_at_target", "")
+    check(
+        prune == "" or prune in retention.POLICIES,
+        f"prune_at_target={prune!r}: must be '' or a sweep.keep_checkpoints policy "
+        f"({', '.join(retention.POLICIES)})",
     )
     check(
         _is_int(c.gen_batch) and c.gen_batch >= 0,

@@ -37,6 +37,7 @@ POLICIES = ("extendable", "none", "all")
 DEFAULT_POLICY = "extendable"
 REMOVED_FILE = "removed.json"  # in <run>/checkpoints/: the final counters and metrics
 STOP_BUDGET = "budget"  # (accounting.STOP_BUDGET: a run that spent its budget)
+STOP_TARGET = "target"  # (accounting.STOP_TARGET: a run stopped at its confirmed target)
 
 
 def check_policy(policy: str) -> None:
@@ -114,19 +115,41 @@ def prune_finished(run_dir: str, policy: str) -> str:
     if keep is None or len(steps) <= keep:
         return ""
     if keep == 0:
-        marker = {
-            "step": steps[-1],
-            "policy": policy,
-            "counters": meta["counters"],
-            "metrics": meta.get("metrics"),
-        }
-        artifacts.write_json_atomic(removed_path(run_dir), marker)
+        write_removed(run_dir, policy, steps[-1], meta["counters"], meta.get("metrics"))
     gone = steps[: len(steps) - keep]
     for step in gone:  # (oldest first: the final step goes last)
         shutil.rmtree(os.path.join(ckpt_dir, str(step)))
     kept = f", step {steps[-1]} kept" if keep else ""
     removed = ", ".join(map(str, gone))
     return f"checkpoints removed (steps {removed}{kept}; sweep.keep_checkpoints={policy})"
+
+
+def prunes_own_final_step(policy: str, stopped: str) -> bool:
+    """Whether a run under ``io.prune_at_target=policy`` ("" : none) that stopped for
+    ``stopped`` skips its final save: the policy keeps no step of it (a target stop under
+    "extendable" or "none"), so the sweep would remove that save a moment later."""
+    return bool(policy) and stopped == STOP_TARGET and steps_kept(policy, stopped) == 0
+
+
+def prune_at_target(policy: str) -> str:
+    """``io.prune_at_target`` of a sweep point under ``sweep.keep_checkpoints=policy``:
+    the policy when it keeps no step of a run stopped at its target, else "" (also for a
+    policy that is none: the sweep refuses it by name, `check_policy`)."""
+    return policy if policy in POLICIES and steps_kept(policy, STOP_TARGET) == 0 else ""
+
+
+def write_removed(run_dir: str, policy: str, step: int, counters: dict, metrics: list) -> None:
+    """`REMOVED_FILE` of a run whose steps go: its final ``counters`` and ``metrics`` lines
+    at ``step`` (what `prune_finished` copies from the final step's metadata)."""
+    marker = {"step": step, "policy": policy, "counters": counters, "metrics": metrics}
+    artifacts.write_json_atomic(removed_path(run_dir), marker)
+
+
+def remove_saved_steps(run_dir: str) -> None:
+    """Deletes every saved step of ``run_dir`` (oldest first), after `write_removed`."""
+    ckpt_dir = os.path.join(run_dir, artifacts.CHECKPOINT_DIR)
+    for step in saved_steps(ckpt_dir):
+        shutil.rmtree(os.path.join(ckpt_dir, str(step)))
 
 
 def read_removed(run_dir: str) -> dict[str, Any] | None:

@@ -42,7 +42,7 @@ from rl_batch.models import transformer as model_lib
 from rl_batch.rollout import groups as rollout_lib
 from rl_batch.rollout import sources as rollout_source
 from rl_batch.rollout.sampler import Sampler
-from rl_batch.runs import batch_schedule, tracking
+from rl_batch.runs import batch_schedule, retention, tracking
 from rl_batch.runs import config as config_lib
 from rl_batch.runs import programs as programs_lib
 from rl_batch.runs.accounting import (
@@ -71,8 +71,6 @@ def _resume_removed(spec: RunSpec) -> dict[str, Any] | None:
     that trains it further, None, after a one-line warning: the run trains again from
     step 0 (the marker goes), as a fresh run of this config would. None too when the
     run's checkpoints were not removed."""
-    from rl_batch.runs import retention
-
     run_dir = os.path.abspath(spec.io.run_dir)
     removed = retention.read_removed(run_dir)
     if removed is None:
@@ -752,7 +750,15 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
         last = metrics_log.last_eval
         if last is None or last["responses_cum"] != counters.responses_cum:
             metrics_log.write(evaluator(algo.policy_params(state), counters))
-        save_checkpoint(s, state, counters)
+        pruned = retention.prunes_own_final_step(io.prune_at_target, counters.stopped)
+        if not pruned:
+            save_checkpoint(s, state, counters)
+        elif s.is_writer:  # (what the sweep's prune would keep of the save it removes)
+            records = artifacts.json_roundtrip(s.log.records)
+            counters_now = dataclasses.asdict(counters)
+            retention.write_removed(
+                s.run_dir, io.prune_at_target, counters.step, counters_now, records
+            )
         status = "finished"
     except BaseException as e:
         status = "failed" if not isinstance(e, KeyboardInterrupt) else "interrupted"
@@ -766,6 +772,8 @@ def _run(spec: RunSpec, resume: bool, progress: bool) -> dict[str, Any]:
             provenance.end_session(s.run_dir, status)
     summary = _write_summary(s, counters, status)
     ckpt.close()
+    if pruned and s.is_writer:  # (after close: no save of this run is still in flight)
+        retention.remove_saved_steps(s.run_dir)
     return summary
 
 

@@ -487,8 +487,15 @@ class RunIO:
       checkpoint_every: updates between checkpoints.
       checkpoint_min_s: a checkpoint due by ``checkpoint_every`` is skipped while fewer
         than this many seconds passed since the run's last save (or its start); 0 = none
-        skipped. The final checkpoint is always written; a crash loses at most this long
-        plus ``checkpoint_every`` updates.
+        skipped. The final checkpoint is always written (but see ``prune_at_target``); a
+        crash loses at most this long plus ``checkpoint_every`` updates.
+      prune_at_target: a ``sweep.keep_checkpoints`` policy (``rl_batch.runs.retention``)
+        that the run applies itself when it stops at its confirmed target, where the
+        sweep would apply it a moment later (the sweep sets it). One that keeps no step of
+        such a run (``"extendable"``, ``"none"``) saves no final checkpoint: the run leaves
+        ``checkpoints/removed.json`` (its final counters and metrics lines) and removes
+        the steps it saved before, as the sweep would. ``""`` (default) or ``"all"``: the
+        final checkpoint is written.
       max_consecutive_skips: non-finite updates in a row before the run stops.
       max_empty_rollouts: all-filtered rollout batches in a row before the run stops.
       max_kv_bytes: KV-cache bound of one generation chunk; 0 = unchecked (the run stops
@@ -511,6 +518,7 @@ class RunIO:
     budget_responses: int = dataclasses.field(default=16_384, metadata={"resume": True})
     checkpoint_every: int = dataclasses.field(default=25, metadata={"resume": True})
     checkpoint_min_s: float = dataclasses.field(default=0.0, metadata={"resume": True})
+    prune_at_target: str = dataclasses.field(default="", metadata={"resume": True})
     max_consecutive_skips: int = dataclasses.field(default=5, metadata={"resume": True})
     max_empty_rollouts: int = dataclasses.field(default=20, metadata={"resume": True})
     max_kv_bytes: int = 0

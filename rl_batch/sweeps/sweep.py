@@ -255,6 +255,10 @@ def point_config(base: ConfigDict, point: Point, sweep_dir: str) -> ConfigDict:
     c.name = point.name
     c.run_dir = os.path.join(sweep_dir, artifacts.RUNS_DIR, point.name)
     c.lr = None  # Always derived from the rule for sweep points (derived.lr).
+    # A policy that keeps no step of a run stopped at its target is applied by the run
+    # itself: it skips the final save that `prune_finished` would remove (retention).
+    keep = str(base.sweep.get("keep_checkpoints", retention.DEFAULT_POLICY))
+    c.prune_at_target = retention.prune_at_target(keep)
     return c
 
 
