@@ -12,6 +12,10 @@ sweep applies its policy (`prune_finished`):
 - ``"none"``: no finished run keeps a checkpoint.
 - ``"all"``: every run keeps what it left (its last two steps).
 
+Where the policy keeps no step of a run stopped at its target, the sweep sets the run's
+``io.prune_at_target`` (`prune_at_target`) and the run applies it itself at its end: no
+final save, `write_removed`, `remove_saved_steps` (``rl_batch.runs.run``).
+
 A run whose steps were all removed keeps ``checkpoints/removed.json`` (`REMOVED_FILE`):
 its final counters and its metrics lines. Resumed under a config that keeps it stopped
 (the same one, a larger budget past a confirmed target), it trains nothing and its
