@@ -128,18 +128,18 @@ def prune_finished(run_dir: str, policy: str) -> str:
     return f"checkpoints removed (steps {removed}{kept}; sweep.keep_checkpoints={policy})"
 
 
-def prunes_own_final_step(policy: str, stopped: str) -> bool:
-    """Whether a run under ``io.prune_at_target=policy`` ("" : none) that stopped for
-    ``stopped`` skips its final save: the policy keeps no step of it (a target stop under
-    "extendable" or "none"), so the sweep would remove that save a moment later."""
-    return bool(policy) and stopped == STOP_TARGET and steps_kept(policy, stopped) == 0
-
-
 def prune_at_target(policy: str) -> str:
     """``io.prune_at_target`` of a sweep point under ``sweep.keep_checkpoints=policy``:
     the policy when it keeps no step of a run stopped at its target, else "" (also for a
     policy that is none: the sweep refuses it by name, `check_policy`)."""
     return policy if policy in POLICIES and steps_kept(policy, STOP_TARGET) == 0 else ""
+
+
+def prunes_own_final_step(policy: str, stopped: str) -> bool:
+    """Whether a run under ``io.prune_at_target=policy`` that stopped for ``stopped``
+    skips its final save: a target stop under a policy that keeps no step of it, so the
+    sweep would remove that save a moment later."""
+    return stopped == STOP_TARGET and prune_at_target(policy) != ""
 
 
 def write_removed(run_dir: str, policy: str, step: int, counters: dict, metrics: list) -> None:
