@@ -65,9 +65,11 @@ def test_a_finished_run_keeps_what_the_policy_says(tmp_path, policy, stopped, le
     assert removed["step"] == 5 and removed["policy"] == policy
     assert removed["counters"] == {"step": 5, "stopped": stopped}
     assert [r["step"] for r in removed["metrics"]] == [1, 2, 3, 4, 5]
-    # The directory stays (train without --resume still refuses it); pruning again: nothing.
+    # The directory stays (train without --resume still refuses it); pruning again
+    # removes nothing and says so.
     assert os.listdir(ckpt_dir) == [retention.REMOVED_FILE]
-    assert retention.prune_finished(run_dir, policy) == ""
+    again = retention.prune_finished(run_dir, policy)
+    assert again == f"no checkpoint kept (sweep.keep_checkpoints={policy})"
     # A step saved since (a run trained again) makes the marker void.
     _finished_run(run_dir, [1], "")
     assert retention.read_removed(run_dir) is None

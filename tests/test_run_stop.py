@@ -187,6 +187,8 @@ def test_a_run_pruned_at_its_target_by_itself_leaves_what_the_sweeps_prune_leave
     untimed = [{k: v for k, v in _untimed(x).items() if k != "q"} for x in (first, twin)]
     assert untimed[0] == untimed[1]  # (q: responses per second)
     assert retention.saved_steps(os.path.join(run_dir, artifacts.CHECKPOINT_DIR)) == []
+    kept_none = "no checkpoint kept (sweep.keep_checkpoints=extendable)"
+    assert retention.prune_finished(run_dir, "extendable") == kept_none  # (the sweep's line)
     ours, theirs = (retention.read_removed(d) for d in (run_dir, twin_dir))
     for marker in (ours, theirs):
         marker["counters"] = _untimed(marker["counters"])

@@ -103,12 +103,14 @@ def prune_finished(run_dir: str, policy: str) -> str:
     whose final step cannot be read keeps its checkpoints.
 
     Returns:
-      A line saying what was removed ("" when nothing was).
+      A line saying what was removed ("" when nothing was), or that the run kept none
+      itself (``no checkpoint kept``: it pruned its own at its target).
     """
     ckpt_dir = os.path.join(run_dir, artifacts.CHECKPOINT_DIR)
     steps = saved_steps(ckpt_dir)
-    if not steps:
-        return ""
+    if not steps:  # (a run that pruned itself at its target: `prunes_own_final_step`)
+        own = os.path.exists(removed_path(run_dir))
+        return f"no checkpoint kept (sweep.keep_checkpoints={policy})" if own else ""
     try:
         meta = read_step_meta(ckpt_dir, steps[-1])
         stopped = meta["counters"].get("stopped", "")
