@@ -44,6 +44,12 @@ STOP_BUDGET = "budget"  # (accounting.STOP_BUDGET: a run that spent its budget)
 STOP_TARGET = "target"  # (accounting.STOP_TARGET: a run stopped at its confirmed target)
 
 
+def sweep_policy(sweep_config: Any) -> str:
+    """``sweep.keep_checkpoints`` of a sweep config's ``sweep`` section (the default when
+    unset)."""
+    return str(sweep_config.get("keep_checkpoints", DEFAULT_POLICY))
+
+
 def check_policy(policy: str) -> None:
     """Raises ValueError (one line) for a ``sweep.keep_checkpoints`` not in `POLICIES`."""
     if policy not in POLICIES:
@@ -123,8 +129,7 @@ def prune_finished(run_dir: str, policy: str) -> str:
     if keep == 0:
         write_removed(run_dir, policy, steps[-1], meta["counters"], meta.get("metrics"))
     gone = steps[: len(steps) - keep]
-    for step in gone:  # (oldest first: the final step goes last)
-        shutil.rmtree(os.path.join(ckpt_dir, str(step)))
+    _remove_steps(ckpt_dir, gone)
     kept = f", step {steps[-1]} kept" if keep else ""
     removed = ", ".join(map(str, gone))
     return f"checkpoints removed (steps {removed}{kept}; sweep.keep_checkpoints={policy})"
@@ -152,9 +157,15 @@ def write_removed(run_dir: str, policy: str, step: int, counters: dict, metrics:
 
 
 def remove_saved_steps(run_dir: str) -> None:
-    """Deletes every saved step of ``run_dir`` (oldest first), after `write_removed`."""
+    """Deletes every saved step of ``run_dir``, after `write_removed`."""
     ckpt_dir = os.path.join(run_dir, artifacts.CHECKPOINT_DIR)
-    for step in saved_steps(ckpt_dir):
+    _remove_steps(ckpt_dir, saved_steps(ckpt_dir))
+
+
+def _remove_steps(ckpt_dir: str, steps: list[int]) -> None:
+    """Deletes ``steps`` of ``ckpt_dir`` in the order given (oldest first: the final
+    step goes last)."""
+    for step in steps:
         shutil.rmtree(os.path.join(ckpt_dir, str(step)))
 
 

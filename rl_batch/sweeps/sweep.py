@@ -257,8 +257,7 @@ def point_config(base: ConfigDict, point: Point, sweep_dir: str) -> ConfigDict:
     c.lr = None  # Always derived from the rule for sweep points (derived.lr).
     # A policy that keeps no step of a run stopped at its target is applied by the run
     # itself: it skips the final save that `prune_finished` would remove (retention).
-    keep = str(base.sweep.get("keep_checkpoints", retention.DEFAULT_POLICY))
-    c.prune_at_target = retention.prune_at_target(keep)
+    c.prune_at_target = retention.prune_at_target(retention.sweep_policy(base.sweep))
     return c
 
 
@@ -514,7 +513,7 @@ def _run_points(base, sweep_dir, isolate, only, run_fn, log, processes) -> dict[
         too_big = check_memory(check, device_memory, sweep_dir)
         if too_big:
             raise ValueError("sweep points do not fit in memory:\n  " + "\n  ".join(too_big))
-    keep = str(base.sweep.get("keep_checkpoints", retention.DEFAULT_POLICY))
+    keep = retention.sweep_policy(base.sweep)
     retention.check_policy(keep)
     ref_key = reference_key(base, points)
     changed = _changed_settings(resolved if only is None else {only: resolved[only]})
